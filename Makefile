@@ -1,0 +1,39 @@
+# Quick start: `make demo` trains a small model with the embedded default exporter;
+# `make test` runs the whole suite. Both set up .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch is installed with pip, never pinned by the package; 2.13.0 is the CPU build CI uses.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint bench semconv clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[all]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(VENV)/bin/otel-training demo
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/ruff check src tests bench scripts
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/ruff format --check src tests bench scripts
+
+bench: setup
+	$(PY) bench/record_metrics.py
+
+semconv: setup
+	$(PY) scripts/generate_semconv.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info otel-training-telemetry

@@ -1,0 +1,7 @@
+"""Shim: ``megatron.core.telemetry.training_metrics`` is otel-training's instruments module."""
+
+import sys
+
+from otel_training import instruments as training_metrics
+
+sys.modules[__name__ + ".training_metrics"] = training_metrics

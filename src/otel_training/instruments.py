@@ -1,0 +1,402 @@
+"""Megatron-LM's training metrics as OpenTelemetry instruments: a drop-in for its module.
+
+This module exposes the module-level names of Megatron-LM's
+``megatron/core/telemetry/training_metrics.py`` (the ``MEGATRON_TRAINING_*`` constants,
+``metrics``, ``_TRAINING_INSTRUMENTS``, ``_get_training_instruments`` and
+``record_training_metrics``) with the same behaviour: one synchronous Histogram, six Gauges and
+one Counter per meter, created on first use and cached in a ``weakref.WeakKeyDictionary`` keyed
+by the meter; ``None`` is skipped, ``0.0`` is recorded, the counter is added only when > 0; a
+meter whose instrument creation fails is logged and not cached; no point attributes.
+
+What it adds, without changing what Megatron-LM's own tests see:
+
+- Values may be anything ``float()`` takes, numpy scalars, or 0-d torch tensors.
+- A tensor on an asynchronous device (CUDA) is never read on the calling thread: a
+  non-blocking copy into pinned host memory and a CUDA event are queued, and a background
+  thread (``otel-training-deferred``) waits for the event and records the value. Values of
+  later calls queue behind it, so the order of points is kept. ``force_flush`` drains the queue.
+- NaN and infinity are not passed to the SDK (which would drop them silently): they are counted
+  per metric by the counter ``megatron.training.nonfinite_values`` (attribute
+  ``megatron.training.metric``), created on the first non-finite value, and one warning per
+  metric says so.
+- Values that cannot be numbers, and negative step durations, are dropped with one warning per
+  metric and cause. Nothing here raises.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import os
+import threading
+import weakref
+from typing import Any
+
+from otel_training.semconv.metrics import (
+    MEGATRON_TRAINING_GRAD_NORM,
+    MEGATRON_TRAINING_LEARNING_RATE,
+    MEGATRON_TRAINING_LOSS,
+    MEGATRON_TRAINING_MEMORY_ALLOCATED_GB,
+    MEGATRON_TRAINING_METRIC,
+    MEGATRON_TRAINING_NONFINITE_VALUES,
+    MEGATRON_TRAINING_SKIPPED_ITERS,
+    MEGATRON_TRAINING_STEP_DURATION_MS,
+    MEGATRON_TRAINING_THROUGHPUT_TFLOPS,
+    MEGATRON_TRAINING_TOKENS_PER_SEC,
+    METRICS,
+)
+
+try:
+    from opentelemetry import metrics
+except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
+    metrics = None
+
+__all__ = [
+    "MEGATRON_TRAINING_GRAD_NORM",
+    "MEGATRON_TRAINING_LEARNING_RATE",
+    "MEGATRON_TRAINING_LOSS",
+    "MEGATRON_TRAINING_MEMORY_ALLOCATED_GB",
+    "MEGATRON_TRAINING_SKIPPED_ITERS",
+    "MEGATRON_TRAINING_STEP_DURATION_MS",
+    "MEGATRON_TRAINING_THROUGHPUT_TFLOPS",
+    "MEGATRON_TRAINING_TOKENS_PER_SEC",
+    "flush_deferred",
+    "record_training_metrics",
+]
+
+_logger = logging.getLogger(__name__)
+_TRAINING_INSTRUMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+# Our additions live apart from _TRAINING_INSTRUMENTS, whose contents Megatron-LM's tests see.
+_NONFINITE_COUNTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_FAILED_METERS: weakref.WeakSet = weakref.WeakSet()
+_warned: set[tuple[str, str]] = set()
+
+# argument name -> (metric name, factory); the counter is the only "add" instrument.
+_SPECS = {
+    "step_duration_ms": (MEGATRON_TRAINING_STEP_DURATION_MS, "create_histogram"),
+    "loss": (MEGATRON_TRAINING_LOSS, "create_gauge"),
+    "throughput_tflops": (MEGATRON_TRAINING_THROUGHPUT_TFLOPS, "create_gauge"),
+    "grad_norm": (MEGATRON_TRAINING_GRAD_NORM, "create_gauge"),
+    "skipped_iters": (MEGATRON_TRAINING_SKIPPED_ITERS, "create_counter"),
+    "learning_rate": (MEGATRON_TRAINING_LEARNING_RATE, "create_gauge"),
+    "tokens_per_sec": (MEGATRON_TRAINING_TOKENS_PER_SEC, "create_gauge"),
+    "memory_allocated_gb": (MEGATRON_TRAINING_MEMORY_ALLOCATED_GB, "create_gauge"),
+}
+
+
+def _get_training_instruments(meter) -> dict:
+    """Returns the eight instruments of ``meter``, creating and caching them on first use.
+
+    Raises:
+        Exception: whatever the meter's factories raise; the meter is then not cached.
+    """
+    instruments = _TRAINING_INSTRUMENTS.get(meter)
+    if instruments is None:
+        instruments = {}
+        for key, (name, factory) in _SPECS.items():
+            spec = METRICS[name]
+            kwargs = {"name": name, "description": spec.description}
+            if spec.unit:
+                kwargs["unit"] = spec.unit
+            instruments[key] = getattr(meter, factory)(**kwargs)
+        _TRAINING_INSTRUMENTS[meter] = instruments
+    return instruments
+
+
+def record_training_metrics(
+    meter,
+    step_duration_ms: float | None = None,
+    loss: float | None = None,
+    throughput_tflops: float | None = None,
+    grad_norm: float | None = None,
+    skipped_iters: int | None = None,
+    learning_rate: float | None = None,
+    tokens_per_sec: float | None = None,
+    memory_allocated_gb: float | None = None,
+) -> None:
+    """Records Megatron-LM's training metrics on ``meter``'s cached instruments.
+
+    Call it once per optimizer step with ``step_duration_ms`` (one histogram point per step),
+    and once per log interval with the gauges and ``skipped_iters``. Each value may be a number,
+    a string ``float()`` accepts, a numpy scalar or a 0-d torch tensor; ``None`` is skipped.
+
+    Args:
+        meter: An OpenTelemetry ``Meter`` (SDK, proxy or no-op).
+        step_duration_ms: Duration of one optimizer step, milliseconds (>= 0).
+        loss: Training loss, mean over the micro-batches of the interval's optimizer steps.
+        throughput_tflops: Model TFLOP/s per GPU (1e12 FLOP/s).
+        grad_norm: Global L2 norm of the gradients, before clipping.
+        skipped_iters: Optimizer steps skipped since the last call; added only when > 0.
+        learning_rate: The scheduler's current learning rate.
+        tokens_per_sec: Tokens per second; the caller says whether global or per GPU.
+        memory_allocated_gb: Allocated device memory in GiB (2^30 bytes) despite the name.
+
+    Never raises: bad values are dropped with one warning per metric and cause; NaN and
+    infinity are counted by ``megatron.training.nonfinite_values``. Runs on the calling thread
+    without reading device tensors (see the module docstring) and without I/O.
+    """
+    if metrics is None:
+        return
+
+    try:
+        instruments = _get_training_instruments(meter)
+    except Exception:
+        try:
+            first_failure = meter not in _FAILED_METERS
+            _FAILED_METERS.add(meter)
+        except TypeError:  # not weak-referenceable
+            first_failure = True
+        if first_failure:
+            _logger.warning("Failed to create training metric instruments", exc_info=True)
+        return
+
+    if step_duration_ms is not None:
+        _emit(meter, "step_duration_ms", instruments["step_duration_ms"].record, step_duration_ms)
+    if loss is not None:
+        _emit(meter, "loss", instruments["loss"].set, loss)
+    if throughput_tflops is not None:
+        _emit(meter, "throughput_tflops", instruments["throughput_tflops"].set, throughput_tflops)
+    if grad_norm is not None:
+        _emit(meter, "grad_norm", instruments["grad_norm"].set, grad_norm)
+    if skipped_iters is not None:
+        _emit(meter, "skipped_iters", instruments["skipped_iters"].add, skipped_iters)
+    if learning_rate is not None:
+        _emit(meter, "learning_rate", instruments["learning_rate"].set, learning_rate)
+    if tokens_per_sec is not None:
+        _emit(meter, "tokens_per_sec", instruments["tokens_per_sec"].set, tokens_per_sec)
+    if memory_allocated_gb is not None:
+        _emit(meter, "memory_allocated_gb", instruments["memory_allocated_gb"].set, memory_allocated_gb)
+
+
+def _emit(meter, key: str, write, value) -> None:
+    """Validates one value and writes it, now or through the deferred queue. Never raises."""
+    kind = type(value)
+    if (kind is float or kind is int) and not _deferred.pending:
+        if kind is float and value - value != 0.0:  # NaN or +-inf
+            _count_nonfinite(meter, key, value)
+            return
+        _write(meter, key, write, value)
+        return
+    try:
+        _emit_slow(meter, key, write, value)
+    except Exception:  # never raise on the hot path
+        _warn_once(key, "error", "dropping a value of %s: it could not be recorded", key, exc=True)
+
+
+def _write(meter, key: str, write, value) -> None:
+    """Writes a finite number, applying the per-metric rules of Megatron-LM."""
+    if key == "skipped_iters":
+        if value > 0:
+            write(value)
+        elif value < 0:
+            _warn_once(key, "negative", "dropping negative skipped_iters=%r", value)
+        return
+    if key == "grad_norm":
+        value = float(value)
+    elif key == "step_duration_ms" and value < 0:
+        _warn_once(key, "negative", "dropping negative step_duration_ms=%r", value)
+        return
+    write(value)
+
+
+def _emit_slow(meter, key: str, write, value) -> None:
+    device_type = _device_type(value)
+    if device_type not in (None, "cpu"):
+        _deferred.submit(meter, key, write, _start_device_read(value))
+        return
+    number = _to_number(key, value)
+    if number is None:
+        return
+    if _deferred.pending:
+        _deferred.submit(meter, key, write, number)
+        return
+    _finish(meter, key, write, number)
+
+
+def _finish(meter, key: str, write, number) -> None:
+    if isinstance(number, float) and not math.isfinite(number):
+        _count_nonfinite(meter, key, number)
+        return
+    _write(meter, key, write, number)
+
+
+def _to_number(key: str, value) -> float | int | None:
+    """``value`` as an int or float, or ``None`` after one warning. Reads CPU tensors only."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as error:
+        _warn_once(
+            key, f"type:{type(value).__name__}",
+            "dropping %s=%r: not a number (%s)", key, _short_repr(value), error,
+        )
+        return None
+
+
+def _short_repr(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _device_type(value) -> str | None:
+    """The device type of a tensor-like value (``"cuda"``, ``"cpu"``...), else ``None``."""
+    device = getattr(value, "device", None)
+    if device is None:
+        return "cuda" if getattr(value, "is_cuda", False) is True else None
+    if isinstance(device, str):
+        return device.split(":", 1)[0]
+    device_type = getattr(device, "type", None)
+    return device_type if isinstance(device_type, str) else None
+
+
+class _PendingDeviceRead:
+    """A device scalar being copied to host; ``result()`` runs on the deferred thread."""
+
+    __slots__ = ("_host", "_event", "_source")
+
+    def __init__(self, host=None, event=None, source=None) -> None:
+        self._host = host
+        self._event = event
+        self._source = source
+
+    def result(self):
+        if self._event is not None:
+            self._event.synchronize()
+            return self._host
+        return self._source
+
+
+def _start_device_read(value) -> _PendingDeviceRead:
+    """Starts an asynchronous device-to-host copy of a device scalar (training thread).
+
+    For a CUDA ``torch.Tensor`` with one element: a non-blocking copy into pinned host memory
+    from PyTorch's caching host allocator, and a CUDA event recorded on the current stream;
+    neither waits for the device. Any other tensor-like (other devices, test doubles) is handed
+    over as it is and converted with ``float()`` on the deferred thread.
+    """
+    torch = _torch()
+    if torch is not None and isinstance(value, torch.Tensor) and value.is_cuda:
+        source = value.detach()
+        if source.numel() == 1:
+            source = source.reshape(())
+            host = torch.empty((), dtype=source.dtype, device="cpu", pin_memory=True)
+            host.copy_(source, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(source.device))
+            return _PendingDeviceRead(host=host, event=event)
+    return _PendingDeviceRead(source=value)
+
+
+def _torch():
+    import sys
+
+    return sys.modules.get("torch")
+
+
+def _count_nonfinite(meter, key: str, value: float) -> None:
+    name = _SPECS[key][0]
+    _warn_once(
+        key, "nonfinite",
+        "%s received a non-finite value (%r); the SDK would drop it silently, so it is not "
+        "recorded and is counted by %s{%s=%s} instead (this warning is shown once).",
+        name, value, MEGATRON_TRAINING_NONFINITE_VALUES, MEGATRON_TRAINING_METRIC, name,
+    )
+    try:
+        counter = _NONFINITE_COUNTERS.get(meter)
+        if counter is None:
+            spec = METRICS[MEGATRON_TRAINING_NONFINITE_VALUES]
+            counter = meter.create_counter(
+                name=MEGATRON_TRAINING_NONFINITE_VALUES,
+                unit=spec.unit,
+                description=spec.description,
+            )
+            _NONFINITE_COUNTERS[meter] = counter
+        counter.add(1, {MEGATRON_TRAINING_METRIC: name})
+    except Exception:
+        _warn_once(key, "nonfinite-counter", "could not count a non-finite %s", name, exc=True)
+
+
+def _warn_once(key: str, cause: str, message: str, *args, exc: bool = False) -> None:
+    if (key, cause) in _warned:
+        return
+    _warned.add((key, cause))
+    _logger.warning(message, *args, exc_info=exc)
+
+
+class _DeferredRecorder:
+    """FIFO of values whose read must not happen on the training thread.
+
+    One daemon thread, started on first use (and again in a forked child), waits for each
+    device copy and records the value. ``pending`` is read on the hot path without a lock: a
+    stale read only routes one value through the queue, which is still correct.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._queue: collections.deque = collections.deque()
+        self._thread: threading.Thread | None = None
+        self.pending = 0
+
+    def submit(self, meter, key: str, write, value: Any) -> None:
+        with self._lock:
+            self._queue.append((meter, key, write, value))
+            self.pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="otel-training-deferred", daemon=True
+                )
+                self._thread.start()
+            self._ready.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._ready.wait()
+                meter, key, write, value = self._queue[0]
+            try:
+                if isinstance(value, _PendingDeviceRead):
+                    value = value.result()
+                number = _to_number(key, value)
+                if number is not None:
+                    _finish(meter, key, write, number)
+            except Exception:
+                _warn_once(key, "deferred", "a deferred value of %s was lost", key, exc=True)
+            with self._lock:
+                self._queue.popleft()
+                self.pending -= 1
+                self._ready.notify_all()
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Waits until every queued value is recorded; False when ``timeout_s`` ran out."""
+        with self._lock:
+            return self._ready.wait_for(lambda: not self._queue, timeout=timeout_s)
+
+    def _after_fork_in_child(self) -> None:
+        # The thread did not survive the fork; a child records its own values only.
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._queue = collections.deque()
+        self._thread = None
+        self.pending = 0
+
+
+_deferred = _DeferredRecorder()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_deferred._after_fork_in_child)
+
+
+def flush_deferred(timeout_s: float | None = None) -> bool:
+    """Waits until values queued by :func:`record_training_metrics` are recorded.
+
+    Args:
+        timeout_s: Upper bound in seconds; ``None`` waits as long as it takes.
+
+    Returns:
+        True when the queue is empty, False when the timeout ran out first. Never raises.
+    """
+    return _deferred.flush(timeout_s)

@@ -1,0 +1,65 @@
+"""The training-job resource: who this process is within the job (rank identity).
+
+Rank identity lives in the Resource, never in point attributes (DESIGN.md section 3.5).
+Attribute names are declared in ``semconv/``; ``dl.rank``, ``dl.local_rank`` and
+``dl.world_size`` are the names NVIDIA NeMo Lens uses, so its dashboards keep working.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+
+from opentelemetry.sdk.resources import Resource, ResourceDetector
+from opentelemetry.semconv._incubating.attributes.host_attributes import HOST_NAME
+from opentelemetry.semconv.attributes.k8s_attributes import K8S_NAMESPACE_NAME, K8S_POD_NAME
+from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE_ID
+
+from otel_training import config
+from otel_training.semconv.attributes import (
+    DL_JOB_ID,
+    DL_LOCAL_RANK,
+    DL_NODE_RANK,
+    DL_RANK,
+    DL_RUN_ID,
+    DL_WORLD_SIZE,
+)
+
+# A process without a launcher-given run id gets one random id for its whole life, so that
+# configuring twice (or a forked DataLoader worker) reports the same run.
+_PROCESS_RUN_ID = uuid.uuid4().hex
+
+
+def identity_attributes(identity: config.RankIdentity) -> dict[str, str | int]:
+    """Resource attributes for ``identity``: rank, local rank, world size, node rank, host,
+    job and run ids, ``service.instance.id`` (``{run_id}-rank{rank}``, unique per rank) and,
+    in Kubernetes, the pod name and namespace. Never raises."""
+    run_id = identity.run_id or _PROCESS_RUN_ID
+    attributes: dict[str, str | int] = {
+        DL_RANK: identity.rank,
+        DL_LOCAL_RANK: identity.local_rank,
+        DL_WORLD_SIZE: identity.world_size,
+        DL_NODE_RANK: identity.node_rank,
+        DL_RUN_ID: run_id,
+        HOST_NAME: socket.gethostname(),
+        SERVICE_INSTANCE_ID: f"{run_id}-rank{identity.rank}",
+    }
+    if identity.job_id is not None:
+        attributes[DL_JOB_ID] = identity.job_id
+    if identity.k8s_pod_name is not None:
+        attributes[K8S_POD_NAME] = identity.k8s_pod_name
+    if identity.k8s_namespace is not None:
+        attributes[K8S_NAMESPACE_NAME] = identity.k8s_namespace
+    return attributes
+
+
+class TrainingResourceDetector(ResourceDetector):
+    """Detects the rank identity from torchrun, SLURM and Kubernetes variables.
+
+    See :class:`otel_training.config.RankIdentity` for the variables read. Usable on its own
+    with ``opentelemetry.sdk.resources.get_aggregated_resources([TrainingResourceDetector()])``.
+    Never raises.
+    """
+
+    def detect(self) -> Resource:
+        return Resource(identity_attributes(config.load_identity()))

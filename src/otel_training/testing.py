@@ -1,0 +1,133 @@
+"""Helpers for tests of code that uses otel-training, shipped with the package.
+
+``configure_in_memory()`` gives a pipeline whose metrics and spans stay in memory;
+``reset()`` undoes everything otel-training and the OpenTelemetry API keep globally, so each
+test starts clean. These touch private state of the OpenTelemetry API (its set-once globals):
+use them in tests only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry import trace as trace_api
+from opentelemetry.metrics import _internal as metrics_internal
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util._once import Once
+
+from otel_training import instruments, setup
+
+__all__ = [
+    "InMemoryTelemetry",
+    "configure_in_memory",
+    "histogram_quantile",
+    "points",
+    "reset",
+]
+
+
+@dataclass
+class InMemoryTelemetry:
+    """A :class:`otel_training.setup.Telemetry` with an in-memory reader and span exporter."""
+
+    telemetry: setup.Telemetry
+    reader: InMemoryMetricReader
+    spans: InMemorySpanExporter
+
+    @property
+    def meter(self):
+        return self.telemetry.meter
+
+    def points(self, name: str | None = None) -> list[tuple[str, object]]:
+        """Collects now; (metric name, data point) pairs, optionally of one metric."""
+        instruments.flush_deferred(10.0)
+        return points(self.reader.get_metrics_data(), name)
+
+
+def configure_in_memory(
+    environ: Mapping[str, str] | None = None,
+    *,
+    views: Iterable = (),
+    step_duration_buckets_ms: Sequence[float] | None = None,
+    set_global: bool = False,
+) -> InMemoryTelemetry:
+    """``configure()`` with exporters ``none`` plus an in-memory reader and span exporter.
+
+    Args:
+        environ: Extra variables on top of ``OTEL_METRICS_EXPORTER=none`` and
+            ``OTEL_TRACES_EXPORTER=none`` (the process environment is not read).
+    """
+    env = {
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_TRACES_EXPORTER": "none",
+        "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM": "false",
+    }
+    env.update(environ or {})
+    reader = InMemoryMetricReader()
+    exporter = InMemorySpanExporter()
+    telemetry = setup.configure(
+        environ=env,
+        views=views,
+        step_duration_buckets_ms=step_duration_buckets_ms,
+        metric_readers=[reader],
+        span_processors=[SimpleSpanProcessor(exporter)],
+        set_global=set_global,
+    )
+    return InMemoryTelemetry(telemetry, reader, exporter)
+
+
+def points(data: MetricsData | None, name: str | None = None) -> list[tuple[str, object]]:
+    """Flattens ``MetricsData`` into (metric name, data point) pairs."""
+    found = []
+    if data is None:
+        return found
+    for resource_metrics in data.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if name is None or metric.name == name:
+                    found.extend((metric.name, p) for p in metric.data.data_points)
+    return found
+
+
+def histogram_quantile(q: float, bounds: Sequence[float], bucket_counts: Sequence[int]) -> float:
+    """Prometheus' ``histogram_quantile`` over one explicit-bucket histogram point.
+
+    Linear interpolation within the bucket holding rank ``q * count`` (Prometheus
+    ``promql/quantile.go``); the first bucket starts at 0; a rank in +Inf returns the last
+    finite bound. ``bucket_counts`` has ``len(bounds) + 1`` entries (OTLP layout).
+    """
+    total = sum(bucket_counts)
+    if total == 0:
+        return float("nan")
+    rank = q * total
+    cumulative = 0
+    for i, count in enumerate(bucket_counts):
+        if cumulative + count >= rank and count > 0:
+            if i == len(bounds):
+                return float(bounds[-1])
+            start = 0.0 if i == 0 else float(bounds[i - 1])
+            return start + (float(bounds[i]) - start) * (rank - cumulative) / count
+        cumulative += count
+    return float(bounds[-1])
+
+
+def reset() -> None:
+    """Shuts the configured pipeline down and resets otel-training's and the OpenTelemetry
+    API's globals (providers, set-once guards, proxies, caches, warned-once causes)."""
+    setup.shutdown(timeout_millis=2_000)
+    setup._current = None
+    instruments._TRAINING_INSTRUMENTS.clear()
+    instruments._NONFINITE_COUNTERS.clear()
+    instruments._FAILED_METERS.clear()
+    instruments._warned.clear()
+    metrics_internal._METER_PROVIDER_SET_ONCE = Once()
+    metrics_internal._METER_PROVIDER = None
+    metrics_internal._PROXY_METER_PROVIDER = metrics_internal._ProxyMeterProvider()
+    trace_api._TRACER_PROVIDER_SET_ONCE = Once()
+    trace_api._TRACER_PROVIDER = None
+    trace_api._PROXY_TRACER_PROVIDER = trace_api.ProxyTracerProvider()
+    assert isinstance(metrics_api.get_meter_provider(), metrics_internal._ProxyMeterProvider)

@@ -1,0 +1,344 @@
+"""config.load: every variable, each bad value -> one warning naming it, then the default."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from otel_training import config
+
+
+def load(caplog, **env):
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="otel_training.config"):
+        settings = config.load(env)
+    return settings, [r.getMessage() for r in caplog.records]
+
+
+def test_defaults_use_the_embedded_exporter(caplog):
+    """With nothing set: embedded files, 60 s interval, 30 s timeout, no warning."""
+    settings, warnings = load(caplog)
+    assert settings.metrics_exporters == ("otlp_json_file",)
+    assert settings.traces_exporters == ("otlp_json_file",)
+    assert settings.metric_export_interval_ms == 60_000
+    assert settings.metric_export_timeout_ms == 30_000
+    assert settings.metrics_otlp.timeout_s == 10.0
+    assert settings.output_dir == "otel-training-telemetry"
+    assert not settings.sdk_disabled
+    assert warnings == []
+
+
+def test_an_endpoint_selects_otlp(caplog):
+    """An OTLP endpoint without an exporter name selects otlp for both signals."""
+    settings, _ = load(caplog, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4317")
+    assert settings.metrics_exporters == ("otlp",)
+    assert settings.traces_exporters == ("otlp",)
+    assert settings.metrics_otlp.endpoint == "http://127.0.0.1:4317"
+    assert settings.metrics_otlp.protocol == "grpc"
+
+
+def test_a_signal_endpoint_selects_otlp_for_that_signal_only(caplog):
+    """OTEL_EXPORTER_OTLP_TRACES_ENDPOINT sends traces to OTLP and leaves metrics embedded."""
+    settings, _ = load(caplog, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="http://h:4318/v1/traces")
+    assert settings.traces_exporters == ("otlp",)
+    assert settings.metrics_exporters == ("otlp_json_file",)
+
+
+def test_http_generic_endpoint_gets_the_signal_path(caplog):
+    """Over http/protobuf the generic endpoint gets /v1/{signal}; a signal endpoint is kept."""
+    settings, _ = load(
+        caplog,
+        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://collector:4318/",
+        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="http://other:4318/custom",
+    )
+    assert settings.metrics_otlp.endpoint == "http://collector:4318/v1/metrics"
+    assert settings.traces_otlp.endpoint == "http://other:4318/custom"
+    assert settings.metrics_otlp.protocol == "http/protobuf"
+
+
+@pytest.mark.parametrize("spelling", ["true", "TRUE", " true ", "True"])
+def test_sdk_disabled_is_case_insensitive(caplog, spelling):
+    """Case A4(a): booleans ignore case and surrounding whitespace."""
+    settings, warnings = load(caplog, OTEL_SDK_DISABLED=spelling)
+    assert settings.sdk_disabled
+    assert warnings == []
+
+
+def test_bad_boolean_warns_and_keeps_default(caplog):
+    """A boolean that is neither true nor false: one warning naming it, default kept."""
+    settings, warnings = load(caplog, OTEL_SDK_DISABLED="yes")
+    assert not settings.sdk_disabled
+    assert len(warnings) == 1 and "OTEL_SDK_DISABLED" in warnings[0]
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "-5000", "nan", "inf"])
+def test_bad_export_interval_warns_and_uses_60s(caplog, raw):
+    """Case A4(c): a non-numeric, zero, negative or non-finite interval -> 60,000 ms."""
+    settings, warnings = load(caplog, OTEL_METRIC_EXPORT_INTERVAL=raw)
+    assert settings.metric_export_interval_ms == 60_000
+    assert len(warnings) == 1 and "OTEL_METRIC_EXPORT_INTERVAL" in warnings[0]
+
+
+def test_timeout_longer_than_interval_is_clamped(caplog):
+    """Case A4(d): a timeout above the interval warns and is clamped to the interval."""
+    settings, warnings = load(
+        caplog, OTEL_METRIC_EXPORT_INTERVAL="1000", OTEL_METRIC_EXPORT_TIMEOUT="5000"
+    )
+    assert settings.metric_export_interval_ms == 1000
+    assert settings.metric_export_timeout_ms == 1000
+    assert len(warnings) == 1 and "OTEL_METRIC_EXPORT_TIMEOUT" in warnings[0]
+
+
+def test_headers_keep_valid_entries_and_name_the_malformed_one(caplog):
+    """Case A4(e): a value with a plain space is kept; a bare entry is named and dropped."""
+    settings, warnings = load(
+        caplog,
+        OTEL_EXPORTER_OTLP_HEADERS="Authorization=Bearer abc def,bare-entry,x-tenant=a%20b",
+        OTEL_EXPORTER_OTLP_METRICS_HEADERS="x-metrics=1",
+    )
+    assert settings.traces_otlp.headers == {
+        "authorization": "Bearer abc def",
+        "x-tenant": "a b",
+    }
+    assert settings.metrics_otlp.headers["x-metrics"] == "1"
+    assert "bare-entry" in " ".join(warnings)
+    assert all("OTEL_EXPORTER_OTLP" in w for w in warnings)
+
+
+def test_header_key_with_space_is_malformed(caplog):
+    """A header name must be an HTTP token: 'my key=v' is dropped with a warning."""
+    settings, warnings = load(caplog, OTEL_EXPORTER_OTLP_HEADERS="my key=v,ok=1")
+    assert settings.metrics_otlp.headers == {"ok": "1"}
+    assert warnings
+
+
+@pytest.mark.parametrize(
+    "name,raw,attribute,default",
+    [
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "ten", "timeout_s", 10.0),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "0", "timeout_s", 10.0),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon", "protocol", "grpc"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json", "protocol", "http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd", "compression", "none"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://x", "endpoint", None),
+    ],
+)
+def test_bad_otlp_values_warn_and_fall_back(caplog, name, raw, attribute, default):
+    """Each bad OTLP value: one warning naming the variable, then the default."""
+    settings, warnings = load(caplog, **{name: raw})
+    assert getattr(settings.metrics_otlp, attribute) == default
+    assert warnings and all(name in w for w in warnings)
+
+
+def test_timeout_is_in_seconds_and_per_signal_wins(caplog):
+    """OTEL_EXPORTER_OTLP_TIMEOUT is seconds (Python SDK); the signal variable wins."""
+    settings, _ = load(
+        caplog, OTEL_EXPORTER_OTLP_TIMEOUT="3", OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="1.5"
+    )
+    assert settings.metrics_otlp.timeout_s == 3.0
+    assert settings.traces_otlp.timeout_s == 1.5
+
+
+def test_compression_none_and_gzip(caplog):
+    """'none' and 'gzip' are accepted for gRPC; deflate over gRPC becomes gzip."""
+    assert load(caplog, OTEL_EXPORTER_OTLP_COMPRESSION="gzip")[0].metrics_otlp.compression == "gzip"
+    settings, warnings = load(caplog, OTEL_EXPORTER_OTLP_COMPRESSION="deflate")
+    assert settings.metrics_otlp.compression == "gzip" and warnings
+
+
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ("none", ("none",)),
+        ("otlp,console", ("otlp", "console")),
+        ("none,otlp", ("none",)),
+        ("prometheus", ("prometheus",)),
+    ],
+)
+def test_metrics_exporter_lists(caplog, raw, expected):
+    """OTEL_METRICS_EXPORTER takes a list; none wins over everything."""
+    assert load(caplog, OTEL_METRICS_EXPORTER=raw)[0].metrics_exporters == expected
+
+
+def test_unknown_exporter_is_named(caplog):
+    """An unknown exporter name is warned about; known ones in the list are kept."""
+    settings, warnings = load(caplog, OTEL_TRACES_EXPORTER="zipkin,console")
+    assert settings.traces_exporters == ("console",)
+    assert "zipkin" in warnings[0]
+    settings, warnings = load(caplog, OTEL_TRACES_EXPORTER="prometheus")
+    assert settings.traces_exporters == ("otlp_json_file",)
+
+
+def test_case_a4b_metrics_none_traces_otlp(caplog):
+    """Case A4(b): metrics off, traces to OTLP."""
+    settings, _ = load(caplog, OTEL_METRICS_EXPORTER="none", OTEL_TRACES_EXPORTER="otlp")
+    assert settings.metrics_exporters == ("none",)
+    assert settings.traces_exporters == ("otlp",)
+
+
+@pytest.mark.parametrize(
+    "name,raw,attribute,default",
+    [
+        ("OTEL_BSP_SCHEDULE_DELAY", "-1", "bsp_schedule_delay_ms", 5000),
+        ("OTEL_BSP_EXPORT_TIMEOUT", "x", "bsp_export_timeout_ms", 30000),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "1.5", "bsp_max_queue_size", 2048),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "0", "bsp_max_export_batch_size", 512),
+        ("OTEL_TRACES_SAMPLER", "sometimes", "sampler", "parentbased_always_on"),
+        ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "both", "temporality_preference",
+         "cumulative"),
+        ("OTEL_EXPORTER_PROMETHEUS_PORT", "70000", "prometheus_port", 9464),
+    ],
+)
+def test_other_bad_values(caplog, name, raw, attribute, default):
+    """Batch processor, sampler, temporality and Prometheus values fall back with a warning."""
+    settings, warnings = load(caplog, **{name: raw})
+    assert getattr(settings, attribute) == default
+    assert len(warnings) == 1 and name in warnings[0]
+
+
+def test_sampler_ratio(caplog):
+    """traceidratio takes OTEL_TRACES_SAMPLER_ARG in [0, 1]; outside it the ratio is 1."""
+    settings, _ = load(caplog, OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0.25")
+    assert (settings.sampler, settings.sampler_arg) == ("traceidratio", 0.25)
+    settings, warnings = load(
+        caplog, OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="2"
+    )
+    assert settings.sampler_arg == 1.0 and "OTEL_TRACES_SAMPLER_ARG" in warnings[0]
+
+
+def test_temporality_preference_is_case_insensitive(caplog):
+    """DELTA is read as delta."""
+    settings, _ = load(caplog, OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE="DELTA")
+    assert settings.temporality_preference == "delta"
+
+
+@pytest.mark.parametrize(
+    "raw,rank,world,local,exports",
+    [
+        ("all", 3, 8, 3, True),
+        ("last", 7, 8, 3, True),
+        ("last", 6, 8, 2, False),
+        ("first_per_node", 4, 8, 0, True),
+        ("first_per_node", 5, 8, 1, False),
+        ("0,4-6", 5, 8, 1, True),
+        ("0,4-6", 3, 8, 3, False),
+    ],
+)
+def test_export_ranks_policy(caplog, raw, rank, world, local, exports):
+    """OTEL_PYTHON_TRAINING_EXPORT_RANKS selects the ranks that export."""
+    settings, warnings = load(
+        caplog,
+        OTEL_PYTHON_TRAINING_EXPORT_RANKS=raw,
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(local),
+    )
+    assert settings.export_ranks.exports(settings.identity) is exports
+    assert warnings == []
+
+
+@pytest.mark.parametrize("raw", ["some", "1,x", "5-2"])
+def test_bad_export_ranks_fall_back_to_all(caplog, raw):
+    """An unusable rank policy warns and exports from every rank."""
+    settings, warnings = load(caplog, OTEL_PYTHON_TRAINING_EXPORT_RANKS=raw)
+    assert settings.export_ranks.policy == "all"
+    assert "OTEL_PYTHON_TRAINING_EXPORT_RANKS" in warnings[0]
+
+
+def test_step_duration_buckets(caplog):
+    """Bucket overrides parse; unsorted or non-numeric ones warn and keep the built-in ones."""
+    settings, _ = load(caplog, OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS="10, 100,1000")
+    assert settings.step_duration_buckets_ms == (10.0, 100.0, 1000.0)
+    for bad in ("100,10", "a,b", "-1,5"):
+        settings, warnings = load(caplog, OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS=bad)
+        assert settings.step_duration_buckets_ms is None and warnings
+
+
+def test_identity_from_torchrun(caplog):
+    """torchrun's variables give rank, local rank, world size, node rank and the run id."""
+    settings, _ = load(
+        caplog,
+        RANK="5",
+        LOCAL_RANK="1",
+        WORLD_SIZE="8",
+        LOCAL_WORLD_SIZE="4",
+        GROUP_RANK="1",
+        TORCHELASTIC_RUN_ID="run-42",
+    )
+    identity = settings.identity
+    assert (identity.rank, identity.local_rank, identity.world_size) == (5, 1, 8)
+    assert (identity.local_world_size, identity.node_rank) == (4, 1)
+    assert identity.launcher == "torchrun"
+    assert identity.run_id == "run-42" and identity.job_id == "run-42"
+
+
+def test_identity_from_slurm(caplog):
+    """SLURM's variables are used when torchrun's are absent."""
+    settings, _ = load(
+        caplog,
+        SLURM_JOB_ID="1234",
+        SLURM_STEP_ID="0",
+        SLURM_PROCID="9",
+        SLURM_LOCALID="1",
+        SLURM_NTASKS="16",
+        SLURM_NODEID="2",
+        SLURM_NTASKS_PER_NODE="8",
+    )
+    identity = settings.identity
+    assert (identity.rank, identity.local_rank, identity.world_size) == (9, 1, 16)
+    assert (identity.node_rank, identity.local_world_size) == (2, 8)
+    assert (identity.launcher, identity.job_id, identity.run_id) == (
+        "slurm",
+        "1234",
+        "slurm-1234.0",
+    )
+
+
+def test_torchrun_inside_slurm_prefers_torchrun_ranks(caplog):
+    """Under torchrun in a SLURM allocation, RANK wins and the job id is SLURM's."""
+    settings, _ = load(
+        caplog,
+        RANK="3",
+        WORLD_SIZE="16",
+        LOCAL_RANK="3",
+        TORCHELASTIC_RUN_ID="elastic-7",
+        SLURM_JOB_ID="99",
+        SLURM_PROCID="0",
+        SLURM_NTASKS="2",
+        SLURM_NODEID="1",
+    )
+    identity = settings.identity
+    assert (identity.rank, identity.world_size, identity.node_rank) == (3, 16, 1)
+    assert (identity.job_id, identity.run_id) == ("99", "elastic-7")
+
+
+def test_identity_in_kubernetes(caplog):
+    """In Kubernetes: pod name from HOSTNAME, node rank from JOB_COMPLETION_INDEX."""
+    settings, _ = load(
+        caplog,
+        KUBERNETES_SERVICE_HOST="10.0.0.1",
+        HOSTNAME="trainer-2-abcde",
+        POD_NAMESPACE="ml",
+        JOB_COMPLETION_INDEX="2",
+        RANK="16",
+        WORLD_SIZE="32",
+    )
+    identity = settings.identity
+    assert identity.node_rank == 2 and identity.launcher == "kubernetes"
+    assert (identity.k8s_pod_name, identity.k8s_namespace) == ("trainer-2-abcde", "ml")
+
+
+def test_run_id_override_and_single_process(caplog):
+    """OTEL_PYTHON_TRAINING_RUN_ID wins; a lone process is rank 0 of 1."""
+    settings, _ = load(caplog, OTEL_PYTHON_TRAINING_RUN_ID="my-run")
+    identity = settings.identity
+    assert (identity.rank, identity.world_size, identity.run_id) == (0, 1, "my-run")
+    assert identity.launcher == "none"
+
+
+def test_bad_rank_value_warns(caplog):
+    """A non-numeric RANK warns and the process counts as a single one."""
+    settings, warnings = load(caplog, RANK="zero", WORLD_SIZE="2")
+    assert settings.identity.rank == 0 and "RANK" in warnings[0]
