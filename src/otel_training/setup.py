@@ -42,7 +42,7 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.metrics.view import View
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace import sampling as sampling_sdk
 from opentelemetry.sdk.trace.export import (
@@ -324,9 +324,13 @@ def _build(
 def _resource(
     settings: config.Settings, service_name: str | None, extra: Mapping[str, object]
 ) -> Resource:
-    # Precedence, lowest first: detected rank identity, OTEL_RESOURCE_ATTRIBUTES and
-    # OTEL_SERVICE_NAME (via Resource.create), then attributes passed in code.
-    resource = Resource(identity_attributes(settings.identity)).merge(Resource.create())
+    # Precedence, lowest first: the SDK's defaults, the detected rank identity,
+    # OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME, then attributes passed in code.
+    resource = (
+        Resource.create()
+        .merge(Resource(identity_attributes(settings.identity)))
+        .merge(OTELResourceDetector().detect())
+    )
     if service_name and str(resource.attributes.get(SERVICE_NAME, "")).startswith(
         "unknown_service"
     ):

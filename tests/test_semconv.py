@@ -1,0 +1,444 @@
+"""The semantic-convention registry (semconv/) and the constants generated from it."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "generate_semconv.py"
+GENERATED_DIR = ROOT / "src" / "otel_training" / "semconv"
+
+
+def _load_generator():
+    spec = importlib.util.spec_from_file_location("generate_semconv", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = _load_generator()
+
+MEGATRON_REASON = (
+    "wire compatibility with Megatron-LM megatron/core/telemetry/training_metrics.py "
+    "and NeMo dashboards"
+)
+# name -> (instrument, unit as exported, description at creation): Megatron-LM's, verbatim.
+MEGATRON_METRICS = {
+    "megatron.training.step_duration_ms": (
+        "histogram",
+        "ms",
+        "Duration of one training step in milliseconds.",
+    ),
+    "megatron.training.loss": ("gauge", "", "Training loss value at each log interval."),
+    "megatron.training.throughput_tflops": ("gauge", "", "Training throughput in TFLOP/s/GPU."),
+    "megatron.training.grad_norm": ("gauge", "", "Global gradient norm."),
+    "megatron.training.skipped_iters": ("counter", "", "Number of training iterations skipped."),
+    "megatron.training.learning_rate": ("gauge", "", "Current learning rate."),
+    "megatron.training.tokens_per_sec": ("gauge", "", "Training throughput in tokens/second."),
+    "megatron.training.memory_allocated_gb": ("gauge", "", "Peak GPU memory allocated in GB."),
+}
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return gen.load_registry()
+
+
+@pytest.fixture(scope="module")
+def schema():
+    return gen.load_schema()
+
+
+# --- the registry ---------------------------------------------------------------------------
+
+
+def test_vendored_schema_is_the_definition_2_schema(schema):
+    """The vendored schema is a valid 2020-12 JSON schema whose file_format is definition/2."""
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["properties"]["file_format"]["const"] == "definition/2"
+    assert (ROOT / "semconv" / "schema" / "LICENSE").read_text().find("Apache License") >= 0
+    assert "open-telemetry/weaver" in (ROOT / "semconv" / "schema" / "NOTICE").read_text()
+
+
+def test_registry_files_validate_against_the_schema(registry, schema):
+    """Every semconv/registry/*.yaml file is valid definition/2 and declares that format."""
+    assert len(registry.documents) >= 2
+    assert gen.schema_violations(registry, schema) == []
+    assert all(doc["file_format"] == "definition/2" for doc in registry.documents.values())
+
+
+def test_registry_breaks_no_rule(registry):
+    """The registry passes every naming and annotation rule of the generator."""
+    assert [str(v) for v in gen.rule_violations(registry)] == []
+
+
+def test_names_are_lower_case_and_dotted(registry):
+    """Every metric name, attribute key, entity type and group id is lower-case and dotted."""
+    names = (
+        [m["name"] for m in registry.metrics]
+        + [a["key"] for a in registry.attributes]
+        + [e["type"] for e in registry.entities]
+        + [g["id"] for g in registry.attribute_groups]
+    )
+    pattern = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
+    assert names and all(re.fullmatch(pattern, n) for n in names), names
+
+
+def test_briefs_end_with_a_period(registry):
+    """Every brief (metrics, attributes, entities, public groups) ends with a period."""
+    entries = registry.metrics + registry.attributes + registry.entities
+    entries += [g for g in registry.attribute_groups if g["visibility"] == "public"]
+    assert [e.get("brief") for e in entries if not e["brief"].strip().endswith(".")] == []
+
+
+def test_no_metric_name_is_the_namespace_of_another(registry):
+    """No metric name X exists beside another metric named X + '.' + something."""
+    names = [m["name"] for m in registry.metrics]
+    assert [(a, b) for a in names for b in names if b.startswith(a + ".")] == []
+
+
+def test_units_of_rule_following_metrics_are_ucum(registry):
+    """Metrics without a naming exception have UCUM units and no unit in their name."""
+    plain = [m for m in registry.metrics if "naming_exception" not in _ours(m)]
+    assert plain, "expected at least one metric that follows the naming rules"
+    for metric in plain:
+        assert gen.is_ucum_unit(metric["unit"]), metric["name"]
+        assert not gen.has_unit_in_name(metric["name"]), metric["name"]
+
+
+def test_true_units_are_ucum(registry):
+    """Every metric declares the true unit of its value, and it is a UCUM unit."""
+    assert all(gen.is_ucum_unit(_ours(m)["true_unit"]) for m in registry.metrics)
+
+
+def test_exceptions_are_exactly_the_eight_megatron_metrics_with_the_reason(registry):
+    """The naming exceptions are exactly Megatron-LM's eight metrics, each with its reason."""
+    exceptions = {
+        m["name"]: _ours(m)["naming_exception"]
+        for m in registry.metrics
+        if "naming_exception" in _ours(m)
+    }
+    assert set(exceptions) == set(MEGATRON_METRICS)
+    for name, exception in exceptions.items():
+        assert " ".join(exception["reason"].split()) == MEGATRON_REASON, name
+        assert exception["rules"], name
+
+
+def test_megatron_metrics_keep_instrument_unit_and_description(registry):
+    """Megatron-LM's metrics keep its instrument, exported unit and description verbatim."""
+    declared = {m["name"]: (m["instrument"], m["unit"], m["brief"]) for m in registry.metrics}
+    for name, expected in MEGATRON_METRICS.items():
+        assert declared[name] == expected, name
+
+
+def test_nonfinite_counter_follows_the_naming_rules(registry):
+    """megatron.training.nonfinite_values is a {value} counter keyed by a point attribute."""
+    metric = next(m for m in registry.metrics if m["name"] == "megatron.training.nonfinite_values")
+    assert (metric["instrument"], metric["unit"]) == ("counter", "{value}")
+    assert metric["brief"] == (
+        "Non-finite (NaN or infinite) values passed to record_training_metrics and dropped by "
+        "the SDK."
+    )
+    assert [r["ref"] for r in metric["attributes"]] == ["megatron.training.metric"]
+    assert "naming_exception" not in _ours(metric)
+    assert "megatron.training.metric" in {a["key"] for a in registry.attributes}
+
+
+def test_rank_identity_attributes_are_resource_attributes(registry):
+    """The dl.* keys are declared, typed, and are the identity/description of an entity."""
+    types = {a["key"]: a["type"] for a in registry.attributes}
+    expected = {
+        "dl.rank": "int",
+        "dl.local_rank": "int",
+        "dl.world_size": "int",
+        "dl.node_rank": "int",
+        "dl.job.id": "string",
+        "dl.run.id": "string",
+    }
+    assert {k: types.get(k) for k in expected} == expected
+    entity_keys = {
+        r["ref"] for e in registry.entities for r in e["identity"] + e.get("description", [])
+    }
+    assert set(expected) <= entity_keys
+    assert "megatron.training.metric" not in entity_keys
+
+
+def test_external_references_resolve_to_opentelemetry_semconv(registry):
+    """host.name, service.name, service.instance.id resolve to opentelemetry.semconv constants."""
+    external = gen.external_attributes(registry)
+    assert set(external) == {"host.name", "service.name", "service.instance.id"}
+    for key, path in external.items():
+        module, _, constant = path.rpartition(".")
+        assert getattr(importlib.import_module(module), constant) == key
+
+
+# --- the rule checker can fail --------------------------------------------------------------
+
+
+def _ours(entry: dict[str, Any]) -> dict[str, Any]:
+    return (entry.get("annotations") or {}).get("otel_training") or {}
+
+
+_GOOD_METRIC = {
+    "name": "example.training.duration",
+    "instrument": "histogram",
+    "unit": "s",
+    "stability": "development",
+    "brief": "Duration of an example step.",
+    "annotations": {
+        "code_generation": {"metric_value_type": "double"},
+        "otel_training": {"true_unit": "s"},
+    },
+}
+
+
+def _metric(**changes: Any) -> dict[str, Any]:
+    metric = copy.deepcopy(_GOOD_METRIC)
+    for key, value in changes.items():
+        if key in ("naming_exception", "true_unit"):
+            metric["annotations"]["otel_training"][key] = value
+        elif key == "value_type":
+            metric["annotations"]["code_generation"] = {}
+        else:
+            metric[key] = value
+    return metric
+
+
+def _write_registry(directory: Path, document: dict[str, Any]) -> Path:
+    registry_dir = directory / "registry"
+    registry_dir.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump({"file_format": "definition/2", **document}, sort_keys=False)
+    (registry_dir / "bad.yaml").write_text(text)
+    return registry_dir
+
+
+_BAD_CASES = {
+    "name_syntax": [_metric(name="Example.Training.Duration")],
+    "brief_period": [_metric(brief="Duration of an example step")],
+    "duplicate": [_metric(), _metric()],
+    "namespace_collision": [_metric(), _metric(name="example.training.duration.max")],
+    "unit_ucum": [_metric(unit="")],
+    "unit_in_name": [_metric(name="example.training.duration_ms", unit="ms")],
+    "naming_exception": [_metric(unit="", naming_exception={"reason": "", "rules": ["unit_ucum"]})],
+    "true_unit": [_metric(true_unit="bananas")],
+    "value_type": [_metric(value_type=None)],
+    "unresolved_ref": [_metric(attributes=[{"ref": "example.no_such_attribute"}])],
+}
+
+
+def test_rule_checker_accepts_the_control_registry(tmp_path):
+    """The well-formed metric that the bad cases start from breaks no rule."""
+    registry = gen.load_registry(_write_registry(tmp_path, {"metrics": [_metric()]}))
+    assert gen.check_registry(registry, gen.load_schema()) == []
+
+
+@pytest.mark.parametrize("rule", sorted(_BAD_CASES))
+def test_rule_checker_flags_each_broken_rule(tmp_path, rule):
+    """A registry that breaks one rule is reported with that rule's id."""
+    registry = gen.load_registry(_write_registry(tmp_path, {"metrics": _BAD_CASES[rule]}))
+    assert gen.schema_violations(registry, gen.load_schema()) == []
+    assert rule in {v.rule for v in gen.rule_violations(registry)}
+
+
+def test_rule_checker_flags_an_exception_that_declares_rules_not_broken(tmp_path):
+    """A naming exception must list exactly the rules the metric breaks, not more."""
+    exception = {"reason": "compatibility", "rules": ["unit_in_name", "unit_ucum"]}
+    metric = _metric(unit="", naming_exception=exception)
+    registry = gen.load_registry(_write_registry(tmp_path, {"metrics": [metric]}))
+    violations = gen.rule_violations(registry)
+    assert [v.rule for v in violations] == ["naming_exception"]
+    assert "unit_in_name" in violations[0].message
+
+
+def test_schema_check_flags_a_malformed_file(tmp_path):
+    """A metric without a brief, or with an unknown instrument, fails schema validation."""
+    bad = _metric(instrument="meter")
+    del bad["brief"]
+    registry = gen.load_registry(_write_registry(tmp_path, {"metrics": [bad]}))
+    messages = [v.message for v in gen.schema_violations(registry, gen.load_schema())]
+    assert any("'brief' is a required property" in m for m in messages), messages
+    assert len(messages) >= 2
+
+
+def test_schema_check_requires_the_file_format(tmp_path):
+    """A registry file without file_format: definition/2 is reported."""
+    registry_dir = tmp_path / "registry"
+    registry_dir.mkdir()
+    (registry_dir / "old.yaml").write_text(yaml.safe_dump({"metrics": [_metric()]}))
+    registry = gen.load_registry(registry_dir)
+    assert [v.rule for v in gen.schema_violations(registry, gen.load_schema())] == ["file_format"]
+
+
+@pytest.mark.parametrize(
+    "unit", ["1", "s", "ms", "us", "By", "GiBy", "KiBy", "%", "{token}", "{token}/s", "By/s", "s-1"]
+)
+def test_ucum_checker_accepts_ucum_units(unit):
+    """The UCUM subset checker accepts the units OpenTelemetry metrics use."""
+    assert gen.is_ucum_unit(unit)
+
+
+@pytest.mark.parametrize("unit", ["", "GB", "gib", "sec", "seconds", "tokens/s", "{}", "ms ", "x"])
+def test_ucum_checker_rejects_non_ucum_units(unit):
+    """The UCUM subset checker rejects empty, misspelt and non-UCUM units."""
+    assert not gen.is_ucum_unit(unit)
+
+
+def test_generator_exits_2_and_writes_nothing_on_an_invalid_registry(tmp_path, capsys):
+    """An invalid registry makes the generator exit 2, list the violation, and write nothing."""
+    registry_dir = _write_registry(tmp_path, {"metrics": [_metric(unit="")]})
+    out = tmp_path / "out"
+    assert gen.main(["--registry-dir", str(registry_dir), "--output-dir", str(out)]) == 2
+    assert "unit_ucum" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# --- the generated code ---------------------------------------------------------------------
+
+
+def test_generated_modules_are_not_stale(tmp_path):
+    """Generating into a temporary directory reproduces the committed modules byte for byte."""
+    assert gen.main(["--output-dir", str(tmp_path)]) == 0
+    for name in gen.OUTPUTS.values():
+        assert (tmp_path / name).read_text() == (GENERATED_DIR / name).read_text(), name
+    assert gen.main(["--check"]) == 0
+
+
+def test_check_exits_1_when_a_generated_module_is_stale(tmp_path, capsys):
+    """--check exits 1 and names the file when a generated module differs from the registry."""
+    for name in gen.OUTPUTS.values():
+        shutil.copy(GENERATED_DIR / name, tmp_path / name)
+    with (tmp_path / "metrics.py").open("a") as f:
+        f.write("# edited by hand\n")
+    assert gen.main(["--check", "--output-dir", str(tmp_path)]) == 1
+    assert "metrics.py" in capsys.readouterr().out
+    assert gen.main(["--check", "--output-dir", str(tmp_path / "missing")]) == 1
+
+
+def test_generation_is_deterministic():
+    """Two runs of the generator give identical output."""
+    assert gen.generate() == gen.generate()
+
+
+def test_generated_constants_equal_the_registry_names(registry):
+    """Each constant holds its registry name, and the tables hold exactly the registry."""
+    from otel_training.semconv import attributes, metrics
+
+    metric_names = {m["name"] for m in registry.metrics}
+    attribute_keys = {a["key"] for a in registry.attributes}
+    for name in metric_names:
+        assert getattr(metrics, gen.constant_name(name)) == name
+    for key in attribute_keys:
+        assert getattr(attributes, gen.constant_name(key)) == key
+    assert set(metrics.METRICS) == metric_names
+    assert set(attributes.ATTRIBUTES) == attribute_keys
+    assert metrics.MEGATRON_TRAINING_LOSS == "megatron.training.loss"
+    assert attributes.DL_RANK == "dl.rank"
+    assert attributes.DL_WORLD_SIZE == "dl.world_size"
+    assert metrics.MEGATRON_TRAINING_METRIC == attributes.MEGATRON_TRAINING_METRIC
+
+
+def test_metric_table_matches_the_registry(registry):
+    """METRICS carries each metric's instrument, unit, description and exception from the YAML."""
+    from otel_training.semconv.metrics import METRICS
+
+    for metric in registry.metrics:
+        spec = METRICS[metric["name"]]
+        assert (spec.instrument, spec.unit, spec.description) == (
+            metric["instrument"],
+            metric["unit"],
+            " ".join(metric["brief"].split()),
+        )
+        assert spec.true_unit == _ours(metric)["true_unit"]
+        has_exception = "naming_exception" in _ours(metric)
+        assert (spec.naming_exception == MEGATRON_REASON) is has_exception
+    for name, (instrument, unit, description) in MEGATRON_METRICS.items():
+        assert (METRICS[name].instrument, METRICS[name].unit) == (instrument, unit)
+        assert METRICS[name].description == description
+
+
+def test_every_public_name_is_importable():
+    """Every name in otel_training.semconv.__all__ is importable from the package."""
+    import otel_training.semconv as semconv
+
+    assert len(semconv.__all__) == len(set(semconv.__all__))
+    for name in semconv.__all__:
+        assert getattr(semconv, name) is not None, name
+
+
+def test_generated_files_carry_the_generated_header():
+    """Each generated module starts with the do-not-edit header."""
+    for name in gen.OUTPUTS.values():
+        first = (GENERATED_DIR / name).read_text().splitlines()[0]
+        assert first == "# GENERATED by scripts/generate_semconv.py from semconv/ — do not edit."
+
+
+def test_factories_create_instruments_with_registry_unit_and_description():
+    """create_* make instruments whose exported name, unit and description come from METRICS."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    import otel_training.semconv as semconv
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    meter = provider.get_meter("test_semconv")
+    try:
+        for name, spec in semconv.METRICS.items():
+            instrument = getattr(semconv, "create_" + gen.constant_name(name).lower())(meter)
+            if spec.instrument in ("counter", "updowncounter"):
+                instrument.add(1)
+            elif spec.instrument == "histogram":
+                instrument.record(1.0)
+            else:
+                instrument.set(1.0)
+        exported = {
+            m.name: (m.unit, m.description)
+            for rm in reader.get_metrics_data().resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+        }
+    finally:
+        provider.shutdown()
+    assert exported == {n: (s.unit, s.description) for n, s in semconv.METRICS.items()}
+
+
+@pytest.mark.skipif(
+    shutil.which("ruff") is None and not (ROOT / ".venv/bin/ruff").exists(),
+    reason="ruff is not installed",
+)
+def test_generated_modules_pass_ruff():
+    """The generated modules pass `ruff check` and `ruff format --check` with the repo config."""
+    ruff = str(ROOT / ".venv/bin/ruff") if (ROOT / ".venv/bin/ruff").exists() else "ruff"
+    files = [str(GENERATED_DIR / name) for name in gen.OUTPUTS.values()]
+    for command in ([ruff, "check", *files], [ruff, "format", "--check", *files]):
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_json_of_generated_tables_round_trips():
+    """The spec tables are frozen and contain only plain, JSON-serialisable values."""
+    from dataclasses import FrozenInstanceError, asdict
+
+    from otel_training.semconv import ATTRIBUTES, METRICS
+
+    json.dumps({n: asdict(s) for n, s in METRICS.items()})
+    json.dumps({n: asdict(s) for n, s in ATTRIBUTES.items()})
+    with pytest.raises(TypeError):
+        METRICS["x"] = METRICS["megatron.training.loss"]  # type: ignore[index]
+    with pytest.raises(FrozenInstanceError):
+        METRICS["megatron.training.loss"].unit = "1"  # type: ignore[misc]

@@ -1,0 +1,198 @@
+"""configure(): providers from the environment, the embedded default, no-op modes, resource."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import threading
+
+import pytest
+from google.protobuf import json_format
+from opentelemetry import metrics as metrics_api
+from opentelemetry import trace as trace_api
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+import otel_training
+from otel_training import setup, testing
+from otel_training.semconv.attributes import DL_RANK, DL_RUN_ID, DL_WORLD_SIZE
+
+
+def _open_sockets() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                count += 1
+        except OSError:
+            pass
+    return count
+
+
+def _ids_hex_to_base64(node):
+    """OTLP/JSON writes trace and span ids as hex; protobuf's JSON parser wants base64."""
+    import base64
+
+    if isinstance(node, dict):
+        return {
+            k: (
+                base64.b64encode(bytes.fromhex(v)).decode()
+                if k in ("traceId", "spanId", "parentSpanId") and isinstance(v, str)
+                else _ids_hex_to_base64(v)
+            )
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_ids_hex_to_base64(v) for v in node]
+    return node
+
+
+def test_embedded_default_writes_otlp_json_files_per_rank(tmp_path, monkeypatch):
+    """With nothing configured, metrics and traces land in OTLP-JSON files that parse."""
+    out = tmp_path / "out"
+    monkeypatch.setenv("OTEL_PYTHON_TRAINING_OUTPUT_DIR", str(out))
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    telemetry = otel_training.configure()
+    assert "OTLP-JSON file" in telemetry.destination
+    otel_training.record_training_metrics(telemetry.meter, loss=2.5, step_duration_ms=12.0)
+    with telemetry.tracer.start_as_current_span("megatron.train"):
+        pass
+    assert telemetry.shutdown()
+    assert sorted(p.name for p in out.iterdir()) == ["metrics-rank3.jsonl", "traces-rank3.jsonl"]
+
+    lines = (out / "metrics-rank3.jsonl").read_text().splitlines()
+    assert lines
+    request = json_format.Parse(lines[-1], ExportMetricsServiceRequest())
+    resource = {kv.key: kv.value for kv in request.resource_metrics[0].resource.attributes}
+    assert resource[DL_RANK].int_value == 3
+    assert resource[DL_WORLD_SIZE].int_value == 4
+    names = {m.name for sm in request.resource_metrics[0].scope_metrics for m in sm.metrics}
+    assert {"megatron.training.loss", "megatron.training.step_duration_ms"} <= names
+
+    span_line = json.loads((out / "traces-rank3.jsonl").read_text().splitlines()[0])
+    spans = json_format.Parse(json.dumps(_ids_hex_to_base64(span_line)), ExportTraceServiceRequest())
+    assert spans.resource_spans[0].scope_spans[0].spans[0].name == "megatron.train"
+
+
+@pytest.mark.parametrize("spelling", ["true", "TRUE", " true "])
+def test_sdk_disabled_starts_no_thread_and_no_socket(monkeypatch, spelling):
+    """Case A4(a): disabled means no-op providers, no threads, no sockets, no raise."""
+    monkeypatch.setenv("OTEL_SDK_DISABLED", spelling)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    threads, sockets = threading.active_count(), _open_sockets()
+    telemetry = otel_training.configure()
+    for i in range(20):
+        otel_training.record_training_metrics(telemetry.meter, loss=float(i), step_duration_ms=1.0)
+    assert isinstance(telemetry.meter_provider, metrics_api.NoOpMeterProvider)
+    assert isinstance(telemetry.tracer_provider, trace_api.NoOpTracerProvider)
+    assert "disabled" in telemetry.destination
+    assert threading.active_count() == threads
+    assert _open_sockets() == sockets
+    assert telemetry.shutdown()
+
+
+def test_other_ranks_get_no_op_providers(monkeypatch):
+    """With EXPORT_RANKS=last, rank 2 of 8 exports nothing and says so."""
+    monkeypatch.setenv("OTEL_PYTHON_TRAINING_EXPORT_RANKS", "last")
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    telemetry = otel_training.configure()
+    assert isinstance(telemetry.meter_provider, metrics_api.NoOpMeterProvider)
+    assert "rank 2" in telemetry.destination and "last" in telemetry.destination
+
+
+def test_configure_sets_globals_and_get_meter_uses_them():
+    """configure() installs the globals; get_meter() returns a meter of that provider."""
+    memory = testing.configure_in_memory(set_global=True)
+    assert metrics_api.get_meter_provider() is memory.telemetry.meter_provider
+    otel_training.record_training_metrics(otel_training.get_meter(), loss=1.25)
+    assert [p.value for _, p in memory.points("megatron.training.loss")] == [1.25]
+
+
+def test_get_meter_configures_from_the_environment_on_first_use(monkeypatch):
+    """get_meter() before configure() configures from OTEL_* once."""
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    assert setup.current() is None
+    meter = otel_training.get_meter()
+    assert setup.current() is not None
+    assert otel_training.get_meter() is not None and meter is not None
+    assert metrics_api.get_meter_provider() is setup.current().meter_provider
+
+
+def test_set_global_false_leaves_globals_alone():
+    """configure(set_global=False) does not touch the OpenTelemetry globals."""
+    testing.configure_in_memory(set_global=False)
+    assert not hasattr(metrics_api.get_meter_provider(), "_sdk_config")
+
+
+def test_resource_carries_rank_identity_and_user_overrides(monkeypatch):
+    """Detected rank identity is in the resource; OTEL_RESOURCE_ATTRIBUTES and code win."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "r-9")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "dl.run.id=from-env,team=llm")
+    telemetry = setup.configure(
+        service_name="trainer",
+        resource_attributes={"team": "from-code"},
+        metric_readers=[],
+        set_global=False,
+        environ={**os.environ, "OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"},
+    )
+    attributes = dict(telemetry.meter_provider._sdk_config.resource.attributes)
+    assert attributes[DL_RANK] == 1 and attributes[DL_WORLD_SIZE] == 2
+    assert attributes[DL_RUN_ID] == "from-env"
+    assert attributes["team"] == "from-code"
+    assert attributes["service.name"] == "trainer"
+    assert attributes["service.instance.id"] == "r-9-rank1"
+
+
+def test_otel_service_name_beats_the_default_service_name(monkeypatch):
+    """service_name= is only a default: OTEL_SERVICE_NAME wins."""
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-env")
+    telemetry = setup.configure(
+        service_name="demo",
+        set_global=False,
+        environ={**os.environ, "OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"},
+    )
+    assert telemetry.meter_provider._sdk_config.resource.attributes["service.name"] == "from-env"
+
+
+def test_span_ids_do_not_follow_the_global_random_seed():
+    """Two ranks that seed `random` alike still get different span ids."""
+    ids = []
+    for _ in range(2):
+        memory = testing.configure_in_memory()
+        random.seed(1234)
+        with memory.telemetry.tracer.start_as_current_span("s") as span:
+            ids.append(span.get_span_context().span_id)
+    assert ids[0] != ids[1]
+
+
+def test_destination_line_is_announced(caplog):
+    """One log line at configure says where telemetry goes."""
+    with caplog.at_level(logging.INFO, logger="otel_training"):
+        otel_training.configure()
+    lines = [r.getMessage() for r in caplog.records if "telemetry:" in r.getMessage()]
+    assert len(lines) == 1 and "metrics-rank0.jsonl" in lines[0]
+
+
+def test_shutdown_is_idempotent_and_flushes():
+    """shutdown() flushes the last values and may be called twice."""
+    memory = testing.configure_in_memory()
+    otel_training.record_training_metrics(memory.meter, loss=3.0)
+    assert memory.telemetry.shutdown(timeout_millis=2000)
+    assert memory.telemetry.shutdown(timeout_millis=2000)
+
+
+def test_no_socket_opened_for_the_embedded_default():
+    """The embedded default needs no server: configure opens no socket."""
+    sockets = _open_sockets()
+    telemetry = otel_training.configure()
+    assert _open_sockets() == sockets
+    telemetry.shutdown()

@@ -1,0 +1,85 @@
+"""Step-duration buckets that fit real step times (case A10), and their overrides."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+
+import otel_training
+from otel_training import testing, views
+
+NAME = "megatron.training.step_duration_ms"
+A10_STEPS_MS = [7613, 7845, 7624, 12000, 15000, 18000, 21000, 24000, 45000, 61000]
+
+
+def _histogram(memory):
+    ((_, point),) = memory.points(NAME)
+    return point
+
+
+def test_case_a10_real_step_times_resolve():
+    """Case A10: no sample in +Inf, top bound >= 120 s, p50 in (15 s, 20 s]."""
+    memory = testing.configure_in_memory()
+    for step in A10_STEPS_MS:
+        otel_training.record_training_metrics(memory.meter, step_duration_ms=step)
+    point = _histogram(memory)
+    assert point.explicit_bounds[-1] >= 120_000
+    assert point.bucket_counts[-1] == 0
+    p50 = testing.histogram_quantile(0.5, point.explicit_bounds, point.bucket_counts)
+    assert 15_000 < p50 <= 20_000
+    # no two samples of distinct 1-60 s magnitude share a bucket wider than half its start
+    for low, high in zip(point.explicit_bounds, point.explicit_bounds[1:]):
+        if 1_000 <= low < 60_000:
+            assert high - low <= low
+
+
+def test_case_a10_sdk_defaults_are_the_bug():
+    """With the SDK's default buckets 7 of 10 samples land in +Inf and p50 reads 10,000."""
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("t")
+    for step in A10_STEPS_MS:
+        otel_training.record_training_metrics(meter, step_duration_ms=step)
+    ((_, point),) = testing.points(reader.get_metrics_data(), NAME)
+    assert point.bucket_counts[-1] == 7
+    assert testing.histogram_quantile(0.5, point.explicit_bounds, point.bucket_counts) == 10_000
+
+
+def test_buckets_span_one_ms_to_thirty_minutes():
+    """The built-in bounds start at 1 ms, end at 30 min and increase strictly."""
+    bounds = views.STEP_DURATION_BUCKETS_MS
+    assert bounds[0] == 1 and bounds[-1] == 30 * 60 * 1000
+    assert all(a < b for a, b in zip(bounds, bounds[1:]))
+
+
+def test_override_by_argument():
+    """configure(step_duration_buckets_ms=...) replaces the bounds."""
+    memory = testing.configure_in_memory(step_duration_buckets_ms=[100, 1000])
+    otel_training.record_training_metrics(memory.meter, step_duration_ms=500)
+    assert tuple(_histogram(memory).explicit_bounds) == (100, 1000)
+
+
+def test_override_by_environment():
+    """OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS replaces the bounds."""
+    memory = testing.configure_in_memory(
+        {"OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS": "5,50,500"}
+    )
+    otel_training.record_training_metrics(memory.meter, step_duration_ms=7)
+    assert tuple(_histogram(memory).explicit_bounds) == (5, 50, 500)
+
+
+def test_override_by_user_view():
+    """A user view for the metric replaces the default view instead of doubling the stream."""
+    user = View(
+        instrument_name=NAME, aggregation=ExplicitBucketHistogramAggregation(boundaries=(1, 2))
+    )
+    memory = testing.configure_in_memory(views=[user])
+    otel_training.record_training_metrics(memory.meter, step_duration_ms=1.5)
+    assert tuple(_histogram(memory).explicit_bounds) == (1, 2)
+
+
+def test_bad_boundaries_raise_in_the_constructor():
+    """Explicit configuration raises on unsorted bounds (constructors raise, hot paths don't)."""
+    with pytest.raises(ValueError):
+        views.step_duration_view([10, 5])
