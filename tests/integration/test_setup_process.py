@@ -1,0 +1,247 @@
+"""configure() in real processes against a real OTLP receiver, a black hole and a refused port:
+dead collectors (case A2), environment handling (case A4), exit, SIGTERM and fork."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+TRAIN_AGAINST_ENDPOINT = textwrap.dedent(
+    """
+    import json, sys, time
+    import otel_training
+    telemetry = otel_training.configure()
+    durations = []
+    for step in range(200):
+        start = time.perf_counter()
+        with telemetry.tracer.start_as_current_span("train_step"):
+            pass
+        otel_training.record_training_metrics(
+            telemetry.meter, step_duration_ms=100.0, loss=2.0, throughput_tflops=1.0,
+            grad_norm=1.0, skipped_iters=0, learning_rate=1e-4, tokens_per_sec=1e4,
+            memory_allocated_gb=1.0,
+        )
+        durations.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    ok = telemetry.shutdown(timeout_millis=3000)
+    shutdown_s = time.perf_counter() - start
+    durations.sort()
+    print(json.dumps({"ok": ok, "shutdown_s": shutdown_s, "max_s": durations[-1],
+                      "p99_s": durations[int(0.99 * len(durations))]}))
+    """
+)
+
+
+def _last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("variant", ["refused", "black_hole"])
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_case_a2_dead_collector_never_stalls_training_or_exit(
+    run_python, tmp_path, request, variant, protocol
+):
+    """Case A2: with no answering collector, steps stay cheap and shutdown is bounded."""
+    endpoint = (
+        request.getfixturevalue("refused_endpoint")
+        if variant == "refused"
+        else request.getfixturevalue("black_hole").endpoint
+    )
+    started = time.monotonic()
+    result = run_python(
+        TRAIN_AGAINST_ENDPOINT,
+        env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "3",
+            "OTEL_METRIC_EXPORT_INTERVAL": "500",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+            "OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path),
+        },
+        timeout_s=60,
+    )
+    total_s = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    report = _last_json(result.stdout)
+    # Bounds that only a synchronous export or an unbounded shutdown could break; they are
+    # generous on purpose (this asserts "never waits on the network", not a speed).
+    assert report["max_s"] < 0.05, report
+    assert report["shutdown_s"] < 6.0, report
+    assert total_s < 30, (total_s, result.stderr[-2000:])
+    assert result.stderr.count("Traceback") <= 2, result.stderr[-3000:]
+
+
+def test_destination_goes_to_stderr_without_logging_setup(run_python, tmp_path):
+    """Without any logging configuration the destination line is printed to stderr once."""
+    result = run_python(
+        "import otel_training; otel_training.configure()",
+        env={"OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("otel-training telemetry: metrics to OTLP-JSON file") == 1
+
+
+def test_case_a4c_zero_interval_is_no_busy_loop(run_python, otlp_receiver):
+    """Case A4(c): interval "0" warns and uses 60 s: at most the shutdown export in 3 s."""
+    for raw in ("abc", "0", "-5000"):
+        otlp_receiver.clear()
+        result = run_python(
+            textwrap.dedent(
+                """
+                import time, otel_training
+                t = otel_training.configure()
+                end = time.monotonic() + 1.0
+                while time.monotonic() < end:
+                    otel_training.record_training_metrics(t.meter, loss=1.0)
+                    time.sleep(0.01)
+                t.shutdown()
+                """
+            ),
+            env={**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": raw},
+        )
+        assert result.returncode == 0, result.stderr
+        assert "OTEL_METRIC_EXPORT_INTERVAL" in result.stderr
+        assert len(otlp_receiver.metric_requests()) == 1, raw
+
+
+def test_case_a4b_metrics_none_traces_otlp(run_python, otlp_receiver):
+    """Case A4(b): no metric export attempt, no connection errors; traces still arrive."""
+    result = run_python(
+        textwrap.dedent(
+            """
+            import otel_training
+            t = otel_training.configure()
+            for _ in range(20):
+                otel_training.record_training_metrics(t.meter, loss=1.0)
+            with t.tracer.start_as_current_span("megatron.train"):
+                pass
+            t.shutdown()
+            """
+        ),
+        env={
+            **otlp_receiver.env("grpc"),
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_TRACES_EXPORTER": "otlp",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    assert otlp_receiver.metric_requests() == []
+    assert [s.name for s in otlp_receiver.spans()] == ["megatron.train"]
+    assert "rror" not in result.stderr
+
+
+def test_case_a4e_headers_reach_the_collector(run_python, otlp_receiver):
+    """Case A4(e): a header value with a space is sent; the bare entry is named in a warning."""
+    result = run_python(
+        textwrap.dedent(
+            """
+            import otel_training
+            t = otel_training.configure()
+            otel_training.record_training_metrics(t.meter, loss=1.0)
+            t.shutdown()
+            """
+        ),
+        env={
+            **otlp_receiver.env("http/protobuf"),
+            "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer abc def,bare",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    assert "'bare'" in result.stderr
+    headers = [h for signal_name, _, h in otlp_receiver.request_headers() if signal_name == "metrics"]
+    assert headers and headers[0]["authorization"] == "Bearer abc def"
+
+
+def test_last_interval_is_exported_at_normal_exit(run_python, otlp_receiver):
+    """A script that never calls shutdown() still delivers its last values at exit."""
+    result = run_python(
+        "import otel_training\n"
+        "otel_training.record_training_metrics(otel_training.get_meter(), loss=3.5)\n",
+        env=otlp_receiver.env("grpc"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert [p.value for p in otlp_receiver.metrics("megatron.training.loss")] == [3.5]
+
+
+def test_sigterm_flushes_then_terminates(repo_root, otlp_receiver, tmp_path):
+    """On SIGTERM the last values are exported, then the process dies of SIGTERM as before."""
+    import os
+
+    code = textwrap.dedent(
+        """
+        import sys, time, otel_training
+        t = otel_training.configure()
+        otel_training.record_training_metrics(t.meter, loss=4.25)
+        print("ready", flush=True)
+        time.sleep(60)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(otlp_receiver.env("grpc"))
+    env["PYTHONPATH"] = str(repo_root / "src")
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=30)
+    finally:
+        child.kill()
+    assert child.returncode == -signal.SIGTERM
+    assert [p.value for p in otlp_receiver.metrics("megatron.training.loss")] == [4.25]
+
+
+def test_forked_child_does_not_reexport(run_python, otlp_receiver):
+    """A forked child (a DataLoader worker) never exports the parent's values."""
+    result = run_python(
+        textwrap.dedent(
+            """
+            import os, time, otel_training
+            t = otel_training.configure()
+            otel_training.record_training_metrics(t.meter, loss=1.0)
+            t.force_flush()
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(1.5)   # 15 export intervals of the restarted reader thread
+                os._exit(0)
+            t.shutdown()
+            print(time.time_ns(), flush=True)
+            os.waitpid(pid, 0)
+            """
+        ),
+        env={**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "100"},
+    )
+    assert result.returncode == 0, result.stderr
+    parent_done_ns = int(result.stdout.split()[-1])
+    # The SDK restarts the reader thread in the child; had it exported, points stamped after
+    # the parent's shutdown would have arrived during the child's 1.5 s.
+    points = otlp_receiver.metrics("megatron.training.loss")
+    assert points
+    assert all(p.time_unix_nano <= parent_done_ns for p in points)
+
+
+def test_delta_preference_reaches_the_exporter(run_python, otlp_receiver):
+    """OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta makes counters delta."""
+    result = run_python(
+        "import otel_training\n"
+        "t = otel_training.configure()\n"
+        "otel_training.record_training_metrics(t.meter, skipped_iters=2, step_duration_ms=5)\n"
+        "t.shutdown()\n",
+        env={
+            **otlp_receiver.env("grpc"),
+            "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    (counter,) = otlp_receiver.metrics("megatron.training.skipped_iters")
+    assert (counter.temporality, counter.value, counter.is_monotonic) == ("delta", 2, True)
+    (histogram,) = otlp_receiver.metrics("megatron.training.step_duration_ms")
+    assert histogram.temporality == "delta"
