@@ -152,22 +152,59 @@ def record_training_metrics(
             _logger.warning("Failed to create training metric instruments", exc_info=True)
         return
 
-    if step_duration_ms is not None:
-        _emit(meter, "step_duration_ms", instruments["step_duration_ms"].record, step_duration_ms)
-    if loss is not None:
-        _emit(meter, "loss", instruments["loss"].set, loss)
-    if throughput_tflops is not None:
-        _emit(meter, "throughput_tflops", instruments["throughput_tflops"].set, throughput_tflops)
-    if grad_norm is not None:
-        _emit(meter, "grad_norm", instruments["grad_norm"].set, grad_norm)
-    if skipped_iters is not None:
-        _emit(meter, "skipped_iters", instruments["skipped_iters"].add, skipped_iters)
-    if learning_rate is not None:
-        _emit(meter, "learning_rate", instruments["learning_rate"].set, learning_rate)
-    if tokens_per_sec is not None:
-        _emit(meter, "tokens_per_sec", instruments["tokens_per_sec"].set, tokens_per_sec)
-    if memory_allocated_gb is not None:
-        _emit(meter, "memory_allocated_gb", instruments["memory_allocated_gb"].set, memory_allocated_gb)
+    # Fast path, inlined because it runs for every value: a finite float (a non-negative one
+    # for the histogram, a non-negative int for the counter) while nothing is queued.
+    # `v - v == 0.0` is False exactly for NaN and +-inf. Everything else goes through _emit.
+    fast = not _deferred.pending
+    v = step_duration_ms
+    if v is not None:
+        if fast and type(v) is float and v >= 0.0 and v - v == 0.0:
+            instruments["step_duration_ms"].record(v)
+        else:
+            _emit(meter, "step_duration_ms", instruments["step_duration_ms"].record, v)
+    v = loss
+    if v is not None:
+        if fast and type(v) is float and v - v == 0.0:
+            instruments["loss"].set(v)
+        else:
+            _emit(meter, "loss", instruments["loss"].set, v)
+    v = throughput_tflops
+    if v is not None:
+        if fast and type(v) is float and v - v == 0.0:
+            instruments["throughput_tflops"].set(v)
+        else:
+            _emit(meter, "throughput_tflops", instruments["throughput_tflops"].set, v)
+    v = grad_norm
+    if v is not None:
+        if fast and type(v) is float and v - v == 0.0:
+            instruments["grad_norm"].set(v)
+        else:
+            _emit(meter, "grad_norm", instruments["grad_norm"].set, v)
+    v = skipped_iters
+    if v is not None:
+        if fast and type(v) is int and v >= 0:
+            if v:
+                instruments["skipped_iters"].add(v)
+        else:
+            _emit(meter, "skipped_iters", instruments["skipped_iters"].add, v)
+    v = learning_rate
+    if v is not None:
+        if fast and type(v) is float and v - v == 0.0:
+            instruments["learning_rate"].set(v)
+        else:
+            _emit(meter, "learning_rate", instruments["learning_rate"].set, v)
+    v = tokens_per_sec
+    if v is not None:
+        if fast and type(v) is float and v - v == 0.0:
+            instruments["tokens_per_sec"].set(v)
+        else:
+            _emit(meter, "tokens_per_sec", instruments["tokens_per_sec"].set, v)
+    v = memory_allocated_gb
+    if v is not None:
+        if fast and type(v) is float and v - v == 0.0:
+            instruments["memory_allocated_gb"].set(v)
+        else:
+            _emit(meter, "memory_allocated_gb", instruments["memory_allocated_gb"].set, v)
 
 
 def _emit(meter, key: str, write, value) -> None:
