@@ -1,0 +1,193 @@
+"""Per-step accounting under gradient accumulation (case A7) and the FLOP formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from otel_training.throughput import (
+    StepAccumulator,
+    gpt_flops_per_token,
+    tflops_per_device,
+)
+
+# Case A7: 8 data-parallel ranks, accumulation 4, micro-batch 2 x 2048 tokens.
+DP = 8
+MICRO_BATCH_TOKENS = 2 * 2048
+MICRO_BATCH_S = (0.3, 0.3, 0.3, 0.7)
+MICRO_BATCH_LOSSES = (2.0, 2.2, 1.8, 2.0)
+
+
+def _a7_step(acc: StepAccumulator, *, skipped: bool = False):
+    for loss in MICRO_BATCH_LOSSES:
+        acc.add_micro_batch(loss, tokens=MICRO_BATCH_TOKENS)
+    return acc.end_step(sum(MICRO_BATCH_S), skipped=skipped)
+
+
+def test_a7_step_rate_is_global_tokens_over_step_time():
+    """One A7 step gives 131,072 tokens / 1.6 s = 81,920 tokens/s globally, 10,240 per GPU."""
+    acc = StepAccumulator(data_parallel_size=DP)
+    record = _a7_step(acc)
+    assert record.tokens_global == 131_072
+    assert record.duration_s == pytest.approx(1.6)
+    assert record.tokens_per_sec_global == pytest.approx(81_920)
+    assert record.tokens_per_sec_per_device == pytest.approx(10_240)
+    assert record.duration_ms == pytest.approx(1600)
+
+
+def test_a7_interval_rate_avoids_the_known_wrong_values():
+    """The interval rate is 81,920 (10,240 per GPU), never 20,480 nor the ~93,623 rate mean."""
+    acc = StepAccumulator(data_parallel_size=DP)
+    for _ in range(3):
+        _a7_step(acc)
+    stats = acc.interval()
+    assert stats.tokens_per_sec_global == pytest.approx(81_920)
+    assert stats.tokens_per_sec_per_device == pytest.approx(10_240)
+    wrong_micro_over_step = MICRO_BATCH_TOKENS * DP / 1.6
+    wrong_mean_of_rates = sum(MICRO_BATCH_TOKENS * DP / t for t in MICRO_BATCH_S) / 4
+    assert wrong_micro_over_step == pytest.approx(20_480)
+    assert wrong_mean_of_rates == pytest.approx(93_623, abs=1)
+    for wrong in (wrong_micro_over_step, wrong_mean_of_rates):
+        assert not math.isclose(stats.tokens_per_sec_global, wrong, rel_tol=1e-3)
+    assert stats.steps == 3
+    assert stats.mean_step_duration_s == pytest.approx(1.6)
+    assert stats.mean_step_duration_ms == pytest.approx(1600)
+
+
+def test_a7_accumulation_setting_does_not_change_the_rate():
+    """Accumulation 1 with a 4x micro-batch at the same 1.6 s gives the same 81,920 tokens/s."""
+    acc = StepAccumulator(data_parallel_size=DP)
+    acc.add_micro_batch(2.0, tokens=4 * MICRO_BATCH_TOKENS)
+    record = acc.end_step(1.6)
+    stats = acc.interval()
+    assert record.tokens_per_sec_global == pytest.approx(81_920)
+    assert stats.tokens_per_sec_global == pytest.approx(81_920)
+    assert stats.tokens_per_sec_per_device == pytest.approx(10_240)
+
+
+def test_a7_step_loss_is_the_micro_batch_mean_one_per_step():
+    """The step's loss is 2.0, the mean of its micro-batches, as one value per optimizer step."""
+    acc = StepAccumulator(data_parallel_size=DP)
+    records = [_a7_step(acc) for _ in range(2)]
+    assert [r.loss for r in records] == [pytest.approx(2.0), pytest.approx(2.0)]
+    assert all(r.micro_batches == 4 for r in records)
+    assert acc.interval().loss == pytest.approx(2.0)
+
+
+def test_skipped_steps_are_left_out_of_the_loss_but_counted():
+    """A skipped step's loss is excluded from the interval loss; it is counted and its work kept."""
+    acc = StepAccumulator(data_parallel_size=DP)
+    _a7_step(acc)
+    acc.add_micro_batch(float("nan"), tokens=MICRO_BATCH_TOKENS)
+    acc.end_step(0.4, skipped=True)
+    stats = acc.interval()
+    assert stats.loss == pytest.approx(2.0)
+    assert stats.skipped_iters == 1
+    assert stats.steps == 2
+    assert stats.tokens_global == 131_072 + MICRO_BATCH_TOKENS * DP
+    assert stats.tokens_per_sec_global == pytest.approx(stats.tokens_global / 2.0)
+
+
+def test_interval_of_only_skipped_steps_has_no_loss():
+    """When every step of an interval was skipped the loss is None (nothing to record)."""
+    acc = StepAccumulator()
+    acc.add_micro_batch(float("inf"), tokens=10)
+    acc.end_step(1.0, skipped=True)
+    stats = acc.interval()
+    assert stats.loss is None
+    assert stats.skipped_iters == 1
+
+
+def test_interval_resets_after_each_call():
+    """Each interval covers only the steps since the previous call."""
+    acc = StepAccumulator()
+    acc.add_micro_batch(4.0, tokens=100)
+    acc.end_step(1.0)
+    acc.interval()
+    acc.add_micro_batch(1.0, tokens=300)
+    acc.end_step(1.0)
+    stats = acc.interval()
+    assert stats.loss == pytest.approx(1.0)
+    assert stats.tokens_per_sec_global == pytest.approx(300)
+    assert stats.steps == 1
+    assert acc.step == 2
+    empty = acc.interval()
+    assert (empty.steps, empty.loss, empty.tokens_per_sec_global) == (0, None, None)
+
+
+def test_world_size_divides_the_per_device_rate():
+    """With tensor/pipeline parallelism the per-device rate divides by the full world size."""
+    acc = StepAccumulator(data_parallel_size=2, world_size=8)
+    acc.add_micro_batch(1.0, tokens=1000)
+    acc.end_step(1.0)
+    stats = acc.interval()
+    assert stats.tokens_per_sec_global == pytest.approx(2000)
+    assert stats.tokens_per_sec_per_device == pytest.approx(250)
+
+
+def test_tensor_losses_are_averaged_as_tensors_without_host_reads():
+    """0-d tensor losses stay tensors (detached, no .item()) and average to the right value."""
+    torch = pytest.importorskip("torch")
+    acc = StepAccumulator(data_parallel_size=DP)
+    weight = torch.ones((), requires_grad=True)
+    for loss in MICRO_BATCH_LOSSES:
+        acc.add_micro_batch(weight * loss, tokens=MICRO_BATCH_TOKENS)
+    record = acc.end_step(1.6)
+    stats = acc.interval()
+    for value in (record.loss, stats.loss):
+        assert isinstance(value, torch.Tensor)
+        assert value.dim() == 0
+        assert not value.requires_grad
+        assert value.item() == pytest.approx(2.0)
+    assert stats.tokens_per_sec_global == pytest.approx(81_920)
+
+
+def test_half_precision_tensor_losses_are_averaged_in_float32():
+    """bf16 losses are averaged in fp32, so accumulation does not round the mean."""
+    torch = pytest.importorskip("torch")
+    acc = StepAccumulator()
+    for loss in MICRO_BATCH_LOSSES:
+        acc.add_micro_batch(torch.tensor(loss, dtype=torch.bfloat16), tokens=1)
+    acc.end_step(1.0)
+    loss = acc.interval().loss
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(2.0, abs=0.01)
+
+
+def test_invalid_hot_path_values_are_dropped_not_raised():
+    """A negative token count or a NaN duration is dropped with a warning, never raised."""
+    acc = StepAccumulator()
+    acc.add_micro_batch(1.0, tokens=-5)
+    acc.add_micro_batch(1.0, tokens=10)
+    record = acc.end_step(float("nan"))
+    assert record.duration_s is None
+    assert record.tokens_per_sec_global is None
+    acc.add_micro_batch(1.0, tokens=10)
+    acc.end_step(2.0)
+    stats = acc.interval()
+    assert stats.steps == 2
+    assert stats.tokens_per_sec_global == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_constructor_rejects_bad_sizes(bad):
+    """The constructor raises ValueError for a data-parallel size that is not a positive int."""
+    with pytest.raises(ValueError):
+        StepAccumulator(data_parallel_size=bad)
+
+
+def test_gpt_flops_per_token_formula():
+    """FLOPs/token = 6N + 12·L·d·S (+ 6·d·V for an output head outside N)."""
+    n, layers, d, s = 124_000_000, 12, 768, 1024
+    assert gpt_flops_per_token(n, layers, d, s) == 6 * n + 12 * layers * d * s
+    assert gpt_flops_per_token(n, layers, d, s, vocab_size=50_257) == (
+        6 * n + 12 * layers * d * s + 6 * d * 50_257
+    )
+    with pytest.raises(ValueError):
+        gpt_flops_per_token(-1, layers, d, s)
+
+
+def test_tflops_per_device():
+    """TFLOP/s per device = FLOPs/token x tokens/s per device / 1e12."""
+    assert tflops_per_device(1e9, 10_240) == pytest.approx(10.24)
