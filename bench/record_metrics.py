@@ -61,9 +61,17 @@ def create_eight(meter) -> dict:
 _REFERENCE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def megatron_reference(meter, step_duration_ms=None, loss=None, throughput_tflops=None,
-                       grad_norm=None, skipped_iters=None, learning_rate=None,
-                       tokens_per_sec=None, memory_allocated_gb=None) -> None:
+def megatron_reference(
+    meter,
+    step_duration_ms=None,
+    loss=None,
+    throughput_tflops=None,
+    grad_norm=None,
+    skipped_iters=None,
+    learning_rate=None,
+    tokens_per_sec=None,
+    memory_allocated_gb=None,
+) -> None:
     """DESIGN.md section 2's description of Megatron-LM's function, nothing more."""
     found = _REFERENCE_CACHE.get(meter)
     if found is None:

@@ -186,8 +186,12 @@ def test_case_a4b_metrics_none_traces_otlp(caplog):
         ("OTEL_BSP_MAX_QUEUE_SIZE", "1.5", "bsp_max_queue_size", 2048),
         ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "0", "bsp_max_export_batch_size", 512),
         ("OTEL_TRACES_SAMPLER", "sometimes", "sampler", "parentbased_always_on"),
-        ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "both", "temporality_preference",
-         "cumulative"),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+            "both",
+            "temporality_preference",
+            "cumulative",
+        ),
         ("OTEL_EXPORTER_PROMETHEUS_PORT", "70000", "prometheus_port", 9464),
     ],
 )

@@ -75,7 +75,9 @@ def test_embedded_default_writes_otlp_json_files_per_rank(tmp_path, monkeypatch)
     assert {"megatron.training.loss", "megatron.training.step_duration_ms"} <= names
 
     span_line = json.loads((out / "traces-rank3.jsonl").read_text().splitlines()[0])
-    spans = json_format.Parse(json.dumps(_ids_hex_to_base64(span_line)), ExportTraceServiceRequest())
+    spans = json_format.Parse(
+        json.dumps(_ids_hex_to_base64(span_line)), ExportTraceServiceRequest()
+    )
     assert spans.resource_spans[0].scope_spans[0].spans[0].name == "megatron.train"
 
 

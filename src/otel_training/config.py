@@ -336,7 +336,9 @@ class _Parser:
                 protocol = lowered
             elif lowered == "http/json":
                 self._reject(
-                    protocol_name, protocol_raw, "http/protobuf",
+                    protocol_name,
+                    protocol_raw,
+                    "http/protobuf",
                     "is not available in the Python SDK",
                 )
                 protocol = "http/protobuf"
@@ -414,7 +416,9 @@ class _Parser:
         ok = bounds and all(math.isfinite(b) and b >= 0 for b in bounds)
         if not ok or any(b >= c for b, c in zip(bounds, bounds[1:])):
             self._reject(
-                name, raw, "the built-in buckets",
+                name,
+                raw,
+                "the built-in buckets",
                 "must be a strictly increasing list of finite non-negative numbers",
             )
             return None
@@ -515,7 +519,9 @@ class _Parser:
         traces_exporters = self._exporters(
             "OTEL_TRACES_EXPORTER", traces_otlp.endpoint is not None, frozenset()
         )
-        interval_ms = self._positive("OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_METRIC_EXPORT_INTERVAL_MS)
+        interval_ms = self._positive(
+            "OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_METRIC_EXPORT_INTERVAL_MS
+        )
         timeout_ms = self._positive("OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_METRIC_EXPORT_TIMEOUT_MS)
         if timeout_ms > interval_ms:
             _logger.warning(
@@ -554,9 +560,15 @@ class _Parser:
                 TEMPORALITY_PREFERENCES,
                 "cumulative",
             ),
-            bsp_schedule_delay_ms=self._positive("OTEL_BSP_SCHEDULE_DELAY", DEFAULT_BSP_SCHEDULE_DELAY_MS),
-            bsp_export_timeout_ms=self._positive("OTEL_BSP_EXPORT_TIMEOUT", DEFAULT_BSP_EXPORT_TIMEOUT_MS),
-            bsp_max_queue_size=self._positive_int("OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_BSP_MAX_QUEUE_SIZE),
+            bsp_schedule_delay_ms=self._positive(
+                "OTEL_BSP_SCHEDULE_DELAY", DEFAULT_BSP_SCHEDULE_DELAY_MS
+            ),
+            bsp_export_timeout_ms=self._positive(
+                "OTEL_BSP_EXPORT_TIMEOUT", DEFAULT_BSP_EXPORT_TIMEOUT_MS
+            ),
+            bsp_max_queue_size=self._positive_int(
+                "OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_BSP_MAX_QUEUE_SIZE
+            ),
             bsp_max_export_batch_size=self._positive_int(
                 "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE
             ),

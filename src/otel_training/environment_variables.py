@@ -26,7 +26,9 @@ global ranks such as ``0,8,16`` or ``0-3,7``. Other ranks get no-op providers (n
 sockets). An invalid value logs one warning and falls back to ``all``.
 """
 
-OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS: Final = "OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS"
+OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS: Final = (
+    "OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS"
+)
 """Explicit histogram boundaries, in milliseconds, for ``megatron.training.step_duration_ms``:
 a comma-separated, strictly increasing list of non-negative numbers. Default:
 :data:`otel_training.views.STEP_DURATION_BUCKETS_MS` (1 ms to 30 min).

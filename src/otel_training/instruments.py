@@ -267,8 +267,12 @@ def _to_number(key: str, value) -> float | int | None:
         return float(value)
     except (TypeError, ValueError, RuntimeError, OverflowError) as error:
         _warn_once(
-            key, f"type:{type(value).__name__}",
-            "dropping %s=%r: not a number (%s)", key, _short_repr(value), error,
+            key,
+            f"type:{type(value).__name__}",
+            "dropping %s=%r: not a number (%s)",
+            key,
+            _short_repr(value),
+            error,
         )
         return None
 
@@ -336,10 +340,15 @@ def _torch():
 def _count_nonfinite(meter, key: str, value: float) -> None:
     name = _SPECS[key][0]
     _warn_once(
-        key, "nonfinite",
+        key,
+        "nonfinite",
         "%s received a non-finite value (%r); the SDK would drop it silently, so it is not "
         "recorded and is counted by %s{%s=%s} instead (this warning is shown once).",
-        name, value, MEGATRON_TRAINING_NONFINITE_VALUES, MEGATRON_TRAINING_METRIC, name,
+        name,
+        value,
+        MEGATRON_TRAINING_NONFINITE_VALUES,
+        MEGATRON_TRAINING_METRIC,
+        name,
     )
     try:
         counter = _NONFINITE_COUNTERS.get(meter)

@@ -154,7 +154,9 @@ def test_case_a4e_headers_reach_the_collector(run_python, otlp_receiver):
     )
     assert result.returncode == 0, result.stderr
     assert "'bare'" in result.stderr
-    headers = [h for signal_name, _, h in otlp_receiver.request_headers() if signal_name == "metrics"]
+    headers = [
+        h for signal_name, _, h in otlp_receiver.request_headers() if signal_name == "metrics"
+    ]
     assert headers and headers[0]["authorization"] == "Bearer abc def"
 
 
@@ -186,7 +188,10 @@ def test_sigterm_flushes_then_terminates(repo_root, otlp_receiver, tmp_path):
     env.update(otlp_receiver.env("grpc"))
     env["PYTHONPATH"] = str(repo_root / "src")
     child = subprocess.Popen(
-        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-c", code],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
     try:
