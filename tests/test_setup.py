@@ -198,3 +198,21 @@ def test_no_socket_opened_for_the_embedded_default():
     telemetry = otel_training.configure()
     assert _open_sockets() == sockets
     telemetry.shutdown()
+
+
+def test_flush_hooks_run_before_the_final_collection():
+    """A flush hook publishes its values before the readers collect, and can be removed."""
+    from opentelemetry.metrics import Observation
+
+    published: list[float] = []
+    memory = testing.configure_in_memory()
+    memory.meter.create_observable_gauge(
+        "test.published", callbacks=[lambda options: [Observation(v) for v in published[-1:]]]
+    )
+    remove = setup.add_flush_hook(lambda timeout_s: published.append(7.0))
+    try:
+        assert memory.telemetry.force_flush(timeout_millis=2000)
+        assert [p.value for _, p in memory.points("test.published")] == [7.0]
+    finally:
+        remove()
+    assert setup._flush_hooks == [otel_training.flush_deferred]

@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry import metrics as metrics_api
@@ -105,12 +105,12 @@ class Telemetry:
         return self._bounded("shutdown", timeout_millis, self._shutdown)
 
     def _flush(self, timeout_s: float) -> None:
-        instruments.flush_deferred(timeout_s)
+        _run_flush_hooks(timeout_s)
         _call(self.meter_provider, "force_flush", timeout_millis=timeout_s * 1000)
         _call(self.tracer_provider, "force_flush", timeout_millis=int(timeout_s * 1000))
 
     def _shutdown(self, timeout_s: float) -> None:
-        instruments.flush_deferred(timeout_s)
+        _run_flush_hooks(timeout_s)
         _call(self.meter_provider, "shutdown", timeout_millis=timeout_s * 1000)
         _call(self.tracer_provider, "shutdown")
 
@@ -133,6 +133,34 @@ class Telemetry:
             )
             return False
         return True
+
+
+_flush_hooks: list[Callable[[float], object]] = [instruments.flush_deferred]
+
+
+def add_flush_hook(hook: Callable[[float], object]) -> Callable[[], None]:
+    """Runs ``hook(timeout_s)`` before every flush and shutdown, ahead of the providers.
+
+    For producers that hold values not yet handed to the SDK (deferred tensor reads, the tensor
+    executor's in-flight device results): they publish them here so the final collection sees
+    them. Hooks run in registration order on the flushing thread and should return within
+    ``timeout_s``; an exception is logged, never raised. Returns a function that removes it.
+    """
+    _flush_hooks.append(hook)
+
+    def remove() -> None:
+        if hook in _flush_hooks:
+            _flush_hooks.remove(hook)
+
+    return remove
+
+
+def _run_flush_hooks(timeout_s: float) -> None:
+    for hook in list(_flush_hooks):
+        try:
+            hook(timeout_s)
+        except Exception:
+            _logger.warning("otel-training: a flush hook failed", exc_info=True)
 
 
 def _call(provider, method: str, **kwargs) -> None:
