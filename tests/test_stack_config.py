@@ -1,0 +1,578 @@
+"""The collector stack's files, checked offline: docker-compose.yaml against the compose spec and
+our rules, the collector pipelines, the Prometheus configuration, Grafana provisioning and the
+dashboard. What needs running servers is in tests/integration/test_prometheus.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yaml"
+CONFIG_DIR = ROOT / "collector-config"
+COLLECTOR = CONFIG_DIR / "collector.yaml"
+PROMETHEUS = CONFIG_DIR / "prometheus.yaml"
+DATASOURCES = CONFIG_DIR / "grafana" / "provisioning" / "datasources" / "otel-training.yaml"
+PROVIDERS = CONFIG_DIR / "grafana" / "provisioning" / "dashboards" / "otel-training.yaml"
+DASHBOARD = CONFIG_DIR / "grafana" / "dashboards" / "training.json"
+README = CONFIG_DIR / "README.md"
+REGISTRY_DIR = ROOT / "semconv" / "registry"
+
+#: Resource attributes that must become labels on every series (rank identity).
+PROMOTED = {
+    "dl.rank",
+    "dl.local_rank",
+    "dl.world_size",
+    "dl.node_rank",
+    "dl.job.id",
+    "dl.run.id",
+    "host.name",
+    "service.instance.id",
+}
+#: Grafana's built-in variables that the dashboard may use.
+GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range", "__all"}
+#: Metric names on the dashboard that the registry does not declare yet: tensor metrics still
+#: being built (tests/integration/test_prometheus.py lists their panels as pending).
+PENDING_PREFIX = "megatron_training_tensor_"
+
+
+def _yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return _yaml(COMPOSE)
+
+
+@pytest.fixture(scope="module")
+def collector() -> dict[str, Any]:
+    return _yaml(COLLECTOR)
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+_INTERPOLATION = re.compile(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
+
+
+def _defaults(text: str) -> str:
+    """`text` with compose's ${VAR:-default} interpolation done for an empty environment."""
+
+    def one(match: re.Match[str]) -> str:
+        name, op, arg = match.groups()
+        if op in (":-", "-"):
+            return arg
+        if op in (":?", "?"):
+            raise LookupError(f"${{{name}}} is required: {arg}")
+        return ""
+
+    return _INTERPOLATION.sub(one, text)
+
+
+def _mounts(service: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(source, target, read_only) of each volume entry of a service."""
+    mounts = []
+    for entry in service.get("volumes", []):
+        if isinstance(entry, str):
+            # SOURCE:TARGET[:MODE]; SOURCE may hold ${VAR:-default}, TARGET is absolute.
+            parsed = re.fullmatch(
+                r"(?P<source>.+?):(?P<target>/[^:]*)(?::(?P<mode>[\w,]+))?", entry
+            )
+            assert parsed, f"cannot read volume {entry!r}"
+            source, target = parsed["source"], parsed["target"]
+            read_only = "ro" in (parsed["mode"] or "").split(",")
+        else:
+            source, target = entry.get("source", ""), entry["target"]
+            read_only = bool(entry.get("read_only"))
+        mounts.append((source, target, read_only))
+    return mounts
+
+
+def _mount_target(compose: dict[str, Any], service: str, source: Path) -> str:
+    for src, target, _ in _mounts(compose["services"][service]):
+        if src.startswith(".") and (ROOT / src).resolve() == source.resolve():
+            return target
+    raise AssertionError(f"{service} does not mount {source.relative_to(ROOT)}")
+
+
+def _flag(args: list[str], name: str) -> str:
+    for arg in args:
+        if arg.startswith(f"{name}="):
+            return arg.split("=", 1)[1]
+    raise AssertionError(f"{name}= missing from {args}")
+
+
+def _panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def _exprs(dashboard: dict[str, Any]) -> list[str]:
+    return [t["expr"] for p in _panels(dashboard) for t in p.get("targets", []) if "expr" in t]
+
+
+def _metric_names(expr: str) -> set[str]:
+    """Metric names that a PromQL expression selects (a name followed by a label matcher)."""
+    return set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{", expr))
+
+
+def _variables_used(text: str) -> set[str]:
+    found = re.findall(r"\$\{(\w+)(?::[^}]*)?\}|\$(\w+)|\[\[(\w+)(?::[^\]]*)?\]\]", text)
+    return {next(g for g in groups if g) for groups in found}
+
+
+def _registry_metrics() -> list[dict[str, Any]]:
+    metrics = []
+    for path in sorted(REGISTRY_DIR.glob("*.yaml")):
+        metrics.extend(_yaml(path).get("metrics") or [])
+    return metrics
+
+
+def _registry_resource_attributes() -> set[str]:
+    for path in sorted(REGISTRY_DIR.glob("*.yaml")):
+        for group in _yaml(path).get("attribute_groups") or []:
+            if group["id"] == "dl.training.resource":
+                return {a.get("ref") or a["key"] for a in group["attributes"]}
+    raise AssertionError("attribute group dl.training.resource not found in the registry")
+
+
+_UNIT_WORDS = {"ms": "milliseconds", "s": "seconds", "By": "bytes", "GiBy": "gibibytes"}
+
+
+def _prometheus_label(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def _prometheus_series(name: str, instrument: str, unit: str) -> list[str]:
+    """The series Prometheus makes of a metric with UnderscoreEscapingWithSuffixes (the stack's
+    translation strategy, which the Python exporter matches for the units handled here).
+
+    Raises:
+        ValueError: for a unit this table does not cover, and for a gauge of unit "1", which
+            the stack names with _ratio and the Python exporter without (the paths diverge).
+    """
+    base = re.sub(r"[^a-zA-Z0-9_:]", "_", name)
+    unit = re.sub(r"\{[^}]*\}", "", unit or "")
+    if unit == "1":
+        raise ValueError(
+            f"{name}: unit '1' is named *_ratio by Prometheus 3 but not by the Python exporter"
+        )
+    if unit:
+        if unit not in _UNIT_WORDS:
+            raise ValueError(f"{name}: add the Prometheus word for unit {unit!r}")
+        if _UNIT_WORDS[unit] not in base.split("_"):
+            base += "_" + _UNIT_WORDS[unit]
+    if instrument == "counter" and not base.endswith("_total"):
+        base += "_total"
+    if instrument == "histogram":
+        return [f"{base}_bucket", f"{base}_sum", f"{base}_count"]
+    return [base]
+
+
+def _registry_series() -> dict[str, list[str]]:
+    return {
+        m["name"]: _prometheus_series(m["name"], m["instrument"], m.get("unit", ""))
+        for m in _registry_metrics()
+    }
+
+
+# -- docker-compose.yaml -------------------------------------------------------------------------
+
+
+def test_compose_file_is_valid_against_the_compose_spec():
+    """check-jsonschema validates docker-compose.yaml with its vendored compose-spec schema."""
+    script = Path(sys.executable).with_name("check-jsonschema")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "check_jsonschema"]
+    result = subprocess.run(
+        [*command, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_runs_the_four_services(compose):
+    """Collector (contrib), Prometheus 3, Jaeger 2 and Grafana, one service each."""
+    images = {name: s["image"] for name, s in compose["services"].items()}
+    assert set(images) == {"otel-collector", "prometheus", "jaeger", "grafana"}
+    assert images["otel-collector"].startswith("otel/opentelemetry-collector-contrib:")
+    assert re.fullmatch(r"prom/prometheus:v3\.\d+\.\d+", images["prometheus"])
+    assert re.fullmatch(r"jaegertracing/jaeger:2\.\d+\.\d+", images["jaeger"])
+    assert images["grafana"].startswith("grafana/grafana:")
+
+
+def test_images_are_pinned_to_versions(compose):
+    """Every image names an exact version (or digest), never latest."""
+    for name, service in compose["services"].items():
+        image = service["image"]
+        assert "latest" not in image, (name, image)
+        assert re.fullmatch(r"[\w./-]+(:v?\d+\.\d+\.\d+(-[\w.]+)?|@sha256:[0-9a-f]{64})", image), (
+            name,
+            image,
+        )
+
+
+def test_ports_bind_to_loopback_unless_overridden(compose):
+    """Every published port binds ${OTEL_TRAINING_BIND:-127.0.0.1}: loopback by default."""
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            if isinstance(port, dict):
+                host_ip = str(port.get("host_ip", ""))
+            else:
+                host_ip = str(port).rsplit(":", 2)[0] if str(port).count(":") >= 2 else ""
+            assert host_ip == "${OTEL_TRAINING_BIND:-127.0.0.1}", (name, port)
+            assert _defaults(host_ip) == "127.0.0.1"
+
+
+def test_bind_mounts_are_read_only_and_exist(compose):
+    """Host directories and files are mounted read-only; shipped configuration exists."""
+    named = set(compose.get("volumes") or {})
+    for name, service in compose["services"].items():
+        for source, target, read_only in _mounts(service):
+            if source in named:
+                continue
+            assert read_only, f"{name}: {source} -> {target} is writable"
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name}: {source} does not exist"
+
+
+def test_prometheus_keeps_its_data_in_a_named_volume(compose):
+    """The TSDB lives in the named volume prometheus-data, where --storage.tsdb.path points."""
+    prometheus = compose["services"]["prometheus"]
+    assert "prometheus-data" in (compose.get("volumes") or {})
+    targets = {src: target for src, target, _ in _mounts(prometheus)}
+    assert _flag(prometheus["command"], "--storage.tsdb.path") == targets["prometheus-data"]
+
+
+def test_every_service_has_a_healthcheck(compose):
+    """Each service has a health check with a test command; dependants wait for health."""
+    for name, service in compose["services"].items():
+        check = service.get("healthcheck") or {}
+        assert check.get("test") and not check.get("disable"), name
+    for name in ("otel-collector", "grafana"):
+        depends = compose["services"][name]["depends_on"]
+        assert all(d["condition"] == "service_healthy" for d in depends.values()), name
+
+
+def test_no_password_is_written_in_the_compose_file(compose):
+    """The Grafana admin password comes from the environment, required; no secret literals."""
+    grafana = compose["services"]["grafana"]["environment"]
+    assert re.fullmatch(
+        r"\$\{GF_SECURITY_ADMIN_PASSWORD:\?[^}]+\}", grafana["GF_SECURITY_ADMIN_PASSWORD"]
+    )
+    with pytest.raises(LookupError):
+        _defaults(grafana["GF_SECURITY_ADMIN_PASSWORD"])
+    for name, service in compose["services"].items():
+        environment = service.get("environment") or {}
+        if isinstance(environment, list):
+            environment = dict(e.split("=", 1) for e in environment)
+        for key, value in environment.items():
+            if re.search(r"PASSWORD|SECRET|TOKEN|API_KEY", key):
+                assert re.fullmatch(r"\$\{\w+:\?[^}]+\}", str(value)), (name, key)
+
+
+def test_grafana_allows_anonymous_read_only_viewing(compose):
+    """Anonymous visitors are Viewers; nobody can sign up."""
+    environment = compose["services"]["grafana"]["environment"]
+    assert environment["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
+    assert environment["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    assert environment["GF_USERS_ALLOW_SIGN_UP"] == "false"
+
+
+def test_compose_wires_the_shipped_configuration(compose):
+    """Each service reads the file the repository ships, at the path its flags name."""
+    services = compose["services"]
+    collector_args = services["otel-collector"]["command"]
+    assert _flag(collector_args, "--config") == _mount_target(compose, "otel-collector", COLLECTOR)
+    prometheus_args = services["prometheus"]["command"]
+    assert "--web.enable-otlp-receiver" in prometheus_args
+    assert _flag(prometheus_args, "--config.file") == _mount_target(
+        compose, "prometheus", PROMETHEUS
+    )
+    assert _mount_target(compose, "grafana", DATASOURCES.parents[1]) == "/etc/grafana/provisioning"
+    dashboards = _mount_target(compose, "grafana", DASHBOARD.parent)
+    assert _yaml(PROVIDERS)["providers"][0]["options"]["path"] == dashboards
+    home = services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == f"{dashboards}/{DASHBOARD.name}"
+
+
+def test_offline_directory_is_mounted_where_the_collector_reads(compose, collector):
+    """The run directory (OTEL_PYTHON_TRAINING_OUTPUT_DIR) is mounted where the otlp_json_file
+    receivers look, and their globs match the per-rank files of the embedded default."""
+    mounts = {src: target for src, target, _ in _mounts(compose["services"]["otel-collector"])}
+    source = "${OTEL_PYTHON_TRAINING_OUTPUT_DIR:-./otel-training-telemetry}"
+    assert source in mounts
+    assert _defaults(source) == "./otel-training-telemetry"
+    target = mounts[source]
+    receivers = {
+        name: config
+        for name, config in collector["receivers"].items()
+        if name.split("/")[0] in ("otlp_json_file", "otlpjsonfile")
+    }
+    by_signal = {"metrics": [], "traces": []}
+    for name, config in receivers.items():
+        assert config.get("start_at") == "beginning", name
+        for pattern in config["include"]:
+            assert pattern.startswith(f"{target}/"), (name, pattern)
+            regex = _glob_regex(pattern[len(target) + 1 :])
+            for signal, files in by_signal.items():
+                if regex.fullmatch(f"{signal}-rank0.jsonl"):
+                    assert regex.fullmatch(f"run42/{signal}-rank17.jsonl"), pattern
+                    files.append(name)
+    assert all(len(set(names)) == 1 for names in by_signal.values()), by_signal
+    assert by_signal["metrics"] != by_signal["traces"]
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    """A doublestar glob (as the collector's file consumer reads it) as a regex."""
+    out = ""
+    for part in re.split(r"(\*\*/|\*|\?)", pattern):
+        out += {"**/": "(?:.*/)?", "*": "[^/]*", "?": "[^/]"}.get(part, re.escape(part))
+    return re.compile(out)
+
+
+# -- collector-config/collector.yaml ------------------------------------------------------------
+
+
+def _pipeline_components(collector) -> Iterator[tuple[str, str, str]]:
+    for pipeline, config in collector["service"]["pipelines"].items():
+        for kind in ("receivers", "processors", "exporters"):
+            for component in config.get(kind, []):
+                yield pipeline, kind, component
+
+
+def test_every_component_in_a_pipeline_is_defined(collector):
+    """Pipelines reference only defined components; every defined one is used (debug is
+    optional); extensions in service are defined."""
+    used: dict[str, set[str]] = {"receivers": set(), "processors": set(), "exporters": set()}
+    for pipeline, kind, component in _pipeline_components(collector):
+        assert component in (collector.get(kind) or {}), f"{pipeline}: {kind} {component}"
+        used[kind].add(component)
+    for kind, names in used.items():
+        unused = set(collector.get(kind) or {}) - names
+        assert unused <= {"debug"}, f"{kind} defined but unused: {unused}"
+    for extension in collector["service"].get("extensions", []):
+        assert extension in collector["extensions"]
+
+
+def test_every_pipeline_has_receivers_and_exporters(collector):
+    """Each pipeline has receivers and exporters and is of a known signal."""
+    pipelines = collector["service"]["pipelines"]
+    assert {"metrics", "traces", "metrics/offline", "traces/offline"} <= set(pipelines)
+    for name, config in pipelines.items():
+        assert name.split("/")[0] in ("metrics", "traces", "logs"), name
+        assert config.get("receivers") and config.get("exporters"), name
+
+
+def test_processors_are_ordered_memory_limiter_first_batch_last(collector):
+    """memory_limiter first, batch last; metrics pipelines accumulate delta before batching."""
+    for name, config in collector["service"]["pipelines"].items():
+        types = [p.split("/")[0] for p in config["processors"]]
+        assert types[0] == "memory_limiter" and types[-1] == "batch", (name, types)
+        if name.split("/")[0] == "metrics":
+            delta = [
+                p
+                for p in config["processors"]
+                if p.split("/")[0] in ("deltatocumulative", "delta_to_cumulative")
+            ]
+            assert delta, f"{name}: Prometheus cannot ingest delta without deltatocumulative"
+            # A counter that sees no increment for longer than max_stale restarts from zero
+            # (skipped iterations are rare): keep streams for hours.
+            max_stale = collector["processors"][delta[0]].get("max_stale", "5m")
+            assert _duration_s(max_stale) >= 3600, (name, max_stale)
+
+
+def _duration_s(text: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
+    assert parts and "".join(n + u for n, u in parts) == text, text
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def test_exporters_use_current_component_names(collector):
+    """otlp_grpc / otlp_http, not the deprecated otlp / otlphttp exporter names."""
+    types = {name.split("/")[0] for name in collector["exporters"]}
+    assert types <= {"otlp_grpc", "otlp_http", "debug"}, types
+    assert {"otlp", "otlphttp"}.isdisjoint(types)
+
+
+def test_collector_talks_to_the_compose_services(compose, collector):
+    """OTLP in on 4317/4318 (published by compose); metrics to Prometheus' OTLP receiver,
+    traces to Jaeger's OTLP/gRPC port."""
+    protocols = collector["receivers"]["otlp"]["protocols"]
+    assert protocols["grpc"]["endpoint"].endswith(":4317")
+    assert protocols["http"]["endpoint"].endswith(":4318")
+    published = {str(p).rsplit(":", 1)[-1] for p in compose["services"]["otel-collector"]["ports"]}
+    assert {"4317", "4318"} <= published
+    pipelines = collector["service"]["pipelines"]
+    for name, config in pipelines.items():
+        exporters = [collector["exporters"][e] for e in config["exporters"]]
+        if name.startswith("metrics"):
+            assert any(
+                e.get("endpoint") == "http://prometheus:9090/api/v1/otlp" for e in exporters
+            ), name
+        if name.startswith("traces"):
+            assert any(e.get("endpoint") == "jaeger:4317" for e in exporters), name
+    assert "prometheus" in compose["services"] and "jaeger" in compose["services"]
+
+
+# -- collector-config/prometheus.yaml -------------------------------------------------------------
+
+
+def test_prometheus_promotes_the_rank_identity_and_keeps_suffixed_names():
+    """Rank identity becomes labels; names are UnderscoreEscapingWithSuffixes (the names the
+    Python exporter produces); late and offline samples are accepted."""
+    config = _yaml(PROMETHEUS)
+    otlp = config["otlp"]
+    assert otlp["translation_strategy"] == "UnderscoreEscapingWithSuffixes"
+    assert set(otlp["promote_resource_attributes"]) == PROMOTED
+    # Everything the registry's resource group declares, except service.name (the job label).
+    assert _registry_resource_attributes() - {"service.name"} == PROMOTED
+    assert otlp.get("keep_identifying_resource_attributes") is True
+    assert config["storage"]["tsdb"]["out_of_order_time_window"]
+
+
+def test_prometheus_configuration_passes_promtool(tmp_path):
+    """promtool accepts the configuration (the otlp section, which Debian's Prometheus 2 does
+    not know, is checked by the test above)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        message = "promtool is missing (apt-get install -y prometheus)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    config = _yaml(PROMETHEUS)
+    config.pop("otlp")
+    path = tmp_path / "prometheus.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [promtool, "check", "config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- Grafana provisioning ----------------------------------------------------------------------
+
+
+def test_datasources_point_at_the_compose_services(compose, dashboard):
+    """Prometheus and Jaeger data sources on their compose ports; the dashboard defaults to the
+    provisioned Prometheus."""
+    sources = {d["type"]: d for d in _yaml(DATASOURCES)["datasources"]}
+    assert sources["prometheus"]["url"] == "http://prometheus:9090"
+    assert sources["jaeger"]["url"] == "http://jaeger:16686"
+    assert len({d["uid"] for d in sources.values()}) == len(sources)
+    variable = next(v for v in dashboard["templating"]["list"] if v["type"] == "datasource")
+    assert variable["query"] == "prometheus"
+    assert variable["current"]["value"] == sources["prometheus"]["uid"]
+
+
+# -- the dashboard -------------------------------------------------------------------------------
+
+
+def test_panels_have_unique_ids_a_datasource_and_targets(dashboard):
+    """Every panel has a unique id; every non-row panel a datasource and PromQL targets."""
+    ids = [p["id"] for p in _panels(dashboard)]
+    assert len(ids) == len(set(ids))
+    assert dashboard["uid"] and dashboard["title"]
+    for panel in _panels(dashboard):
+        if panel["type"] == "row":
+            continue
+        title = panel["title"]
+        assert panel.get("datasource", {}).get("uid") == "${datasource}", title
+        assert panel.get("targets"), title
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)), title
+        for target in panel["targets"]:
+            assert target.get("expr", "").strip(), title
+            assert target.get("datasource", {}).get("uid") == "${datasource}", title
+        grid = panel["gridPos"]
+        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, title
+
+
+def test_template_variables_exist_and_every_use_is_defined(dashboard):
+    """service, job and rank are multi-value query variables with All = .*; every $variable
+    the dashboard uses anywhere is defined (or a Grafana built-in)."""
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert {"datasource", "service", "job", "rank"} <= set(variables)
+    for name in ("service", "job", "rank"):
+        variable = variables[name]
+        assert variable["type"] == "query" and variable["multi"] and variable["includeAll"]
+        assert variable["allValue"] == ".*"
+        assert variable["datasource"]["uid"] == "${datasource}"
+    text = json.dumps(dashboard)
+    undefined = _variables_used(text) - set(variables) - GRAFANA_BUILTINS
+    assert not undefined, undefined
+
+
+def test_queries_filter_on_the_promoted_labels(dashboard):
+    """Every query filters on the service, job and rank variables, through the labels that
+    promotion creates (dl.job.id -> dl_job_id, dl.rank -> dl_rank; service.name -> job)."""
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    labels = {
+        "service": "job",
+        "job": _prometheus_label("dl.job.id"),
+        "rank": _prometheus_label("dl.rank"),
+    }
+    assert {"dl.job.id", "dl.rank"} <= PROMOTED
+    for name, label in labels.items():
+        assert re.search(rf",\s*{label}\)$", variables[name]["definition"]), name
+    for expr in _exprs(dashboard):
+        for name, label in labels.items():
+            selectors = re.findall(r"\{([^}]*)\}", expr)
+            assert selectors and all(f'{label}=~"${name}"' in s for s in selectors), (name, expr)
+
+
+def test_dashboard_metric_names_are_the_translated_registry_names(dashboard):
+    """Each metric the dashboard selects is a registry metric under its Prometheus name (or a
+    pending tensor metric); each registry metric has a panel."""
+    series = _registry_series()
+    known = {name for names in series.values() for name in names}
+    used = {name for expr in _exprs(dashboard) for name in _metric_names(expr)}
+    unknown = {n for n in used - known if not n.startswith(PENDING_PREFIX)}
+    assert not unknown, f"not the Prometheus name of any registry metric: {unknown}"
+    uncovered = [m for m, names in series.items() if not set(names) & used]
+    assert not uncovered, f"registry metrics without a panel: {uncovered}"
+
+
+def test_readme_naming_table_is_the_translated_registry():
+    """The README's OTel -> Prometheus table lists every registry metric with its series."""
+    table = {}
+    for line in README.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].startswith("`megatron."):
+            table[re.findall(r"`([^`]+)`", cells[0])[0]] = re.findall(r"`([^`]+)`", cells[-1])
+    assert table == _registry_series()
+
+
+def test_step_duration_name_has_the_unit_suffix_and_counters_total():
+    """The translation rules this file relies on: ms -> _milliseconds, counters _total."""
+    assert _prometheus_series("megatron.training.step_duration_ms", "histogram", "ms") == [
+        "megatron_training_step_duration_ms_milliseconds_bucket",
+        "megatron_training_step_duration_ms_milliseconds_sum",
+        "megatron_training_step_duration_ms_milliseconds_count",
+    ]
+    assert _prometheus_series("megatron.training.skipped_iters", "counter", "") == [
+        "megatron_training_skipped_iters_total"
+    ]
+    assert _prometheus_series("megatron.training.nonfinite_values", "counter", "{value}") == [
+        "megatron_training_nonfinite_values_total"
+    ]
+    with pytest.raises(ValueError, match="_ratio"):
+        _prometheus_series("x.y", "gauge", "1")
