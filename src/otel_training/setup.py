@@ -399,6 +399,24 @@ def _otlp_target(otlp: config.OtlpSettings, signal_name: str) -> str:
     return f"OTLP/HTTP {otlp.endpoint or f'http://localhost:4318/v1/{signal_name}'}"
 
 
+def _otlp_kwargs(otlp: config.OtlpSettings) -> dict:
+    """Constructor arguments shared by the OTLP exporters of both protocols and signals."""
+    if otlp.protocol == "grpc":
+        from grpc import Compression
+
+        compression = Compression.Gzip if otlp.compression == "gzip" else Compression.NoCompression
+    else:
+        from opentelemetry.exporter.otlp.proto.http import Compression
+
+        compression = Compression(otlp.compression)
+    return {
+        "endpoint": otlp.endpoint,
+        "headers": dict(otlp.headers) or None,
+        "timeout": otlp.timeout_s,
+        "compression": compression,
+    }
+
+
 def _metric_reader(name: str, settings: config.Settings) -> tuple[MetricReader | None, str]:
     temporality = _temporality(settings.temporality_preference)
     otlp = settings.metrics_otlp
@@ -409,33 +427,10 @@ def _metric_reader(name: str, settings: config.Settings) -> tuple[MetricReader |
         return _prometheus_reader(settings)
     if name == "otlp":
         if otlp.protocol == "grpc":
-            from grpc import Compression as GrpcCompression
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-                OTLPMetricExporter as GrpcMetricExporter,
-            )
-
-            exporter = GrpcMetricExporter(
-                endpoint=otlp.endpoint,
-                headers=dict(otlp.headers) or None,
-                timeout=otlp.timeout_s,
-                compression=GrpcCompression.Gzip
-                if otlp.compression == "gzip"
-                else GrpcCompression.NoCompression,
-                preferred_temporality=temporality,
-            )
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         else:
-            from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-                OTLPMetricExporter as HttpMetricExporter,
-            )
-
-            exporter = HttpMetricExporter(
-                endpoint=otlp.endpoint,
-                headers=dict(otlp.headers) or None,
-                timeout=otlp.timeout_s,
-                compression=HttpCompression(otlp.compression),
-                preferred_temporality=temporality,
-            )
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        exporter = OTLPMetricExporter(preferred_temporality=temporality, **_otlp_kwargs(otlp))
         target = _otlp_target(otlp, "metrics")
     elif name == "console":
         exporter = ConsoleMetricExporter(preferred_temporality=temporality)
@@ -484,31 +479,10 @@ def _span_exporter(name: str, settings: config.Settings) -> tuple[SpanExporter |
         return None, "nowhere"
     if name == "otlp":
         if otlp.protocol == "grpc":
-            from grpc import Compression as GrpcCompression
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-                OTLPSpanExporter as GrpcSpanExporter,
-            )
-
-            exporter: SpanExporter = GrpcSpanExporter(
-                endpoint=otlp.endpoint,
-                headers=dict(otlp.headers) or None,
-                timeout=otlp.timeout_s,
-                compression=GrpcCompression.Gzip
-                if otlp.compression == "gzip"
-                else GrpcCompression.NoCompression,
-            )
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         else:
-            from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                OTLPSpanExporter as HttpSpanExporter,
-            )
-
-            exporter = HttpSpanExporter(
-                endpoint=otlp.endpoint,
-                headers=dict(otlp.headers) or None,
-                timeout=otlp.timeout_s,
-                compression=HttpCompression(otlp.compression),
-            )
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        exporter: SpanExporter = OTLPSpanExporter(**_otlp_kwargs(otlp))
         return exporter, _otlp_target(otlp, "traces")
     if name == "console":
         return ConsoleSpanExporter(), "the console"
