@@ -447,3 +447,44 @@ def test_case_a3_proxy_meter_before_the_sdk():
     metrics_api.set_meter_provider(MeterProvider(metric_readers=[reader]))
     record_training_metrics(m0, loss=0.5)
     assert [p.value for _, p in collected(reader, P + "loss")] == [0.5]
+
+
+# -- values at the edges (found by review) ---------------------------------------------------
+
+
+def test_huge_ints_never_raise_nor_poison_the_export():
+    """Ints beyond int64 become floats or are dropped: an export never fails on them."""
+    _, reader, meter = sdk_meter()
+    record_training_metrics(meter, loss=10**400, step_duration_ms=10**400)
+    record_training_metrics(meter, learning_rate=10**30, skipped_iters=2**63)
+    values = {name: point for name, point in collected(reader)}
+    assert values[P + "learning_rate"].value == 1e30
+    assert isinstance(values[P + "learning_rate"].value, float)
+    assert values[P + "skipped_iters"].value == float(2**63)
+    assert P + "loss" not in values
+
+
+def test_tensor_that_requires_grad_is_read_without_autograd_warning(recwarn):
+    """A loss tensor that requires grad is detached before it is read."""
+    torch = pytest.importorskip("torch")
+    _, reader, meter = sdk_meter()
+    record_training_metrics(meter, loss=torch.tensor(2.0, requires_grad=True) * 1.5)
+    assert [p.value for _, p in collected(reader, P + "loss")] == [3.0]
+    assert not [w for w in recwarn if "requires_grad" in str(w.message)]
+
+
+def test_meter_that_is_not_a_meter_is_logged_once(caplog):
+    """record_training_metrics(None, ...) logs once per type, never per call."""
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            record_training_metrics(None, loss=1.0)
+    assert caplog.text.count("Failed to create training metric instruments") == 1
+
+
+def test_no_op_meter_defers_nothing():
+    """On a no-op meter (disabled SDK, non-exporting rank) no deferred thread starts."""
+    stub = DeviceScalar(1.0)
+    record_training_metrics(metrics_api.NoOpMeter("off"), loss=stub)
+    assert instruments._deferred.pending == 0
+    assert instruments.flush_deferred(5.0)
+    assert stub.reads == []

@@ -191,3 +191,14 @@ def test_gpt_flops_per_token_formula():
 def test_tflops_per_device():
     """TFLOP/s per device = FLOPs/token x tokens/s per device / 1e12."""
     assert tflops_per_device(1e9, 10_240) == pytest.approx(10.24)
+
+
+def test_unusable_losses_are_dropped_not_raised():
+    """A vector, a string or a list as loss is dropped with a warning; end_step never raises."""
+    torch = pytest.importorskip("torch")
+    accumulator = StepAccumulator()
+    for bad in (torch.ones(3), "x", [1.0]):
+        accumulator.add_micro_batch(loss=bad, tokens=4)
+        assert accumulator.end_step(1.0).loss is None
+    accumulator.add_micro_batch(loss=torch.tensor([3.0]), tokens=4)
+    assert float(accumulator.end_step(1.0).loss) == 3.0

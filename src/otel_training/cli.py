@@ -69,6 +69,12 @@ def _run_demo(argv: Sequence[str]) -> int:
     try:
         result = train(config, telemetry.meter)
         print(format_summary(result, telemetry.destination), flush=True)
+    except ValueError as exc:  # settings that do not fit together, the data or the device
+        print(f"{_PROG} demo: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{_PROG} demo: interrupted; telemetry flushed.", file=sys.stderr)
+        return 130
     finally:
         telemetry.shutdown()
     return 0

@@ -49,8 +49,12 @@ from otel_training.semconv.metrics import (
 
 try:
     from opentelemetry import metrics
+    from opentelemetry.metrics import NoOpMeter as _NoOpMeter
 except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
     metrics = None
+
+    class _NoOpMeter:  # type: ignore[no-redef]
+        pass
 
 __all__ = [
     "MEGATRON_TRAINING_GRAD_NORM",
@@ -137,7 +141,7 @@ def record_training_metrics(
     infinity are counted by ``megatron.training.nonfinite_values``. Runs on the calling thread
     without reading device tensors (see the module docstring) and without I/O.
     """
-    if metrics is None:
+    if metrics is None or _forked_child or isinstance(meter, _NoOpMeter):
         return
 
     try:
@@ -146,8 +150,9 @@ def record_training_metrics(
         try:
             first_failure = meter not in _FAILED_METERS
             _FAILED_METERS.add(meter)
-        except TypeError:  # not weak-referenceable
-            first_failure = True
+        except TypeError:  # not weak-referenceable (None, a str...): once per type
+            first_failure = ("meter", type(meter).__name__) not in _warned
+            _warned.add(("meter", type(meter).__name__))
         if first_failure:
             _logger.warning("Failed to create training metric instruments", exc_info=True)
         return
@@ -182,7 +187,7 @@ def record_training_metrics(
             _emit(meter, "grad_norm", instruments["grad_norm"].set, v)
     v = skipped_iters
     if v is not None:
-        if fast and type(v) is int and v >= 0:
+        if fast and type(v) is int and 0 <= v <= _INT64_MAX:
             if v:
                 instruments["skipped_iters"].add(v)
         else:
@@ -209,14 +214,14 @@ def record_training_metrics(
 
 def _emit(meter, key: str, write, value) -> None:
     """Validates one value and writes it, now or through the deferred queue. Never raises."""
-    kind = type(value)
-    if (kind is float or kind is int) and not _deferred.pending:
-        if kind is float and value - value != 0.0:  # NaN or +-inf
-            _count_nonfinite(meter, key, value)
-            return
-        _write(meter, key, write, value)
-        return
     try:
+        kind = type(value)
+        if kind is float and not _deferred.pending:
+            if value - value != 0.0:  # NaN or +-inf
+                _count_nonfinite(meter, key, value)
+                return
+            _write(meter, key, write, value)
+            return
         _emit_slow(meter, key, write, value)
     except Exception:  # never raise on the hot path
         _warn_once(key, "error", "dropping a value of %s: it could not be recorded", key, exc=True)
@@ -259,10 +264,22 @@ def _finish(meter, key: str, write, number) -> None:
     _write(meter, key, write, number)
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _to_number(key: str, value) -> float | int | None:
-    """``value`` as an int or float, or ``None`` after one warning. Reads CPU tensors only."""
+    """``value`` as an int or float, or ``None`` after one warning. Reads CPU tensors only.
+
+    Ints outside int64 become floats (OTLP carries int64 only: one such int would fail every
+    later export of the whole batch); tensors are detached first (no autograd warning).
+    """
     if isinstance(value, int) and not isinstance(value, bool):
-        return int(value)
+        value = int(value)
+        if _INT64_MIN <= value <= _INT64_MAX:
+            return value
+    detach = getattr(value, "detach", None)
+    if callable(detach):
+        value = detach()
     try:
         return float(value)
     except (TypeError, ValueError, RuntimeError, OverflowError) as error:
@@ -432,8 +449,27 @@ class _DeferredRecorder:
 
 
 _deferred = _DeferredRecorder()
+
+# In a forked child (a DataLoader worker) the parent's instruments are not recorded on: their
+# exporters drop a child's exports anyway, and the SDK's aggregation locks may have been held
+# by another thread at fork time. configure() in the child lifts this.
+_forked_child = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_child
+    _forked_child = True
+    _deferred._after_fork_in_child()
+
+
+def record_in_this_process() -> None:
+    """Lets a forked child record again (called by ``configure()`` in that child)."""
+    global _forked_child
+    _forked_child = False
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_deferred._after_fork_in_child)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def flush_deferred(timeout_s: float | None = None) -> bool:

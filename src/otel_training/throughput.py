@@ -237,8 +237,21 @@ class StepAccumulator:
         """
         self._step_micro_batches += 1
         if loss is not None:
-            # Detach so that the autograd graph of the micro-batch is not kept alive.
-            self._step_losses.append(loss.detach() if _is_tensor(loss) else loss)
+            if _is_tensor(loss):
+                if loss.numel() == 1:
+                    # Detach so that the autograd graph of the micro-batch is not kept alive.
+                    self._step_losses.append(loss.detach())
+                else:
+                    _warn_once(
+                        "loss-shape",
+                        "StepAccumulator: dropping a loss of shape %s (a scalar is needed)",
+                        tuple(loss.shape),
+                    )
+            else:
+                try:
+                    self._step_losses.append(float(loss))
+                except (TypeError, ValueError, OverflowError):
+                    _warn_once("loss-type", "StepAccumulator: dropping the loss %r", loss)
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             try:
                 as_int = int(tokens)
