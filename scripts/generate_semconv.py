@@ -46,7 +46,12 @@ OUTPUTS = {
     "__init__.py.j2": "__init__.py",
     "attributes.py.j2": "attributes.py",
     "metrics.py.j2": "metrics.py",
+    "spans.py.j2": "spans.py",
 }
+
+#: Span levels, smallest first: the presets of OTEL_PYTHON_TRAINING_SPAN_GROUPS. A span's group
+#: is enabled by the preset of its level and by every larger one.
+SPAN_LEVELS = ("default", "per_step", "all")
 
 # --- naming rules -------------------------------------------------------------------------------
 
@@ -140,6 +145,8 @@ class Attribute:
     stability: str
     examples: tuple[Any, ...]
     resource: bool
+    span_only: bool = False  # referenced by spans only: a span attribute
+    members: tuple[str, ...] = ()  # the values of an enum
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,19 @@ class Metric:
     exception_rules: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Span:
+    """A span defined in this registry: its name (the registry ``type``) and span group."""
+
+    name: str
+    brief: str
+    note: str
+    stability: str
+    group: str
+    level: str
+    attributes: tuple[tuple[str, str], ...]  # (key, requirement level)
+
+
 @dataclass
 class Registry:
     """Everything read from the registry files, in file order."""
@@ -168,6 +188,7 @@ class Registry:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     entities: list[dict[str, Any]] = field(default_factory=list)
     attribute_groups: list[dict[str, Any]] = field(default_factory=list)
+    spans: list[dict[str, Any]] = field(default_factory=list)
 
 
 class RegistryError(Exception):
@@ -195,7 +216,7 @@ def load_registry(registry_dir: Path = REGISTRY_DIR) -> Registry:
         registry.documents[path] = document
         if not isinstance(document, dict):
             continue
-        for section in ("attributes", "metrics", "entities", "attribute_groups"):
+        for section in ("attributes", "metrics", "entities", "attribute_groups", "spans"):
             entries = document.get(section) or []
             if isinstance(entries, list):
                 getattr(registry, section).extend(e for e in entries if isinstance(e, dict))
@@ -230,10 +251,14 @@ def _refs(entries: Iterable[Any]) -> Iterator[Mapping[str, Any]]:
 
 
 def _all_attribute_refs(registry: Registry) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """(owner, ref) for every attribute reference in metrics, entities and attribute groups."""
+    """(owner, ref) for every attribute reference in metrics, spans, entities and attribute
+    groups."""
     for metric in registry.metrics:
         for ref in _refs(metric.get("attributes")):
             yield str(metric.get("name")), ref
+    for span in registry.spans:
+        for ref in _refs(span.get("attributes")):
+            yield str(span.get("type")), ref
     for entity in registry.entities:
         for ref in (*_refs(entity.get("identity")), *_refs(entity.get("description"))):
             yield str(entity.get("type")), ref
@@ -283,6 +308,37 @@ def _namespace_collisions(kind: str, names: Sequence[str]) -> list[Violation]:
     return violations
 
 
+def _span_group_violations(registry: Registry) -> list[Violation]:
+    """``span_group``: each span has ``annotations.otel_training.group`` (a lower-case word) and
+    ``level`` (one of :data:`SPAN_LEVELS`), and all spans of a group have the same level."""
+    violations = []
+    levels: dict[str, str] = {}
+    for span in registry.spans:
+        name = str(span.get("type"))
+        ours = _otel_training_annotations(span)
+        group, level = ours.get("group"), ours.get("level")
+        if not (isinstance(group, str) and re.fullmatch(r"[a-z][a-z_]*", group)):
+            violations.append(
+                Violation("span_group", name, "annotations.otel_training.group: a lower-case word")
+            )
+            continue
+        if level not in SPAN_LEVELS:
+            violations.append(
+                Violation(
+                    "span_group",
+                    name,
+                    f"annotations.otel_training.level must be one of {', '.join(SPAN_LEVELS)}",
+                )
+            )
+            continue
+        first = levels.setdefault(group, level)
+        if first != level:
+            violations.append(
+                Violation("span_group", name, f"group {group!r} has level {first!r} and {level!r}")
+            )
+    return violations
+
+
 def rule_violations(registry: Registry) -> list[Violation]:
     """Violations of the naming rules and of otel-training's annotations (not of the schema).
 
@@ -290,7 +346,9 @@ def rule_violations(registry: Registry) -> list[Violation]:
     ``namespace_collision`` (no metric or attribute name is the namespace of another),
     ``unit_ucum`` and ``unit_in_name`` for metrics unless declared in a naming exception,
     ``naming_exception`` (a reason, and exactly the rules the metric breaks), ``true_unit``,
-    ``value_type``, ``unresolved_ref``.
+    ``value_type``, ``unresolved_ref``, ``span_group`` (every span names its group and a level
+    of :data:`SPAN_LEVELS`, the same level for all spans of a group) and ``constant_collision``
+    (no two metrics, attributes or spans share a Python constant).
     """
     violations: list[Violation] = []
 
@@ -317,8 +375,21 @@ def rule_violations(registry: Registry) -> list[Violation]:
     metric_names = named("metric", registry.metrics, "name")
     entity_types = named("entity", registry.entities, "type")
     group_ids = named("attribute group", registry.attribute_groups, "id")
+    span_names = named("span", registry.spans, "type")
     violations += _namespace_collisions("metric", metric_names)
     violations += _namespace_collisions("attribute", attribute_keys)
+    violations += _span_group_violations(registry)
+    constants: dict[str, str] = {}
+    for name in (*metric_names, *attribute_keys, *span_names):
+        other = constants.setdefault(constant_name(name), name)
+        if other != name:
+            violations.append(
+                Violation(
+                    "constant_collision",
+                    name,
+                    f"{name!r} and {other!r} would both be {constant_name(name)}",
+                )
+            )
 
     for metric in registry.metrics:
         name = str(metric.get("name"))
@@ -361,6 +432,14 @@ def rule_violations(registry: Registry) -> list[Violation]:
                 violations.append(
                     Violation("unresolved_ref", name, f"unknown entity {association!r}")
                 )
+    for span in registry.spans:
+        for association in span.get("entity_associations") or ():
+            if association not in entity_types:
+                violations.append(
+                    Violation(
+                        "unresolved_ref", str(span.get("type")), f"unknown entity {association!r}"
+                    )
+                )
 
     external = external_attributes(registry)
     for owner, ref in _all_attribute_refs(registry):
@@ -393,6 +472,8 @@ def build_model(registry: Registry) -> tuple[list[Attribute], list[Metric]]:
         for entity in registry.entities
         for ref in (*_refs(entity.get("identity")), *_refs(entity.get("description")))
     }
+    span_keys = {r.get("ref") for s in registry.spans for r in _refs(s.get("attributes"))}
+    metric_keys = {r.get("ref") for m in registry.metrics for r in _refs(m.get("attributes"))}
     attributes = [
         Attribute(
             key=a["key"],
@@ -402,6 +483,10 @@ def build_model(registry: Registry) -> tuple[list[Attribute], list[Metric]]:
             stability=a["stability"],
             examples=tuple(_as_list(a.get("examples"))),
             resource=a["key"] in resource_keys,
+            span_only=a["key"] in span_keys and a["key"] not in metric_keys,
+            members=tuple(str(m["value"]) for m in (a["type"].get("members") or ()))
+            if isinstance(a["type"], Mapping)
+            else (),
         )
         for a in registry.attributes
     ]
@@ -425,6 +510,37 @@ def build_model(registry: Registry) -> tuple[list[Attribute], list[Metric]]:
             )
         )
     return sorted(attributes, key=lambda a: a.key), sorted(metrics, key=lambda m: m.name)
+
+
+def build_spans(registry: Registry) -> list[Span]:
+    """The spans to generate, sorted by name. The registry must be valid."""
+    spans = []
+    for s in registry.spans:
+        ours = _otel_training_annotations(s)
+        spans.append(
+            Span(
+                name=s["type"],
+                brief=_clean(s["brief"]),
+                note=_clean(s.get("note", "")),
+                stability=s["stability"],
+                group=ours["group"],
+                level=ours["level"],
+                attributes=tuple(
+                    (str(r["ref"]), _requirement(r.get("requirement_level")))
+                    for r in _refs(s.get("attributes"))
+                    if "ref" in r
+                ),
+            )
+        )
+    return sorted(spans, key=lambda s: s.name)
+
+
+def _requirement(level: Any) -> str:
+    """The name of a requirement level: ``"recommended"`` when absent, the key of a mapping
+    such as ``{conditionally_required: ...}``."""
+    if isinstance(level, Mapping):
+        return str(next(iter(level), "recommended"))
+    return str(level or "recommended")
 
 
 def _clean(text: str) -> str:
@@ -512,24 +628,60 @@ def _metric_doc(metric: Metric) -> str:
 def _attribute_doc(attribute: Attribute) -> str:
     """The docstring text of an attribute constant: brief; type and use; note."""
     use = "Resource attribute" if attribute.resource else "Point attribute"
-    facts = f"Type: {attribute.type}. {use}. Stability: {attribute.stability}."
+    if attribute.span_only:
+        use = "Span attribute"
+    kind = attribute.type
+    if attribute.members:
+        kind += " (" + ", ".join(_literal(m) for m in attribute.members) + ")"
+    facts = f"Type: {kind}. {use}. Stability: {attribute.stability}."
     if attribute.examples:
         facts += " Examples: " + ", ".join(_literal(e) for e in attribute.examples) + "."
     return "\n\n".join(p for p in (attribute.brief, facts, attribute.note) if p)
 
 
 def _import_sort_key(name: str) -> tuple[int, str]:
-    # isort's order-by-type, as ruff applies it: CONSTANTS, then Classes, then functions.
+    # isort's order-by-type, as ruff applies it: CONSTANTS, then Classes, then functions,
+    # each compared case-insensitively (so SPAN_LEVELS sorts before SPANS).
     kind = 0 if name.isupper() else 1 if name[:1].isupper() else 2
-    return kind, name
+    return kind, name.lower()
 
 
 def _literal(value: Any) -> str:
     return f"``{json.dumps(value, ensure_ascii=False)}``"
 
 
+def _span_doc(span: Span) -> str:
+    """The docstring text of a span constant: brief; group, level and attributes; note."""
+    larger = SPAN_LEVELS[SPAN_LEVELS.index(span.level) :]
+    facts = (
+        f"Span group: {_literal(span.group)}, on in the span-group presets "
+        + ", ".join(_literal(level) for level in larger)
+        + f". Kind: internal. Stability: {span.stability}."
+    )
+    if span.attributes:
+        listed = (f"{_literal(key)} ({level.replace('_', ' ')})" for key, level in span.attributes)
+        facts += " Attributes: " + ", ".join(listed) + "."
+    return "\n\n".join(p for p in (span.brief, facts, span.note) if p)
+
+
+def _kwarg_strings(name: str, values: Sequence[str], indent: int) -> str:
+    """``name=(<string literals>)`` at ``indent``, split one per line as ruff does when long."""
+    literals = [json.dumps(v, ensure_ascii=False) for v in values]
+    if len(literals) == 1:
+        inline = f"({literals[0]},)"
+    else:
+        inline = "(" + ", ".join(literals) + ")"
+    if indent + len(name) + 1 + len(inline) + 1 <= LINE_LENGTH:
+        return f"{name}={inline}"
+    body = "".join(" " * (indent + 4) + literal + ",\n" for literal in literals)
+    return f"{name}=(\n{body}{' ' * indent})"
+
+
 def render(
-    attributes: Sequence[Attribute], metrics: Sequence[Metric], templates_dir: Path
+    attributes: Sequence[Attribute],
+    metrics: Sequence[Metric],
+    templates_dir: Path,
+    spans: Sequence[Span] = (),
 ) -> dict[str, str]:
     """The generated modules: file name -> source text."""
     environment = jinja2.Environment(
@@ -549,6 +701,8 @@ def render(
         pytuple=_py_tuple,
         metric_doc=_metric_doc,
         attribute_doc=_attribute_doc,
+        span_doc=_span_doc,
+        kwarg_strings=_kwarg_strings,
     )
     instruments = {
         "counter": ("Counter", "create_counter"),
@@ -576,6 +730,17 @@ def render(
             + [f"create_{constant_name(m.name).lower()}" for m in metrics],
             key=_import_sort_key,
         ),
+        "spans": spans,
+        "span_levels": SPAN_LEVELS,
+        "span_group_levels": sorted(
+            {(s.group, s.level) for s in spans},
+            key=lambda pair: (SPAN_LEVELS.index(pair[1]), pair[0]),
+        ),
+        "span_exports": sorted(
+            [constant_name(s.name) for s in spans]
+            + ["SPANS", "SPAN_GROUP_LEVELS", "SPAN_LEVELS", "SpanSpec"],
+            key=_import_sort_key,
+        ),
     }
     return {
         output: environment.get_template(template).render(context)
@@ -594,7 +759,7 @@ def generate(
     if violations:
         raise RegistryError(violations)
     attributes, metrics = build_model(registry)
-    return render(attributes, metrics, templates_dir)
+    return render(attributes, metrics, templates_dir, build_spans(registry))
 
 
 def stale_files(generated: Mapping[str, str], output_dir: Path) -> list[str]:

@@ -179,9 +179,9 @@ def test_rank_identity_attributes_are_resource_attributes(registry):
 
 
 def test_external_references_resolve_to_opentelemetry_semconv(registry):
-    """host.name, service.name, service.instance.id resolve to opentelemetry.semconv constants."""
+    """Referenced OTel attributes (host, service, error.type) resolve to semconv constants."""
     external = gen.external_attributes(registry)
-    assert set(external) == {"host.name", "service.name", "service.instance.id"}
+    assert set(external) == {"host.name", "service.name", "service.instance.id", "error.type"}
     for key, path in external.items():
         module, _, constant = path.rpartition(".")
         assert getattr(importlib.import_module(module), constant) == key
@@ -442,3 +442,139 @@ def test_json_of_generated_tables_round_trips():
         METRICS["x"] = METRICS["megatron.training.loss"]  # type: ignore[index]
     with pytest.raises(FrozenInstanceError):
         METRICS["megatron.training.loss"].unit = "1"  # type: ignore[misc]
+
+
+# --- spans ----------------------------------------------------------------------------------
+
+# span name -> (group, level): Megatron-LM's names where it has them.
+EXPECTED_SPANS = {
+    "megatron.train": ("run", "default"),
+    "megatron.startup": ("startup", "default"),
+    "megatron.checkpoint.save": ("checkpoint", "default"),
+    "megatron.checkpoint.load": ("checkpoint", "default"),
+    "megatron.evaluate": ("evaluation", "default"),
+    "megatron.train.iteration": ("iteration", "per_step"),
+    "megatron.train.forward_backward": ("forward_backward", "all"),
+    "megatron.train.optimizer_step": ("optimizer", "all"),
+    "megatron.train.data_loading": ("data_loading", "all"),
+}
+
+
+def test_spans_are_the_phases_of_training_with_their_groups(registry):
+    """The registry's spans are the phases of training, each with its span group and preset."""
+    declared = {s["type"]: (_ours(s)["group"], _ours(s)["level"]) for s in registry.spans}
+    assert declared == EXPECTED_SPANS
+    assert all(s["kind"] == "internal" and s["brief"].endswith(".") for s in registry.spans)
+
+
+def test_iteration_number_is_a_span_attribute_and_never_a_metric_attribute(registry):
+    """megatron.iteration is required on the iteration span and on no metric."""
+    iteration = next(s for s in registry.spans if s["type"] == "megatron.train.iteration")
+    assert {"ref": "megatron.iteration", "requirement_level": "required"} in iteration["attributes"]
+    metric_refs = {r.get("ref") for m in registry.metrics for r in m.get("attributes", [])}
+    assert "megatron.iteration" not in metric_refs
+
+
+def test_checkpoint_spans_carry_type_strategy_path_and_size(registry):
+    """Checkpoint save and load spans reference type, strategy, path and size attributes."""
+    wanted = {
+        "megatron.checkpoint.type",
+        "megatron.checkpoint.strategy",
+        "megatron.checkpoint.path",
+        "megatron.checkpoint.size",
+    }
+    for name in ("megatron.checkpoint.save", "megatron.checkpoint.load"):
+        span = next(s for s in registry.spans if s["type"] == name)
+        assert wanted <= {r["ref"] for r in span["attributes"]}, name
+    types = {a["key"]: a["type"] for a in registry.attributes}
+    assert [m["value"] for m in types["megatron.checkpoint.type"]["members"]] == [
+        "global",
+        "local",
+    ]
+    assert [m["value"] for m in types["megatron.checkpoint.strategy"]["members"]] == [
+        "sync",
+        "async",
+    ]
+    assert types["megatron.checkpoint.size"] == "int"
+
+
+def test_generated_span_table_matches_the_registry(registry):
+    """Span constants hold their names; SPANS and SPAN_GROUP_LEVELS hold groups and levels."""
+    from otel_training.semconv import spans
+
+    for span in registry.spans:
+        assert getattr(spans, gen.constant_name(span["type"])) == span["type"]
+    assert {n: (s.group, s.level) for n, s in spans.SPANS.items()} == EXPECTED_SPANS
+    assert dict(spans.SPAN_GROUP_LEVELS) == dict(EXPECTED_SPANS.values())
+    assert spans.SPAN_LEVELS == ("default", "per_step", "all")
+    save = spans.SPANS[spans.MEGATRON_CHECKPOINT_SAVE]
+    assert save.required_attributes == ("megatron.checkpoint.type", "megatron.checkpoint.strategy")
+    assert spans.SPANS[spans.MEGATRON_TRAIN_ITERATION].required_attributes == (
+        "megatron.iteration",
+    )
+
+
+_GOOD_SPAN = {
+    "type": "example.train.step",
+    "kind": "internal",
+    "name": {"note": "The literal example.train.step."},
+    "stability": "development",
+    "brief": "An example step.",
+    "annotations": {"otel_training": {"group": "example", "level": "per_step"}},
+}
+
+
+def _span(**changes: Any) -> dict[str, Any]:
+    span = copy.deepcopy(_GOOD_SPAN)
+    for key, value in changes.items():
+        if key in ("group", "level"):
+            span["annotations"]["otel_training"][key] = value
+        else:
+            span[key] = value
+    return span
+
+
+_BAD_SPAN_CASES = {
+    "span_group": [_span(group="Not A Group")],
+    "name_syntax": [_span(type="Example.Step")],
+    "brief_period": [_span(brief="An example step")],
+    "duplicate": [_span(), _span()],
+}
+
+
+def test_span_rule_checker_accepts_the_control_span(tmp_path):
+    """The well-formed span that the bad span cases start from breaks no rule."""
+    registry = gen.load_registry(_write_registry(tmp_path, {"spans": [_span()]}))
+    assert gen.check_registry(registry, gen.load_schema()) == []
+
+
+@pytest.mark.parametrize("rule", sorted(_BAD_SPAN_CASES))
+def test_span_rule_checker_flags_each_broken_rule(tmp_path, rule):
+    """A registry with a span that breaks one rule is reported with that rule's id."""
+    registry = gen.load_registry(_write_registry(tmp_path, {"spans": _BAD_SPAN_CASES[rule]}))
+    assert gen.schema_violations(registry, gen.load_schema()) == []
+    assert rule in {v.rule for v in gen.rule_violations(registry)}
+
+
+def test_span_rule_checker_flags_unknown_and_inconsistent_levels(tmp_path):
+    """A level outside the presets, or two levels for one group, is a span_group violation."""
+    spans = [
+        _span(level="sometimes"),
+        _span(type="example.train.other", level="default"),
+        _span(type="example.train.third", level="all"),
+    ]
+    registry = gen.load_registry(_write_registry(tmp_path, {"spans": spans}))
+    messages = [v.message for v in gen.rule_violations(registry) if v.rule == "span_group"]
+    assert len(messages) == 2, messages
+    assert "must be one of default, per_step, all" in messages[0]
+    assert "has level 'default' and 'all'" in messages[1]
+
+
+def test_rule_checker_flags_names_that_share_a_python_constant(tmp_path):
+    """A span and a metric whose names map to the same constant are reported."""
+    document = {
+        "metrics": [_metric(name="example.train_step")],
+        "spans": [_span(type="example.train.step"), _span(type="example.train_step")],
+    }
+    registry = gen.load_registry(_write_registry(tmp_path, document))
+    assert "constant_collision" in {v.rule for v in gen.rule_violations(registry)}

@@ -1,0 +1,297 @@
+"""Per-iteration cost of a ``training_iteration`` span, side by side with its peers.
+
+Prints, from one run, the cost per iteration of an empty ``with`` block of:
+
+- ``otel_training``: ``with training_iteration(iteration=i):`` with the span groups at
+  ``per_step``, the NVTX processor (when a tool is attached), the JSON lines processor and a
+  ``BatchSpanProcessor`` exporting to a no-op exporter: what ``configure()`` installs;
+- ``bare_sdk``: ``tracer.start_as_current_span("megatron.train.iteration", attributes=...)``
+  on a plain SDK ``TracerProvider`` with a ``BatchSpanProcessor`` to the same no-op exporter;
+- ``aidot``: aidot-training-telemetry 1.1.2's ``timed_span(SpanName.ITERATION)`` (its README's
+  ``training_iteration()`` no longer exists) with its file, logger (its default: formatted
+  lines on stdout, which goes to a file here as in a batch job), NVTX and OTLP traces
+  (no-op exporter) backends on, each with its default settings. It runs in its own environment
+  (``build/bench-aidot-venv``, created with ``python -m venv`` and ``pip install`` when
+  missing), apart from ours, in a subprocess that also times ``bare_sdk`` there.
+
+and the ratios otel_training/bare_sdk (target <= 1.5) and otel_training/aidot (target <= 0.1).
+Rounds alternate between the variants so that drift hits all alike, and each round ends with a
+flush of the variant's own processors inside the timed region, so that background work (the
+JSON writer, the batch exporter) is paid by the variant that caused it. Each round is timed
+in wall time and in CPU time of the whole process (all its threads), which other processes on
+a busy machine disturb less. Figures are medians over rounds; ratios are medians of the
+per-round ratios.
+
+NVTX mode: without a tool attached, the ``nvtx`` package hands out a dummy domain and NVTX calls
+are near no-ops (our processor is then not installed at all). ``--nvtx-injection LIB`` runs the
+whole benchmark again in a subprocess with ``NVTX_INJECTION64_PATH=LIB`` (for example the
+recorder of ``tests/nvtx_injection/recorder.c``, built with
+``gcc -shared -fPIC -o /tmp/librecorder.so tests/nvtx_injection/recorder.c``, writing to
+``NVTX_RECORDER_OUTPUT=/dev/null``), so that both libraries make real NVTX calls.
+
+Usage: python bench/spans.py [--iterations N] [--rounds R] [--nvtx-injection LIB] [--no-aidot]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+AIDOT_VENV = ROOT / "build" / "bench-aidot-venv"
+AIDOT_REQUIREMENT = "aidot-training-telemetry==1.1.2"
+
+# Runs in aidot's environment as a worker: for each line "aidot N" or "bare N" on stdin, runs N
+# iterations and prints the cost per iteration in microseconds.
+_AIDOT_SCRIPT = r"""
+import json, logging, sys, time, tempfile, os
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+class NoOpExporter(SpanExporter):
+    def export(self, spans):
+        return SpanExportResult.SUCCESS
+
+import training_telemetry.provider as provider_module
+provider_module.OTLPSpanExporterGrpc = lambda endpoint=None: NoOpExporter()
+from training_telemetry import (
+    FileBackendConfig, LoggerBackendConfig, NVTXBackendConfig, OTLPTracesBackendConfig,
+    Provider, SpanName, TelemetryConfig,
+)
+from training_telemetry.context import timed_span
+
+iterations, directory, results = int(sys.argv[1]), sys.argv[2], os.fdopen(int(sys.argv[3]), "w")
+config = TelemetryConfig(
+    backends=[
+        LoggerBackendConfig(),
+        FileBackendConfig(output_file_path=os.path.join(directory, "aidot-file")),
+        NVTXBackendConfig(),
+        OTLPTracesBackendConfig(exporter="grpc", endpoint="http://127.0.0.1:9"),
+    ],
+    log_level=logging.WARNING,
+)
+Provider.set_provider(config)  # its logger backend logs to stdout: a file here, as in a job
+
+sdk = TracerProvider()
+sdk.add_span_processor(BatchSpanProcessor(NoOpExporter()))
+tracer = sdk.get_tracer("bench")
+
+def flush_aidot():
+    for backend in Provider.instance().recorder._backends:
+        provider = getattr(backend, "_provider", None)
+        if provider is not None:
+            provider.force_flush()
+
+def aidot(n):
+    start, cpu = time.perf_counter_ns(), time.process_time_ns()
+    for _ in range(n):
+        with timed_span(SpanName.ITERATION):
+            pass
+    flush_aidot()
+    return [(time.perf_counter_ns() - start) / n / 1e3, (time.process_time_ns() - cpu) / n / 1e3]
+
+def bare(n):
+    start, cpu = time.perf_counter_ns(), time.process_time_ns()
+    for i in range(n):
+        with tracer.start_as_current_span(
+            "megatron.train.iteration", attributes={"megatron.iteration": i}
+        ):
+            pass
+    sdk.force_flush()
+    return [(time.perf_counter_ns() - start) / n / 1e3, (time.process_time_ns() - cpu) / n / 1e3]
+
+aidot(max(10, iterations // 10)); bare(max(10, iterations // 10))
+print("ready", file=results, flush=True)
+for command in sys.stdin:
+    n = int(command.split()[1])
+    value = aidot(n) if command.startswith("aidot") else bare(n)
+    print(json.dumps(value), file=results, flush=True)
+"""
+
+
+def ensure_aidot_venv() -> Path | None:
+    """The Python of aidot's benchmark environment, created on first use; None if it fails."""
+    python = AIDOT_VENV / "bin" / "python"
+    marker = AIDOT_VENV / ".installed"
+    if marker.exists():
+        return python
+    print(f"creating {AIDOT_VENV} with {AIDOT_REQUIREMENT} (once) ...", file=sys.stderr)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(AIDOT_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", AIDOT_REQUIREMENT], check=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        print(f"cannot set up aidot-training-telemetry: {error}", file=sys.stderr)
+        return None
+    marker.touch()
+    return python
+
+
+class AidotWorker:
+    """aidot-training-telemetry in its own environment, one round per request."""
+
+    def __init__(self, python: Path, iterations: int, directory: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        read_fd, write_fd = os.pipe()
+        self._log = open(os.path.join(directory, "aidot-stdout.log"), "w")  # noqa: SIM115
+        self._process = subprocess.Popen(
+            [str(python), "-c", _AIDOT_SCRIPT, str(iterations), directory, str(write_fd)],
+            stdin=subprocess.PIPE,
+            stdout=self._log,
+            text=True,
+            env=env,
+            pass_fds=(write_fd,),
+        )
+        os.close(write_fd)
+        self._results = os.fdopen(read_fd)
+        if self._results.readline().strip() != "ready":
+            raise RuntimeError("the aidot worker did not start (see its stderr above)")
+
+    def round(self, what: str, iterations: int) -> tuple[float, float]:
+        self._process.stdin.write(f"{what} {iterations}\n")
+        self._process.stdin.flush()
+        wall, cpu = json.loads(self._results.readline())
+        return wall, cpu
+
+    def close(self) -> None:
+        self._process.stdin.close()
+        self._process.wait(30)
+        self._results.close()
+        self._log.close()
+
+
+def _per_iteration(start_ns: int, cpu_ns: int, n: int) -> tuple[float, float]:
+    """Wall and CPU (all threads of the process) microseconds per iteration since the marks."""
+    return (time.perf_counter_ns() - start_ns) / n / 1e3, (
+        time.process_time_ns() - cpu_ns
+    ) / n / 1e3
+
+
+def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> dict:
+    """Per-round costs (us per iteration) of each variant, the rounds interleaved."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    import otel_training
+
+    class NoOpExporter(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
+
+    telemetry = otel_training.configure(
+        environ={
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "per_step",
+            "OTEL_PYTHON_TRAINING_JSONLOG_DIR": directory,
+            "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM": "false",
+        },
+        span_processors=[BatchSpanProcessor(NoOpExporter())],
+        set_global=False,
+    )
+    sdk = TracerProvider()
+    sdk.add_span_processor(BatchSpanProcessor(NoOpExporter()))
+    tracer = sdk.get_tracer("bench")
+    training_iteration = otel_training.training_iteration
+
+    def ours(n: int) -> tuple[float, float]:
+        start, cpu = time.perf_counter_ns(), time.process_time_ns()
+        for i in range(n):
+            with training_iteration(iteration=i):
+                pass
+        telemetry.force_flush()  # the background work of these spans counts too
+        return _per_iteration(start, cpu, n)
+
+    def bare(n: int) -> tuple[float, float]:
+        start, cpu = time.perf_counter_ns(), time.process_time_ns()
+        for i in range(n):
+            with tracer.start_as_current_span(
+                "megatron.train.iteration", attributes={"megatron.iteration": i}
+            ):
+                pass
+        sdk.force_flush()
+        return _per_iteration(start, cpu, n)
+
+    aidot = None
+    if with_aidot:
+        python = ensure_aidot_venv()
+        if python is not None:
+            aidot = AidotWorker(python, iterations, directory)
+    ours(max(10, iterations // 10))
+    bare(max(10, iterations // 10))
+    result: dict = {"destination": telemetry.destination, "otel_training": [], "bare_sdk": []}
+    if aidot is not None:
+        result.update(aidot=[], aidot_bare_sdk=[])
+    for _ in range(rounds):
+        result["otel_training"].append(ours(iterations))
+        result["bare_sdk"].append(bare(iterations))
+        if aidot is not None:
+            result["aidot"].append(aidot.round("aidot", iterations))
+            result["aidot_bare_sdk"].append(aidot.round("bare", iterations))
+    if aidot is not None:
+        aidot.close()
+    telemetry.shutdown()
+    sdk.shutdown()
+    return result
+
+
+def nvtx_mode() -> str:
+    if os.environ.get("NVTX_INJECTION64_PATH"):
+        return f"NVTX tool attached ({os.environ['NVTX_INJECTION64_PATH']})"
+    return "no NVTX tool attached (NVTX calls are no-ops; our NVTX processor is not installed)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=20_000, help="iterations per round")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--nvtx-injection", help="also run with this NVTX injection library")
+    parser.add_argument("--no-aidot", action="store_true", help="skip aidot-training-telemetry")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as directory:
+        result = measure(args.iterations, args.rounds, directory, not args.no_aidot)
+
+    def median(key: str, which: int) -> float:
+        return statistics.median(r[which] for r in result[key])
+
+    def paired(a: str, b: str, which: int) -> float:
+        return statistics.median(x[which] / y[which] for x, y in zip(result[a], result[b]))
+
+    rows = [("otel_training", "training_iteration"), ("bare_sdk", "span + BSP")]
+    if "aidot" in result:
+        rows += [("aidot", "timed_span(ITERATION)"), ("aidot_bare_sdk", "span + BSP, aidot's venv")]
+    print(f"NVTX mode: {nvtx_mode()}")
+    print(f"otel_training pipeline: {result['destination']} + BatchSpanProcessor(no-op exporter)")
+    print(f"{args.iterations} iterations per round, {args.rounds} rounds interleaved (medians)")
+    print(f"  {'variant':16s} {'':27s} {'wall us/it':>10s} {'CPU us/it':>10s}")
+    for key, label in rows:
+        print(f"  {key:16s} {label:27s} {median(key, 0):10.2f} {median(key, 1):10.2f}")
+    ratios = [("bare_sdk", "1.5")] + ([("aidot", "0.1")] if "aidot" in result else [])
+    for other, target in ratios:
+        print(
+            f"ratio otel_training / {other:8s} wall {paired('otel_training', other, 0):6.3f}"
+            f"  CPU {paired('otel_training', other, 1):6.3f}  (target <= {target})"
+        )
+    print("(ratios: medians of the per-round ratios; CPU time counts every thread of the process)")
+    if args.nvtx_injection and not os.environ.get("NVTX_INJECTION64_PATH"):
+        env = dict(os.environ)
+        env["NVTX_INJECTION64_PATH"] = os.path.abspath(args.nvtx_injection)
+        env.setdefault("NVTX_RECORDER_OUTPUT", os.devnull)
+        rest = [a for a in sys.argv[1:] if not a.startswith("--nvtx-injection")]
+        if args.nvtx_injection in rest:
+            rest.remove(args.nvtx_injection)
+        print()
+        sys.stdout.flush()
+        return subprocess.run([sys.executable, __file__, *rest], env=env, check=False).returncode
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,448 @@
+"""``JsonLogSpanProcessor``: one JSON object per line when a span starts and when it ends.
+
+Written for the people who look at the files on the node after a job went wrong: a job hung
+inside a checkpoint save leaves the save's ``span_start`` line on disk, with no matching
+``span_end``. One file per rank (``spans-rank{RANK}.jsonl`` when set up by ``configure()``).
+The schema, with a sample line, is in ``docs/spans.md``; in short, every line has ``record``
+(``span_start`` or ``span_end``), ``name``, ``trace_id``, ``span_id``, ``parent_span_id``,
+``start_time_ns``, ``attributes``, ``rank`` and ``resource`` (the rank identity), and
+``span_end`` lines add ``end_time_ns``, ``duration_ms``, ``status``, ``status_description`` and
+``events`` (an exception event carries ``exception.type``, ``exception.message`` and
+``exception.stacktrace``).
+
+Strict JSON: NaN and infinities, which Python's ``json`` would write bare, become the strings
+``"NaN"``, ``"Infinity"`` and ``"-Infinity"``; numpy scalars and one-element tensors become
+numbers; any other value becomes its ``str()`` (cut at :data:`MAX_STRING_LENGTH` characters).
+Nothing here raises.
+
+The training thread only appends a reference to a bounded in-memory queue (``on_start`` also
+copies the span's attributes, a small dict); a daemon thread serialises the records, writes
+them and flushes the file every ``flush_interval_s`` and at ``force_flush``/``shutdown``. When
+the queue is full (the disk stalls), records are dropped, counted, and one warning says so.
+In a forked child (a DataLoader worker) the processor records nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+import os
+import threading
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import StatusCode
+
+__all__ = ["MAX_STRING_LENGTH", "IDENTITY_KEYS", "JsonLogSpanProcessor", "jsonable"]
+
+_logger = logging.getLogger(__name__)
+
+#: Longest string written for one value; longer ones are cut and end with ``...``.
+MAX_STRING_LENGTH = 4096
+
+#: Resource attributes written as ``resource`` on every line: the rank identity.
+IDENTITY_KEYS = (
+    "service.name",
+    "service.instance.id",
+    "host.name",
+    "dl.rank",
+    "dl.local_rank",
+    "dl.world_size",
+    "dl.node_rank",
+    "dl.job.id",
+    "dl.run.id",
+)
+
+_START = 0
+_END = 1
+_STATUS = {StatusCode.UNSET: "UNSET", StatusCode.OK: "OK", StatusCode.ERROR: "ERROR"}
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as strict-JSON data: non-finite floats become ``"NaN"``, ``"Infinity"`` or
+    ``"-Infinity"``; numpy scalars and one-element tensors become numbers; sequences become
+    lists and mappings objects with string keys; anything else its ``str()``, cut at
+    :data:`MAX_STRING_LENGTH`. Never raises."""
+    kind = type(value)
+    if kind is str:
+        return value if len(value) <= MAX_STRING_LENGTH else value[: MAX_STRING_LENGTH - 3] + "..."
+    if kind is bool or kind is int or value is None:
+        return value
+    if kind is float:
+        return value if value - value == 0.0 else _nonfinite(value)
+    try:
+        if isinstance(value, (list, tuple)):
+            return [jsonable(v) for v in value]
+        if isinstance(value, Mapping):
+            return {str(k): jsonable(v) for k, v in value.items()}
+        item = _scalar(value)
+        if item is not None:
+            return jsonable(item)
+        return jsonable(str(value))
+    except Exception:
+        return "<unserializable " + type(value).__name__ + ">"
+
+
+def _nonfinite(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+def _scalar(value: Any) -> bool | int | float | None:
+    """The Python number inside a numpy scalar or a one-element tensor/array, else ``None``."""
+    item = getattr(value, "item", None)
+    if item is None or not callable(item):
+        return None
+    size = getattr(value, "size", 1)
+    size = size() if callable(size) and not isinstance(size, int) else size
+    numel = getattr(value, "numel", None)
+    if callable(numel):
+        size = numel()
+    if size != 1:
+        return None
+    number = item()
+    return number if isinstance(number, (bool, int, float)) else None
+
+
+class JsonLogSpanProcessor(SpanProcessor):
+    """Writes a JSON line when each span starts and when it ends, to one file.
+
+    Args:
+        path: The file; appended to, created with its directory if missing.
+        flush_interval_s: Longest time, in seconds, a record waits in memory before it is
+            written and flushed (a ``span_start`` line reaches the disk within it even if the
+            training thread then hangs, as long as it does not hold the GIL).
+        max_queue_size: Records held in memory at most; further ones are dropped and counted.
+
+    Raises:
+        OSError: if the file cannot be opened (the constructor is the only place that raises).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        flush_interval_s: float = 0.2,
+        max_queue_size: int = 65_536,
+    ) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed at shutdown
+        self._queue: collections.deque = collections.deque()
+        self._max_queue_size = max_queue_size
+        self._flush_interval_s = flush_interval_s
+        self._wake = threading.Event()
+        self._closed = False
+        self.dropped = 0
+        self._resource_cache: tuple[object, str] | None = None
+        self._names: dict[str, str] = {}
+        self._trace_id = 0
+        self._trace_hex = ""
+        self._pending: dict[int, tuple[str, Any, str]] = {}
+        self._write_failed = False
+        self._thread = threading.Thread(target=self._run, name="otel-training-jsonlog", daemon=True)
+        self._thread.start()
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+
+            def in_child() -> None:
+                live = ref()
+                if live is not None:
+                    live._closed = True  # the writer thread and the file belong to the parent
+
+            os.register_at_fork(after_in_child=in_child)
+
+    # -- the training thread -----------------------------------------------------------------
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        if self._closed:
+            return
+        queue = self._queue
+        if len(queue) >= self._max_queue_size:
+            self._drop()
+            return
+        try:
+            # Values, not the span: the live span (and all it holds) is not kept for the writer.
+            attributes = span.attributes
+            queue.append(
+                (
+                    _START,
+                    span.name,
+                    span.context,
+                    span.parent,
+                    span.start_time,
+                    attributes.copy() if attributes else None,
+                    span.resource,
+                )
+            )
+        except Exception:
+            self._drop()
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self._closed:
+            return
+        queue = self._queue
+        size = len(queue)
+        if size >= self._max_queue_size:
+            self._drop()
+            return
+        queue.append((_END, span))
+        if size >= _WAKE_AT and not self._wake.is_set():  # a batch is ready: write it now
+            self._wake.set()
+
+    def _drop(self) -> None:
+        self.dropped += 1
+        if self.dropped == 1:
+            _logger.warning(
+                "span JSON lines: the queue of %s is full (%d records); dropping records",
+                self.path,
+                self._max_queue_size,
+            )
+
+    # -- control ------------------------------------------------------------------------------
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Writes and flushes every record queued before the call; False on timeout."""
+        if self._closed or not self._thread.is_alive():
+            return True
+        done = threading.Event()
+        self._queue.append(done)
+        self._wake.set()
+        return done.wait(timeout_millis / 1000)
+
+    def shutdown(self) -> None:
+        """Flushes what is queued (bounded by 30 s), stops the writer and closes the file.
+        Idempotent."""
+        if self._closed:
+            return
+        self.force_flush()
+        self._closed = True
+        self._wake.set()
+        self._thread.join(5.0)
+        try:
+            self._file.close()
+        except OSError:
+            pass
+
+    # -- the writer thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        queue = self._queue
+        while True:
+            self._wake.wait(self._flush_interval_s)
+            self._wake.clear()
+            waiters = []
+            lines = []
+            line = self._line
+            while queue:
+                item = queue.popleft()
+                if type(item) is tuple:
+                    lines.append(line(item))
+                else:  # a force_flush waiter
+                    waiters.append(item)
+            if lines:
+                self._write("".join(lines))
+            for waiter in waiters:
+                waiter.set()
+            if self._closed and not queue:
+                return
+
+    def _write(self, text: str) -> None:
+        try:
+            self._file.write(text)
+            self._file.flush()
+        except (OSError, ValueError):
+            if not self._write_failed:
+                self._write_failed = True
+                _logger.warning("cannot write span JSON lines to %s", self.path, exc_info=True)
+
+    def _line(self, item: tuple) -> str:
+        """One line, assembled from pre-encoded parts (this runs for every record).
+
+        The part shared by a span's two lines (name, ids, start time) and the encoded start
+        attributes are kept from the start line until the end line, which reuses them.
+        """
+        try:
+            if item[0] == _START:
+                _, name, context, parent, start, attributes, resource = item
+                common = self._common(name, context, parent, start)
+                encoded = _encode_mapping(attributes)
+                pending = self._pending
+                if len(pending) < _MAX_PENDING:
+                    pending[context.span_id] = (common, attributes, encoded)
+                return "".join(
+                    (_START_RECORD, common, _ATTRIBUTES_KEY, encoded, self._identity(resource))
+                )
+            span = item[1]
+            start = span.start_time
+            kept = self._pending.pop(span.context.span_id, None)
+            attributes = span.attributes
+            current = attributes.copy() if attributes else {}
+            if kept is None:
+                common = self._common(span.name, span.context, span.parent, start)
+                encoded = _encode_mapping(current)
+            else:
+                common, started_with, encoded = kept
+                if (started_with or {}) != current:
+                    encoded = _encode_mapping(current)
+            end = span.end_time
+            status = span.status
+            description = status.description
+            end_fields = _END_FIELDS % (
+                _number(end),
+                _number((end - start) / 1e6 if end is not None and start is not None else None),
+                _STATUS.get(status.status_code, "UNSET"),
+                "null" if description is None else _encode(jsonable(description)),
+                self._events_json(span),
+            )
+            return "".join(
+                (
+                    _END_RECORD,
+                    common,
+                    end_fields,
+                    _ATTRIBUTES_KEY,
+                    encoded,
+                    self._identity(span.resource),
+                )
+            )
+        except Exception:
+            name = item[1] if item[0] == _START else getattr(item[1], "name", None)
+            return '{"record": "error", "name": ' + _encode(jsonable(name)) + "}\n"
+
+    def _common(self, name: str, context: Any, parent: Any, start: int | None) -> str:
+        """``, "name": ..., ..., "start_time_ns": N`` of a span: what both its lines share."""
+        trace_id = context.trace_id
+        if trace_id != self._trace_id:  # one trace per run: encode it once
+            self._trace_id, self._trace_hex = trace_id, trace_id.to_bytes(16, "big").hex()
+        return _COMMON % (
+            self._names.get(name) or self._name_json(name),
+            self._trace_hex,
+            context.span_id,
+            "null" if parent is None else '"' + parent.span_id.to_bytes(8, "big").hex() + '"',
+            _number(start),
+        )
+
+    def _identity(self, resource: Any) -> str:
+        cached = self._resource_cache
+        if cached is not None and cached[0] is resource:
+            return cached[1]
+        return self._identity_json(resource)
+
+    def _name_json(self, name: str) -> str:
+        encoded = self._names.get(name)
+        if encoded is None:
+            encoded = _encode(jsonable(name))
+            if len(self._names) < 4096:
+                self._names[name] = encoded
+        return encoded
+
+    @staticmethod
+    def _events_json(span: Any) -> str:
+        # The SDK's ReadableSpan.events copies its list under a lock; most spans have none,
+        # which its private list tells without the copy.
+        raw = getattr(span, "_events", None)
+        if raw is not None and not raw:
+            return "[]"
+        events = span.events
+        if not events:
+            return "[]"
+        return _encode(
+            [
+                {
+                    "name": jsonable(event.name),
+                    "time_ns": event.timestamp,
+                    "attributes": jsonable(dict(event.attributes or {})),
+                }
+                for event in events
+            ]
+        )
+
+    def _identity_json(self, resource: Any) -> str:
+        """``, "rank": R, "resource": {...}}`` and the newline: the end of every line, encoded
+        once per resource."""
+        cached = self._resource_cache
+        if cached is not None and cached[0] is resource:
+            return cached[1]
+        values = getattr(resource, "attributes", None) or {}
+        identity = {key: jsonable(values[key]) for key in IDENTITY_KEYS if key in values}
+        text = f', "rank": {_encode(identity.get("dl.rank"))}, "resource": {_encode(identity)}}}\n'
+        self._resource_cache = (resource, text)
+        return text
+
+
+_START_RECORD = '{"record": "span_start"'
+_END_RECORD = '{"record": "span_end"'
+_ATTRIBUTES_KEY = ', "attributes": '
+_COMMON = (
+    ', "name": %s, "trace_id": "%s", "span_id": "%016x", "parent_span_id": %s, "start_time_ns": %s'
+)
+_END_FIELDS = (
+    ', "end_time_ns": %s, "duration_ms": %s, "status": "%s", "status_description": %s, "events": %s'
+)
+#: Queued records that wake the writer before its interval ends (a batch is ready).
+_WAKE_AT = 1024
+#: Spans whose start line is written and end line not yet, kept for their end line at most.
+_MAX_PENDING = 65_536
+
+
+def _make_encoder():
+    """A strict-JSON encoder of Python data, made once: the C encoder where available."""
+    encoder = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - pure-Python json
+        return encoder.encode
+    c_encoder = make(
+        None,  # no circular-reference markers: our data is trees
+        encoder.default,
+        json.encoder.encode_basestring,
+        None,
+        ": ",
+        ", ",
+        False,
+        False,
+        False,
+    )
+
+    def encode(value: Any) -> str:
+        if type(value) is str:
+            return json.encoder.encode_basestring(value)
+        return "".join(c_encoder(value, 0))
+
+    return encode
+
+
+_encode = _make_encoder()
+
+
+def _number(value: int | float | None) -> str:
+    """An int, a finite float or ``None`` as JSON; a non-finite float as its string."""
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is float and value - value == 0.0:
+        return repr(value)  # a finite float's repr is valid JSON
+    if value is None:
+        return "null"
+    return _encode(jsonable(value))
+
+
+def _encode_mapping(mapping: Mapping | None) -> str:
+    """A mapping as strict JSON: the C encoder first, :func:`jsonable` when it refuses (NaN,
+    infinities, values that are not JSON)."""
+    if not mapping:
+        return "{}"
+    copy = getattr(mapping, "copy", None)  # a span's attributes: a lock-free copy of its dict
+    data = copy() if copy is not None else dict(mapping)
+    if type(data) is not dict:
+        data = dict(data)
+    try:
+        return _encode(data)
+    except (TypeError, ValueError):
+        return _encode(jsonable(data))
