@@ -1,0 +1,576 @@
+"""The tensor-metric executor: every metric due in a step, in a few batched kernels, a few packed
+collectives and one device-to-host copy.
+
+What it improves on Megatron-LM's executor (``megatron/training/tensor_metrics/core.py``):
+
+- Collectives are packed across **all** metrics due in the step, not within one metric: each
+  round of stages makes one ``all_reduce`` per (axis, op, dtype, device).
+- All of the step's results are written into one device buffer and copied to the host in one
+  non-blocking copy into pinned memory, followed by a CUDA event; the values are published
+  once the event has completed, which :meth:`TensorMetricExecutor.poll` checks without
+  blocking. Megatron-LM copies every scalar with its own ``.item()`` (one device sync each).
+- Parameters and gradients are reduced with multi-tensor kernels (:func:`batched_norms`:
+  ``torch._foreach_norm`` per device and dtype) instead of one kernel per tensor.
+
+On CPU the same code runs synchronously: the copy is a host memcpy and the values are
+published before :meth:`~TensorMetricExecutor.run` returns. Process groups are passed in by
+the caller, by axis name; an axis without a process group has one rank and needs no
+communication. Nothing here is global: each executor has its own groups, buffers and store.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import torch
+
+from otel_training import setup
+from otel_training.tensor._ratelimit import RateLimitedLogger
+from otel_training.tensor.metric import (
+    GLOBAL,
+    CollectiveRequest,
+    FamilyValues,
+    Final,
+    Rows,
+    Stage,
+    TensorMetric,
+)
+
+__all__ = [
+    "ExecutorStats",
+    "ProcessGroupAxes",
+    "PublishedValues",
+    "TensorMetricExecutor",
+    "batched_norms",
+]
+
+_logger = logging.getLogger(__name__)
+_warn = RateLimitedLogger(_logger)
+
+
+def batched_norms(tensors: Sequence[torch.Tensor | None], ord: float = 2.0) -> torch.Tensor:
+    """Vector norms of many tensors with one multi-tensor kernel per (device, dtype).
+
+    Args:
+        tensors: The tensors; ``None`` and empty tensors give 0 (the norm of nothing; for
+            ``ord=inf``, the largest absolute value of nothing, as abs values are >= 0).
+        ord: 2 for the L2 norm, ``math.inf`` for the largest absolute value.
+
+    Returns:
+        ``norms[len(tensors)]`` fp32 on the device of the first tensor (empty when there is no
+        tensor). Queues device work only: never reads a value.
+    """
+    n = len(tensors)
+    first = tensors[0] if n else None
+    if (
+        first is not None
+        and (
+            # On CUDA one fused kernel needs one dtype; on CPU foreach loops over tensors anyway.
+            not first.is_cuda or all(t is not None and t.dtype is first.dtype for t in tensors)
+        )
+        and not any(t is None for t in tensors)
+    ):
+        # Fast path: one multi-tensor call, fp32 results. It raises for several devices (stack)
+        # and for an empty tensor with ord=inf; the grouped path below handles those.
+        try:
+            return torch.stack(torch._foreach_norm(tensors, ord, dtype=torch.float32))
+        except RuntimeError:
+            pass
+    first = next((t for t in tensors if t is not None), None)
+    if first is None:
+        return torch.zeros(n, dtype=torch.float32)
+    device = first.device
+    inf = ord == float("inf")
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t is not None and not (inf and t.numel() == 0):
+            groups.setdefault((t.device, t.dtype), []).append(i)
+    zero = torch.zeros((), dtype=torch.float32, device=device)
+    rows: list[torch.Tensor] = [zero] * n
+    for (group_device, group_dtype), indices in groups.items():
+        group = [tensors[i] for i in indices]
+        if group_dtype.itemsize > 4:  # float64: reduce natively, then narrow the results
+            norms = [n.float() for n in torch._foreach_norm(group, ord)]
+        else:
+            norms = torch._foreach_norm(group, ord, dtype=torch.float32)
+        for i, norm in zip(indices, norms):
+            rows[i] = norm if group_device == device else norm.to(device, non_blocking=True)
+    return torch.stack(rows)
+
+
+class ProcessGroupAxes:
+    """Named process-group axes: ``{"dp": group, "tp": group}``. Implements :class:`Axes`.
+
+    An axis that is not named, or any axis while ``torch.distributed`` is not initialised, has
+    one rank: reducing over it is the identity and needs no collective.
+    """
+
+    def __init__(self, groups: Mapping[str, Any] | None = None) -> None:
+        self._groups: dict[str, Any] = dict(groups or {})
+        self._cache: dict[str, tuple[int, int]] = {}
+        self._version = 0
+
+    def add(self, axis: str, group: Any) -> None:
+        """Names ``group`` as ``axis`` unless the axis already has a group."""
+        if axis not in self._groups:
+            self._groups[axis] = group
+            self._cache.pop(axis, None)
+            self._version += 1
+
+    @property
+    def version(self) -> tuple[int, bool]:
+        """Changes when an axis is added or ``torch.distributed`` gets initialised: metrics
+        cache per-axis facts by it."""
+        dist = torch.distributed
+        return (self._version, dist.is_available() and dist.is_initialized())
+
+    def group(self, axis: str) -> Any:
+        """The process group of ``axis`` (``None`` when not named)."""
+        return self._groups.get(axis)
+
+    def _rank_size(self, axis: str) -> tuple[int, int]:
+        cached = self._cache.get(axis)
+        if cached is not None:
+            return cached
+        group = self._groups.get(axis)
+        dist = torch.distributed
+        if group is None or not (dist.is_available() and dist.is_initialized()):
+            return (0, 1)
+        value = (dist.get_rank(group), dist.get_world_size(group))
+        self._cache[axis] = value
+        return value
+
+    def size(self, axis: str) -> int:
+        """Number of ranks along ``axis``."""
+        return self._rank_size(axis)[1]
+
+    def rank(self, axis: str) -> int:
+        """This process's rank along ``axis``."""
+        return self._rank_size(axis)[0]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The named axes."""
+        return tuple(self._groups)
+
+
+class PublishedValues:
+    """The last published host values of every metric family: what observable gauges read.
+
+    Publishing replaces a whole mapping at once (one reference assignment), so :meth:`observe`
+    never waits and never sees half a step. Each family keeps the values of the last step that
+    produced it. A metric's host values are turned into labelled values (its ``finish``) on
+    the first read, so that work runs on the reader's thread. At most ``max_series`` values per
+    family are kept (the ``global`` value first, then layers in order); the rest are dropped
+    with one warning.
+    """
+
+    def __init__(self, max_series: int = 1000) -> None:
+        if max_series < 1:
+            raise ValueError(f"max_series must be >= 1, got {max_series}")
+        self.max_series = max_series
+        self._values: Mapping[str, Any] = MappingProxyType({})
+        self._steps: Mapping[str, int] = MappingProxyType({})
+        self._lock = threading.Lock()
+
+    def publish(self, step: int, families: Iterable[FamilyValues]) -> None:
+        """Makes ``families`` the current values of their families (values are copied)."""
+        found: dict[str, tuple[tuple, np.ndarray]] = {}
+        for fv in families:
+            _merge(found, fv, self.max_series, id(self))
+        ready = _Ready(found)
+        self._swap(step, dict.fromkeys(found, ready))
+
+    def publish_results(self, step: int, results: Sequence[_HostResult]) -> None:
+        """Makes each result the current source of its metric's families (the executor)."""
+        self._swap(step, {family: r for r in results for family in r.metric.families})
+
+    def _swap(self, step: int, update: Mapping[str, Any]) -> None:
+        if not update:
+            return
+        with self._lock:
+            values = dict(self._values)
+            values.update(update)
+            steps = dict(self._steps)
+            steps.update(dict.fromkeys(update, step))
+            self._values = MappingProxyType(values)
+            self._steps = MappingProxyType(steps)
+
+    def observe(self, family: str) -> list[tuple[Mapping[str, str | int], float]]:
+        """The current ``(attributes, value)`` pairs of ``family``. Never blocks; any thread."""
+        source = self._values.get(family)
+        if source is None:
+            return []
+        found = source.families(self.max_series).get(family)
+        if found is None:
+            return []
+        return list(zip(found[0], found[1].tolist()))
+
+    def step(self, family: str) -> int | None:
+        """The step whose values ``family`` holds, or ``None`` before the first."""
+        return self._steps.get(family)
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The families published so far."""
+        return tuple(self._values)
+
+
+class _Ready:
+    """Labelled values published as they are (:meth:`PublishedValues.publish`)."""
+
+    __slots__ = ("found",)
+
+    def __init__(self, found: dict[str, tuple[tuple, np.ndarray]]) -> None:
+        self.found = found
+
+    def families(self, max_series: int) -> dict[str, tuple[tuple, np.ndarray]]:
+        return self.found
+
+
+@dataclass
+class ExecutorStats:
+    """Counters of one executor, for tests and benchmarks.
+
+    Attributes:
+        due_steps: Steps whose metrics were submitted.
+        host_copies: Device-to-host copies made (one per device per due step).
+        collectives: ``all_reduce`` calls made.
+        published: Due steps whose values were published.
+        dropped: Due steps skipped because ``max_pending`` copies were still in flight.
+        failures: Metric computations that raised and were dropped.
+    """
+
+    due_steps: int = 0
+    host_copies: int = 0
+    collectives: int = 0
+    published: int = 0
+    dropped: int = 0
+    failures: int = 0
+
+
+@dataclass
+class _Pending:
+    step: int
+    host: torch.Tensor
+    event: Any
+    items: list[tuple[TensorMetric, Final, int]]
+    device_buffer: torch.Tensor = field(repr=False)
+
+
+class TensorMetricExecutor:
+    """Runs the due metrics of a step and publishes their values to :attr:`published`.
+
+    Args:
+        process_groups: Axis name -> ``torch.distributed`` process group, for example
+            ``{"dp": dp_group, "tp": tp_group}``. Axes not named have one rank.
+        published: Where values go (a new :class:`PublishedValues` by default).
+        max_pending: Copies allowed in flight; a due step beyond that is skipped (and counted
+            in ``stats.dropped``) instead of queueing device work without bound.
+        flush_on_shutdown: Register with :func:`otel_training.setup.add_flush_hook` so that
+            ``force_flush()``/``shutdown()`` publish completed values before the final
+            collection (waiting up to the flush timeout, on the flushing thread).
+
+    Raises:
+        ValueError: when ``max_pending`` < 1.
+    """
+
+    def __init__(
+        self,
+        process_groups: Mapping[str, Any] | None = None,
+        *,
+        published: PublishedValues | None = None,
+        max_pending: int = 4,
+        flush_on_shutdown: bool = True,
+    ) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self.axes = ProcessGroupAxes(process_groups)
+        self.published = published if published is not None else PublishedValues()
+        self.stats = ExecutorStats()
+        self._max_pending = max_pending
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._lock = threading.Lock()
+        self._pinned: dict[int, list[torch.Tensor]] = {}
+        self._remove_hook = None
+        if flush_on_shutdown:
+            ref = weakref.ref(self)
+
+            def flush_hook(timeout_s: float) -> None:
+                live = ref()
+                if live is not None:
+                    live.flush(timeout_s)
+
+            self._remove_hook = setup.add_flush_hook(flush_hook)
+            weakref.finalize(self, self._remove_hook)
+
+    # -- the training thread ------------------------------------------------------------
+
+    def run(self, step: int, work: Sequence[tuple[TensorMetric, Rows]]) -> None:
+        """Reduces, packs collectives, copies to host once, and publishes (CPU) or queues the
+        copy (CUDA). Runs on the training thread; never reads device values and never raises:
+        a metric that raises is dropped for the step with a warning (at most once a minute per
+        metric and cause)."""
+        try:
+            self._run(step, work)
+        except Exception as error:  # a collective or a copy failed: drop the step
+            self.stats.failures += 1
+            _warn.warning(
+                ("run", id(self), type(error)),
+                "tensor metrics of step %d dropped: %r",
+                step,
+                error,
+                exc_info=True,
+            )
+
+    def _run(self, step: int, work: Sequence[tuple[TensorMetric, Rows]]) -> None:
+        if self._pending:
+            self.poll()
+        if len(self._pending) >= self._max_pending:
+            self.stats.dropped += 1
+            _warn.warning(
+                ("backlog", id(self)),
+                "tensor metrics of step %d skipped: %d device-to-host copies still in flight "
+                "(the device is behind); values resume when they complete.",
+                step,
+                len(self._pending),
+            )
+            return
+        axes = self.axes
+        finals: list[tuple[TensorMetric, Final]] = []
+        active: list[tuple[TensorMetric, Stage]] = []
+        for metric, rows in work:
+            try:
+                out = metric.start(rows, axes)
+            except Exception as error:
+                self._failed(metric, error)
+                continue
+            (finals if type(out) is Final else active).append((metric, out))
+        while active:
+            self._reduce([stage.requests for _, stage in active])
+            current, active = active, []
+            for metric, stage in current:
+                try:
+                    out = metric.resume(stage.state, [r.tensor for r in stage.requests], axes)
+                except Exception as error:
+                    self._failed(metric, error)
+                    continue
+                (finals if type(out) is Final else active).append((metric, out))
+        if not finals:
+            return
+        self.stats.due_steps += 1
+        device = finals[0][1].values.device
+        if all(final.values.device == device for _, final in finals):
+            self._copy(step, device, finals)
+        else:  # a model over several devices: one copy per device
+            by_device: dict[torch.device, list[tuple[TensorMetric, Final]]] = {}
+            for metric, final in finals:
+                by_device.setdefault(final.values.device, []).append((metric, final))
+            for device, items in by_device.items():
+                self._copy(step, device, items)
+        self.poll()
+
+    def _failed(self, metric: TensorMetric, error: Exception) -> None:
+        self.stats.failures += 1
+        _warn.warning(
+            (id(self), metric.name, type(error)),
+            "tensor metric %s failed and is dropped for this step: %r",
+            metric.name,
+            error,
+            exc_info=True,
+        )
+
+    def _reduce(self, request_lists: Sequence[Sequence[CollectiveRequest]]) -> None:
+        groups: dict[tuple, list[CollectiveRequest]] = {}
+        for requests in request_lists:
+            for request in requests:
+                key = (request.axis, request.op, request.tensor.dtype, request.tensor.device)
+                groups.setdefault(key, []).append(request)
+        dist = torch.distributed
+        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        for (axis, op, _, _), requests in groups.items():
+            if self.axes.size(axis) <= 1:
+                continue
+            group = self.axes.group(axis)
+            tensors = [r.tensor for r in requests]
+            if len(tensors) == 1 and tensors[0].is_contiguous():
+                dist.all_reduce(tensors[0], op=ops[op], group=group)
+            else:
+                flat = torch.cat([t.reshape(-1) for t in tensors])
+                dist.all_reduce(flat, op=ops[op], group=group)
+                chunks = flat.split([t.numel() for t in tensors])
+                torch._foreach_copy_(tensors, [c.view_as(t) for c, t in zip(chunks, tensors)])
+            self.stats.collectives += 1
+
+    def _copy(self, step: int, device: torch.device, items) -> None:
+        values = [f.values if f.values.dim() == 1 else f.values.reshape(-1) for _, f in items]
+        if any(v.dtype is not torch.float32 for v in values):
+            values = [v.float() for v in values]
+        sized = [(metric, final, final.values.numel()) for metric, final in items]
+        self.stats.host_copies += 1
+        if self._is_host(device):
+            # Host memory already: the one copy gathers every value into a fresh buffer, and
+            # the values are published now (synchronously, as there is nothing to wait for).
+            host = torch.cat(values) if len(values) > 1 else values[0].clone()
+            with self._lock:
+                self._publish(step, host.numpy(), sized)
+            return
+        buffer = values[0] if len(values) == 1 else torch.cat(values)
+        host, event = self._copy_to_host(buffer)
+        with self._lock:
+            self._pending.append(_Pending(step, host, event, sized, buffer))
+
+    @staticmethod
+    def _is_host(device: torch.device) -> bool:
+        """Whether values on ``device`` are host memory (published synchronously)."""
+        return device.type == "cpu"
+
+    def _copy_to_host(self, buffer: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Queues the copy of ``buffer`` into a pinned host buffer; returns it and an event
+        whose ``query()`` says when the copy has landed (``None``: already landed)."""
+        host = self._host_buffer(buffer.numel(), buffer.device)
+        host.copy_(buffer, non_blocking=True)
+        if buffer.device.type != "cuda":
+            return host, None
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(buffer.device))
+        return host, event
+
+    def _host_buffer(self, n: int, device: torch.device) -> torch.Tensor:
+        with self._lock:
+            free = self._pinned.get(n)
+            if free:
+                return free.pop()
+        pin = device.type == "cuda"
+        return torch.empty(n, dtype=torch.float32, pin_memory=pin)
+
+    # -- any thread -----------------------------------------------------------------------
+
+    def poll(self) -> int:
+        """Publishes every copy whose event has completed, in order; never blocks on the
+        device (``cudaEventQuery``). Returns the number of steps published."""
+        published = 0
+        with self._lock:
+            while self._pending and _ready(self._pending[0].event):
+                self._publish_pending(self._pending.popleft())
+                published += 1
+        return published
+
+    def flush(self, timeout_s: float) -> bool:
+        """Publishes pending copies, waiting up to ``timeout_s`` seconds for their events. For
+        flush and shutdown, off the training thread. Returns False if some are still in flight."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            self.poll()
+            with self._lock:
+                if not self._pending:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+
+    @property
+    def pending(self) -> int:
+        """Copies still in flight."""
+        return len(self._pending)
+
+    def close(self) -> None:
+        """Stops taking part in flush/shutdown. Pending copies are dropped."""
+        if self._remove_hook is not None:
+            self._remove_hook()
+            self._remove_hook = None
+        with self._lock:
+            self._pending.clear()
+
+    def _publish_pending(self, pending: _Pending) -> None:
+        # With self._lock held. The values leave the pinned buffer, which is then reused.
+        host = pending.host.numpy().copy()
+        if len(self._pinned) > 16:  # step shapes changed many times: start the pool afresh
+            self._pinned.clear()
+        self._pinned.setdefault(pending.host.numel(), []).append(pending.host)
+        self._publish(pending.step, host, pending.items)
+
+    def _publish(self, step: int, host: np.ndarray, items) -> None:
+        # With self._lock held, so publication keeps step order. ``finish`` runs later, on the
+        # first read (the reader's thread), not here.
+        results = []
+        offset = 0
+        for metric, final, size in items:
+            results.append(_HostResult(metric, final.finish, host[offset : offset + size], self))
+            offset += size
+        self.published.publish_results(step, results)
+        self.stats.published += 1
+
+
+class _HostResult:
+    """One metric's host values of one step, finished (turned into labelled values) once, on
+    the first read: on the reader's thread, not the training thread. Reading never waits: two
+    first reads at once both compute the same result."""
+
+    __slots__ = ("metric", "finish", "host", "executor", "_families")
+
+    def __init__(self, metric: TensorMetric, finish, host: np.ndarray, executor) -> None:
+        self.metric, self.finish, self.host = metric, finish, host
+        self.executor = weakref.ref(executor)
+        self._families: dict[str, tuple[tuple[Mapping[str, str | int], ...], np.ndarray]] | None = (
+            None
+        )
+
+    def families(self, max_series: int) -> dict[str, tuple[tuple, np.ndarray]]:
+        found = self._families
+        if found is not None:
+            return found
+        found = {}
+        try:
+            for fv in self.finish(self.host):
+                _merge(found, fv, max_series, id(self.metric))
+        except Exception as error:
+            executor = self.executor()
+            if executor is not None:
+                executor.stats.failures += 1
+            _warn.warning(
+                ("finish", id(self.executor), self.metric.name, type(error)),
+                "tensor metric %s could not finish: %r",
+                self.metric.name,
+                error,
+                exc_info=True,
+            )
+            found = {}
+        self._families = found
+        return found
+
+
+def _merge(found: dict, fv: FamilyValues, max_series: int, owner: int = 0) -> None:
+    attributes = tuple(fv.attributes)
+    values = np.array(fv.values, dtype=np.float64).ravel()
+    if len(attributes) != len(values):
+        raise ValueError(f"{fv.family}: {len(attributes)} attributes but {len(values)} values")
+    if fv.family in found:
+        attributes = found[fv.family][0] + attributes
+        values = np.concatenate([found[fv.family][1], values])
+    if len(values) > max_series:
+        _warn.warning(
+            ("max_series", owner, fv.family),
+            "%s has %d series; keeping %d (max_series) and dropping the rest.",
+            fv.family,
+            len(values),
+            max_series,
+        )
+        order = sorted(range(len(values)), key=lambda i: GLOBAL not in attributes[i].values())
+        order = order[:max_series]
+        attributes = tuple(attributes[i] for i in order)
+        values = values[order]
+    found[fv.family] = (attributes, values)
+
+
+def _ready(event: Any) -> bool:
+    return event is None or event.query()

@@ -1,0 +1,274 @@
+"""Cases A1 (a stalled or raising tensor metric must not stop metric export) and A9 (router
+and per-layer tensor metrics stay within the cardinality limit) of the handed cases."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+import tracemalloc
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
+from opentelemetry.sdk.metrics.export import (  # noqa: E402
+    InMemoryMetricReader,
+    MetricExporter,
+    MetricExportResult,
+    PeriodicExportingMetricReader,
+)
+from torch import nn  # noqa: E402
+
+from otel_training import setup  # noqa: E402
+from otel_training.instruments import record_training_metrics  # noqa: E402
+from otel_training.tensor import TensorMetricExecutor, TensorMetricGauges, TensorObserver  # noqa: E402
+
+P = "megatron.training."
+GRAD = P + "tensor.grad_norm"
+BALANCE = P + "tensor.router_balance"
+
+
+class RecordingMetricExporter(MetricExporter):
+    """Keeps, for every export, when it happened and the points of each metric."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exports: list[tuple[float, dict[str, list]]] = []
+
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+        found: dict[str, list] = {}
+        for rm in metrics_data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    found.setdefault(metric.name, []).extend(metric.data.data_points)
+        self.exports.append((time.monotonic(), found))
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        pass
+
+
+class NeverLanding:
+    """A device event behind a reduction that never finishes."""
+
+    def query(self) -> bool:
+        return False
+
+
+class StallingExecutor(TensorMetricExecutor):
+    """After its first due step, every device-to-host copy stalls forever (on CPU, the path a
+    CUDA copy stuck behind a long collective takes)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.stall = False
+
+    def _is_host(self, device):
+        return not self.stall
+
+    def _copy_to_host(self, buffer):
+        return buffer.clone(), NeverLanding()
+
+
+class RaisingRouterSource:
+    """A router-statistics source that raises on every read (a freed or resized layer tensor)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def observe(self, family):
+        if family != BALANCE:
+            return []
+        self.calls += 1
+        raise RuntimeError("router tensor was resized")
+
+
+class MoeBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.Linear(4, 4)
+        self.router = nn.Linear(4, 3, bias=False)
+        self.top_k = 1
+
+    def forward(self, x):
+        return x + self.mlp(x) * self.router(x).softmax(-1).max(-1, keepdim=True).values
+
+
+def test_a1_stalled_and_raising_tensor_metrics_do_not_stop_export(caplog):
+    """Loss and step time export on schedule (>= 4 in 5 s) while grad-norm copies stall and a
+    router source raises; the reader thread lives; each failure is logged once."""
+    exporter = RecordingMetricExporter()
+    reader = PeriodicExportingMetricReader(
+        exporter, export_interval_millis=1_000, export_timeout_millis=500
+    )
+    telemetry = setup.configure(
+        environ={"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"},
+        metric_readers=[reader],
+        set_global=False,
+    )
+    model = nn.Module()
+    model.layers = nn.ModuleList([MoeBlock(), MoeBlock()])
+    executor = StallingExecutor()
+    observer = TensorObserver(
+        model, "grad_norm:1,router:1", meter=telemetry.meter, executor=executor
+    )
+    raising = RaisingRouterSource()
+    TensorMetricGauges.for_meter(telemetry.meter).add_source(raising)
+
+    def step(n: int) -> None:
+        observer.begin_step(n)
+        model.layers[1](model.layers[0](torch.randn(8, 4))).square().mean().backward()
+        observer.commit()
+
+    step(1)  # completes: the last values the stalled gauge may report
+    first = {a["megatron.training.layer"]: v for a, v in executor.published.observe(GRAD)}
+    executor.stall = True
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        n = 1
+        while time.monotonic() - started < 5.0:
+            n += 1
+            step(n)
+            record_training_metrics(telemetry.meter, loss=2.5, step_duration_ms=100.0)
+            time.sleep(0.1)
+        alive = reader._daemon_thread.is_alive()
+        telemetry.shutdown(timeout_millis=2_000)
+    observer.close()
+
+    in_time = [t - started for t, found in exporter.exports if t - started <= 5.0]
+    with_loss = [
+        found for t, found in exporter.exports
+        if t - started <= 5.0 and P + "loss" in found and P + "step_duration_ms" in found
+    ]  # fmt: skip
+    assert len(with_loss) >= 4, in_time
+    assert alive
+    gaps = [b - a for a, b in zip(in_time, in_time[1:])]
+    assert max(gaps) < 1.6, gaps  # no collection held past the export timeout
+    for found in with_loss:
+        grad = {p.attributes["megatron.training.layer"]: p.value for p in found.get(GRAD, [])}
+        assert grad in ({}, first)  # the last completed values, never a partial or newer step
+        assert found.get(BALANCE)  # the router metric's own values still export
+    assert raising.calls >= 4
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("router tensor was resized" in m for m in messages) == 1
+    assert sum("still in flight" in m for m in messages) == 1
+
+
+def _series(reader) -> dict[str, list[dict]]:
+    found: dict[str, list[dict]] = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                found.setdefault(metric.name, []).extend(
+                    dict(p.attributes) for p in metric.data.data_points
+                )
+    return found
+
+
+class RouterLayer(nn.Module):
+    def __init__(self, experts: int | None) -> None:
+        super().__init__()
+        self.mlp = nn.Linear(4, 4)
+        self.router = nn.Linear(4, experts, bias=False) if experts else None
+        self.top_k = 2
+
+    def forward(self, x):
+        if self.router is not None:
+            self.router(x)
+        return x + self.mlp(x)
+
+
+@pytest.mark.parametrize("opt_in", [False, True])
+def test_a9_router_and_layer_metrics_stay_under_the_cardinality_limit(opt_in, caplog):
+    """48 MoE layers x 128 experts and 96 layers of grad norms: per-layer summaries, at most
+    max_expert_series per-expert series on opt-in only, no overflow series."""
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.layers = nn.ModuleList([RouterLayer(128 if i < 48 else None) for i in range(96)])
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("a9")
+    schedule = "grad_norm:1,router:1" + (",router_expert_load:1" if opt_in else "")
+    observer = TensorObserver(model, schedule, meter=meter)
+    with caplog.at_level(logging.WARNING):
+        for step in (1, 2):
+            observer.begin_step(step)
+            x = torch.randn(64, 4)
+            for layer in model.layers:
+                x = layer(x)
+            x.square().mean().backward()
+            observer.commit()
+            found = _series(reader)
+    assert all(len(series) <= 2000 for series in found.values())
+    assert not any("otel.metric.overflow" in a for series in found.values() for a in series)
+    assert len(found[GRAD]) == 97  # 96 layers + global
+    assert len(found[BALANCE]) == 48 * 3  # per layer: max/mean, CV, dead fraction
+    assert len(found[P + "tensor.router_entropy"]) == 48
+    if opt_in:
+        assert len(found[P + "tensor.router_expert_load"]) == 256  # the default cap
+        assert sum("max_expert_series" in r.getMessage() for r in caplog.records) == 1
+    else:
+        assert P + "tensor.router_expert_load" not in found
+
+
+def test_a9_memory_is_flat_from_step_1000_to_10000():
+    """The executor, its store and the gauges keep no per-step state: memory stays flat."""
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.layers = nn.ModuleList([nn.Linear(2, 2) for _ in range(4)])
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    reader = InMemoryMetricReader()
+    observer = TensorObserver(
+        model,
+        "grad_norm:1,param_norm:1",
+        meter=MeterProvider(metric_readers=[reader]).get_meter("m"),
+    )
+    tracemalloc.start()
+    try:
+        for step in range(1, 10_001):
+            observer.begin_step(step)
+            observer.commit()
+            if step % 1000 == 0:
+                reader.get_metrics_data()
+            if step == 1000:
+                gc.collect()
+                at_1000 = tracemalloc.get_traced_memory()[0]
+        gc.collect()
+        at_10000 = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert observer.executor.stats.published == 10_000
+    assert at_10000 - at_1000 < 1_000_000, (at_1000, at_10000)
+
+
+def test_gauge_callbacks_do_not_wait_for_a_busy_training_thread():
+    """A collection returns while the training thread is inside a long commit."""
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("busy")
+    model = nn.Module()
+    model.layers = nn.ModuleList([nn.Linear(2, 2)])
+    observer = TensorObserver(model, "param_norm:1", meter=meter)
+    observer.commit()
+    release = threading.Event()
+    original = observer.executor._run
+
+    def slow_run(step, work):
+        release.wait(5)
+        original(step, work)
+
+    observer.executor._run = slow_run
+    worker = threading.Thread(target=observer.commit)
+    worker.start()
+    start = time.perf_counter()
+    found = _series(reader)
+    elapsed = time.perf_counter() - start
+    release.set()
+    worker.join()
+    assert elapsed < 1.0 and len(found[P + "tensor.param_norm"]) == 2

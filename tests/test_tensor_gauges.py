@@ -1,0 +1,152 @@
+"""Observable gauges of tensor metrics: one per family and meter, fanned out to sources; a
+failing source loses only its own points; read through an InMemoryMetricReader."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+
+from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
+
+from otel_training.semconv.metrics import METRICS  # noqa: E402
+from otel_training.tensor import TENSOR_FAMILIES, TensorMetricGauges, layer_attributes  # noqa: E402
+
+GRAD = "megatron.training.tensor.grad_norm"
+ROUTER = "megatron.training.tensor.router_balance"
+
+
+class Source:
+    """A source of fixed values."""
+
+    def __init__(self, values: dict[str, list[tuple[dict, float]]]) -> None:
+        self.values = values
+
+    def observe(self, family):
+        return self.values.get(family, [])
+
+
+class Raising:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def observe(self, family):
+        self.calls += 1
+        raise RuntimeError("layer tensor was freed")
+
+
+@pytest.fixture
+def meter_and_reader():
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    yield provider.get_meter("test"), reader
+    provider.shutdown()
+
+
+def _collect(reader) -> dict[str, dict[str, float]]:
+    found: dict[str, dict[str, float]] = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                for point in metric.data.data_points:
+                    key = "|".join(str(v) for v in point.attributes.values())
+                    found.setdefault(metric.name, {})[key] = point.value
+    return found
+
+
+def test_every_family_has_one_gauge_per_meter_with_its_registry_unit(meter_and_reader):
+    """for_meter makes one observable gauge per family, once; unit and description from semconv."""
+    meter, _ = meter_and_reader
+    gauges = TensorMetricGauges.for_meter(meter)
+    assert TensorMetricGauges.for_meter(meter) is gauges
+    assert set(gauges.instruments) == set(TENSOR_FAMILIES)
+    assert len(TENSOR_FAMILIES) == 12
+    for family, instrument in gauges.instruments.items():
+        assert (instrument.unit, instrument.description) == (
+            METRICS[family].unit,
+            METRICS[family].description,
+        )
+
+
+def test_one_callback_fans_out_to_every_source(meter_and_reader):
+    """Two sources on the same meter both reach the one gauge of a family."""
+    meter, reader = meter_and_reader
+    gauges = TensorMetricGauges.for_meter(meter)
+    a = Source({GRAD: [(layer_attributes("decoder.layers.0"), 1.0)]})
+    b = Source({GRAD: [(layer_attributes("decoder.layers.1"), 2.0)]})
+    gauges.add_source(a)
+    gauges.add_source(b)
+    assert _collect(reader)[GRAD] == {"decoder.layers.0": 1.0, "decoder.layers.1": 2.0}
+
+
+def test_a_raising_source_loses_only_its_own_points_and_logs_once(meter_and_reader, caplog):
+    """Other sources of the same family, and other families, keep their points."""
+    meter, reader = meter_and_reader
+    gauges = TensorMetricGauges.for_meter(meter)
+    good = Source(
+        {
+            GRAD: [(layer_attributes("global"), 3.0)],
+            ROUTER: [({"megatron.training.layer": "decoder.layers.0",
+                       "megatron.training.router.statistic": "dead_fraction"}, 0.25)],
+        }
+    )  # fmt: skip
+    raising = Raising()
+    gauges.add_source(raising)
+    gauges.add_source(good)
+    with caplog.at_level(logging.WARNING, logger="otel_training.tensor.gauges"):
+        for _ in range(5):
+            found = _collect(reader)
+    assert found[GRAD] == {"global": 3.0}
+    assert found[ROUTER] == {"decoder.layers.0|dead_fraction": 0.25}
+    assert raising.calls == 5 * len(TENSOR_FAMILIES)
+    per_family = [r for r in caplog.records if "layer tensor was freed" in r.getMessage()]
+    assert len(per_family) == len(TENSOR_FAMILIES)  # once per family and cause, not per export
+
+
+def test_non_finite_values_are_not_observed(meter_and_reader):
+    """NaN and infinite values are skipped (the SDK would drop them silently)."""
+    meter, reader = meter_and_reader
+    source = Source(
+        {
+            GRAD: [
+                (layer_attributes("decoder.layers.0"), math.nan),
+                (layer_attributes("decoder.layers.1"), math.inf),
+                (layer_attributes("global"), 5.0),
+            ]
+        }
+    )
+    TensorMetricGauges.for_meter(meter).add_source(source)
+    assert _collect(reader)[GRAD] == {"global": 5.0}
+
+
+def test_sources_are_held_weakly_and_removable(meter_and_reader):
+    """A dropped source stops being read; remove() stops it at once."""
+    import gc
+
+    meter, reader = meter_and_reader
+    gauges = TensorMetricGauges.for_meter(meter)
+    kept = Source({GRAD: [(layer_attributes("decoder.layers.0"), 1.0)]})
+    remove = gauges.add_source(kept)
+    gauges.add_source(Source({GRAD: [(layer_attributes("decoder.layers.1"), 2.0)]}))
+    gc.collect()
+    assert _collect(reader)[GRAD] == {"decoder.layers.0": 1.0}
+    remove()
+    assert GRAD not in _collect(reader)
+
+
+def test_a_meter_that_refuses_gauges_does_not_raise(caplog):
+    """Gauge creation failures are logged, never raised."""
+
+    class Refusing:
+        def create_observable_gauge(self, *args, **kwargs):
+            raise RuntimeError("no")
+
+    with caplog.at_level(logging.WARNING):
+        gauges = TensorMetricGauges(Refusing())
+    assert gauges.instruments == {}
+    assert caplog.records
