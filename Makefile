@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench semconv clean
+.PHONY: setup demo test lint bench bench-spans bench-tensor semconv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,13 @@ lint: setup
 
 bench: setup
 	$(PY) bench/record_metrics.py
+
+# Installs aidot-training-telemetry into build/bench-aidot-venv on first run (apart from ours).
+bench-spans: setup
+	$(PY) bench/spans.py
+
+bench-tensor: setup
+	$(PY) bench/tensor_metrics.py
 
 semconv: setup
 	$(PY) scripts/generate_semconv.py

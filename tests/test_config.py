@@ -346,3 +346,61 @@ def test_bad_rank_value_warns(caplog):
     """A non-numeric RANK warns and the process counts as a single one."""
     settings, warnings = load(caplog, RANK="zero", WORLD_SIZE="2")
     assert settings.identity.rank == 0 and "RANK" in warnings[0]
+
+
+def test_a_generic_variable_warns_once_for_both_signals(caplog):
+    """OTEL_EXPORTER_OTLP_TIMEOUT=0 is read for metrics and traces but warned about once."""
+    _, warnings = load(caplog, OTEL_EXPORTER_OTLP_TIMEOUT="0")
+    assert len(warnings) == 1
+
+
+@pytest.mark.parametrize(
+    "raw,expected,warned",
+    [("0.0001", 100.0, True), ("50", 100.0, True), ("1e300", 60_000.0, True), ("250", 250, False)],
+)
+def test_export_interval_bounds(caplog, raw, expected, warned):
+    """Sub-100 ms intervals are raised to 100 ms, absurd ones use the default: no busy loop."""
+    settings, warnings = load(caplog, OTEL_METRIC_EXPORT_INTERVAL=raw)
+    assert settings.metric_export_interval_ms == expected
+    assert bool(warnings) is warned
+
+
+def test_otlp_timeout_in_milliseconds_is_caught(caplog):
+    """OTEL_EXPORTER_OTLP_TIMEOUT=10000 (ms by mistake) warns that it is seconds."""
+    settings, warnings = load(caplog, OTEL_EXPORTER_OTLP_TIMEOUT="10000")
+    assert settings.metrics_otlp.timeout_s == 10.0
+    assert "seconds" in warnings[0]
+
+
+def test_huge_rank_range_is_refused(caplog):
+    """A rank range that would exhaust memory is refused with a warning."""
+    settings, warnings = load(caplog, OTEL_PYTHON_TRAINING_EXPORT_RANKS="0-2000000000")
+    assert settings.export_ranks.policy == "all" and warnings
+
+
+def test_grpc_metadata_keys_are_checked(caplog):
+    """Over gRPC a key gRPC rejects ('%zz') is dropped; over HTTP token keys pass."""
+    settings, warnings = load(caplog, OTEL_EXPORTER_OTLP_HEADERS="%zz=1,ok=2")
+    assert settings.metrics_otlp.headers == {"ok": "2"} and "%zz" in warnings[0]
+
+
+def test_scheme_less_grpc_endpoint_warns_about_tls(caplog):
+    """host:port without a scheme means TLS for gRPC: the user is told."""
+    _, warnings = load(caplog, OTEL_EXPORTER_OTLP_ENDPOINT="127.0.0.1:4317")
+    assert len(warnings) == 1 and "TLS" in warnings[0]
+
+
+def test_default_timeout_is_clamped_silently(caplog):
+    """A 5 s interval clamps the default 30 s timeout without a warning about an unset one."""
+    settings, warnings = load(caplog, OTEL_METRIC_EXPORT_INTERVAL="5000")
+    assert settings.metric_export_timeout_ms == 5000 and warnings == []
+
+
+def test_service_name_and_resource_attributes_come_from_the_mapping(caplog):
+    """OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES are parsed from the given mapping."""
+    settings, warnings = load(
+        caplog, OTEL_SERVICE_NAME="svc", OTEL_RESOURCE_ATTRIBUTES="a=1,b=x%20y,broken"
+    )
+    assert settings.service_name == "svc"
+    assert dict(settings.resource_attributes) == {"a": "1", "b": "x y"}
+    assert "broken" in warnings[0]

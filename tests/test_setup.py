@@ -63,7 +63,7 @@ def test_embedded_default_writes_otlp_json_files_per_rank(tmp_path, monkeypatch)
     with telemetry.tracer.start_as_current_span("megatron.train"):
         pass
     assert telemetry.shutdown()
-    assert sorted(p.name for p in out.iterdir()) == ["metrics-rank3.jsonl", "traces-rank3.jsonl"]
+    assert {"metrics-rank3.jsonl", "traces-rank3.jsonl"} <= {p.name for p in out.iterdir()}
 
     lines = (out / "metrics-rank3.jsonl").read_text().splitlines()
     assert lines
@@ -216,3 +216,54 @@ def test_flush_hooks_run_before_the_final_collection():
     finally:
         remove()
     assert setup._flush_hooks == [otel_training.flush_deferred]
+
+
+def test_unwritable_output_dir_falls_back_without_crashing(monkeypatch, tmp_path, caplog):
+    """An output directory that cannot be created warns and uses the default directory."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("OTEL_PYTHON_TRAINING_OUTPUT_DIR", str(blocker / "sub"))
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        telemetry = otel_training.configure()
+    assert "cannot write" in caplog.text
+    assert "otel-training-telemetry/metrics-rank0.jsonl" in telemetry.destination
+    telemetry.shutdown()
+
+
+def test_rejected_endpoint_is_not_used_behind_our_back(monkeypatch):
+    """An endpoint config.py rejected is not re-read by the SDK's exporter."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://elsewhere")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    telemetry = otel_training.configure()
+    (reader,) = telemetry.meter_provider._metric_readers
+    assert reader._exporter._exporter._endpoint == "localhost:4317"
+    assert "http://localhost:4317" in telemetry.destination
+    telemetry.shutdown(timeout_millis=1000)
+
+
+def test_configure_twice_keeps_both_alive_and_warns(caplog):
+    """A second configure() warns that the globals stay with the first; both stay live."""
+    first = testing.configure_in_memory(set_global=True)
+    with caplog.at_level(logging.WARNING, logger="otel_training"):
+        second = testing.configure_in_memory(set_global=True)
+    assert "called again" in caplog.text
+    assert metrics_api.get_meter_provider() is first.telemetry.meter_provider
+    assert setup.current() is second.telemetry
+    assert first.telemetry in setup._live and second.telemetry in setup._live
+
+
+def test_environ_mapping_governs_the_resource():
+    """configure(environ=...) takes service name and resource attributes from the mapping."""
+    telemetry = setup.configure(
+        set_global=False,
+        environ={
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_SERVICE_NAME": "from-mapping",
+            "OTEL_RESOURCE_ATTRIBUTES": "team=llm",
+        },
+    )
+    attributes = telemetry.meter_provider._sdk_config.resource.attributes
+    assert attributes["service.name"] == "from-mapping" and attributes["team"] == "llm"

@@ -20,24 +20,50 @@ from otel_training.setup import (
     get_tracer,
     shutdown,
 )
+from otel_training.spans import (
+    Phase,
+    SpanRecorder,
+    checkpoint_load,
+    checkpoint_save,
+    data_loading,
+    evaluation,
+    forward_backward,
+    optimizer_step,
+    phase,
+    startup,
+    training_iteration,
+    training_run,
+)
 from otel_training.throughput import StepAccumulator, gpt_flops_per_token
 from otel_training.views import STEP_DURATION_BUCKETS_MS, default_views, step_duration_view
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Phase",
     "STEP_DURATION_BUCKETS_MS",
+    "SpanRecorder",
     "StepAccumulator",
     "Telemetry",
     "TrainingResourceDetector",
+    "checkpoint_load",
+    "checkpoint_save",
     "configure",
+    "data_loading",
     "default_views",
+    "evaluation",
     "flush_deferred",
     "force_flush",
+    "forward_backward",
     "get_meter",
     "get_tracer",
     "gpt_flops_per_token",
+    "optimizer_step",
+    "phase",
     "record_training_metrics",
     "shutdown",
+    "startup",
     "step_duration_view",
+    "training_iteration",
+    "training_run",
 ]

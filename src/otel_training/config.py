@@ -17,11 +17,12 @@ import math
 import os
 import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
 from otel_training import environment_variables as ev
+from otel_training.semconv.spans import SPAN_GROUP_LEVELS, SPAN_LEVELS
 
 _logger = logging.getLogger(__name__)
 
@@ -33,6 +34,26 @@ DEFAULT_BSP_SCHEDULE_DELAY_MS: Final = 5_000.0
 DEFAULT_BSP_EXPORT_TIMEOUT_MS: Final = 30_000.0
 DEFAULT_BSP_MAX_QUEUE_SIZE: Final = 2048
 DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE: Final = 512
+DEFAULT_NVTX_DOMAIN: Final = "otel_training"
+
+#: The span group of phases that name no group of the registry (``phase(name)``); it is on in
+#: every preset but ``none``.
+CUSTOM_SPAN_GROUP: Final = "custom"
+#: Every span group: those of the registry (``otel_training.semconv.SPAN_GROUP_LEVELS``) and
+#: ``custom``.
+SPAN_GROUPS: Final = frozenset(SPAN_GROUP_LEVELS) | {CUSTOM_SPAN_GROUP}
+#: The presets of ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``: ``none`` and, for each level of
+#: ``otel_training.semconv.SPAN_LEVELS``, the groups of that level and of the levels before it.
+SPAN_GROUP_PRESETS: Final = {
+    "none": frozenset(),
+    **{
+        level: frozenset(
+            [CUSTOM_SPAN_GROUP]
+            + [g for g, at in SPAN_GROUP_LEVELS.items() if SPAN_LEVELS.index(at) <= i]
+        )
+        for i, level in enumerate(SPAN_LEVELS)
+    },
+}
 
 #: Exporter names accepted in ``OTEL_{METRICS,TRACES}_EXPORTER``. ``otlp_json_file`` is the
 #: embedded default (OTLP-JSON lines per rank in ``OTEL_PYTHON_TRAINING_OUTPUT_DIR``).
@@ -182,16 +203,25 @@ class Settings:
     export_ranks: ExportRanks = field(default_factory=ExportRanks)
     step_duration_buckets_ms: tuple[float, ...] | None = None
     shutdown_on_sigterm: bool = True
+    service_name: str | None = None
+    resource_attributes: Mapping[str, str] = field(default_factory=dict)
+    span_groups: frozenset[str] = SPAN_GROUP_PRESETS["default"]
+    nvtx: bool = True
+    nvtx_domain: str = DEFAULT_NVTX_DOMAIN
+    jsonlog_dir: str | None = None
     identity: RankIdentity = field(default_factory=RankIdentity)
+    tensor_metrics: tuple[tuple[str, int], ...] | None = None
 
     @property
     def shutdown_timeout_s(self) -> float:
-        """Upper bound for shutdown: the largest export timeout in use, in seconds."""
-        return max(
-            self.metrics_otlp.timeout_s,
-            self.traces_otlp.timeout_s,
-            min(self.metric_export_timeout_ms, self.bsp_export_timeout_ms) / 1000.0,
-        )
+        """Upper bound for shutdown in seconds: the OTLP timeout of the signals that export by
+        OTLP (metrics and traces shut down side by side), else 5 s for local exporters."""
+        timeouts = [5.0]
+        if "otlp" in self.metrics_exporters:
+            timeouts.append(self.metrics_otlp.timeout_s)
+        if "otlp" in self.traces_exporters:
+            timeouts.append(self.traces_otlp.timeout_s)
+        return max(timeouts)
 
 
 def load(environ: Mapping[str, str] | None = None) -> Settings:
@@ -212,13 +242,94 @@ def load_identity(environ: Mapping[str, str] | None = None) -> RankIdentity:
     return _Parser(os.environ if environ is None else environ).identity()
 
 
+def span_groups_from_names(names: str | Iterable[str]) -> frozenset[str]:
+    """The span groups that presets and group ``names`` enable together (as
+    ``OTEL_PYTHON_TRAINING_SPAN_GROUPS`` reads them, for explicit configuration in code).
+
+    Raises:
+        ValueError: when a name is neither a preset (:data:`SPAN_GROUP_PRESETS`) nor a span
+        group (:data:`SPAN_GROUPS`).
+    """
+    if isinstance(names, str):
+        names = names.split(",")
+    groups: set[str] = set()
+    for raw in names:
+        name = raw.strip().lower()
+        if name in SPAN_GROUP_PRESETS:
+            groups |= SPAN_GROUP_PRESETS[name]
+        elif name in SPAN_GROUPS:
+            groups.add(name)
+        elif name:
+            known = sorted(SPAN_GROUP_PRESETS) + sorted(SPAN_GROUPS)
+            raise ValueError(f"unknown span group {raw!r}; known: {', '.join(known)}")
+    return frozenset(groups)
+
+
+#: Built-in tensor metrics that ``OTEL_PYTHON_TRAINING_TENSOR_METRICS`` may schedule (their
+#: definitions are in :mod:`otel_training.tensor.definitions`; kept here so that parsing the
+#: environment does not import torch).
+TENSOR_METRIC_NAMES: Final = (
+    "grad_norm",
+    "param_norm",
+    "grad_nonfinite",
+    "update_ratio",
+    "activation_rms",
+    "activation_max_abs",
+    "residual_rms",
+    "residual_max_abs",
+    "logits_norm",
+    "router",
+    "router_expert_load",
+)
+
+
+def tensor_metric_schedule(
+    environ: Mapping[str, str] | None = None,
+) -> tuple[tuple[str, int], ...] | None:
+    """Parses only ``OTEL_PYTHON_TRAINING_TENSOR_METRICS`` into ``(name, interval)`` pairs.
+
+    Returns:
+        ``None`` when the variable is unset or empty, or names no usable entry (the caller's
+        default applies); ``()`` for ``none``; else the usable entries in their order. Never
+        raises: each bad entry (not ``NAME:INTERVAL``, an unknown name, an interval that is not
+        a whole number >= 1, a repeated name) logs one warning naming it and is skipped.
+    """
+    return _Parser(os.environ if environ is None else environ).tensor_metrics()
+
+
 _HEADER_KEY = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_GRPC_METADATA_KEY = re.compile(r"^[0-9a-z_.\-]+$")
+#: Largest accepted rank in OTEL_PYTHON_TRAINING_EXPORT_RANKS (a range must not exhaust memory).
+MAX_RANK: Final = 2**20
+#: Bounds of the export intervals and timeouts, in ms: below, exports would busy-loop; above,
+#: Python's thread waits overflow.
+MIN_EXPORT_INTERVAL_MS: Final = 100.0
+MIN_BSP_SCHEDULE_DELAY_MS: Final = 10.0
+MAX_INTERVAL_MS: Final = 86_400_000.0
+#: OTLP timeouts above this many seconds are taken for a milliseconds mistake.
+MAX_OTLP_TIMEOUT_S: Final = 600.0
+
+
+def _show(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value) if isinstance(value, str) else str(value)
+
+
 _RANK_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
 class _Parser:
     def __init__(self, environ: Mapping[str, str]) -> None:
         self._env = environ
+        self._warned: set[str] = set()
+
+    def _warn(self, message: str, *args: object) -> None:
+        """Logs a warning once per parse (generic variables are read for both signals)."""
+        text = message % args
+        if text not in self._warned:
+            self._warned.add(text)
+            _logger.warning("%s", text)
 
     # -- primitives, one policy ---------------------------------------------------------
 
@@ -228,9 +339,11 @@ class _Parser:
             return None
         return value.strip()
 
-    @staticmethod
-    def _reject(name: str, raw: str, default: object, why: str) -> None:
-        _logger.warning("%s=%r %s; using the default %r instead.", name, raw, why, default)
+    def _reject(self, name: str, raw: str, default: object, why: str) -> None:
+        if default is None:
+            self._warn("%s=%r %s; ignoring it.", name, raw, why)
+        else:
+            self._warn("%s=%r %s; using %s instead.", name, raw, why, _show(default))
 
     def _bool(self, name: str, default: bool) -> bool:
         raw = self._raw(name)
@@ -244,7 +357,17 @@ class _Parser:
         self._reject(name, raw, default, "is not 'true' or 'false'")
         return default
 
-    def _positive(self, name: str, default: float) -> float:
+    def _positive(
+        self,
+        name: str,
+        default: float,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        why_maximum: str = "",
+    ) -> float:
+        """A finite number > 0; below ``minimum`` it is raised to it, above ``maximum`` (or
+        not a positive number) the default is used; each with one warning."""
         raw = self._raw(name)
         if raw is None:
             return default
@@ -256,6 +379,12 @@ class _Parser:
         if not math.isfinite(value) or value <= 0:
             self._reject(name, raw, default, "must be a finite number greater than zero")
             return default
+        if maximum is not None and value > maximum:
+            self._reject(name, raw, default, f"is above {_show(maximum)}{why_maximum}")
+            return default
+        if minimum is not None and value < minimum:
+            self._warn("%s=%r is below %s; using %s.", name, raw, _show(minimum), _show(minimum))
+            return minimum
         return value
 
     def _positive_int(self, name: str, default: int) -> int:
@@ -292,7 +421,7 @@ class _Parser:
         known = EXPORTER_NAMES | extra
         unknown = [n for n in names if n not in known]
         if unknown:
-            _logger.warning(
+            self._warn(
                 "%s names unknown exporter(s) %s; known: %s.",
                 name,
                 ", ".join(unknown),
@@ -306,22 +435,24 @@ class _Parser:
             return ("none",)
         return kept
 
-    def _headers(self, name: str, raw: str) -> dict[str, str]:
+    def _headers(self, name: str, raw: str, protocol: str) -> dict[str, str]:
         headers: dict[str, str] = {}
         for entry in raw.split(","):
             if not entry.strip():
                 continue
             key, sep, value = entry.partition("=")
-            key = urllib.parse.unquote(key).strip()
-            if not sep or not _HEADER_KEY.match(key):
-                _logger.warning(
-                    "%s: ignoring the malformed entry %r (expected key=value with a token key); "
-                    "the other entries are kept.",
+            key = urllib.parse.unquote(key).strip().lower()
+            pattern = _GRPC_METADATA_KEY if protocol == "grpc" else _HEADER_KEY
+            if not sep or not pattern.match(key):
+                self._warn(
+                    "%s: ignoring the malformed entry %r (expected key=value with a valid %s "
+                    "key); the other entries are kept.",
                     name,
                     entry.strip(),
+                    "gRPC metadata" if protocol == "grpc" else "HTTP header",
                 )
                 continue
-            headers[key.lower()] = urllib.parse.unquote(value).strip()
+            headers[key] = urllib.parse.unquote(value).strip()
         return headers
 
     def _otlp(self, signal: str) -> OtlpSettings:
@@ -358,17 +489,34 @@ class _Parser:
                 endpoint = None
             elif protocol == "http/protobuf" and generic:
                 endpoint = endpoint.rstrip("/") + f"/v1/{signal}"
+            elif (
+                protocol == "grpc"
+                and "://" not in endpoint
+                and self._raw("OTEL_EXPORTER_OTLP_INSECURE") is None
+            ):
+                self._warn(
+                    "%s=%r has no scheme: gRPC will use TLS. Write http://%s for a plaintext "
+                    "collector, or set OTEL_EXPORTER_OTLP_INSECURE.",
+                    endpoint_name,
+                    endpoint,
+                    endpoint,
+                )
 
         headers: dict[str, str] = {}
         for name in ("OTEL_EXPORTER_OTLP_HEADERS", f"OTEL_EXPORTER_OTLP_{upper}_HEADERS"):
             raw = self._raw(name)
             if raw is not None:
-                headers.update(self._headers(name, raw))
+                headers.update(self._headers(name, raw, protocol))
 
         timeout_name, _ = self._first(
             f"OTEL_EXPORTER_OTLP_{upper}_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"
         )
-        timeout_s = self._positive(timeout_name, DEFAULT_OTLP_TIMEOUT_S)
+        timeout_s = self._positive(
+            timeout_name,
+            DEFAULT_OTLP_TIMEOUT_S,
+            maximum=MAX_OTLP_TIMEOUT_S,
+            why_maximum=" seconds (the Python SDK reads this timeout in seconds, not ms)",
+        )
 
         compression_name, _ = self._first(
             f"OTEL_EXPORTER_OTLP_{upper}_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION"
@@ -397,6 +545,9 @@ class _Parser:
                 return ExportRanks()
             low = int(match.group(1))
             high = int(match.group(2) or low)
+            if high > MAX_RANK:
+                self._reject(name, raw, "all", f"names a rank above {MAX_RANK}")
+                return ExportRanks()
             if high < low:
                 self._reject(name, raw, "all", f"has the empty range {part.strip()!r}")
                 return ExportRanks()
@@ -424,6 +575,53 @@ class _Parser:
             return None
         return bounds
 
+    def _span_groups(self) -> frozenset[str]:
+        name = ev.OTEL_PYTHON_TRAINING_SPAN_GROUPS
+        raw = self._raw(name)
+        default = SPAN_GROUP_PRESETS["default"]
+        if raw is None:
+            return default
+        groups: set[str] = set()
+        usable = False
+        unknown = []
+        for part in (p.strip().lower() for p in raw.split(",")):
+            if part in SPAN_GROUP_PRESETS:
+                groups |= SPAN_GROUP_PRESETS[part]
+                usable = True
+            elif part in SPAN_GROUPS:
+                groups.add(part)
+                usable = True
+            elif part:
+                unknown.append(part)
+        known = sorted(SPAN_GROUP_PRESETS) + sorted(SPAN_GROUPS)
+        if not usable:
+            self._reject(name, raw, "default", f"names no preset or span group of {known}")
+            return default
+        if unknown:
+            _logger.warning(
+                "%s names unknown span group(s) %s, ignored; known: %s.",
+                name,
+                ", ".join(unknown),
+                ", ".join(known),
+            )
+        return frozenset(groups)
+
+    def _resource_attributes(self) -> dict[str, str]:
+        """``OTEL_RESOURCE_ATTRIBUTES``: ``k=v`` pairs, percent-decoded; bad entries warned."""
+        name = "OTEL_RESOURCE_ATTRIBUTES"
+        raw = self._raw(name)
+        found: dict[str, str] = {}
+        for entry in (raw or "").split(","):
+            if not entry.strip():
+                continue
+            key, sep, value = entry.partition("=")
+            key = urllib.parse.unquote(key).strip()
+            if not sep or not key:
+                self._warn("%s: ignoring the malformed entry %r.", name, entry.strip())
+                continue
+            found[key] = urllib.parse.unquote(value).strip()
+        return found
+
     def _int(self, name: str) -> int | None:
         raw = self._raw(name)
         if raw is None:
@@ -437,6 +635,35 @@ class _Parser:
             self._reject(name, raw, None, "is negative")
             return None
         return value
+
+    def tensor_metrics(self) -> tuple[tuple[str, int], ...] | None:
+        name = ev.OTEL_PYTHON_TRAINING_TENSOR_METRICS
+        raw = self._raw(name)
+        if raw is None:
+            return None
+        if raw.lower() in ("none", "off"):
+            return ()
+        schedule: dict[str, int] = {}
+        for entry in (part.strip() for part in raw.split(",")):
+            if not entry:
+                continue
+            metric, sep, interval = (s.strip() for s in entry.partition(":"))
+            metric = metric.lower()
+            why = None
+            if not sep or not interval.isdigit() or int(interval) < 1:
+                why = "is not NAME:INTERVAL with a whole number of steps >= 1"
+            elif metric not in TENSOR_METRIC_NAMES:
+                why = f"names no tensor metric (known: {', '.join(TENSOR_METRIC_NAMES)})"
+            elif metric in schedule:
+                why = "repeats a tensor metric already scheduled"
+            if why is not None:
+                _logger.warning("%s: ignoring the entry %r, which %s.", name, entry, why)
+                continue
+            schedule[metric] = int(interval)
+        if not schedule:
+            self._reject(name, raw, "the observer's default", "schedules no tensor metric")
+            return None
+        return tuple(schedule.items())
 
     def identity(self) -> RankIdentity:
         env_run_id = self._raw(ev.OTEL_PYTHON_TRAINING_RUN_ID)
@@ -520,16 +747,22 @@ class _Parser:
             "OTEL_TRACES_EXPORTER", traces_otlp.endpoint is not None, frozenset()
         )
         interval_ms = self._positive(
-            "OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_METRIC_EXPORT_INTERVAL_MS
+            "OTEL_METRIC_EXPORT_INTERVAL",
+            DEFAULT_METRIC_EXPORT_INTERVAL_MS,
+            minimum=MIN_EXPORT_INTERVAL_MS,
+            maximum=MAX_INTERVAL_MS,
         )
-        timeout_ms = self._positive("OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_METRIC_EXPORT_TIMEOUT_MS)
+        timeout_ms = self._positive(
+            "OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_METRIC_EXPORT_TIMEOUT_MS, maximum=MAX_INTERVAL_MS
+        )
         if timeout_ms > interval_ms:
-            _logger.warning(
-                "OTEL_METRIC_EXPORT_TIMEOUT (%g ms) is longer than OTEL_METRIC_EXPORT_INTERVAL "
-                "(%g ms); clamping the timeout to the interval.",
-                timeout_ms,
-                interval_ms,
-            )
+            if self._raw("OTEL_METRIC_EXPORT_TIMEOUT") is not None:
+                self._warn(
+                    "OTEL_METRIC_EXPORT_TIMEOUT (%s ms) is longer than "
+                    "OTEL_METRIC_EXPORT_INTERVAL (%s ms); clamping the timeout to the interval.",
+                    _show(timeout_ms),
+                    _show(interval_ms),
+                )
             timeout_ms = interval_ms
         sampler = self._choice("OTEL_TRACES_SAMPLER", SAMPLERS, "parentbased_always_on")
         sampler_arg = 1.0
@@ -561,11 +794,16 @@ class _Parser:
                 "cumulative",
             ),
             bsp_schedule_delay_ms=self._positive(
-                "OTEL_BSP_SCHEDULE_DELAY", DEFAULT_BSP_SCHEDULE_DELAY_MS
+                "OTEL_BSP_SCHEDULE_DELAY",
+                DEFAULT_BSP_SCHEDULE_DELAY_MS,
+                minimum=MIN_BSP_SCHEDULE_DELAY_MS,
+                maximum=MAX_INTERVAL_MS,
             ),
             bsp_export_timeout_ms=self._positive(
-                "OTEL_BSP_EXPORT_TIMEOUT", DEFAULT_BSP_EXPORT_TIMEOUT_MS
+                "OTEL_BSP_EXPORT_TIMEOUT", DEFAULT_BSP_EXPORT_TIMEOUT_MS, maximum=MAX_INTERVAL_MS
             ),
+            service_name=self._raw("OTEL_SERVICE_NAME"),
+            resource_attributes=self._resource_attributes(),
             bsp_max_queue_size=self._positive_int(
                 "OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_BSP_MAX_QUEUE_SIZE
             ),
@@ -580,5 +818,12 @@ class _Parser:
             export_ranks=self._export_ranks(),
             step_duration_buckets_ms=self._buckets(),
             shutdown_on_sigterm=self._bool(ev.OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM, True),
+            span_groups=self._span_groups(),
+            # NVTX_DISABLE is the nvtx package's switch: any non-empty value disables it.
+            nvtx=self._bool(ev.OTEL_PYTHON_TRAINING_NVTX, True)
+            and self._raw("NVTX_DISABLE") is None,
+            nvtx_domain=self._raw(ev.OTEL_PYTHON_TRAINING_NVTX_DOMAIN) or DEFAULT_NVTX_DOMAIN,
+            jsonlog_dir=self._raw(ev.OTEL_PYTHON_TRAINING_JSONLOG_DIR),
             identity=self.identity(),
+            tensor_metrics=self.tensor_metrics(),
         )

@@ -47,10 +47,53 @@ timeout) and then terminates the process with SIGTERM as before, so the last int
 a launcher's termination.
 """
 
+OTEL_PYTHON_TRAINING_SPAN_GROUPS: Final = "OTEL_PYTHON_TRAINING_SPAN_GROUPS"
+"""Which phase spans are recorded: comma-separated presets and span groups, combined. Presets:
+``default`` (groups ``run``, ``startup``, ``checkpoint``, ``evaluation`` and ``custom``: a few
+spans per run), ``per_step`` (adds ``iteration``), ``all`` (adds ``forward_backward``,
+``optimizer``, ``data_loading``) and ``none``. For example ``default,optimizer``. A span of a
+disabled group costs one set lookup and creates nothing. Unknown names log one warning and are
+ignored; when no name is usable, one warning and the default, ``default``.
+"""
+
+OTEL_PYTHON_TRAINING_NVTX: Final = "OTEL_PYTHON_TRAINING_NVTX"
+"""Boolean, default ``true``: mirror every recorded span as an NVTX range (Nsight Systems) when
+the ``nvtx`` module imports. ``false`` makes no NVTX call at all, and so does the ``nvtx``
+package's own ``NVTX_DISABLE`` (set to any non-empty value).
+"""
+
+OTEL_PYTHON_TRAINING_NVTX_DOMAIN: Final = "OTEL_PYTHON_TRAINING_NVTX_DOMAIN"
+"""The NVTX domain of the span ranges. Default: ``otel_training``."""
+
+OTEL_PYTHON_TRAINING_JSONLOG_DIR: Final = "OTEL_PYTHON_TRAINING_JSONLOG_DIR"
+"""Directory of the span JSON lines, ``spans-rank{RANK}.jsonl``: one JSON object when each span
+starts and one when it ends (schema in ``docs/spans.md``). Setting it turns the JSON lines on
+whatever the exporters; unset, they are written to ``OTEL_PYTHON_TRAINING_OUTPUT_DIR`` when the
+embedded default (``otlp_json_file``) exports traces, and not at all otherwise.
+"""
+
+OTEL_PYTHON_TRAINING_TENSOR_METRICS: Final = "OTEL_PYTHON_TRAINING_TENSOR_METRICS"
+"""Which tensor metrics an :class:`otel_training.tensor.TensorObserver` computes, and how often:
+comma-separated ``NAME:INTERVAL`` entries (INTERVAL in optimizer steps, a whole number >= 1),
+for example ``grad_norm:10,param_norm:10,activation_rms:50,router:10``; ``none`` turns them
+all off. Names: ``grad_norm``, ``param_norm``, ``grad_nonfinite``, ``update_ratio``,
+``activation_rms``, ``activation_max_abs``, ``residual_rms``, ``residual_max_abs``,
+``logits_norm``, ``router`` and the opt-in ``router_expert_load``
+(:data:`otel_training.config.TENSOR_METRIC_NAMES`). A schedule given in code wins. A bad entry
+logs one warning naming it and is skipped; when no entry is usable the observer's default is
+used: :data:`otel_training.tensor.DEFAULT_SCHEDULE`
+(``grad_norm:10,param_norm:10,activation_rms:10,router:10``).
+"""
+
 __all__ = [
     "OTEL_PYTHON_TRAINING_EXPORT_RANKS",
+    "OTEL_PYTHON_TRAINING_JSONLOG_DIR",
+    "OTEL_PYTHON_TRAINING_NVTX",
+    "OTEL_PYTHON_TRAINING_NVTX_DOMAIN",
     "OTEL_PYTHON_TRAINING_OUTPUT_DIR",
     "OTEL_PYTHON_TRAINING_RUN_ID",
     "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM",
+    "OTEL_PYTHON_TRAINING_SPAN_GROUPS",
     "OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS",
+    "OTEL_PYTHON_TRAINING_TENSOR_METRICS",
 ]

@@ -56,6 +56,7 @@ except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
     class _NoOpMeter:  # type: ignore[no-redef]
         pass
 
+
 __all__ = [
     "MEGATRON_TRAINING_GRAD_NORM",
     "MEGATRON_TRAINING_LEARNING_RATE",

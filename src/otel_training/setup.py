@@ -19,7 +19,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
@@ -42,7 +42,7 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.metrics.view import View
-from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace import sampling as sampling_sdk
 from opentelemetry.sdk.trace.export import (
@@ -56,6 +56,7 @@ from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME
 
 from otel_training import config, instruments
 from otel_training import views as _views
+from otel_training.processors import span_mirrors
 from otel_training.resource import identity_attributes
 
 _logger = logging.getLogger("otel_training")
@@ -64,6 +65,10 @@ INSTRUMENTATION_NAME = "otel_training"
 
 _lock = threading.RLock()
 _current: Telemetry | None = None
+_global_owner: Telemetry | None = None
+# Every configured pipeline not yet shut down, kept alive so that exit and SIGTERM reach all.
+_live: list[Telemetry] = []
+_exit_handlers_installed = False
 
 
 @dataclass
@@ -102,6 +107,8 @@ class Telemetry:
             if self._shutdown_done:
                 return True
             self._shutdown_done = True
+            if self in _live:
+                _live.remove(self)
         return self._bounded("shutdown", timeout_millis, self._shutdown)
 
     def _flush(self, timeout_s: float) -> None:
@@ -111,8 +118,13 @@ class Telemetry:
 
     def _shutdown(self, timeout_s: float) -> None:
         _run_flush_hooks(timeout_s)
+        # Side by side, so that two dead endpoints cost one timeout, not two.
+        tracer_thread = threading.Thread(
+            target=_call, args=(self.tracer_provider, "shutdown"), daemon=True
+        )
+        tracer_thread.start()
         _call(self.meter_provider, "shutdown", timeout_millis=timeout_s * 1000)
-        _call(self.tracer_provider, "shutdown")
+        tracer_thread.join(timeout_s)
 
     def _bounded(self, what: str, timeout_millis: float | None, work) -> bool:
         timeout_s = (
@@ -178,6 +190,7 @@ def configure(
     step_duration_buckets_ms: Sequence[float] | None = None,
     metric_readers: Iterable[MetricReader] = (),
     span_processors: Iterable[SpanProcessor] = (),
+    span_groups: Iterable[str] | None = None,
     set_global: bool = True,
     environ: Mapping[str, str] | None = None,
 ) -> Telemetry:
@@ -193,6 +206,8 @@ def configure(
             ``OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS`` and the built-in buckets.
         metric_readers: Extra readers (for example an ``InMemoryMetricReader`` in tests).
         span_processors: Extra span processors.
+        span_groups: Span groups and presets that record phase spans (``per_step``,
+            ``["default", "optimizer"]``...), overriding ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``.
         set_global: Install the providers as the OpenTelemetry globals.
         environ: Variables to read instead of ``os.environ``.
 
@@ -200,11 +215,14 @@ def configure(
         The :class:`Telemetry` handle; also what :func:`get_meter` uses from now on.
 
     Raises:
-        ValueError: when ``step_duration_buckets_ms`` is not strictly increasing. Bad
-        environment values never raise: one warning each, then the default.
+        ValueError: when ``step_duration_buckets_ms`` is not strictly increasing, or
+        ``span_groups`` names an unknown group. Bad environment values never raise: one
+        warning each, then the default.
     """
     global _current
     settings = config.load(environ)
+    if span_groups is not None:
+        settings = replace(settings, span_groups=config.span_groups_from_names(span_groups))
     with _lock:
         telemetry = _build(
             settings,
@@ -216,12 +234,24 @@ def configure(
             extra_processors=list(span_processors),
         )
         if set_global:
-            metrics_api.set_meter_provider(telemetry.meter_provider)
-            trace_api.set_tracer_provider(telemetry.tracer_provider)
+            global _global_owner
+            if _global_owner is not None:
+                _logger.warning(
+                    "otel-training: configure() was called again; the OpenTelemetry globals "
+                    "keep the first configuration (the API allows one global provider), while "
+                    "otel_training.get_meter() and the returned handle use the new one. Both "
+                    "are shut down at exit."
+                )
+            else:
+                metrics_api.set_meter_provider(telemetry.meter_provider)
+                trace_api.set_tracer_provider(telemetry.tracer_provider)
+                _global_owner = telemetry
         _current = telemetry
+        instruments.record_in_this_process()
+        if not isinstance(telemetry.meter_provider, metrics_api.NoOpMeterProvider):
+            _live.append(telemetry)
+            _install_exit_handlers(telemetry.settings)
     _announce(telemetry.destination)
-    if not isinstance(telemetry.meter_provider, metrics_api.NoOpMeterProvider):
-        _register_exit_handlers(telemetry)
     return telemetry
 
 
@@ -304,7 +334,9 @@ def _build(
         if reader is not None:
             readers.append(reader)
             metric_targets.append(target)
-    processors: list[SpanProcessor] = list(extra_processors)
+    # NVTX ranges and span JSON lines come before the batch processors.
+    mirrors, mirror_targets = span_mirrors(settings)
+    processors: list[SpanProcessor] = [*mirrors, *extra_processors]
     trace_targets: list[str] = []
     for name in settings.traces_exporters:
         exporter, target = _span_exporter(name, settings)
@@ -338,7 +370,7 @@ def _build(
     )
     for processor in processors:
         tracer_provider.add_span_processor(processor)
-    destination = _describe(metric_targets, trace_targets)
+    destination = _describe(metric_targets, trace_targets + mirror_targets)
     return Telemetry(
         meter_provider,
         tracer_provider,
@@ -354,15 +386,14 @@ def _resource(
 ) -> Resource:
     # Precedence, lowest first: the SDK's defaults, the detected rank identity,
     # OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME, then attributes passed in code.
-    resource = (
-        Resource.create()
-        .merge(Resource(identity_attributes(settings.identity)))
-        .merge(OTELResourceDetector().detect())
-    )
-    if service_name and str(resource.attributes.get(SERVICE_NAME, "")).startswith(
-        "unknown_service"
-    ):
+    # Both environment variables come from `settings`, so configure(environ=...) governs them.
+    resource = Resource.create().merge(Resource(identity_attributes(settings.identity)))
+    if service_name:
         resource = resource.merge(Resource({SERVICE_NAME: service_name}))
+    from_env = dict(settings.resource_attributes)
+    if settings.service_name:
+        from_env[SERVICE_NAME] = settings.service_name
+    resource = resource.merge(Resource(from_env))
     if extra:
         resource = resource.merge(Resource(dict(extra)))
     return resource
@@ -387,19 +418,43 @@ def _temporality(preference: str) -> dict[type, AggregationTemporality]:
     return table
 
 
-def _output_path(settings: config.Settings, signal_name: str) -> str:
-    directory = settings.output_dir
-    os.makedirs(directory, exist_ok=True)
-    return os.path.join(directory, f"{signal_name}-rank{settings.identity.rank}.jsonl")
+def _open_output(settings: config.Settings, signal_name: str, factory):
+    """``factory(path)`` for this rank's file of ``signal_name`` in the output directory.
+
+    An unusable directory logs one warning and falls back to the default directory, then to
+    no file export at all: telemetry never stops training. Returns (exporter or None, path).
+    """
+    file_name = f"{signal_name}-rank{settings.identity.rank}.jsonl"
+    directories = [settings.output_dir]
+    if settings.output_dir != config.DEFAULT_OUTPUT_DIR:
+        directories.append(config.DEFAULT_OUTPUT_DIR)
+    for directory in directories:
+        path = os.path.join(directory, file_name)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            return factory(path), path
+        except OSError as error:
+            fallback = (
+                "trying the default directory"
+                if directory != directories[-1]
+                else f"{signal_name} are not written to a file"
+            )
+            _logger.warning(
+                "otel-training cannot write %s (%s: %s); %s.",
+                path,
+                type(error).__name__,
+                error,
+                fallback,
+            )
+    return None, None
 
 
 def _otlp_target(otlp: config.OtlpSettings, signal_name: str) -> str:
-    if otlp.protocol == "grpc":
-        return f"OTLP/gRPC {otlp.endpoint or 'http://localhost:4317'}"
-    return f"OTLP/HTTP {otlp.endpoint or f'http://localhost:4318/v1/{signal_name}'}"
+    protocol = "OTLP/gRPC" if otlp.protocol == "grpc" else "OTLP/HTTP"
+    return f"{protocol} {otlp.endpoint or _default_endpoint(otlp, signal_name)}"
 
 
-def _otlp_kwargs(otlp: config.OtlpSettings) -> dict:
+def _otlp_kwargs(otlp: config.OtlpSettings, signal_name: str) -> dict:
     """Constructor arguments shared by the OTLP exporters of both protocols and signals."""
     if otlp.protocol == "grpc":
         from grpc import Compression
@@ -409,12 +464,31 @@ def _otlp_kwargs(otlp: config.OtlpSettings) -> dict:
         from opentelemetry.exporter.otlp.proto.http import Compression
 
         compression = Compression(otlp.compression)
+    # Explicit values throughout: given None, the SDK's exporters would read the raw
+    # environment again and undo what config.py rejected.
     return {
-        "endpoint": otlp.endpoint,
-        "headers": dict(otlp.headers) or None,
+        "endpoint": otlp.endpoint or _default_endpoint(otlp, signal_name),
+        "headers": dict(otlp.headers) or (_NO_HEADERS if otlp.protocol == "grpc" else None),
         "timeout": otlp.timeout_s,
         "compression": compression,
     }
+
+
+class _NoHeaders(tuple):
+    """An empty header sequence that is truthy, so the gRPC exporter does not fall back to
+    reading OTEL_EXPORTER_OTLP_HEADERS itself (the HTTP exporter always merges it)."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_NO_HEADERS = _NoHeaders()
+
+
+def _default_endpoint(otlp: config.OtlpSettings, signal_name: str) -> str:
+    if otlp.protocol == "grpc":
+        return "http://localhost:4317"
+    return f"http://localhost:4318/v1/{signal_name}"
 
 
 def _metric_reader(name: str, settings: config.Settings) -> tuple[MetricReader | None, str]:
@@ -430,7 +504,9 @@ def _metric_reader(name: str, settings: config.Settings) -> tuple[MetricReader |
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         else:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        exporter = OTLPMetricExporter(preferred_temporality=temporality, **_otlp_kwargs(otlp))
+        exporter = OTLPMetricExporter(
+            preferred_temporality=temporality, **_otlp_kwargs(otlp, "metrics")
+        )
         target = _otlp_target(otlp, "metrics")
     elif name == "console":
         exporter = ConsoleMetricExporter(preferred_temporality=temporality)
@@ -438,8 +514,13 @@ def _metric_reader(name: str, settings: config.Settings) -> tuple[MetricReader |
     else:  # otlp_json_file
         from opentelemetry.exporter.otlp.json.file import FileMetricExporter
 
-        path = _output_path(settings, "metrics")
-        exporter = FileMetricExporter(path, preferred_temporality=temporality)
+        exporter, path = _open_output(
+            settings,
+            "metrics",
+            lambda p: FileMetricExporter(p, preferred_temporality=temporality),
+        )
+        if exporter is None:
+            return None, "nowhere"
         target = f"OTLP-JSON file {path}"
     reader = PeriodicExportingMetricReader(
         _ParentProcessMetricExporter(exporter),
@@ -482,14 +563,14 @@ def _span_exporter(name: str, settings: config.Settings) -> tuple[SpanExporter |
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         else:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        exporter: SpanExporter = OTLPSpanExporter(**_otlp_kwargs(otlp))
+        exporter: SpanExporter = OTLPSpanExporter(**_otlp_kwargs(otlp, "traces"))
         return exporter, _otlp_target(otlp, "traces")
     if name == "console":
         return ConsoleSpanExporter(), "the console"
     from opentelemetry.exporter.otlp.json.file import FileSpanExporter
 
-    path = _output_path(settings, "traces")
-    return FileSpanExporter(path), f"OTLP-JSON file {path}"
+    exporter, path = _open_output(settings, "traces", FileSpanExporter)
+    return exporter, (f"OTLP-JSON file {path}" if exporter is not None else "nowhere")
 
 
 def _sampler(settings: config.Settings) -> sampling_sdk.Sampler:
@@ -521,16 +602,23 @@ def _announce(destination: str) -> None:
 # -- process life: exit, SIGTERM, fork ---------------------------------------------------
 
 
-def _register_exit_handlers(telemetry: Telemetry) -> None:
-    ref = weakref.ref(telemetry)
+def _shutdown_all() -> None:
+    """Shuts down every live pipeline, the newest first (the atexit and SIGTERM path)."""
+    with _lock:
+        live = list(reversed(_live))
+    for telemetry in live:
+        telemetry.shutdown()
 
-    def at_exit() -> None:
-        live = ref()
-        if live is not None:
-            live.shutdown()
 
-    atexit.register(at_exit)
-    if not telemetry.settings.shutdown_on_sigterm:
+def _install_exit_handlers(settings: config.Settings) -> None:
+    """Once per process: shutdown at interpreter exit and, unless the program has its own
+    SIGTERM handler (or the variable says no), a flush before SIGTERM terminates."""
+    global _exit_handlers_installed
+    if _exit_handlers_installed:
+        return
+    _exit_handlers_installed = True
+    atexit.register(_shutdown_all)
+    if not settings.shutdown_on_sigterm:
         return
     if threading.current_thread() is not threading.main_thread():
         return
@@ -538,9 +626,7 @@ def _register_exit_handlers(telemetry: Telemetry) -> None:
         return
 
     def on_sigterm(signum, frame) -> None:
-        live = ref()
-        if live is not None:
-            live.shutdown()
+        _shutdown_all()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 

@@ -118,8 +118,12 @@ def histogram_quantile(q: float, bounds: Sequence[float], bucket_counts: Sequenc
 def reset() -> None:
     """Shuts the configured pipeline down and resets otel-training's and the OpenTelemetry
     API's globals (providers, set-once guards, proxies, caches, warned-once causes)."""
-    setup.shutdown(timeout_millis=2_000)
+    for telemetry in list(setup._live):
+        telemetry.shutdown(timeout_millis=2_000)
+    setup._live.clear()
     setup._current = None
+    setup._global_owner = None
+    instruments.record_in_this_process()
     instruments._TRAINING_INSTRUMENTS.clear()
     instruments._NONFINITE_COUNTERS.clear()
     instruments._FAILED_METERS.clear()

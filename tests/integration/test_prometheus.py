@@ -38,6 +38,7 @@ from prometheus_server import (
     poll,
 )
 
+from otel_training.config import TENSOR_METRIC_NAMES
 from otel_training.views import STEP_DURATION_BUCKETS_MS
 
 pytestmark = pytest.mark.timeout(300)
@@ -61,22 +62,18 @@ DEMO_STEPS = 500
 DEMO_ARGS = [
     "--steps", str(DEMO_STEPS), "--log-interval", "20", "--batch-size", "8", "--seq-len", "64",
     "--layers", "2", "--d-model", "64", "--heads", "2", "--max-data-bytes", "200000",
-    "--inject-nonfinite-at", "100", "--device", "cpu", "--quiet",
+    "--inject-nonfinite-at", "100", "--device", "cpu", "--quiet", "--moe", "--experts", "4",
+    # every tensor metric, so that each series of the README table exists
+    "--tensor-metrics", ",".join(f"{name}:10" for name in TENSOR_METRIC_NAMES),
 ]  # fmt: skip
 
 #: Panels whose data only a GPU produces: title -> why.
 GPU_ONLY = {
     "GPU memory allocated": "megatron.training.memory_allocated_gb is recorded on CUDA only",
 }
-#: Panels of tensor metrics not produced yet: title -> the metric the panel is drawn for.
-#: Pending: produced once tensor metrics (otel_training.tensor) land in semconv/registry and
-#: the demo.
-PENDING_TENSOR = {
-    "Gradient norm per layer": "megatron.training.tensor.grad_norm",
-    "Parameter norm per layer": "megatron.training.tensor.param_norm",
-    "Activation RMS per layer": "megatron.training.tensor.activation_rms",
-    "MoE router balance": "megatron.training.tensor.router_balance",
-}
+#: Panels of tensor metrics not produced yet: title -> the metric the panel is drawn for. Empty:
+#: the demo (with --moe) produces every tensor metric the dashboard draws.
+PENDING_TENSOR: dict[str, str] = {}
 
 STEP = "megatron_training_step_duration_ms_milliseconds"
 SKIPPED = "megatron_training_skipped_iters_total"

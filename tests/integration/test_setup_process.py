@@ -250,3 +250,59 @@ def test_delta_preference_reaches_the_exporter(run_python, otlp_receiver):
     assert (counter.temporality, counter.value, counter.is_monotonic) == ("delta", 2, True)
     (histogram,) = otlp_receiver.metrics("megatron.training.step_duration_ms")
     assert histogram.temporality == "delta"
+
+
+def test_fork_while_threads_record_never_deadlocks(run_python, tmp_path):
+    """Children forked while other threads record can record and exit (no inherited lock)."""
+    result = run_python(
+        textwrap.dedent(
+            """
+            import os, threading, time, otel_training
+            t = otel_training.configure()
+            stop = threading.Event()
+            def work():
+                while not stop.is_set():
+                    otel_training.record_training_metrics(t.meter, loss=1.0, step_duration_ms=2.0)
+            threads = [threading.Thread(target=work) for _ in range(3)]
+            for thread in threads:
+                thread.start()
+            children = []
+            for _ in range(20):
+                pid = os.fork()
+                if pid == 0:
+                    otel_training.record_training_metrics(t.meter, loss=2.0, step_duration_ms=3.0)
+                    os._exit(0)
+                children.append(pid)
+            codes = [os.waitpid(pid, 0)[1] for pid in children]
+            stop.set()
+            for thread in threads:
+                thread.join()
+            t.shutdown()
+            print(sum(1 for c in codes if c == 0))
+            """
+        ),
+        env={"OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path)},
+        timeout_s=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "20"
+
+
+def test_every_configured_pipeline_is_flushed_at_exit(run_python, otlp_receiver):
+    """configure() twice: values on both pipelines reach the collector at exit."""
+    result = run_python(
+        textwrap.dedent(
+            """
+            import otel_training
+            first = otel_training.configure()
+            otel_training.record_training_metrics(first.meter, loss=1.0)
+            second = otel_training.configure()
+            otel_training.record_training_metrics(second.meter, learning_rate=0.5)
+            del first, second
+            """
+        ),
+        env=otlp_receiver.env("grpc"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert [p.value for p in otlp_receiver.metrics("megatron.training.loss")] == [1.0]
+    assert [p.value for p in otlp_receiver.metrics("megatron.training.learning_rate")] == [0.5]

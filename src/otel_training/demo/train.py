@@ -23,8 +23,11 @@ NaN, so the step is skipped and ``skipped_iters`` and the NaN handling can be te
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -36,6 +39,24 @@ from opentelemetry.metrics import Meter
 from otel_training.demo.data import VOCAB_SIZE, ByteCorpus, load_stdlib_corpus
 from otel_training.demo.model import GPT, GPTConfig
 from otel_training.instruments import record_training_metrics
+from otel_training.memory import memory_allocated_gib
+from otel_training.semconv.attributes import MEGATRON_CHECKPOINT_SIZE
+from otel_training.spans import (
+    checkpoint_save,
+    data_loading,
+    evaluation,
+    forward_backward,
+    optimizer_step,
+    startup,
+    training_iteration,
+    training_run,
+)
+from otel_training.tensor import (
+    BUILTIN_METRICS,
+    DEFAULT_SCHEDULE,
+    TensorObserver,
+    parse_schedule,
+)
 from otel_training.throughput import StepAccumulator, gpt_flops_per_token, tflops_per_device
 
 try:
@@ -78,8 +99,23 @@ class DemoConfig:
         default=0, metadata=_opt("print held-out loss every N steps and at the end (0: off)")
     )
     eval_batches: int = field(default=8, metadata=_opt("batches per evaluation"))
+    checkpoint_interval: int = field(
+        default=200, metadata=_opt("save a checkpoint with torch.save every N steps (0: off)")
+    )
+    checkpoint_dir: str | None = field(
+        default=None,
+        metadata=_opt("directory of the checkpoints (default: a temporary one, removed at exit)"),
+    )
     max_data_bytes: int | None = field(
         default=None, metadata=_opt("read at most about this many bytes of sources")
+    )
+    tensor_metrics: str | None = field(
+        default=None,
+        metadata=_opt(
+            "tensor metrics, NAME:INTERVAL,... or none; when unset, "
+            "$OTEL_PYTHON_TRAINING_TENSOR_METRICS, else "
+            + ",".join(f"{name}:{interval}" for name, interval in DEFAULT_SCHEDULE)
+        ),
     )
     inject_nonfinite_at: int | None = field(
         default=None, metadata=_opt("make this optimizer step's loss NaN", hidden=True)
@@ -90,10 +126,14 @@ class DemoConfig:
         for name in (*positive, "log_interval", "grad_accum", "experts", "top_k", "eval_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.warmup < 0 or self.eval_interval < 0:
-            raise ValueError("warmup and eval_interval must be >= 0")
+        if self.warmup < 0 or self.eval_interval < 0 or self.checkpoint_interval < 0:
+            raise ValueError("warmup, eval_interval and checkpoint_interval must be >= 0")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.tensor_metrics is not None:
+            for name, _ in parse_schedule(self.tensor_metrics):  # raises ValueError
+                if name not in BUILTIN_METRICS:
+                    raise ValueError(f"--tensor-metrics: unknown tensor metric {name!r}")
 
     def model_config(self) -> GPTConfig:
         """The model shape these settings describe."""
@@ -127,6 +167,10 @@ class TrainResult:
         n_params: parameters of the model (tied head counted once).
         device: the device trained on.
         model: the trained model.
+        tensor_observer: the tensor-metric observer of the run (its gauges read it until it is
+            dropped, so keep the result until telemetry is shut down).
+        checkpoints: paths of the checkpoints saved (gone with their temporary directory when
+            ``--checkpoint-dir`` was not given).
     """
 
     steps: int
@@ -141,6 +185,8 @@ class TrainResult:
     n_params: int
     device: str
     model: GPT
+    tensor_observer: TensorObserver | None = None
+    checkpoints: list[str] = field(default_factory=list)
 
     @property
     def first_loss(self) -> float:
@@ -193,9 +239,21 @@ def config_from_args(argv: Sequence[str] | None = None, prog: str | None = None)
 
 
 def _resolve_device(name: str) -> torch.device:
+    """The device to train on. Raises ValueError for a name torch does not know or a CUDA
+    device this machine does not have."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"--device {name!r}: {exc}") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise ValueError(f"--device {name!r}: this machine has {count} CUDA device(s)")
+    elif device.type == "cpu" and device.index not in (None, 0):
+        raise ValueError(f"--device {name!r}: there is one CPU device")
+    return device
 
 
 def _lr_at(config: DemoConfig, step: int) -> float:
@@ -244,6 +302,12 @@ def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def train(config: DemoConfig, meter: Meter, *, corpus: ByteCorpus | None = None) -> TrainResult:
     """Trains the demo model and records the Megatron-LM training metrics on ``meter``.
 
+    The phases are spans of the configured pipeline (``otel_training.spans``): the run
+    (``megatron.train``), startup, each iteration with its data loading, forward/backward and
+    optimizer step, evaluations, and a checkpoint (a real ``torch.save`` of the model and
+    optimizer state) every ``checkpoint_interval`` steps. ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``
+    chooses which of them are recorded (by default run, startup, checkpoints, evaluations).
+
     Args:
         config: run settings.
         meter: where the metrics go (e.g. ``configure(...).meter``, or a meter of a provider with
@@ -256,15 +320,42 @@ def train(config: DemoConfig, meter: Meter, *, corpus: ByteCorpus | None = None)
     Raises:
         ValueError: if the settings do not fit the data. Telemetry never raises.
     """
-    started = time.perf_counter()
-    torch.manual_seed(config.seed)
-    device = _resolve_device(config.device)
-    if corpus is None:
-        corpus = load_stdlib_corpus(max_bytes=config.max_data_bytes)
-    generator = torch.Generator().manual_seed(config.seed)
+    with contextlib.ExitStack() as stack:
+        directory = config.checkpoint_dir
+        if config.checkpoint_interval and directory is None:
+            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="otel-demo-ckpt-"))
+        elif directory is not None:
+            os.makedirs(directory, exist_ok=True)
+        with training_run():
+            return _train(config, meter, corpus, directory)
 
-    model = GPT(config.model_config()).to(device)
-    optimizer = _make_optimizer(model, config)
+
+def _save_checkpoint(
+    model: GPT, optimizer: torch.optim.Optimizer, step: int, directory: str
+) -> str:
+    """Saves the model and optimizer state with ``torch.save`` inside a checkpoint span that
+    carries the path and the bytes written. Returns the path."""
+    path = os.path.join(directory, f"step-{step:06d}.pt")
+    with checkpoint_save(path, iteration=step) as save:
+        state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        torch.save(state, path)
+        save.set_attribute(MEGATRON_CHECKPOINT_SIZE, os.path.getsize(path))
+    return path
+
+
+def _train(
+    config: DemoConfig, meter: Meter, corpus: ByteCorpus | None, checkpoint_dir: str | None
+) -> TrainResult:
+    started = time.perf_counter()
+    with startup():
+        torch.manual_seed(config.seed)
+        device = _resolve_device(config.device)
+        if corpus is None:
+            corpus = load_stdlib_corpus(max_bytes=config.max_data_bytes)
+        generator = torch.Generator().manual_seed(config.seed)
+        model = GPT(config.model_config()).to(device)
+        optimizer = _make_optimizer(model, config)
+    observer = TensorObserver(model, config.tensor_metrics, meter=meter)
     n_params = sum(p.numel() for p in model.parameters())
     flops_per_token = gpt_flops_per_token(
         model.active_non_embedding_params(),
@@ -303,6 +394,7 @@ def train(config: DemoConfig, meter: Meter, *, corpus: ByteCorpus | None = None)
         n_params=n_params,
         device=str(device),
         model=model,
+        tensor_observer=observer,
     )
     say(
         f"model: {n_params:,} parameters, {config.layers} layers, d_model {config.d_model}"
@@ -315,30 +407,36 @@ def train(config: DemoConfig, meter: Meter, *, corpus: ByteCorpus | None = None)
     step_started = time.perf_counter()
     try:
         for step in range(1, config.steps + 1):
-            lr = _lr_at(config, step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            for _ in range(config.grad_accum):
-                inputs, targets = corpus.batch(
-                    "train", config.batch_size, config.seq_len, generator, device
-                )
-                logits = model(inputs)
-                loss = _cross_entropy(logits, targets)
-                if step == config.inject_nonfinite_at:
-                    loss = loss * math.nan
-                objective = loss
-                aux = model.aux_loss()
-                if aux is not None:
-                    objective = objective + config.aux_loss_coef * aux
-                (objective / config.grad_accum).backward()
-                accumulator.add_micro_batch(loss.detach(), tokens=tokens_per_micro_batch)
+            with training_iteration(iteration=step):
+                lr = _lr_at(config, step)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                observer.begin_step(step)
+                for _ in range(config.grad_accum):
+                    with data_loading(iteration=step):
+                        inputs, targets = corpus.batch(
+                            "train", config.batch_size, config.seq_len, generator, device
+                        )
+                    with forward_backward(iteration=step):
+                        logits = model(inputs)
+                        loss = _cross_entropy(logits, targets)
+                        if step == config.inject_nonfinite_at:
+                            loss = loss * math.nan
+                        objective = loss
+                        aux = model.aux_loss()
+                        if aux is not None:
+                            objective = objective + config.aux_loss_coef * aux
+                        (objective / config.grad_accum).backward()
+                    accumulator.add_micro_batch(loss.detach(), tokens=tokens_per_micro_batch)
 
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            # One host read per step: whether to apply the update (NaN loss -> NaN norm).
-            skipped = not bool(torch.isfinite(grad_norm))
-            if not skipped:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+                with optimizer_step(iteration=step):
+                    observer.commit()  # tensor metrics: gradients before clipping and update
+                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+                    # One host read per step: whether to apply the update (NaN loss -> NaN norm).
+                    skipped = not bool(torch.isfinite(grad_norm))
+                    if not skipped:
+                        optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
             now = time.perf_counter()
             record = accumulator.end_step(now - step_started, skipped=skipped)
             step_started = now
@@ -365,11 +463,17 @@ def train(config: DemoConfig, meter: Meter, *, corpus: ByteCorpus | None = None)
                     say,
                 )
             if eval_due:
-                eval_loss = evaluate(model, corpus, config, device)
+                with evaluation(iteration=step):
+                    eval_loss = evaluate(model, corpus, config, device)
                 result.eval_losses.append((step, eval_loss))
                 say(f"step {step}/{config.steps} | eval loss {eval_loss:.3f}")
-            if log_due or eval_due:
-                # Logging and evaluation time is not part of the next step.
+            checkpoint_due = bool(config.checkpoint_interval) and (
+                step % config.checkpoint_interval == 0
+            )
+            if checkpoint_due and checkpoint_dir is not None:
+                result.checkpoints.append(_save_checkpoint(model, optimizer, step, checkpoint_dir))
+            if log_due or eval_due or checkpoint_due:
+                # Logging, evaluation and checkpoint time is not part of the next step.
                 step_started = time.perf_counter()
     finally:
         if progress is not None:
@@ -393,7 +497,7 @@ def _log_interval(
     stats = accumulator.interval()
     per_device = stats.tokens_per_sec_per_device
     tflops = None if per_device is None else tflops_per_device(flops_per_token, per_device)
-    memory_gib = torch.cuda.memory_allocated() / 2**30 if on_cuda else None
+    memory_gib = memory_allocated_gib() if on_cuda else None
     record_training_metrics(
         meter,
         loss=stats.loss,

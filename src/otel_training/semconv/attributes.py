@@ -21,7 +21,15 @@ __all__ = [
     "DL_RANK",
     "DL_RUN_ID",
     "DL_WORLD_SIZE",
+    "MEGATRON_CHECKPOINT_PATH",
+    "MEGATRON_CHECKPOINT_SIZE",
+    "MEGATRON_CHECKPOINT_STRATEGY",
+    "MEGATRON_CHECKPOINT_TYPE",
+    "MEGATRON_ITERATION",
+    "MEGATRON_TRAINING_LAYER",
     "MEGATRON_TRAINING_METRIC",
+    "MEGATRON_TRAINING_ROUTER_EXPERT",
+    "MEGATRON_TRAINING_ROUTER_STATISTIC",
     "AttributeSpec",
 ]
 
@@ -107,6 +115,66 @@ compatibility with its dashboards.
 """
 
 
+MEGATRON_CHECKPOINT_PATH: Final = "megatron.checkpoint.path"
+"""Directory or file of the checkpoint that is saved or loaded.
+
+Type: string. Span attribute. Stability: development. Examples:
+``"/checkpoints/llama-8b/iter_0002000"``, ``"ckpt/step-200.pt"``.
+"""
+
+
+MEGATRON_CHECKPOINT_SIZE: Final = "megatron.checkpoint.size"
+"""Bytes written by a checkpoint save, or read by a checkpoint load, on this rank.
+
+Type: int. Span attribute. Stability: development. Examples: ``1048576``, ``17179869184``.
+
+In bytes (By). The size of what this rank wrote (or read); the checkpoint's total is the sum over
+the ranks. Set when the phase ends, once the size is known.
+"""
+
+
+MEGATRON_CHECKPOINT_STRATEGY: Final = "megatron.checkpoint.strategy"
+"""Whether the training loop waits for the checkpoint to be written.
+
+Type: enum (``"sync"``, ``"async"``). Span attribute. Stability: development.
+
+For an asynchronous save the span covers the time the training loop was blocked (the exposed time),
+not the background write.
+"""
+
+
+MEGATRON_CHECKPOINT_TYPE: Final = "megatron.checkpoint.type"
+"""Whether a checkpoint is global (shared storage) or local (node-local storage).
+
+Type: enum (``"global"``, ``"local"``). Span attribute. Stability: development.
+"""
+
+
+MEGATRON_ITERATION: Final = "megatron.iteration"
+"""Number of the optimizer step (training iteration) a span belongs to, from 1.
+
+Type: int. Span attribute. Stability: development. Examples: ``1``, ``250000``.
+
+Counts optimizer steps, skipped ones included, as Megatron-LM's iteration counter does; a run
+resumed from a checkpoint continues the count of the checkpoint. A span attribute only: never a
+metric attribute, whose cardinality it would make unbounded.
+"""
+
+
+MEGATRON_TRAINING_LAYER: Final = "megatron.training.layer"
+"""Transformer layer that a tensor-metric value covers, or global for the whole model.
+
+Type: string. Point attribute. Stability: development. Examples: ``"decoder.layers.3"``,
+``"global"``.
+
+decoder.layers.N (or encoder.layers.N) for the tensors of layer N, numbered from 0 as the model
+numbers its layers plus the pipeline-stage offset given to the observer; global for all tensors of
+the metric (parameters outside every layer, such as embeddings and the final norm, count toward
+global only). One value per layer, capped per metric family, so the cardinality is bounded by the
+depth of the model.
+"""
+
+
 MEGATRON_TRAINING_METRIC: Final = "megatron.training.metric"
 """Name of the training metric that a measurement refers to.
 
@@ -116,6 +184,29 @@ Type: string. Point attribute. Stability: development. Examples: ``"megatron.tra
 On megatron.training.nonfinite_values: the full name of the metric whose value was non-finite, for
 example megatron.training.loss. A point attribute with at most one value per training metric, so its
 cardinality is bounded. Not a resource attribute.
+"""
+
+
+MEGATRON_TRAINING_ROUTER_EXPERT: Final = "megatron.training.router.expert"
+"""Index of an expert of a mixture-of-experts layer, from 0 to E - 1.
+
+Type: int. Point attribute. Stability: development. Examples: ``0``, ``127``.
+
+Only on megatron.training.tensor.router_expert_load, which is opt-in (schedule name
+router_expert_load) and capped: at most max_expert_series (layer, expert) pairs per observer, the
+first layers first, so the cardinality stays bounded for models with hundreds of experts.
+"""
+
+
+MEGATRON_TRAINING_ROUTER_STATISTIC: Final = "megatron.training.router.statistic"
+"""Which load-balance statistic of a mixture-of-experts router a value is.
+
+Type: enum (``"max_over_mean"``, ``"coefficient_of_variation"``, ``"dead_fraction"``). Point
+attribute. Stability: development.
+
+On megatron.training.tensor.router_balance. Statistics of the number of routing assignments per
+expert (top-k: each token counts once for each of its k experts), summed over the micro-batches of
+the optimizer step.
 """
 
 
@@ -163,10 +254,69 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             stability="development",
             resource=True,
         ),
+        MEGATRON_CHECKPOINT_PATH: AttributeSpec(
+            name=MEGATRON_CHECKPOINT_PATH,
+            type="string",
+            brief="Directory or file of the checkpoint that is saved or loaded.",
+            stability="development",
+            resource=False,
+        ),
+        MEGATRON_CHECKPOINT_SIZE: AttributeSpec(
+            name=MEGATRON_CHECKPOINT_SIZE,
+            type="int",
+            brief="Bytes written by a checkpoint save, or read by a checkpoint load, on this rank.",
+            stability="development",
+            resource=False,
+        ),
+        MEGATRON_CHECKPOINT_STRATEGY: AttributeSpec(
+            name=MEGATRON_CHECKPOINT_STRATEGY,
+            type="enum",
+            brief="Whether the training loop waits for the checkpoint to be written.",
+            stability="development",
+            resource=False,
+        ),
+        MEGATRON_CHECKPOINT_TYPE: AttributeSpec(
+            name=MEGATRON_CHECKPOINT_TYPE,
+            type="enum",
+            brief="Whether a checkpoint is global (shared storage) or local (node-local storage).",
+            stability="development",
+            resource=False,
+        ),
+        MEGATRON_ITERATION: AttributeSpec(
+            name=MEGATRON_ITERATION,
+            type="int",
+            brief="Number of the optimizer step (training iteration) a span belongs to, from 1.",
+            stability="development",
+            resource=False,
+        ),
+        MEGATRON_TRAINING_LAYER: AttributeSpec(
+            name=MEGATRON_TRAINING_LAYER,
+            type="string",
+            brief=(
+                "Transformer layer that a tensor-metric value covers, or global for the whole "
+                "model."
+            ),
+            stability="development",
+            resource=False,
+        ),
         MEGATRON_TRAINING_METRIC: AttributeSpec(
             name=MEGATRON_TRAINING_METRIC,
             type="string",
             brief="Name of the training metric that a measurement refers to.",
+            stability="development",
+            resource=False,
+        ),
+        MEGATRON_TRAINING_ROUTER_EXPERT: AttributeSpec(
+            name=MEGATRON_TRAINING_ROUTER_EXPERT,
+            type="int",
+            brief="Index of an expert of a mixture-of-experts layer, from 0 to E - 1.",
+            stability="development",
+            resource=False,
+        ),
+        MEGATRON_TRAINING_ROUTER_STATISTIC: AttributeSpec(
+            name=MEGATRON_TRAINING_ROUTER_STATISTIC,
+            type="enum",
+            brief="Which load-balance statistic of a mixture-of-experts router a value is.",
             stability="development",
             resource=False,
         ),

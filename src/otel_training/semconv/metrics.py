@@ -17,7 +17,12 @@ from typing import Final, Literal
 from opentelemetry.metrics import Counter, Histogram, Meter
 from opentelemetry.metrics import _Gauge as Gauge
 
-from otel_training.semconv.attributes import MEGATRON_TRAINING_METRIC
+from otel_training.semconv.attributes import (
+    MEGATRON_TRAINING_LAYER,
+    MEGATRON_TRAINING_METRIC,
+    MEGATRON_TRAINING_ROUTER_EXPERT,
+    MEGATRON_TRAINING_ROUTER_STATISTIC,
+)
 
 __all__ = [
     "MEGATRON_TRAINING_GRAD_NORM",
@@ -27,6 +32,18 @@ __all__ = [
     "MEGATRON_TRAINING_NONFINITE_VALUES",
     "MEGATRON_TRAINING_SKIPPED_ITERS",
     "MEGATRON_TRAINING_STEP_DURATION_MS",
+    "MEGATRON_TRAINING_TENSOR_ACTIVATION_MAX_ABS",
+    "MEGATRON_TRAINING_TENSOR_ACTIVATION_RMS",
+    "MEGATRON_TRAINING_TENSOR_GRAD_NONFINITE",
+    "MEGATRON_TRAINING_TENSOR_GRAD_NORM",
+    "MEGATRON_TRAINING_TENSOR_LOGITS_NORM",
+    "MEGATRON_TRAINING_TENSOR_PARAM_NORM",
+    "MEGATRON_TRAINING_TENSOR_RESIDUAL_MAX_ABS",
+    "MEGATRON_TRAINING_TENSOR_RESIDUAL_RMS",
+    "MEGATRON_TRAINING_TENSOR_ROUTER_BALANCE",
+    "MEGATRON_TRAINING_TENSOR_ROUTER_ENTROPY",
+    "MEGATRON_TRAINING_TENSOR_ROUTER_EXPERT_LOAD",
+    "MEGATRON_TRAINING_TENSOR_UPDATE_RATIO",
     "MEGATRON_TRAINING_THROUGHPUT_TFLOPS",
     "MEGATRON_TRAINING_TOKENS_PER_SEC",
     "METRICS",
@@ -38,9 +55,24 @@ __all__ = [
     "create_megatron_training_nonfinite_values",
     "create_megatron_training_skipped_iters",
     "create_megatron_training_step_duration_ms",
+    "create_megatron_training_tensor_activation_max_abs",
+    "create_megatron_training_tensor_activation_rms",
+    "create_megatron_training_tensor_grad_nonfinite",
+    "create_megatron_training_tensor_grad_norm",
+    "create_megatron_training_tensor_logits_norm",
+    "create_megatron_training_tensor_param_norm",
+    "create_megatron_training_tensor_residual_max_abs",
+    "create_megatron_training_tensor_residual_rms",
+    "create_megatron_training_tensor_router_balance",
+    "create_megatron_training_tensor_router_entropy",
+    "create_megatron_training_tensor_router_expert_load",
+    "create_megatron_training_tensor_update_ratio",
     "create_megatron_training_throughput_tflops",
     "create_megatron_training_tokens_per_sec",
+    "MEGATRON_TRAINING_LAYER",
     "MEGATRON_TRAINING_METRIC",
+    "MEGATRON_TRAINING_ROUTER_EXPERT",
+    "MEGATRON_TRAINING_ROUTER_STATISTIC",
 ]
 
 
@@ -226,6 +258,256 @@ def create_megatron_training_step_duration_ms(meter: Meter) -> Histogram:
     return meter.create_histogram(spec.name, unit=spec.unit, description=spec.description)
 
 
+MEGATRON_TRAINING_TENSOR_ACTIVATION_MAX_ABS: Final = "megatron.training.tensor.activation_max_abs"
+"""Largest absolute value of the activations of each transformer layer.
+
+Instrument: gauge. Unit as exported: ``"1"``; true unit: ``"1"``. Value type: double. Stability:
+development. Attributes: ``"megatron.training.layer"``.
+
+max |x| over the same elements as megatron.training.tensor.activation_rms.
+"""
+
+
+def create_megatron_training_tensor_activation_max_abs(meter: Meter) -> Gauge:
+    """Create the gauge ``megatron.training.tensor.activation_max_abs`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[MEGATRON_TRAINING_TENSOR_ACTIVATION_MAX_ABS]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+MEGATRON_TRAINING_TENSOR_ACTIVATION_RMS: Final = "megatron.training.tensor.activation_rms"
+"""Root mean square of the activations of each transformer layer.
+
+Instrument: gauge. Unit as exported: ``"1"``; true unit: ``"1"``. Value type: double. Stability:
+development. Attributes: ``"megatron.training.layer"``.
+
+sqrt(sum x^2 / N) over every element x of the outputs of the layer's sub-modules that are not
+normalisation layers (attention and MLP outputs, before they are added to the residual stream), over
+all micro-batches of the optimizer step; N is their number of elements. global covers all layers.
+"""
+
+
+def create_megatron_training_tensor_activation_rms(meter: Meter) -> Gauge:
+    """Create the gauge ``megatron.training.tensor.activation_rms`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[MEGATRON_TRAINING_TENSOR_ACTIVATION_RMS]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+MEGATRON_TRAINING_TENSOR_GRAD_NONFINITE: Final = "megatron.training.tensor.grad_nonfinite"
+"""Number of non-finite (NaN or infinite) gradient elements of each layer and in total.
+
+Instrument: gauge. Unit as exported: ``"{value}"``; true unit: ``"{value}"``. Value type: double.
+Stability: development. Attributes: ``"megatron.training.layer"``.
+
+Counted at the commit point of the step, over the same gradients as
+megatron.training.tensor.grad_norm (whose value is then not exported: the SDK drops non-finite
+values). 0 in a healthy step.
+"""
+
+
+def create_megatron_training_tensor_grad_nonfinite(meter: Meter) -> Gauge:
+    """Create the gauge ``megatron.training.tensor.grad_nonfinite`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[MEGATRON_TRAINING_TENSOR_GRAD_NONFINITE]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+MEGATRON_TRAINING_TENSOR_GRAD_NORM: Final = "megatron.training.tensor.grad_norm"
+"""L2 norm of the gradients of each transformer layer, and of the whole model.
+
+Instrument: gauge. Unit as exported: ``"1"``; true unit: ``"1"``. Value type: double. Stability:
+development. Attributes: ``"megatron.training.layer"``.
+
+sqrt(sum over the layer's parameters p of sum_i grad(p)_i^2), read at the commit point: after the
+backward pass of the step's last micro-batch and before gradient clipping and the optimizer update.
+Shards (DTensor, tensor parallel, FSDP) are reduced over their process groups; tied weights count
+once; a parameter without a gradient counts 0. Dimensionless (in the units of the gradients). After
+Megatron-LM's layer-wise L2 tensor metric.
+"""
+
+
+def create_megatron_training_tensor_grad_norm(meter: Meter) -> Gauge:
+    """Create the gauge ``megatron.training.tensor.grad_norm`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[MEGATRON_TRAINING_TENSOR_GRAD_NORM]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+MEGATRON_TRAINING_TENSOR_LOGITS_NORM: Final = "megatron.training.tensor.logits_norm"
+"""L2 norm of the output logits of the optimizer step.
+
+Instrument: gauge. Unit as exported: ``"1"``; true unit: ``"1"``. Value type: double. Stability:
+development. Attributes: ``"megatron.training.layer"``.
+
+sqrt(sum z^2) over every output logit z of all micro-batches of the step (layer global); it grows
+with the number of tokens, so compare runs of the same batch shape. After Megatron-LM's output-logit
+L2 tensor metric.
+"""
+
+
+def create_megatron_training_tensor_logits_norm(meter: Meter) -> Gauge:
+    """Create the gauge ``megatron.training.tensor.logits_norm`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[MEGATRON_TRAINING_TENSOR_LOGITS_NORM]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+MEGATRON_TRAINING_TENSOR_PARAM_NORM: Final = "megatron.training.tensor.param_norm"
+"""L2 norm of the parameters of each transformer layer, and of the whole model.
+
+Instrument: gauge. Unit as exported: ``"1"``; true unit: ``"1"``. Value type: double. Stability:
+development. Attributes: ``"megatron.training.layer"``.
+
+sqrt(sum over the layer's parameters p of sum_i p_i^2), read at the commit point, before the
+optimizer update of the step. Shards are reduced over their process groups; tied weights count once;
+frozen parameters count. Dimensionless (in the units of the weights).
+"""
+
+
+def create_megatron_training_tensor_param_norm(meter: Meter) -> Gauge:
+    """Create the gauge ``megatron.training.tensor.param_norm`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[MEGATRON_TRAINING_TENSOR_PARAM_NORM]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+MEGATRON_TRAINING_TENSOR_RESIDUAL_MAX_ABS: Final = "megatron.training.tensor.residual_max_abs"
+"""Largest absolute value of the residual stream after each transformer layer.
+
+Instrument: gauge. Unit as exported: ``"1"``; true unit: ``"1"``. Value type: double. Stability:
+development. Attributes: ``"megatron.training.layer"``.
+
+max |x| over the same elements as megatron.training.tensor.residual_rms.
+"""
+
+
+def create_megatron_training_tensor_residual_max_abs(meter: Meter) -> Gauge:
+    """Create the gauge ``megatron.training.tensor.residual_max_abs`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[MEGATRON_TRAINING_TENSOR_RESIDUAL_MAX_ABS]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+MEGATRON_TRAINING_TENSOR_RESIDUAL_RMS: Final = "megatron.training.tensor.residual_rms"
+"""Root mean square of the residual stream after each transformer layer.
+
+Instrument: gauge. Unit as exported: ``"1"``; true unit: ``"1"``. Value type: double. Stability:
+development. Attributes: ``"megatron.training.layer"``.
+
+sqrt(sum x^2 / N) over the output of the layer module (the hidden states it passes to the next
+layer), over all micro-batches of the optimizer step. global covers all layers.
+"""
+
+
+def create_megatron_training_tensor_residual_rms(meter: Meter) -> Gauge:
+    """Create the gauge ``megatron.training.tensor.residual_rms`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[MEGATRON_TRAINING_TENSOR_RESIDUAL_RMS]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+MEGATRON_TRAINING_TENSOR_ROUTER_BALANCE: Final = "megatron.training.tensor.router_balance"
+"""Load balance of the experts of each mixture-of-experts layer.
+
+Instrument: gauge. Unit as exported: ``"1"``; true unit: ``"1"``. Value type: double. Stability:
+development. Attributes: ``"megatron.training.layer"``, ``"megatron.training.router.statistic"``.
+
+From c_e, the routing assignments to expert e over the step (top-k of the router's softmax per
+token, summed over micro-batches): max_over_mean = max_e c_e / mean_e c_e, coefficient_of_variation
+= std_e c_e / mean_e c_e (population standard deviation), dead_fraction = |{e : c_e = 0}| / E. Per
+layer only; the statistic is an attribute so that one gauge carries all three.
+"""
+
+
+def create_megatron_training_tensor_router_balance(meter: Meter) -> Gauge:
+    """Create the gauge ``megatron.training.tensor.router_balance`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[MEGATRON_TRAINING_TENSOR_ROUTER_BALANCE]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+MEGATRON_TRAINING_TENSOR_ROUTER_ENTROPY: Final = "megatron.training.tensor.router_entropy"
+"""Normalised entropy of the routing distribution of each mixture-of-experts layer.
+
+Instrument: gauge. Unit as exported: ``"1"``; true unit: ``"1"``. Value type: double. Stability:
+development. Attributes: ``"megatron.training.layer"``.
+
+The mean over the step's tokens t of H(p_t) / ln(E), where p_t is the softmax of the router logits
+of token t over the E experts and H(p) = -sum_e p_e ln p_e: 1 when every token is spread evenly, 0
+when every token is certain of one expert. After Megatron-LM's normalised router decision entropy.
+"""
+
+
+def create_megatron_training_tensor_router_entropy(meter: Meter) -> Gauge:
+    """Create the gauge ``megatron.training.tensor.router_entropy`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[MEGATRON_TRAINING_TENSOR_ROUTER_ENTROPY]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+MEGATRON_TRAINING_TENSOR_ROUTER_EXPERT_LOAD: Final = "megatron.training.tensor.router_expert_load"
+"""Fraction of the routing assignments of a mixture-of-experts layer that went to an expert.
+
+Instrument: gauge. Unit as exported: ``"1"``; true unit: ``"1"``. Value type: double. Stability:
+development. Attributes: ``"megatron.training.layer"``, ``"megatron.training.router.expert"``.
+
+c_e / sum_e c_e for expert e of the layer, over the step. Opt-in (schedule name router_expert_load)
+and capped by the observer's max_expert_series, because it has one series per (layer, expert) pair.
+"""
+
+
+def create_megatron_training_tensor_router_expert_load(meter: Meter) -> Gauge:
+    """Create the gauge ``megatron.training.tensor.router_expert_load`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[MEGATRON_TRAINING_TENSOR_ROUTER_EXPERT_LOAD]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+MEGATRON_TRAINING_TENSOR_UPDATE_RATIO: Final = "megatron.training.tensor.update_ratio"
+"""Size of one optimizer update relative to the weights, per layer and for the model.
+
+Instrument: gauge. Unit as exported: ``"1"``; true unit: ``"1"``. Value type: double. Stability:
+development. Attributes: ``"megatron.training.layer"``.
+
+||W_after - W_before||_2 / ||W_before||_2 over the layer's parameters for one optimizer step: the
+weights are copied at the commit point of a due step and compared at the next commit point, so the
+value is published one step later and costs one copy of the parameters for one step. About 1e-3 is
+typical for Adam; a skipped update gives 0.
+"""
+
+
+def create_megatron_training_tensor_update_ratio(meter: Meter) -> Gauge:
+    """Create the gauge ``megatron.training.tensor.update_ratio`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[MEGATRON_TRAINING_TENSOR_UPDATE_RATIO]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
 MEGATRON_TRAINING_THROUGHPUT_TFLOPS: Final = "megatron.training.throughput_tflops"
 """Training throughput in TFLOP/s/GPU.
 
@@ -371,6 +653,154 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
                 "wire compatibility with Megatron-LM megatron/core/telemetry/training_metrics.py "
                 "and NeMo dashboards"
             ),
+        ),
+        MEGATRON_TRAINING_TENSOR_ACTIVATION_MAX_ABS: MetricSpec(
+            name=MEGATRON_TRAINING_TENSOR_ACTIVATION_MAX_ABS,
+            instrument="gauge",
+            unit="1",
+            description="Largest absolute value of the activations of each transformer layer.",
+            true_unit="1",
+            value_type="double",
+            stability="development",
+            attributes=(MEGATRON_TRAINING_LAYER,),
+            naming_exception=None,
+        ),
+        MEGATRON_TRAINING_TENSOR_ACTIVATION_RMS: MetricSpec(
+            name=MEGATRON_TRAINING_TENSOR_ACTIVATION_RMS,
+            instrument="gauge",
+            unit="1",
+            description="Root mean square of the activations of each transformer layer.",
+            true_unit="1",
+            value_type="double",
+            stability="development",
+            attributes=(MEGATRON_TRAINING_LAYER,),
+            naming_exception=None,
+        ),
+        MEGATRON_TRAINING_TENSOR_GRAD_NONFINITE: MetricSpec(
+            name=MEGATRON_TRAINING_TENSOR_GRAD_NONFINITE,
+            instrument="gauge",
+            unit="{value}",
+            description=(
+                "Number of non-finite (NaN or infinite) gradient elements of each layer and in "
+                "total."
+            ),
+            true_unit="{value}",
+            value_type="double",
+            stability="development",
+            attributes=(MEGATRON_TRAINING_LAYER,),
+            naming_exception=None,
+        ),
+        MEGATRON_TRAINING_TENSOR_GRAD_NORM: MetricSpec(
+            name=MEGATRON_TRAINING_TENSOR_GRAD_NORM,
+            instrument="gauge",
+            unit="1",
+            description=(
+                "L2 norm of the gradients of each transformer layer, and of the whole model."
+            ),
+            true_unit="1",
+            value_type="double",
+            stability="development",
+            attributes=(MEGATRON_TRAINING_LAYER,),
+            naming_exception=None,
+        ),
+        MEGATRON_TRAINING_TENSOR_LOGITS_NORM: MetricSpec(
+            name=MEGATRON_TRAINING_TENSOR_LOGITS_NORM,
+            instrument="gauge",
+            unit="1",
+            description="L2 norm of the output logits of the optimizer step.",
+            true_unit="1",
+            value_type="double",
+            stability="development",
+            attributes=(MEGATRON_TRAINING_LAYER,),
+            naming_exception=None,
+        ),
+        MEGATRON_TRAINING_TENSOR_PARAM_NORM: MetricSpec(
+            name=MEGATRON_TRAINING_TENSOR_PARAM_NORM,
+            instrument="gauge",
+            unit="1",
+            description=(
+                "L2 norm of the parameters of each transformer layer, and of the whole model."
+            ),
+            true_unit="1",
+            value_type="double",
+            stability="development",
+            attributes=(MEGATRON_TRAINING_LAYER,),
+            naming_exception=None,
+        ),
+        MEGATRON_TRAINING_TENSOR_RESIDUAL_MAX_ABS: MetricSpec(
+            name=MEGATRON_TRAINING_TENSOR_RESIDUAL_MAX_ABS,
+            instrument="gauge",
+            unit="1",
+            description=(
+                "Largest absolute value of the residual stream after each transformer layer."
+            ),
+            true_unit="1",
+            value_type="double",
+            stability="development",
+            attributes=(MEGATRON_TRAINING_LAYER,),
+            naming_exception=None,
+        ),
+        MEGATRON_TRAINING_TENSOR_RESIDUAL_RMS: MetricSpec(
+            name=MEGATRON_TRAINING_TENSOR_RESIDUAL_RMS,
+            instrument="gauge",
+            unit="1",
+            description="Root mean square of the residual stream after each transformer layer.",
+            true_unit="1",
+            value_type="double",
+            stability="development",
+            attributes=(MEGATRON_TRAINING_LAYER,),
+            naming_exception=None,
+        ),
+        MEGATRON_TRAINING_TENSOR_ROUTER_BALANCE: MetricSpec(
+            name=MEGATRON_TRAINING_TENSOR_ROUTER_BALANCE,
+            instrument="gauge",
+            unit="1",
+            description="Load balance of the experts of each mixture-of-experts layer.",
+            true_unit="1",
+            value_type="double",
+            stability="development",
+            attributes=(MEGATRON_TRAINING_LAYER, MEGATRON_TRAINING_ROUTER_STATISTIC),
+            naming_exception=None,
+        ),
+        MEGATRON_TRAINING_TENSOR_ROUTER_ENTROPY: MetricSpec(
+            name=MEGATRON_TRAINING_TENSOR_ROUTER_ENTROPY,
+            instrument="gauge",
+            unit="1",
+            description=(
+                "Normalised entropy of the routing distribution of each mixture-of-experts layer."
+            ),
+            true_unit="1",
+            value_type="double",
+            stability="development",
+            attributes=(MEGATRON_TRAINING_LAYER,),
+            naming_exception=None,
+        ),
+        MEGATRON_TRAINING_TENSOR_ROUTER_EXPERT_LOAD: MetricSpec(
+            name=MEGATRON_TRAINING_TENSOR_ROUTER_EXPERT_LOAD,
+            instrument="gauge",
+            unit="1",
+            description=(
+                "Fraction of the routing assignments of a mixture-of-experts layer that went to an "
+                "expert."
+            ),
+            true_unit="1",
+            value_type="double",
+            stability="development",
+            attributes=(MEGATRON_TRAINING_LAYER, MEGATRON_TRAINING_ROUTER_EXPERT),
+            naming_exception=None,
+        ),
+        MEGATRON_TRAINING_TENSOR_UPDATE_RATIO: MetricSpec(
+            name=MEGATRON_TRAINING_TENSOR_UPDATE_RATIO,
+            instrument="gauge",
+            unit="1",
+            description=(
+                "Size of one optimizer update relative to the weights, per layer and for the model."
+            ),
+            true_unit="1",
+            value_type="double",
+            stability="development",
+            attributes=(MEGATRON_TRAINING_LAYER,),
+            naming_exception=None,
         ),
         MEGATRON_TRAINING_THROUGHPUT_TFLOPS: MetricSpec(
             name=MEGATRON_TRAINING_THROUGHPUT_TFLOPS,
