@@ -214,15 +214,9 @@ def record_training_metrics(
 
 
 def _emit(meter, key: str, write, value) -> None:
-    """Validates one value and writes it, now or through the deferred queue. Never raises."""
+    """Validates one value off the fast path and writes it, now or through the deferred
+    queue. Never raises."""
     try:
-        kind = type(value)
-        if kind is float and not _deferred.pending:
-            if value - value != 0.0:  # NaN or +-inf
-                _count_nonfinite(meter, key, value)
-                return
-            _write(meter, key, write, value)
-            return
         _emit_slow(meter, key, write, value)
     except Exception:  # never raise on the hot path
         _warn_once(key, "error", "dropping a value of %s: it could not be recorded", key, exc=True)
