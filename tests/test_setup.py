@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -33,24 +32,6 @@ def _open_sockets() -> int:
     return count
 
 
-def _ids_hex_to_base64(node):
-    """OTLP/JSON writes trace and span ids as hex; protobuf's JSON parser wants base64."""
-    import base64
-
-    if isinstance(node, dict):
-        return {
-            k: (
-                base64.b64encode(bytes.fromhex(v)).decode()
-                if k in ("traceId", "spanId", "parentSpanId") and isinstance(v, str)
-                else _ids_hex_to_base64(v)
-            )
-            for k, v in node.items()
-        }
-    if isinstance(node, list):
-        return [_ids_hex_to_base64(v) for v in node]
-    return node
-
-
 def test_embedded_default_writes_otlp_json_files_per_rank(tmp_path, monkeypatch):
     """With nothing configured, metrics and traces land in OTLP-JSON files that parse."""
     out = tmp_path / "out"
@@ -74,10 +55,8 @@ def test_embedded_default_writes_otlp_json_files_per_rank(tmp_path, monkeypatch)
     names = {m.name for sm in request.resource_metrics[0].scope_metrics for m in sm.metrics}
     assert {"megatron.training.loss", "megatron.training.step_duration_ms"} <= names
 
-    span_line = json.loads((out / "traces-rank3.jsonl").read_text().splitlines()[0])
-    spans = json_format.Parse(
-        json.dumps(_ids_hex_to_base64(span_line)), ExportTraceServiceRequest()
-    )
+    span_line = (out / "traces-rank3.jsonl").read_text().splitlines()[0]
+    spans = testing.parse_otlp_json(span_line, ExportTraceServiceRequest())
     assert spans.resource_spans[0].scope_spans[0].spans[0].name == "megatron.train"
 
 

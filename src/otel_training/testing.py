@@ -8,8 +8,11 @@ use them in tests only.
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
@@ -23,6 +26,8 @@ from otel_training import instruments, setup
 
 __all__ = [
     "InMemoryTelemetry",
+    "hex_ids_to_base64",
+    "parse_otlp_json",
     "configure_in_memory",
     "histogram_quantile",
     "points",
@@ -135,3 +140,42 @@ def reset() -> None:
     trace_api._TRACER_PROVIDER = None
     trace_api._PROXY_TRACER_PROVIDER = trace_api.ProxyTracerProvider()
     assert isinstance(metrics_api.get_meter_provider(), metrics_internal._ProxyMeterProvider)
+
+
+_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+_Message = TypeVar("_Message")
+
+
+def hex_ids_to_base64(node: Any) -> Any:
+    """A decoded OTLP/JSON document with its trace and span ids turned from hex (as OTLP/JSON
+    writes them) into base64 (as protobuf's JSON parser reads ``bytes`` fields)."""
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if (
+                key in _ID_KEYS
+                and isinstance(value, str)
+                and len(value) in (16, 32)
+                and set(value) <= _HEX_DIGITS
+            ):
+                value = base64.b64encode(bytes.fromhex(value)).decode("ascii")
+            else:
+                value = hex_ids_to_base64(value)
+            out[key] = value
+        return out
+    if isinstance(node, list):
+        return [hex_ids_to_base64(v) for v in node]
+    return node
+
+
+def parse_otlp_json(text: str, message: _Message) -> _Message:
+    """Parses one OTLP/JSON document (a line of the embedded default's files) into
+    ``message``, an empty ``Export*ServiceRequest`` of opentelemetry-proto, and returns it.
+
+    Raises:
+        google.protobuf.json_format.ParseError: when the text is not that message in OTLP/JSON.
+    """
+    from google.protobuf import json_format
+
+    return json_format.ParseDict(hex_ids_to_base64(json.loads(text)), message)

@@ -13,7 +13,6 @@ Only loopback addresses are used. Not a test module: fixtures live in `conftest.
 
 from __future__ import annotations
 
-import base64
 import gzip
 import json
 import selectors
@@ -39,6 +38,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
+
+from otel_training.testing import hex_ids_to_base64
 
 __all__ = [
     "BlackHole",
@@ -371,31 +372,6 @@ def _flatten_logs(
     return out
 
 
-# OTLP/JSON encodes trace and span ids as hex, where protobuf's JSON mapping expects base64.
-_ID_KEYS = {"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"}
-_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
-
-
-def _hex_ids_to_base64(node: Any) -> Any:
-    if isinstance(node, dict):
-        out = {}
-        for key, value in node.items():
-            if (
-                key in _ID_KEYS
-                and isinstance(value, str)
-                and len(value) in (16, 32)
-                and set(value) <= _HEX_DIGITS
-            ):
-                value = base64.b64encode(bytes.fromhex(value)).decode("ascii")
-            else:
-                value = _hex_ids_to_base64(value)
-            out[key] = value
-        return out
-    if isinstance(node, list):
-        return [_hex_ids_to_base64(v) for v in node]
-    return node
-
-
 # ---------------------------------------------------------------------------------------------
 # gRPC services
 # ---------------------------------------------------------------------------------------------
@@ -506,7 +482,7 @@ def _make_http_handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
                     return
                 request = request_type()
                 if is_json:
-                    document = _hex_ids_to_base64(json.loads(body or b"{}"))
+                    document = hex_ids_to_base64(json.loads(body or b"{}"))
                     json_format.ParseDict(document, request, ignore_unknown_fields=True)
                 else:
                     request.ParseFromString(body)
