@@ -19,6 +19,7 @@ from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,
     Sum,
 )
+from support import import_or_unavailable
 
 from otel_training import instruments, testing
 from otel_training.instruments import record_training_metrics
@@ -264,7 +265,7 @@ def test_accepts_what_float_accepts(value):
 
 def test_accepts_cpu_torch_scalars():
     """A 0-d CPU torch tensor is recorded as its number."""
-    torch = pytest.importorskip("torch")
+    torch = import_or_unavailable("torch")
     _, reader, meter = sdk_meter()
     record_training_metrics(meter, loss=torch.tensor(1091.08), skipped_iters=torch.tensor(2))
     ((_, loss),) = collected(reader, P + "loss")
@@ -288,7 +289,7 @@ def test_values_that_are_not_numbers_are_dropped_with_one_warning(bad, caplog):
 
 def test_multi_element_tensor_is_dropped():
     """A tensor with more than one element is not a scalar: dropped, not raised."""
-    torch = pytest.importorskip("torch")
+    torch = import_or_unavailable("torch")
     _, reader, meter = sdk_meter()
     record_training_metrics(meter, loss=torch.ones(3))
     assert collected(reader, P + "loss") == []
@@ -467,7 +468,7 @@ def test_huge_ints_never_raise_nor_poison_the_export():
 
 def test_tensor_that_requires_grad_is_read_without_autograd_warning(recwarn):
     """A loss tensor that requires grad is detached before it is read."""
-    torch = pytest.importorskip("torch")
+    torch = import_or_unavailable("torch")
     _, reader, meter = sdk_meter()
     record_training_metrics(meter, loss=torch.tensor(2.0, requires_grad=True) * 1.5)
     assert [p.value for _, p in collected(reader, P + "loss")] == [3.0]

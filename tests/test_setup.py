@@ -16,6 +16,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import otel_training
 from otel_training import setup, testing
@@ -171,11 +172,24 @@ def test_destination_line_is_announced(caplog):
 
 
 def test_shutdown_is_idempotent_and_flushes():
-    """shutdown() flushes the last values and may be called twice."""
-    memory = testing.configure_in_memory()
-    otel_training.record_training_metrics(memory.meter, loss=3.0)
-    assert memory.telemetry.shutdown(timeout_millis=2000)
-    assert memory.telemetry.shutdown(timeout_millis=2000)
+    """shutdown() hands the last values to the reader's final collection, and may be called
+    twice (the second returns at once)."""
+    exported = []
+
+    class Keeping(InMemoryMetricReader):
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+            exported.extend(testing.points(self.get_metrics_data(), "megatron.training.loss"))
+            super().shutdown(timeout_millis=timeout_millis, **kwargs)
+
+    telemetry = setup.configure(
+        environ={"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"},
+        metric_readers=[Keeping()],
+    )
+    otel_training.record_training_metrics(telemetry.meter, loss=3.0)
+    assert telemetry.shutdown(timeout_millis=2000)
+    assert [p.value for _, p in exported] == [3.0]
+    assert telemetry.shutdown(timeout_millis=2000)
+    assert len(exported) == 1
 
 
 def test_no_socket_opened_for_the_embedded_default():

@@ -63,7 +63,7 @@ DEFAULT_FILE_BSP_MAX_EXPORT_BATCH_SIZE: Final = 4_096
 DEFAULT_PROMETHEUS_PORT: Final = 9464
 DEFAULT_NVTX_DOMAIN: Final = "otel_training"
 #: Upper bound of shutdown, in seconds, when no signal exports by OTLP.
-LOCAL_SHUTDOWN_TIMEOUT_S: Final = 5.0
+LOCAL_SHUTDOWN_TIMEOUT_S: Final = 15.0
 
 #: The span group of phases that name no group of the registry (``phase(name)``); it is on in
 #: every preset but ``none``.
@@ -233,7 +233,8 @@ class Settings:
     @property
     def shutdown_timeout_s(self) -> float:
         """Upper bound for shutdown in seconds: the longest OTLP timeout of the signals that
-        export by OTLP (signals shut down side by side), else 5 s for local exporters."""
+        export by OTLP (signals shut down side by side), else 15 s for local exporters (a full
+        queue of the traces file, 131,072 spans, takes a few seconds to encode)."""
         timeouts = []
         if "otlp" in self.metrics_exporters:
             timeouts.append(self.metrics_otlp.timeout_s)

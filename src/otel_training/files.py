@@ -28,10 +28,22 @@ import os
 import re
 from typing import TextIO
 
-__all__ = ["LATEST", "open_append", "run_directory", "run_directory_name"]
+__all__ = [
+    "LATEST",
+    "MAX_LINE_BYTES",
+    "open_append",
+    "run_directory",
+    "run_directory_name",
+]
 
 #: Name of the symlink to the newest run's directory.
 LATEST = "latest"
+#: Longest line of any file here, in bytes: the default maximum of the collector's filelog and
+#: otlp_json_file receivers, which cut longer lines.
+MAX_LINE_BYTES = 1024 * 1024
+#: What an OTLP-JSON line is kept under, by the worst-case estimate of
+#: :func:`otel_training.limits.span_cost` (the resource and scope come on top, once a line).
+LINE_BUDGET_BYTES = 900_000
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _MAX_NAME = 128

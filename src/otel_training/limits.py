@@ -62,6 +62,9 @@ MAX_NAME_LENGTH: Final = 1_024
 MAX_SEQUENCE_LENGTH: Final = 1_024
 #: Worst-case JSON bytes of the strings and values of one span or log record together.
 RECORD_BUDGET_BYTES: Final = 900_000
+#: What one attribute costs beyond its key and value: OTLP/JSON writes
+#: ``{"key":...,"value":{"stringValue":...}},`` around them.
+_ENTRY_COST = 40
 #: Fewest characters a string is cut to when a record is over its budget.
 _MIN_CUT = 32
 
@@ -164,10 +167,17 @@ def bounded_value(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH) -> Any:
     return safe_text(value, limit)
 
 
+def _plain(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The dict inside the SDK's ``BoundedAttributes`` (whose ``items()`` goes through a lock
+    and ``__getitem__`` per key), else the mapping itself."""
+    inner = getattr(mapping, "_dict", None)
+    return inner if type(inner) is dict else mapping
+
+
 def _needs_work(attributes: Mapping[str, Any] | None, limit: int | None) -> bool:
     if not attributes:
         return False
-    for key, value in attributes.items():
+    for key, value in _plain(attributes).items():
         if type(key) is not str or not _is_clean(key, MAX_NAME_LENGTH):
             return True
         kind = type(value)
@@ -200,7 +210,8 @@ def bounded_attributes(
 
 def json_cost(value: Any) -> int:
     """An upper bound of the bytes ``value`` takes as JSON (6 a character for strings that are
-    not plain printable ASCII, 2 for quotes, 24 for a number), the unit of rule 3."""
+    not plain printable ASCII, 2 for quotes, 24 for a number), the unit of rule 3; with
+    :data:`_ENTRY_COST` per attribute it bounds OTLP/JSON and protobuf alike."""
     kind = type(value)
     if kind is str:
         if value.isascii() and value.isprintable():
@@ -214,7 +225,22 @@ def json_cost(value: Any) -> int:
 def _attributes_cost(attributes: Mapping[str, Any] | None) -> int:
     if not attributes:
         return 2
-    return 2 + sum(json_cost(k) + json_cost(v) + 4 for k, v in attributes.items())
+    cost = 2
+    for key, value in _plain(attributes).items():  # json_cost inlined: runs for every span
+        if type(key) is str and key.isascii() and key.isprintable():
+            cost += len(key) + 2 + _ENTRY_COST
+        else:
+            cost += json_cost(key) + _ENTRY_COST
+        kind = type(value)
+        if kind is str:
+            cost += (
+                len(value) + 2 if value.isascii() and value.isprintable() else 6 * len(value) + 2
+            )
+        elif kind is int or kind is float or kind is bool:
+            cost += 24
+        else:
+            cost += json_cost(value)
+    return cost
 
 
 # -- spans ----------------------------------------------------------------------------------
@@ -223,13 +249,17 @@ def _attributes_cost(attributes: Mapping[str, Any] | None) -> int:
 def span_cost(span: ReadableSpan) -> int:
     """Worst-case JSON bytes of ``span``'s strings and values (rule 3's measure); the ids,
     times and resource are not counted (a few hundred bytes)."""
-    cost = 400 + json_cost(span.name) + _attributes_cost(span.attributes)
+    attributes = getattr(span, "_attributes", None)
+    events = getattr(span, "_events", None)
+    links = getattr(span, "_links", None)
+    cost = 400 + json_cost(span.name)
+    cost += _attributes_cost(span.attributes if attributes is None else attributes)
     description = span.status.description
     if description:
         cost += json_cost(description)
-    for event in span.events:
+    for event in span.events if events is None else events:
         cost += 40 + json_cost(event.name) + _attributes_cost(event.attributes)
-    for link in span.links:
+    for link in span.links if links is None else links:
         cost += 80 + _attributes_cost(link.attributes)
     return cost
 
@@ -246,27 +276,48 @@ def bounded_span(span: ReadableSpan, limits: Limits = DEFAULT_LIMITS) -> Readabl
 
 def _bounded_span(span: ReadableSpan, limits: Limits) -> ReadableSpan:
     limit = limits.value_length
-    name = span.name
+    # The SDK's private fields where it has them: its properties copy lists under a lock,
+    # and this runs for every span an exporter or the JSON lines see.
+    name = getattr(span, "_name", None) or span.name
     status = span.status
     description = status.description
-    events = span.events
-    links = span.links
+    events = getattr(span, "_events", None)
+    events = span.events if events is None else events
+    links = getattr(span, "_links", None)
+    links = span.links if links is None else links
+    attributes = getattr(span, "_attributes", None)
+    if attributes is None:
+        attributes = span.attributes
     changed = (
         type(name) is not str
         or not _is_clean(name, MAX_NAME_LENGTH)
         or (description is not None and not _is_clean(description, limit))
-        or _needs_work(span.attributes, limit)
-        or any(
-            type(e.name) is not str
-            or not _is_clean(e.name, MAX_NAME_LENGTH)
-            or _needs_work(e.attributes, limit)
-            for e in events
-        )
-        or any(_needs_work(link.attributes, limit) for link in links)
+        or _needs_work(attributes, limit)
     )
-    cost = span_cost(span) if not changed else 0
-    if not changed and cost <= limits.record_budget_bytes:
-        return span
+    values = len(attributes or ())
+    if not changed and (events or links):
+        for event in events:
+            event_attributes = event.attributes
+            values += 1 + len(event_attributes or ())
+            if (
+                type(event.name) is not str
+                or not _is_clean(event.name, MAX_NAME_LENGTH)
+                or _needs_work(event_attributes, limit)
+            ):
+                changed = True
+                break
+        for link in links:
+            values += len(link.attributes or ())
+            changed = changed or _needs_work(link.attributes, limit)
+    if not changed:
+        # Each string is within the limit: only many values can exceed the budget.
+        if (
+            limit is not None
+            and (values + 2) * (6 * limit + 64) + 400 <= limits.record_budget_bytes
+        ):
+            return span
+        if span_cost(span) <= limits.record_budget_bytes:
+            return span
     name = safe_text(name, MAX_NAME_LENGTH)
     attributes = dict(bounded_attributes(span.attributes, limit) or {})
     if description is not None:
@@ -360,7 +411,9 @@ def _fixed_cost(attributes, events, links) -> int:
     structure."""
 
     def mapping_cost(mapping) -> int:
-        return sum(json_cost(k) + 4 + _non_string_cost(v) for k, v in (mapping or {}).items())
+        return sum(
+            json_cost(k) + _ENTRY_COST + _non_string_cost(v) for k, v in (mapping or {}).items()
+        )
 
     cost = 400 + mapping_cost(attributes)
     for event in events:
@@ -373,7 +426,10 @@ def _fixed_cost(attributes, events, links) -> int:
 def _attributes_cost_at(mapping, cap: int) -> int:
     """The cost of ``mapping`` once its strings are cut to ``cap`` characters."""
     return sum(
-        json_cost(k) + 4 + _non_string_cost(v) + 6 * sum(min(n, cap) for n in _string_lengths(v))
+        json_cost(k)
+        + _ENTRY_COST
+        + _non_string_cost(v)
+        + 6 * sum(min(n, cap) for n in _string_lengths(v))
         for k, v in (mapping or {}).items()
     )
 

@@ -780,7 +780,11 @@ def _span_exporter(
     stream, path = outputs.open("traces")
     if stream is None:
         return None, "nowhere", True
-    safe = SafeSpanExporter(FileSpanExporter(stream=stream), limits=settings.span_limits)
+    safe = SafeSpanExporter(
+        FileSpanExporter(stream=stream),
+        limits=settings.span_limits,
+        max_request_bytes=files.LINE_BUDGET_BYTES,  # one line per request: under 1 MiB
+    )
     return safe, f"OTLP-JSON file {path}", True
 
 

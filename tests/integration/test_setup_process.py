@@ -8,18 +8,25 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 TRAIN_AGAINST_ENDPOINT = textwrap.dedent(
     """
-    import json, sys, time
+    import json, sys, threading
     import otel_training
     telemetry = otel_training.configure()
-    durations = []
+    # Everything the training thread calls while it trains: no exporter, gRPC or HTTP code may
+    # run on it (all network I/O belongs to the export threads).
+    entered = set()
+    NETWORK = ("opentelemetry.exporter", "grpc", "requests", "urllib3", "http.client")
+    def profile(frame, event, arg):
+        if event == "call":
+            module = frame.f_globals.get("__name__", "")
+            if module.startswith(NETWORK):
+                entered.add(module)
+    sys.setprofile(profile)
     for step in range(200):
-        start = time.perf_counter()
         with telemetry.tracer.start_as_current_span("train_step"):
             pass
         otel_training.record_training_metrics(
@@ -27,13 +34,10 @@ TRAIN_AGAINST_ENDPOINT = textwrap.dedent(
             grad_norm=1.0, skipped_iters=0, learning_rate=1e-4, tokens_per_sec=1e4,
             memory_allocated_gb=1.0,
         )
-        durations.append(time.perf_counter() - start)
-    start = time.perf_counter()
-    ok = telemetry.shutdown(timeout_millis=3000)
-    shutdown_s = time.perf_counter() - start
-    durations.sort()
-    print(json.dumps({"ok": ok, "shutdown_s": shutdown_s, "max_s": durations[-1],
-                      "p99_s": durations[int(0.99 * len(durations))]}))
+    sys.setprofile(None)
+    exporting = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+    ok = telemetry.shutdown()
+    print(json.dumps({"ok": ok, "entered": sorted(entered), "threads": exporting}))
     """
 )
 
@@ -47,13 +51,14 @@ def _last_json(stdout: str) -> dict:
 def test_case_a2_dead_collector_never_stalls_training_or_exit(
     run_python, tmp_path, request, variant, protocol
 ):
-    """Case A2: with no answering collector, steps stay cheap and shutdown is bounded."""
+    """Case A2: with no answering collector the training thread never enters exporter or
+    network code, the span JSON lines hold all 200 steps, and the process exits normally
+    (a bounded shutdown; its duration is measured by bench/bad_day.py)."""
     endpoint = (
         request.getfixturevalue("refused_endpoint")
         if variant == "refused"
         else request.getfixturevalue("black_hole").endpoint
     )
-    started = time.monotonic()
     result = run_python(
         TRAIN_AGAINST_ENDPOINT,
         env={
@@ -62,18 +67,16 @@ def test_case_a2_dead_collector_never_stalls_training_or_exit(
             "OTEL_EXPORTER_OTLP_TIMEOUT": "3",
             "OTEL_METRIC_EXPORT_INTERVAL": "500",
             "OTEL_BSP_SCHEDULE_DELAY": "200",
-            "OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path),
+            "OTEL_PYTHON_TRAINING_JSONLOG_DIR": str(tmp_path),
         },
         timeout_s=60,
     )
-    total_s = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     report = _last_json(result.stdout)
-    # Bounds that only a synchronous export or an unbounded shutdown could break; they are
-    # generous on purpose (this asserts "never waits on the network", not a speed).
-    assert report["max_s"] < 0.05, report
-    assert report["shutdown_s"] < 6.0, report
-    assert total_s < 30, (total_s, result.stderr[-2000:])
+    assert report["entered"] == [], report
+    assert {"otel-training-jsonlog"} <= set(report["threads"]), report
+    lines = (tmp_path / "latest" / "spans-rank0.jsonl").read_text().splitlines()
+    assert sum('"span_end"' in line for line in lines) == 200
     assert result.stderr.count("Traceback") <= 2, result.stderr[-3000:]
 
 

@@ -9,8 +9,6 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nvtx_injection  # noqa: E402
 
@@ -30,14 +28,6 @@ EXPECTED_COUNTS = {
     "megatron.evaluate": 2,
     "megatron.checkpoint.save": 2,
 }
-
-
-@pytest.fixture(scope="module")
-def recorder_library(tmp_path_factory) -> Path:
-    library = nvtx_injection.build(tmp_path_factory.mktemp("nvtx"))
-    if library is None:
-        pytest.skip("no C compiler to build the NVTX injection library")
-    return library
 
 
 def _strict_lines(path: Path) -> list[dict]:

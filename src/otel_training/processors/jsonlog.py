@@ -143,7 +143,7 @@ class JsonLogSpanProcessor(SpanProcessor):
         *,
         stream: TextIO | None = None,
         flush_interval_s: float = 0.2,
-        max_queue_size: int = 65_536,
+        max_queue_size: int = 262_144,
         limits: _limits.Limits = _limits.DEFAULT_LIMITS,
     ) -> None:
         if stream is None:
@@ -433,14 +433,14 @@ _END_FIELDS = (
     ', "end_time_ns": %s, "duration_ms": %s, "status": "%s", "status_description": %s, "events": %s'
 )
 #: Longest line written, in bytes (the collector filelog receiver's default maximum).
-MAX_LINE_BYTES = 1024 * 1024
+MAX_LINE_BYTES = files.MAX_LINE_BYTES
 #: Lines longer than this many characters have their bytes counted (6 bytes a character at
 #: most, as JSON escapes controls: shorter ones fit for sure).
 _CHECK_LINE_CHARS = MAX_LINE_BYTES // 6
 #: Queued records that wake the writer before its interval ends (a batch is ready).
 _WAKE_AT = 1024
 #: Spans whose start line is written and end line not yet, kept for their end line at most.
-_MAX_PENDING = 65_536
+_MAX_PENDING = 131_072
 
 
 def _make_encoder():
