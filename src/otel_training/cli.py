@@ -5,7 +5,8 @@ Subcommands:
 - ``demo``: train a small GPT-style model on the Python standard library's sources and emit the
   Megatron-LM training metrics through OpenTelemetry, configured from the ``OTEL_*`` environment
   variables (with none set, OTLP-JSON files in a local directory). Needs the ``torch`` extra.
-  ``otel-training demo --help`` lists its flags.
+  ``otel-training demo --help`` lists its flags. Under ``torchrun --nproc_per_node=N`` it trains
+  data-parallel (gloo on CPU, NCCL on CUDA); rank 0 prints.
 
 Also runnable as ``python -m otel_training.cli``.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 
@@ -67,8 +69,10 @@ def _run_demo(argv: Sequence[str]) -> int:
     config = config_from_args(argv, prog=f"{_PROG} demo")
     telemetry = configure(service_name="otel-training-demo")
     try:
-        result = train(config, telemetry.meter)
-        print(format_summary(result, telemetry.destination), flush=True)
+        result = train(config, telemetry.meter)  # under torchrun: data-parallel over the ranks
+        if result.rank == 0:
+            summary = format_summary(result, telemetry.destination, _output_dir(telemetry))
+            print(summary, flush=True)
     except ValueError as exc:  # settings that do not fit together, the data or the device
         print(f"{_PROG} demo: error: {exc}", file=sys.stderr)
         return 2
@@ -78,6 +82,19 @@ def _run_demo(argv: Sequence[str]) -> int:
     finally:
         telemetry.shutdown()
     return 0
+
+
+def _output_dir(telemetry) -> str | None:
+    """The absolute directory of this run's embedded-default files, or None when telemetry
+    goes elsewhere."""
+    directory = getattr(telemetry, "output_dir", None)
+    if directory is not None or hasattr(telemetry, "output_dir"):
+        return directory
+    # Until every Telemetry handle says where it writes: the configured output directory.
+    settings = telemetry.settings
+    if "otlp_json_file" in (*settings.metrics_exporters, *settings.traces_exporters):
+        return os.path.abspath(settings.output_dir)
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
