@@ -104,3 +104,17 @@ def test_summary_names_the_ranks_and_ends_with_how_to_view_the_files(tmp_path):
     assert any("rank 1: own loss 2.6000" in line for line in lines)
     assert lines[-1].endswith(f"otel-training trace {tmp_path}")
     assert f"otel-training report {tmp_path}" in lines[-1]
+
+
+def test_an_expert_no_token_chose_still_gets_a_zero_gradient():
+    """DDP needs every parameter in every step's graph: unchosen experts get zero gradients."""
+    from otel_training.demo.model import GPTConfig, MoE
+
+    moe = MoE(GPTConfig(d_model=4, n_heads=1, moe=True, n_experts=4, top_k=2))
+    with torch.no_grad():  # every positive token prefers experts 0 and 1
+        moe.router.weight.copy_(torch.tensor([[1.0] * 4, [0.5] * 4, [-1.0] * 4, [-1.0] * 4]))
+    moe(torch.rand(2, 3, 4) + 0.1).sum().backward()
+    for e in (2, 3):
+        grads = [p.grad for p in moe.experts[e].parameters()]
+        assert all(g is not None and not g.any() for g in grads), e
+    assert moe.experts[0].fc.weight.grad.any()

@@ -421,12 +421,10 @@ def _train(
         model = GPT(config.model_config()).to(device)
         trained: torch.nn.Module = model
         if data_parallel.is_distributed:
-            # Averages the gradients over the ranks during backward; MoE experts that no token
-            # of a micro-batch reached have no gradient, which DDP must be told to expect.
+            # Averages the gradients over the ranks during backward (every parameter takes part
+            # in every step, MoE experts included, so no unused-parameter search is needed).
             trained = torch.nn.parallel.DistributedDataParallel(
-                model,
-                device_ids=[device.index] if device.type == "cuda" else None,
-                find_unused_parameters=config.moe,
+                model, device_ids=[device.index] if device.type == "cuda" else None
             )
         optimizer = _make_optimizer(model, config)
         checkpoint_dir = _checkpoint_directory(config, data_parallel, stack)
