@@ -137,7 +137,8 @@ def test_case_a4b_metrics_none_traces_otlp(run_python, otlp_receiver):
 
 
 def test_case_a4e_headers_reach_the_collector(run_python, otlp_receiver):
-    """Case A4(e): a header value with a space is sent; the bare entry is named in a warning."""
+    """Case A4(e): a header value with a space is sent; the bare entry is named by its
+    position in one warning, its content never shown (nor by the SDK)."""
     result = run_python(
         textwrap.dedent(
             """
@@ -153,7 +154,7 @@ def test_case_a4e_headers_reach_the_collector(run_python, otlp_receiver):
         },
     )
     assert result.returncode == 0, result.stderr
-    assert "'bare'" in result.stderr
+    assert "entry 2" in result.stderr and "bare" not in result.stderr
     headers = [
         h for signal_name, _, h in otlp_receiver.request_headers() if signal_name == "metrics"
     ]

@@ -106,7 +106,8 @@ def test_demo_spans_reach_otlp_nvtx_and_json_lines_alike(
     assert {r.domain for r in matched} == {"otel_training"}
 
     # JSON lines: a start and an end line per span, matching the OTLP span
-    lines = _strict_lines(lines_dir / "spans-rank0.jsonl")
+    lines_path = lines_dir / "latest" / "spans-rank0.jsonl"  # the run's directory
+    lines = _strict_lines(lines_path)
     starts = {line["span_id"]: line for line in lines if line["record"] == "span_start"}
     ends = {line["span_id"]: line for line in lines if line["record"] == "span_end"}
     assert set(starts) == set(ends) == set(by_id)
