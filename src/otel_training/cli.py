@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import sys
 from collections.abc import Sequence
 
@@ -71,7 +70,7 @@ def _run_demo(argv: Sequence[str]) -> int:
     try:
         result = train(config, telemetry.meter)  # under torchrun: data-parallel over the ranks
         if result.rank == 0:
-            summary = format_summary(result, telemetry.destination, _output_dir(telemetry))
+            summary = format_summary(result, telemetry.destination, telemetry.output_dir)
             print(summary, flush=True)
     except ValueError as exc:  # settings that do not fit together, the data or the device
         print(f"{_PROG} demo: error: {exc}", file=sys.stderr)
@@ -82,19 +81,6 @@ def _run_demo(argv: Sequence[str]) -> int:
     finally:
         telemetry.shutdown()
     return 0
-
-
-def _output_dir(telemetry) -> str | None:
-    """The absolute directory of this run's embedded-default files, or None when telemetry
-    goes elsewhere."""
-    directory = getattr(telemetry, "output_dir", None)
-    if directory is not None or hasattr(telemetry, "output_dir"):
-        return directory
-    # Until every Telemetry handle says where it writes: the configured output directory.
-    settings = telemetry.settings
-    if "otlp_json_file" in (*settings.metrics_exporters, *settings.traces_exporters):
-        return os.path.abspath(settings.output_dir)
-    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -692,7 +692,7 @@ def format_summary(
         prefixed = destination.lower().startswith("telemetry")
         lines.append(destination if prefixed else f"telemetry: {destination}")
     if output_dir:
-        ranks = f"rank 0-{result.world_size - 1}" if result.world_size > 1 else "rank 0"
+        ranks = f"ranks 0-{result.world_size - 1}" if result.world_size > 1 else "rank 0"
         lines.append(
             f"files ({ranks}): {output_dir} | view: otel-training report {output_dir} ; "
             f"otel-training trace {output_dir}"
