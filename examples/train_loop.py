@@ -4,7 +4,7 @@ Trains a small byte-level GPT (otel-training's demo model) on the Python standar
 ``.py`` sources (read from this interpreter's install, no download) and records the Megatron-LM
 training metrics: one step-duration point per optimizer step and, every ``--log-interval``
 steps, the loss, gradient norm, learning rate, tokens/s and skipped iterations. With nothing
-configured, telemetry goes to the embedded default (OTLP-JSON files in
+configured, telemetry goes to the embedded default (OTLP-JSON files in a directory per run under
 ``./otel-training-telemetry``); set ``OTEL_EXPORTER_OTLP_ENDPOINT`` to send it to a collector.
 
 The learning rate is warmed up linearly: optimizer step ``s`` (1-based) runs at
