@@ -23,11 +23,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
-	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/ruff check src tests bench scripts examples
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench scripts
-	$(VENV)/bin/ruff format --check src tests bench scripts
+	$(VENV)/bin/ruff check src tests bench scripts examples
+	$(VENV)/bin/ruff format --check src tests bench scripts examples
 
 bench: setup
 	$(PY) bench/record_metrics.py
