@@ -490,3 +490,28 @@ def test_no_op_meter_defers_nothing():
     assert instruments._deferred.pending == 0
     assert instruments.flush_deferred(5.0)
     assert stub.reads == []
+
+
+def test_one_element_arrays_are_accepted_like_one_element_tensors():
+    """numpy arrays and tensors of one element are numbers; counters stay whole numbers."""
+    torch = import_or_unavailable("torch")
+    _, reader, meter = sdk_meter()
+    record_training_metrics(
+        meter, loss=np.array([2.5]), grad_norm=np.array([[0.5]]), skipped_iters=np.array([2])
+    )
+    record_training_metrics(meter, skipped_iters=torch.tensor([3]), learning_rate=np.float32(1.0))
+    values = {name: point.value for name, point in collected(reader)}
+    assert values[P + "loss"] == 2.5 and values[P + "grad_norm"] == 0.5
+    assert values[P + "skipped_iters"] == 5 and isinstance(values[P + "skipped_iters"], int)
+    assert values[P + "learning_rate"] == 1.0
+
+
+def test_a_fractional_counter_value_is_dropped_with_one_warning(caplog):
+    """skipped_iters=1.5 is not a whole number of iterations: dropped, one warning."""
+    _, reader, meter = sdk_meter()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            record_training_metrics(meter, skipped_iters=1.5)
+        record_training_metrics(meter, skipped_iters=2.0)
+    assert {name: p.value for name, p in collected(reader)}[P + "skipped_iters"] == 2
+    assert caplog.text.count("not a whole number") == 1

@@ -280,3 +280,77 @@ def test_environ_mapping_governs_the_resource():
     )
     attributes = telemetry.meter_provider._sdk_config.resource.attributes
     assert attributes["service.name"] == "from-mapping" and attributes["team"] == "llm"
+
+
+def test_resource_attributes_are_parsed_once_as_the_specification_says(monkeypatch, caplog):
+    """OTEL_RESOURCE_ATTRIBUTES: keys and values percent-decoded, one warning per malformed
+    entry and none from the SDK; os.environ is not read when a mapping is given."""
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "from.os=1")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-os")
+    with caplog.at_level(logging.DEBUG):
+        telemetry = setup.configure(
+            set_global=False,
+            environ={
+                "OTEL_METRICS_EXPORTER": "none",
+                "OTEL_TRACES_EXPORTER": "none",
+                "OTEL_RESOURCE_ATTRIBUTES": "team%3Dname=llm%2Cpre,broken,=nokey,ok=x%20y",
+            },
+        )
+    attributes = telemetry.meter_provider._sdk_config.resource.attributes
+    assert attributes["team=name"] == "llm,pre" and attributes["ok"] == "x y"
+    assert "from.os" not in attributes and attributes["service.name"] != "from-os"
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.name for r in warnings] == ["otel_training.config"] * 2
+    assert ["entry 2" in r.getMessage() for r in warnings] == [True, False]
+
+
+@pytest.mark.parametrize(("world_size", "expected"), [("4", "pod-7-rank2"), ("1", "pod-7")])
+def test_one_instance_id_for_a_whole_pod_stays_distinct_per_rank(world_size, expected):
+    """A service.instance.id an operator sets for a whole pod gets -rank{R} with several
+    ranks, so ranks stay distinct series."""
+    telemetry = setup.configure(
+        set_global=False,
+        environ={
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=pod-7",
+            "RANK": "2" if world_size == "4" else "0",
+            "WORLD_SIZE": world_size,
+        },
+    )
+    attributes = telemetry.meter_provider._sdk_config.resource.attributes
+    assert attributes["service.instance.id"] == expected
+
+
+def test_undecodable_bytes_in_the_service_name_are_escaped():
+    """An environment value with undecodable bytes (surrogates) reaches the resource escaped."""
+    name = os.fsdecode(b"job-\xff")
+    telemetry = setup.configure(
+        set_global=False,
+        environ={
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_SERVICE_NAME": name,
+        },
+    )
+    assert telemetry.meter_provider._sdk_config.resource.attributes["service.name"] == "job-\\xff"
+
+
+def test_no_secret_in_the_destination_or_any_warning(caplog):
+    """Header values, URL userinfo and a malformed entry's content appear nowhere we log."""
+    with caplog.at_level(logging.DEBUG):
+        telemetry = setup.configure(
+            set_global=False,
+            environ={
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://user:PASSWORD1@127.0.0.1:9",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key:SECRET2,authorization=Bearer%20TOKEN3",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "ftp://user:PASSWORD4@host",
+            },
+        )
+    text = caplog.text + telemetry.destination + repr(telemetry.settings)
+    for secret in ("PASSWORD1", "SECRET2", "TOKEN3", "PASSWORD4"):
+        assert secret not in text
+    assert "http://127.0.0.1:9/v1/metrics" in telemetry.destination
+    assert telemetry.settings.metrics_otlp.headers["authorization"] == "Bearer TOKEN3"
+    telemetry.shutdown(timeout_millis=500)

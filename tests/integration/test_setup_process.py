@@ -3,6 +3,7 @@ dead collectors (case A2), environment handling (case A4), exit, SIGTERM and for
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import subprocess
@@ -310,3 +311,66 @@ def test_every_configured_pipeline_is_flushed_at_exit(run_python, otlp_receiver)
     assert result.returncode == 0, result.stderr
     assert [p.value for p in otlp_receiver.metrics("megatron.training.loss")] == [1.0]
     assert [p.value for p in otlp_receiver.metrics("megatron.training.learning_rate")] == [0.5]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_no_secret_reaches_stderr_and_userinfo_becomes_basic_auth(
+    run_python, otlp_receiver, protocol
+):
+    """A malformed header entry and URL userinfo never appear on stderr (ours or the SDK's
+    lines); the credentials reach the collector as an authorization header."""
+    endpoint = otlp_receiver.env(protocol)["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    with_userinfo = endpoint.replace("http://", "http://trainer:PASSWORD1@")
+    result = run_python(
+        textwrap.dedent(
+            """
+            import otel_training
+            t = otel_training.configure()
+            print(t.destination)
+            otel_training.record_training_metrics(t.meter, loss=1.0)
+            t.shutdown()
+            """
+        ),
+        env={
+            **otlp_receiver.env(protocol),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": with_userinfo,
+            "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key:SECRET2,x-tenant=llm",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    for secret in ("PASSWORD1", "SECRET2"):
+        assert secret not in result.stderr + result.stdout
+    headers = [
+        h for signal_name, _, h in otlp_receiver.request_headers() if signal_name == "metrics"
+    ]
+    assert headers
+    lowered = {k.lower(): v for k, v in headers[0].items()}
+    assert lowered["authorization"] == "Basic " + base64.b64encode(b"trainer:PASSWORD1").decode()
+    assert lowered["x-tenant"] == "llm" and "x-api-key" not in lowered
+
+
+def test_a_counter_at_the_int64_maximum_saturates_and_exports_go_on(run_python, otlp_receiver):
+    """skipped_iters 2**63-1, then 1, then 2**80: the counter stays at int64's maximum, one
+    warning, and the exports after it still succeed (a later loss arrives)."""
+    result = run_python(
+        textwrap.dedent(
+            """
+            import otel_training
+            t = otel_training.configure()
+            otel_training.record_training_metrics(t.meter, skipped_iters=2**63 - 1)
+            t.force_flush()
+            otel_training.record_training_metrics(t.meter, skipped_iters=1)
+            otel_training.record_training_metrics(t.meter, skipped_iters=2**80)
+            t.force_flush()
+            otel_training.record_training_metrics(t.meter, loss=0.25)
+            t.shutdown()
+            """
+        ),
+        env=otlp_receiver.env("grpc"),
+    )
+    assert result.returncode == 0, result.stderr
+    counters = otlp_receiver.metrics("megatron.training.skipped_iters")
+    assert len(counters) >= 3 and {p.value for p in counters} == {2**63 - 1}
+    assert all(isinstance(p.value, int) for p in counters)
+    assert [p.value for p in otlp_receiver.metrics("megatron.training.loss")] == [0.25]
+    assert result.stderr.count("int64 maximum") == 1

@@ -299,6 +299,9 @@ class JsonLogSpanProcessor(SpanProcessor):
             return '{"record": "error", "name": ' + _encode(jsonable(name, 256)) + "}\n"
         if len(line) > _CHECK_LINE_CHARS and len(line.encode("utf-8")) >= MAX_LINE_BYTES:
             line = self._smaller(item)
+        if not line.isascii():  # characters that str.splitlines() takes for line ends
+            line = line.replace("\x85", "\\u0085")
+            line = line.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
         return line
 
     def _smaller(self, item: tuple) -> str:
