@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench bench-spans bench-tensor semconv clean
+.PHONY: setup demo test lint bench bench-spans bench-tensor bench-report semconv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ bench-spans: setup
 
 bench-tensor: setup
 	$(PY) bench/tensor_metrics.py
+
+# A synthetic 10,000-step 8-rank run (about 1 GB in a temporary directory, removed after).
+bench-report: setup
+	$(PY) bench/report.py
 
 semconv: setup
 	$(PY) scripts/generate_semconv.py
