@@ -96,7 +96,8 @@ def quantiles_over_time(
     """Quantiles per export interval, the ranks' interval buckets added up.
 
     The exports of all ranks are put in bins one export interval wide (the median gap between
-    exports; wider when that would give more than ``max_bins`` bins), each bin's interval
+    exports; wider when that would give more than ``max_bins`` bins), centred on the first
+    rank's exports so that the ranks' nearly simultaneous exports share a bin; each bin's interval
     bucket counts (``HistogramSeries.delta_buckets``, derived from cumulative or delta points)
     are added up by bucket, and :func:`histogram_quantile` runs on each bin. Series with other
     bounds than the first one are left out.
@@ -120,8 +121,9 @@ def quantiles_over_time(
         ):
             if not count:
                 continue
-            # A bin ends at an export: bin k holds exports in (first + (k-1)w, first + kw].
-            index = -(-(time_ns - first) // width)
+            # Bin k holds the exports nearest to first + k * width: the ranks export at about
+            # the same times, each a little apart.
+            index = (time_ns - first + width // 2) // width
             entry = bins.get(index)
             if entry is None:
                 bins[index] = ([*buckets], [total], [count, time_ns])
