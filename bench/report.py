@@ -68,12 +68,19 @@ from otel_training.semconv.spans import (
     MEGATRON_EVALUATE,
     MEGATRON_STARTUP,
     MEGATRON_TRAIN,
-    MEGATRON_TRAIN_FORWARD_BACKWARD,
     MEGATRON_TRAIN_ITERATION,
-    MEGATRON_TRAIN_OPTIMIZER_STEP,
+    SPANS,
 )
 from otel_training.views import STEP_DURATION_BUCKETS_MS
 
+
+def _span_of_group(group: str) -> str:
+    """The registry's span of ``group`` (the iteration's children are named by group)."""
+    return min(name for name, spec in SPANS.items() if spec.group == group)
+
+
+FORWARD_BACKWARD = _span_of_group("forward_backward")
+OPTIMIZER = _span_of_group("optimizer")
 EXPORT_INTERVAL_S = 5.0
 LOG_INTERVAL = 10
 TENSOR_INTERVAL = 50
@@ -348,14 +355,14 @@ def generate(directory: Path, steps: int, ranks: int, layers: int, step_s: float
             )
             split = start_ns + int((end_ns - start_ns) * 0.82)
             w.span(
-                MEGATRON_TRAIN_FORWARD_BACKWARD,
+                FORWARD_BACKWARD,
                 start_ns,
                 split,
                 iteration,
                 {MEGATRON_ITERATION: step},
             )
             w.span(
-                MEGATRON_TRAIN_OPTIMIZER_STEP,
+                OPTIMIZER,
                 split,
                 end_ns - 1000,
                 iteration,

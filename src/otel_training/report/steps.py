@@ -3,8 +3,9 @@
 Metric points carry their export time only (an iteration number as a metric attribute would
 make cardinality unbounded), so steps come from elsewhere, per rank, in this order:
 
-1. iteration spans (``megatron.train.iteration`` with ``megatron.iteration``): at each span's
-   end, the rank has done that iteration;
+1. iteration spans (those of the registry's span group ``iteration``, such as
+   ``megatron.train.iteration``, with ``megatron.iteration``): at each span's end, the rank has
+   done that iteration;
 2. the count of ``megatron.training.step_duration_ms``, one observation per optimizer step
    (``record_training_metrics(step_duration_ms=...)`` each step, or
    ``training_iteration(record_step_duration=True)``): at each export, the count so far.
@@ -20,11 +21,14 @@ from dataclasses import dataclass
 from otel_training.report.run import Run
 from otel_training.semconv.attributes import MEGATRON_ITERATION
 from otel_training.semconv.metrics import MEGATRON_TRAINING_STEP_DURATION_MS
-from otel_training.semconv.spans import MEGATRON_TRAIN_ITERATION
+from otel_training.semconv.spans import SPANS
 
 __all__ = ["SOURCE_HISTOGRAM", "SOURCE_SPANS", "StepClock", "step_clocks"]
 
-SOURCE_SPANS = f"{MEGATRON_TRAIN_ITERATION} spans ({MEGATRON_ITERATION})"
+ITERATION_GROUP = "iteration"
+"""The span group whose spans are optimizer steps."""
+
+SOURCE_SPANS = f"iteration spans ({MEGATRON_ITERATION})"
 SOURCE_HISTOGRAM = f"the count of {MEGATRON_TRAINING_STEP_DURATION_MS}"
 
 
@@ -78,9 +82,10 @@ def _monotone(pairs: list[tuple[int, int]], source: str) -> StepClock:
 
 def _iteration_ends(run: Run) -> dict[int, list[tuple[int, int]]]:
     """(end, iteration) of the ended iteration spans, by rank."""
+    names = {name for name, spec in SPANS.items() if spec.group == ITERATION_GROUP}
     ends: dict[int, list[tuple[int, int]]] = {}
     for span in run.spans:
-        if span.name != MEGATRON_TRAIN_ITERATION or span.end_ns is None:
+        if span.name not in names or span.end_ns is None:
             continue
         iteration = span.attributes.get(MEGATRON_ITERATION)
         if isinstance(iteration, int) and not isinstance(iteration, bool):
