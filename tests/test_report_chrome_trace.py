@@ -131,8 +131,7 @@ def test_every_span_is_one_complete_event_with_its_times(two_ranks, tmp_path):
 
 
 def test_one_process_per_rank_and_strictly_nested_threads(two_ranks):
-    """One named, ordered process per rank; each thread's slices nest strictly, children
-    inside their parents."""
+    """One named, ordered process per rank; slices nest strictly per thread, inside parents."""
     run_dir, records = two_ranks
     events = build_chrome_trace(load_run(run_dir))["traceEvents"]
     names = {

@@ -128,8 +128,7 @@ def _real_run(directory: Path, ranks=(0, 1)) -> None:
 
 
 def test_the_page_is_self_contained_and_every_plot_has_points(tmp_path):
-    """No script or stylesheet is fetched from anywhere; plotly.js is inlined once; every plot
-    container holds data points."""
+    """Nothing is fetched (plotly.js inlined once) and every plot container holds points."""
     _real_run(tmp_path)
     page = build_report(load_run(tmp_path))
     parsed = _parse(page)
@@ -152,8 +151,7 @@ def test_the_page_is_self_contained_and_every_plot_has_points(tmp_path):
 
 
 def test_the_summary_has_the_run_and_the_last_values(tmp_path):
-    """Run id, ranks, steps (from iteration spans), the eight metrics' last values per rank,
-    non-finite values and skipped iterations."""
+    """Run id, ranks, steps, the eight metrics' last values, non-finite and skipped counts."""
     _real_run(tmp_path)
     run = load_run(tmp_path)
     summary = summarize(run)
@@ -245,8 +243,7 @@ def test_long_series_are_downsampled_and_the_page_says_so(tmp_path):
 
 
 def test_heatmaps_order_layers_naturally_and_split_router_statistics(tmp_path):
-    """Layers in model order (2 before 10), without the global value; one heatmap per router
-    statistic, in the registry's order."""
+    """Layers in model order without ``global``; one heatmap per router statistic, in order."""
     points = []
     for layer in ("decoder.layers.10", "decoder.layers.2", "decoder.layers.1", "global"):
         points += [(T0 + t * S, float(t), {MEGATRON_TRAINING_LAYER: layer}) for t in range(3)]

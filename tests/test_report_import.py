@@ -16,8 +16,7 @@ def test_every_public_name_imports():
 
 
 def test_importing_needs_neither_plotly_nor_torch():
-    """``import otel_training`` and ``import otel_training.report`` load no plotly, jinja2 or
-    torch: only building the HTML page does."""
+    """Importing otel_training and otel_training.report loads no plotly, jinja2 or torch."""
     code = (
         "import sys, otel_training, otel_training.report; "
         "print(sorted(m for m in ('plotly', 'jinja2', 'torch') if m in sys.modules))"

@@ -45,8 +45,7 @@ def test_edge_cases_follow_prometheus():
 
 
 def test_evenly_filled_buckets_give_the_exact_quantile():
-    """When the observations spread evenly inside each bucket, interpolation is exact: the
-    result matches the quantile of the sorted samples themselves."""
+    """Observations spread evenly in their buckets: interpolation gives the samples' quantile."""
     bounds = (10.0, 20.0, 50.0, 100.0, 400.0)
     counts = [7, 30, 120, 45, 18, 0]
     samples = []
@@ -81,8 +80,7 @@ def _series(times, deltas, bounds=BOUNDS):
 
 
 def test_quantiles_over_time_add_the_ranks_buckets_by_bound():
-    """Each interval's quantile is taken over the buckets of all ranks added up (as
-    ``histogram_quantile(q, sum by (le) (...))``), not averaged over ranks."""
+    """An interval's quantile is over all ranks' buckets added up by bound (sum by le)."""
     s = 10**9
     rank0 = _series([5 * s, 10 * s], [[0, 10, 0, 0], [0, 0, 0, 0]])
     rank1 = _series([5 * s + 1000, 10 * s + 1000], [[0, 0, 10, 0], [10, 0, 0, 0]])

@@ -126,8 +126,7 @@ def _expected_buckets(durations: list[float]) -> list[int]:
 
 
 def test_delta_and_cumulative_exports_read_alike(tmp_path):
-    """The SDK's delta and cumulative files give the same interval and running histograms and
-    counter totals, equal to those counted here from the recorded values."""
+    """The SDK's delta and cumulative files read as the same histograms and counter totals."""
     batches = [
         {"step_duration_ms": [90.0, 120.0, 135.0], "skipped_iters": 1, "loss": 3.0},
         {"step_duration_ms": [150.0, 99.0], "loss": 2.5},
@@ -192,8 +191,7 @@ def test_a_cumulative_histogram_reset_starts_a_new_interval(tmp_path):
 
 
 def test_a_run_in_progress_shows_its_open_spans(tmp_path):
-    """Spans with a start line only are open until the rank's last time, and fresh files with
-    open spans are called a run in progress."""
+    """Start-only spans last to the rank's last time; fresh files with them are in progress."""
     lines = [
         span_record("span_start", MEGATRON_TRAIN, "1" * 16, None, T0),
         *span_lines(

@@ -184,8 +184,7 @@ def test_the_report_renders_without_errors_and_every_plot_has_points(report, tmp
 
 
 def test_the_page_requests_nothing(report, tmp_path):
-    """The net log holds no request started by the report page; a page that does fetch
-    something shows up there (so the check can see one)."""
+    """The report page starts no request in the net log, where a fetching probe page shows one."""
     net_log = tmp_path / "report-net.json"
     result = _browse(report.as_uri(), tmp_path, "--dump-dom", f"--log-net-log={net_log}")
     assert result.returncode == 0

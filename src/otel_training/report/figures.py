@@ -14,6 +14,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from html import escape
 
 import plotly.graph_objects as go
 
@@ -697,7 +698,8 @@ def _duration(ns: float) -> str:
 def _hover(run: Run, item: _Item, t0: int) -> str:
     span = item.span
     end = run.span_end_ns(span)
-    lines = [f"<b>{span.name}</b>" + (f" × {item.count:,}" if item.count > 1 else "")]
+    # plotly reads hover text as a little HTML: what comes from the files is escaped.
+    lines = [f"<b>{escape(span.name)}</b>" + (f" × {item.count:,}" if item.count > 1 else "")]
     lines.append(
         f"rank {span.rank}, {(span.start_ns - t0) / 1e9:.3f} s to {(end - t0) / 1e9:.3f} s"
     )
@@ -709,9 +711,9 @@ def _hover(run: Run, item: _Item, t0: int) -> str:
             lines.append(f"iterations {item.iterations[0]:,}–{item.iterations[1]:,}")
     else:
         for key, value in list(span.attributes.items())[:8]:
-            lines.append(f"{key}: {str(value)[:80]}")
+            lines.append(f"{escape(str(key))}: {escape(str(value)[:80])}")
     if span.failed:
-        lines.append(f"<b>ERROR</b> {span.status_description or ''}".strip())
+        lines.append(f"<b>ERROR</b> {escape(span.status_description or '')}".strip())
     if span.open:
         lines.append("<b>never ended</b> (shown until the rank's last time)")
     elif span.truncated:
