@@ -16,7 +16,7 @@ formats and at realistic rates:
 - ``traces-rank{R}.jsonl``: the same spans as OTLP-JSON in batches of 512.
 
 Then times, in this process, ``load_run`` (reading every file), ``build_report`` and
-``build_chrome_trace``, and prints the input size, the times, and the HTML and trace sizes,
+``write_chrome_trace``, and prints the input size, the times, and the HTML and trace sizes,
 with the report's share of the input (HTML bytes per input byte).
 
 Run: ``make bench-report`` or ``.venv/bin/python bench/report.py [--steps N --ranks N]``
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from otel_training.report import build_chrome_trace, build_report, load_run
+from otel_training.report import build_report, load_run, write_chrome_trace
 from otel_training.semconv.attributes import (
     MEGATRON_CHECKPOINT_PATH,
     MEGATRON_CHECKPOINT_SIZE,
@@ -440,14 +440,16 @@ def main(argv: list[str] | None = None) -> int:
         page = build_report(run)
         report_s = time.perf_counter() - started
         started = time.perf_counter()
-        trace = json.dumps(build_chrome_trace(run), separators=(",", ":"))
+        trace_path = write_chrome_trace(run, directory / "trace.json")
         trace_s = time.perf_counter() - started
+        trace_bytes = trace_path.stat().st_size
+        trace_path.unlink()
         html_bytes = len(page.encode("utf-8"))
         print(f"load_run:           {load_s:6.2f} s  ({input_bytes / 2**20 / load_s:,.0f} MiB/s)")
         print(f"build_report:       {report_s:6.2f} s  -> HTML {html_bytes / 2**20:.1f} MiB")
         print(f"report end to end:  {load_s + report_s:6.2f} s")
         print(
-            f"build_chrome_trace: {trace_s:6.2f} s  -> trace {len(trace) / 2**20:.1f} MiB "
+            f"write_chrome_trace: {trace_s:6.2f} s  -> trace {trace_bytes / 2**20:.1f} MiB "
             f"({len(run.spans):,} spans)"
         )
         print(f"HTML / input: {html_bytes / input_bytes:.4f}; notes: {len(run.notes)}")

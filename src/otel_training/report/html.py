@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from otel_training.report._nogc import no_gc
 from otel_training.report.run import Run
 from otel_training.report.summary import Summary, summarize
 
@@ -204,6 +205,11 @@ def build_report(run: Run) -> str:
         ModuleNotFoundError: when plotly or jinja2 is not installed (the ``report`` extra).
     """
     jinja2, plotly = _require_libraries()
+    with no_gc():
+        return _build(run, jinja2, plotly)
+
+
+def _build(run: Run, jinja2, plotly) -> str:
     import markupsafe
 
     from otel_training.report import figures
@@ -232,7 +238,7 @@ def build_report(run: Run) -> str:
                 + ", ".join(missing_curves)
                 + "."
                 + (
-                    " (memory is recorded on CUDA devices only)"
+                    " Memory is recorded on CUDA devices only."
                     if "Memory allocated" in missing_curves
                     else ""
                 )

@@ -13,7 +13,6 @@ into protobuf messages.
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import operator
@@ -23,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from otel_training.report._nogc import no_gc
 from otel_training.report.run import (
     Attributes,
     CounterSeries,
@@ -161,6 +161,8 @@ class _FileReader:
         self.previous: dict[int, tuple[int, Any]] = {}
         self._time_text = ""
         self._time_ns = 0
+        # Per (rank telemetry, gauge): the raw attributes and series of each point position.
+        self._gauge_cache: dict[tuple[int, str], list[tuple[Any, GaugeSeries]]] = {}
 
     def part(self, run_id: Any) -> _Part:
         key = None if run_id is None else str(run_id)
@@ -238,33 +240,33 @@ class _FileReader:
                 self.histogram_point(telemetry, name, temporality, point)
 
     def gauge_points(self, telemetry: RankTelemetry, name: str, points: Any) -> None:
-        # The hot loop of a long run (every layer's tensor gauges at every export): inline
-        # the common shapes (a double; string attributes; one time for all points).
+        # The hot loop of a long run (every layer's tensor gauges at every export). Exports
+        # repeat the same attribute sets in the same order, so the raw attribute list of each
+        # position is compared (in C) with the previous export's before any key is built.
         gauges = telemetry.gauges
+        cache = self._gauge_cache.get((id(telemetry), name))
+        if cache is None:
+            cache = self._gauge_cache[(id(telemetry), name)] = []
         time_text, time_ns = None, 0
         low = high = None
-        for point in points:
+        for i, point in enumerate(points):
             value = point.get("asDouble")
             if value is None or value.__class__ is str:
                 value = _number(point)
                 if value is None:
                     continue
             pairs = point.get("attributes")
-            if not pairs:
-                attributes: Attributes = ()
+            if i < len(cache) and cache[i][0] == pairs:
+                series = cache[i][1]
             else:
-                try:
-                    if len(pairs) == 1:
-                        attributes = ((pairs[0]["key"], pairs[0]["value"]["stringValue"]),)
-                    else:
-                        attributes = tuple(
-                            sorted([(kv["key"], kv["value"]["stringValue"]) for kv in pairs])
-                        )
-                except KeyError:  # a value of another type
-                    attributes = _point_attributes(pairs)
-            series = gauges.get((name, attributes))
-            if series is None:
-                series = gauges[(name, attributes)] = GaugeSeries(name, attributes)
+                attributes = _point_attributes(pairs)
+                series = gauges.get((name, attributes))
+                if series is None:
+                    series = gauges[(name, attributes)] = GaugeSeries(name, attributes)
+                if i < len(cache):
+                    cache[i] = (pairs, series)
+                else:
+                    cache.append((pairs, series))
             text = point["timeUnixNano"]
             if text != time_text:
                 time_text, time_ns = text, int(text)
@@ -540,13 +542,8 @@ def load_run(
     if workers is None:
         total = sum(_size_of(f.path) for f in files)
         workers = (os.cpu_count() or 1) if total > PARALLEL_BYTES else 1
-    enabled = gc.isenabled()
-    gc.disable()  # millions of small objects, none of them garbage: collections only cost
-    try:
+    with no_gc():
         return _load(directory, files, workers, time.time() if now_s is None else now_s)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _load(directory: Path, files: list[RunFile], workers: int, now_s: float) -> Run:
