@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench bench-spans bench-tensor bench-bad-day semconv clean
+.PHONY: setup demo test lint bench bench-spans bench-tensor bench-bad-day bench-report semconv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ bench-tensor: setup
 # Shutdown bounds, 200 SIGTERMs, an 80,000-span burst and case A11, in real processes.
 bench-bad-day: setup
 	$(PY) bench/bad_day.py
+
+# A synthetic 10,000-step 8-rank run (about 1 GB in a temporary directory, removed after).
+bench-report: setup
+	$(PY) bench/report.py
 
 semconv: setup
 	$(PY) scripts/generate_semconv.py
