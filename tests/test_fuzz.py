@@ -38,7 +38,7 @@ ANY_TEXT = st.lists(
 
 
 class Hostile:
-    """A value whose every conversion raises."""
+    """A value whose conversions raise (its repr works, for hypothesis' reports)."""
 
     def __float__(self):
         raise RuntimeError("no float")
@@ -47,7 +47,7 @@ class Hostile:
         raise RuntimeError("no str")
 
     def __repr__(self):
-        raise RuntimeError("no repr")
+        return "Hostile()"
 
 
 ANY_VALUE = st.one_of(
@@ -177,7 +177,7 @@ def test_phases_take_anything_and_every_span_and_line_decodes(
     jsonlog = JsonLogSpanProcessor(stream=lines, path="fuzz")
     setup.configure(
         environ={"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"},
-        span_groups="all",
+        span_groups="custom,checkpoint,evaluate,step",  # one span per phase: no wrapper
         span_processors=[jsonlog, SimpleSpanProcessor(SafeSpanExporter(exporter))],
     )
     try:

@@ -13,6 +13,7 @@ of the metric reader and the batch span processor are in milliseconds).
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import math
 import os
@@ -26,7 +27,12 @@ from otel_training import environment_variables as ev
 from otel_training._env import EnvReader, redact_url, show
 from otel_training.identity import RankIdentity, read_identity
 from otel_training.limits import DEFAULT_VALUE_LENGTH, Limits
-from otel_training.semconv.spans import SPAN_GROUP_LEVELS, SPAN_LEVELS
+from otel_training.semconv.spans import (
+    NVTX_ONLY_CANDIDATE_GROUPS,
+    SPAN_GROUP_LEVELS,
+    SPAN_LEVELS,
+    SPAN_PRESET_ALIASES,
+)
 
 __all__ = [
     "ExportRanks",
@@ -65,24 +71,35 @@ DEFAULT_NVTX_DOMAIN: Final = "otel_training"
 #: Upper bound of shutdown, in seconds, when no signal exports by OTLP.
 LOCAL_SHUTDOWN_TIMEOUT_S: Final = 15.0
 
-#: The span group of phases that name no group of the registry (``phase(name)``); it is on in
+#: The span group of phases whose name is not in the registry (``phase(name)``); it is on in
 #: every preset but ``none``.
 CUSTOM_SPAN_GROUP: Final = "custom"
-#: Every span group: those of the registry (``otel_training.semconv.SPAN_GROUP_LEVELS``) and
-#: ``custom``.
-SPAN_GROUPS: Final = frozenset(SPAN_GROUP_LEVELS) | {CUSTOM_SPAN_GROUP}
-#: The presets of ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``: ``none`` and, for each level of
-#: ``otel_training.semconv.SPAN_LEVELS``, the groups of that level and of the levels before it.
+#: Every span group: Megatron-LM's and ``custom`` (``otel_training.semconv.SPAN_GROUP_LEVELS``).
+SPAN_GROUPS: Final = frozenset(SPAN_GROUP_LEVELS)
+#: The presets of ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``: ``none``, and for each level of
+#: ``otel_training.semconv.SPAN_LEVELS`` the groups of that level and of the levels before it
+#: (Megatron-LM's presets), and the aliases (``profiling`` = ``all``).
 SPAN_GROUP_PRESETS: Final = {
     "none": frozenset(),
     **{
-        level: frozenset(
-            [CUSTOM_SPAN_GROUP]
-            + [g for g, at in SPAN_GROUP_LEVELS.items() if SPAN_LEVELS.index(at) <= i]
-        )
+        level: frozenset(g for g, at in SPAN_GROUP_LEVELS.items() if SPAN_LEVELS.index(at) <= i)
         for i, level in enumerate(SPAN_LEVELS)
     },
 }
+SPAN_GROUP_PRESETS.update(
+    {alias: SPAN_GROUP_PRESETS[level] for alias, level in SPAN_PRESET_ALIASES.items()}
+)
+#: Group names of otel-training before it took Megatron-LM's, still accepted (one warning).
+RENAMED_SPAN_GROUPS: Final = {
+    "run": "job",
+    "startup": "job",
+    "iteration": "step",
+    "evaluation": "evaluate",
+}
+#: Export strategies of Megatron-LM and NeMo Lens (``MEGATRON_OTEL_EXPORT_STRATEGY``).
+EXPORT_STRATEGIES: Final = ("single_rank", "all_ranks", "sampled", "first_rank_per_node")
+#: Iterations of one trace segment when OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS is unset.
+DEFAULT_TRACE_SEGMENT_ITERATIONS: Final = 1000
 
 #: Exporter names accepted in ``OTEL_{METRICS,TRACES}_EXPORTER``. ``otlp_json_file`` is the
 #: embedded default (OTLP-JSON lines per rank in ``OTEL_PYTHON_TRAINING_OUTPUT_DIR``).
@@ -166,10 +183,20 @@ class OtlpSettings:
 
 @dataclass(frozen=True)
 class ExportRanks:
-    """The export-rank policy of ``OTEL_PYTHON_TRAINING_EXPORT_RANKS``."""
+    """Which ranks export: ``OTEL_PYTHON_TRAINING_EXPORT_RANKS``, else Megatron-LM's and NeMo
+    Lens' ``MEGATRON_OTEL_EXPORT_STRATEGY`` / ``NEMO_LENS_EXPORT_STRATEGY``.
+
+    Attributes:
+        policy: ``all``, ``last``, ``first_per_node``, ``list`` (the ranks in ``ranks``),
+            ``single`` (the rank ``rank``; -1 is the last) or ``sampled`` (each rank chosen
+            with probability ``rate``, deterministically: the same ranks every run, the same as
+            NeMo Lens chooses, ``md5(str(rank)) mod 10000 / 10000 < rate``).
+    """
 
     policy: str = "all"
     ranks: frozenset[int] = frozenset()
+    rank: int = -1
+    rate: float = 1.0
 
     def exports(self, identity: RankIdentity) -> bool:
         """True when the process of ``identity`` exports telemetry under this policy."""
@@ -179,11 +206,21 @@ class ExportRanks:
             return identity.local_rank == 0
         if self.policy == "list":
             return identity.rank in self.ranks
+        if self.policy == "single":
+            chosen = self.rank if self.rank >= 0 else identity.world_size - 1
+            return identity.rank == chosen
+        if self.policy == "sampled":
+            digest = hashlib.md5(str(identity.rank).encode(), usedforsecurity=False).hexdigest()
+            return (int(digest, 16) % 10000) / 10000.0 < self.rate
         return True
 
     def __str__(self) -> str:
         if self.policy == "list":
             return ",".join(str(r) for r in sorted(self.ranks))
+        if self.policy == "single":
+            return f"single rank {self.rank if self.rank >= 0 else 'last'}"
+        if self.policy == "sampled":
+            return f"sampled at {self.rate:g}"
         return self.policy
 
 
@@ -224,6 +261,10 @@ class Settings:
     service_name: str | None = None
     resource_attributes: Mapping[str, str] = field(default_factory=dict)
     span_groups: frozenset[str] = SPAN_GROUP_PRESETS["default"]
+    #: Groups recorded as NVTX ranges only (no OpenTelemetry span, no JSON line).
+    nvtx_only_groups: frozenset[str] = frozenset()
+    #: Iterations per trace segment (all ranks' spans of a segment share one trace).
+    trace_segment_iterations: int = DEFAULT_TRACE_SEGMENT_ITERATIONS
     nvtx: bool = True
     nvtx_domain: str = DEFAULT_NVTX_DOMAIN
     jsonlog_dir: str | None = None
@@ -266,27 +307,44 @@ def load_identity(environ: Mapping[str, str] | None = None) -> RankIdentity:
     return read_identity(EnvReader(os.environ if environ is None else environ))
 
 
+def _resolve_span_groups(
+    names: Iterable[str],
+) -> tuple[frozenset[str], list[str], list[str], bool]:
+    """(groups, unknown names, renamed names used, whether any name was usable)."""
+    groups: set[str] = set()
+    unknown, renamed = [], []
+    usable = False
+    for raw in names:
+        name = raw.strip().lower()
+        if name in RENAMED_SPAN_GROUPS:
+            renamed.append(name)
+            name = RENAMED_SPAN_GROUPS[name]
+        if name in SPAN_GROUP_PRESETS:
+            groups |= SPAN_GROUP_PRESETS[name]
+            usable = True
+        elif name in SPAN_GROUPS:
+            groups.add(name)
+            usable = True
+        elif name:
+            unknown.append(raw.strip())
+    return frozenset(groups), unknown, renamed, usable
+
+
 def span_groups_from_names(names: str | Iterable[str]) -> frozenset[str]:
     """The span groups that presets and group ``names`` enable together (as
     ``OTEL_PYTHON_TRAINING_SPAN_GROUPS`` reads them, for explicit configuration in code).
 
     Raises:
         ValueError: when a name is neither a preset (:data:`SPAN_GROUP_PRESETS`) nor a span
-        group (:data:`SPAN_GROUPS`).
+        group (:data:`SPAN_GROUPS`) nor a renamed one (:data:`RENAMED_SPAN_GROUPS`).
     """
     if isinstance(names, str):
         names = names.split(",")
-    groups: set[str] = set()
-    for raw in names:
-        name = raw.strip().lower()
-        if name in SPAN_GROUP_PRESETS:
-            groups |= SPAN_GROUP_PRESETS[name]
-        elif name in SPAN_GROUPS:
-            groups.add(name)
-        elif name:
-            known = sorted(SPAN_GROUP_PRESETS) + sorted(SPAN_GROUPS)
-            raise ValueError(f"unknown span group {raw!r}; known: {', '.join(known)}")
-    return frozenset(groups)
+    groups, unknown, _, _ = _resolve_span_groups(names)
+    if unknown:
+        known = sorted(SPAN_GROUP_PRESETS) + sorted(SPAN_GROUPS)
+        raise ValueError(f"unknown span group {unknown[0]!r}; known: {', '.join(known)}")
+    return groups
 
 
 #: Built-in tensor metrics that ``OTEL_PYTHON_TRAINING_TENSOR_METRICS`` may schedule (their
@@ -518,16 +576,22 @@ class _Parser(EnvReader):
         name = ev.OTEL_PYTHON_TRAINING_EXPORT_RANKS
         raw = self.raw(name)
         if raw is None:
-            return ExportRanks()
+            return self._export_strategy()
         lowered = raw.lower()
         if lowered in ("all", "last", "first_per_node"):
             return ExportRanks(lowered)
+        if lowered.startswith("sampled:"):
+            rate = self._rate(name, raw, lowered.partition(":")[2])
+            return ExportRanks("sampled", rate=rate) if rate is not None else ExportRanks()
         ranks: set[int] = set()
         for part in raw.split(","):
             match = _RANK_RANGE.match(part.strip())
             if not match:
                 self.reject(
-                    name, raw, "all", "is not all, last, first_per_node or a list like 0,4-7"
+                    name,
+                    raw,
+                    "all",
+                    "is not all, last, first_per_node, sampled:RATE or a list like 0,4-7",
                 )
                 return ExportRanks()
             low = int(match.group(1))
@@ -540,6 +604,50 @@ class _Parser(EnvReader):
                 return ExportRanks()
             ranks.update(range(low, high + 1))
         return ExportRanks("list", frozenset(ranks))
+
+    def _rate(self, name: str, raw: str, text: str) -> float | None:
+        try:
+            rate = float(text)
+        except ValueError:
+            rate = math.nan
+        if not 0.0 <= rate <= 1.0:
+            self.reject(name, raw, "all", "has a sample rate outside [0, 1]")
+            return None
+        return rate
+
+    def _export_strategy(self) -> ExportRanks:
+        """Megatron-LM's ``MEGATRON_OTEL_EXPORT_STRATEGY`` (``single_rank``, ``all_ranks``,
+        ``sampled``, ``first_rank_per_node``) with ``..._EXPORT_RANK`` (-1: the last rank) and
+        ``..._EXPORT_SAMPLE_RATE``, each falling back to NeMo Lens' ``NEMO_LENS_*``; ``all``
+        when none is set (otel-training's default: every rank exports)."""
+        name, raw = self.first(ev.MEGATRON_OTEL_EXPORT_STRATEGY, ev.NEMO_LENS_EXPORT_STRATEGY)
+        if raw is None:
+            return ExportRanks()
+        strategy = raw.lower()
+        if strategy not in EXPORT_STRATEGIES:
+            self.reject(name, raw, "all", f"is not one of {', '.join(EXPORT_STRATEGIES)}")
+            return ExportRanks()
+        if strategy == "all_ranks":
+            return ExportRanks()
+        if strategy == "first_rank_per_node":
+            return ExportRanks("first_per_node")
+        if strategy == "single_rank":
+            rank_name, rank_raw = self.first(ev.MEGATRON_OTEL_EXPORT_RANK, ev.NEMO_LENS_EXPORT_RANK)
+            rank = -1
+            if rank_raw is not None:
+                try:
+                    rank = int(rank_raw)
+                except ValueError:
+                    self.reject(rank_name, rank_raw, -1, "is not a whole number")
+                if rank < -1:
+                    self.reject(rank_name, rank_raw, -1, "is below -1")
+                    rank = -1
+            return ExportRanks("single", rank=rank)
+        rate_name, rate_raw = self.first(
+            ev.MEGATRON_OTEL_EXPORT_SAMPLE_RATE, ev.NEMO_LENS_EXPORT_SAMPLE_RATE
+        )
+        rate = 1.0 if rate_raw is None else self._rate(rate_name, rate_raw, rate_raw)
+        return ExportRanks("sampled", rate=1.0 if rate is None else rate)
 
     def _buckets(self) -> tuple[float, ...] | None:
         name = ev.OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS
@@ -563,23 +671,17 @@ class _Parser(EnvReader):
         return bounds
 
     def _span_groups(self) -> frozenset[str]:
-        name = ev.OTEL_PYTHON_TRAINING_SPAN_GROUPS
-        raw = self.raw(name)
+        """``OTEL_PYTHON_TRAINING_SPAN_GROUPS``, else Megatron-LM's ``MEGATRON_OTEL_SPAN_GROUPS``,
+        else NeMo Lens' ``NEMO_LENS_SPAN_GROUPS``; presets and groups combined."""
+        name, raw = self.first(
+            ev.OTEL_PYTHON_TRAINING_SPAN_GROUPS,
+            ev.MEGATRON_OTEL_SPAN_GROUPS,
+            ev.NEMO_LENS_SPAN_GROUPS,
+        )
         default = SPAN_GROUP_PRESETS["default"]
         if raw is None:
             return default
-        groups: set[str] = set()
-        usable = False
-        unknown = []
-        for part in (p.strip().lower() for p in raw.split(",")):
-            if part in SPAN_GROUP_PRESETS:
-                groups |= SPAN_GROUP_PRESETS[part]
-                usable = True
-            elif part in SPAN_GROUPS:
-                groups.add(part)
-                usable = True
-            elif part:
-                unknown.append(part)
+        groups, unknown, renamed, usable = _resolve_span_groups(raw.split(","))
         known = sorted(SPAN_GROUP_PRESETS) + sorted(SPAN_GROUPS)
         if not usable:
             self.reject(name, raw, "default", f"names no preset or span group of {known}")
@@ -591,7 +693,31 @@ class _Parser(EnvReader):
                 ", ".join(unknown),
                 ", ".join(known),
             )
-        return frozenset(groups)
+        for old in renamed:
+            self.warn(
+                "%s: the span group %r is now called %r (Megatron-LM's name).",
+                name,
+                old,
+                RENAMED_SPAN_GROUPS[old],
+            )
+        return groups
+
+    def _nvtx_only_groups(self) -> frozenset[str]:
+        """``OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS``: ``none`` (default), ``fine`` (the
+        fine-grained groups, ``NVTX_ONLY_CANDIDATE_GROUPS``) or group names."""
+        name = ev.OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS
+        raw = self.raw(name)
+        if raw is None or raw.lower() == "none":
+            return frozenset()
+        chosen: set[str] = set()
+        for part in (p.strip().lower() for p in raw.split(",")):
+            if part == "fine":
+                chosen |= NVTX_ONLY_CANDIDATE_GROUPS
+            elif part in SPAN_GROUPS:
+                chosen.add(RENAMED_SPAN_GROUPS.get(part, part))
+            elif part:
+                self.warn("%s: ignoring %r, which is neither fine nor a span group.", name, part)
+        return frozenset(chosen)
 
     def _resource_attributes(self) -> dict[str, str]:
         """``OTEL_RESOURCE_ATTRIBUTES`` as the specification says: ``k=v`` pairs separated by
@@ -761,6 +887,10 @@ class _Parser(EnvReader):
             step_duration_buckets_ms=self._buckets(),
             shutdown_on_sigterm=self.boolean(ev.OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM, True),
             span_groups=self._span_groups(),
+            nvtx_only_groups=self._nvtx_only_groups(),
+            trace_segment_iterations=self.positive_int(
+                ev.OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS, DEFAULT_TRACE_SEGMENT_ITERATIONS
+            ),
             # NVTX_DISABLE is the nvtx package's switch: any non-empty value disables it.
             nvtx=self.boolean(ev.OTEL_PYTHON_TRAINING_NVTX, True)
             and self.raw("NVTX_DISABLE") is None,

@@ -33,6 +33,7 @@ import threading
 import weakref
 from typing import Any
 
+from otel_training.device_reads import PendingDeviceRead, device_type, start_device_read
 from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_GRAD_NORM,
     MEGATRON_TRAINING_LEARNING_RATE,
@@ -249,9 +250,8 @@ def _write(meter, key: str, write, value) -> None:
 
 
 def _emit_slow(meter, key: str, write, value) -> None:
-    device_type = _device_type(value)
-    if device_type not in (None, "cpu"):
-        _deferred.submit(meter, key, write, _start_device_read(value))
+    if device_type(value) not in (None, "cpu"):
+        _deferred.submit(meter, key, write, start_device_read(value))
         return
     number = _to_number(key, value)
     if number is None:
@@ -342,61 +342,6 @@ def _short_repr(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _device_type(value) -> str | None:
-    """The device type of a tensor-like value (``"cuda"``, ``"cpu"``...), else ``None``."""
-    device = getattr(value, "device", None)
-    if device is None:
-        return "cuda" if getattr(value, "is_cuda", False) is True else None
-    if isinstance(device, str):
-        return device.split(":", 1)[0]
-    device_type = getattr(device, "type", None)
-    return device_type if isinstance(device_type, str) else None
-
-
-class _PendingDeviceRead:
-    """A device scalar being copied to host; ``result()`` runs on the deferred thread."""
-
-    __slots__ = ("_host", "_event", "_source")
-
-    def __init__(self, host=None, event=None, source=None) -> None:
-        self._host = host
-        self._event = event
-        self._source = source
-
-    def result(self):
-        if self._event is not None:
-            self._event.synchronize()
-            return self._host
-        return self._source
-
-
-def _start_device_read(value) -> _PendingDeviceRead:
-    """Starts an asynchronous device-to-host copy of a device scalar (training thread).
-
-    For a CUDA ``torch.Tensor`` with one element: a non-blocking copy into pinned host memory
-    from PyTorch's caching host allocator, and a CUDA event recorded on the current stream;
-    neither waits for the device. Any other tensor-like (other devices, test doubles) is handed
-    over as it is and converted with ``float()`` on the deferred thread.
-    """
-    torch = _torch()
-    if torch is not None and isinstance(value, torch.Tensor) and value.is_cuda:
-        source = value.detach()
-        if source.numel() == 1:
-            source = source.reshape(())
-            host = torch.empty((), dtype=source.dtype, device="cpu", pin_memory=True)
-            host.copy_(source, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(source.device))
-            return _PendingDeviceRead(host=host, event=event)
-    return _PendingDeviceRead(source=value)
-
-
-def _torch():
-    import sys
-
-    return sys.modules.get("torch")
-
-
 def _count_nonfinite(meter, key: str, value: float) -> None:
     name = _SPECS[key][0]
     _warn_once(
@@ -465,7 +410,7 @@ class _DeferredRecorder:
                     self._ready.wait()
                 meter, key, write, value = self._queue[0]
             try:
-                if isinstance(value, _PendingDeviceRead):
+                if isinstance(value, PendingDeviceRead):
                     value = value.result()
                 number = _to_number(key, value)
                 if number is not None:

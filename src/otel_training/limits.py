@@ -125,10 +125,15 @@ def safe_text(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH) -> str:
 
 
 def _cut(text: str, limit: int) -> str:
-    marker = cut_marker(len(text) - limit)
-    if limit <= len(marker) + 8:  # no room for a marker that says so: a plain cut
+    keep = limit
+    marker = ""
+    for _ in range(3):  # the marker's count has one digit more at most once
+        marker = cut_marker(len(text) - keep)
+        keep = limit - len(marker)
+        if keep + len(cut_marker(len(text) - keep)) <= limit:
+            break
+    if keep < 8:  # no room for a marker that says so: a plain cut
         return text[:limit]
-    keep = limit - len(marker)
     return text[:keep] + cut_marker(len(text) - keep)
 
 

@@ -54,6 +54,7 @@ from otel_training import views as _views
 from otel_training.exporters import SafeMetricExporter, SafeSpanExporter
 from otel_training.ids import ProcessLocalIdGenerator
 from otel_training.processors import span_mirrors
+from otel_training.processors.nvtx import NvtxSpanProcessor
 from otel_training.processors.truncation import TruncatingSpanProcessor
 from otel_training.resource import identity_attributes
 
@@ -73,6 +74,7 @@ class Pipeline:
         tracer_provider: The SDK ``TracerProvider``, or a no-op one.
         destination: One line saying where telemetry goes (never a secret).
         output_dir: Absolute path of this run's directory of the embedded default, or None.
+        nvtx: The NVTX processor when a tool is attached (NVTX-only phases use its domain).
         truncation: The processor that ends open spans at shutdown (None when no-op).
         files: Streams opened for the exporters, to close after shutdown.
     """
@@ -81,6 +83,7 @@ class Pipeline:
     tracer_provider: trace_api.TracerProvider
     destination: str
     output_dir: str | None = None
+    nvtx: NvtxSpanProcessor | None = None
     truncation: TruncatingSpanProcessor | None = None
     files: list[TextIO] = field(default_factory=list)
 
@@ -212,6 +215,7 @@ def build(
         tracer_provider,
         _describe(metric_targets, trace_targets + mirror_targets),
         output_dir=outputs.run_dir,
+        nvtx=next((p for p in mirrors if isinstance(p, NvtxSpanProcessor)), None),
         truncation=truncation,
         files=outputs.files,
     )

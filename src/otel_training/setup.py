@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_training import config, instruments, lifecycle, pipeline, proxy
 from otel_training.pipeline import INSTRUMENTATION_NAME
+from otel_training.processors.nvtx import NvtxSpanProcessor
 from otel_training.processors.truncation import TruncatingSpanProcessor
 
 _logger = logging.getLogger("otel_training")
@@ -73,6 +74,10 @@ class Telemetry:
     destination: str
     settings: config.Settings
     output_dir: str | None = None
+    nvtx: NvtxSpanProcessor | None = field(default=None, repr=False)
+    #: Called, without arguments, when shutdown starts, before open spans are truncated (on a
+    #: signal, after): the phases end their open trace segment here. Exceptions are logged.
+    before_shutdown: list[Callable[[], object]] = field(default_factory=list, repr=False)
     _truncation: TruncatingSpanProcessor | None = field(default=None, repr=False)
     _files: list[TextIO] = field(default_factory=list, repr=False)
     _shutdown_started: bool = field(default=False, repr=False)
@@ -118,7 +123,16 @@ class Telemetry:
 
     def _shutdown(self, timeout_s: float, reason: str | None) -> None:
         _run_flush_hooks(timeout_s)
-        if self._truncation is not None:
+        # At a normal shutdown the phases first end what they hold open (a trace segment),
+        # then whatever is still open is truncated; on a signal everything open is truncated.
+        if reason is not None and self._truncation is not None:
+            self._truncation.truncate(reason)
+        for hook in list(self.before_shutdown):
+            try:
+                hook()
+            except Exception:
+                _logger.warning("otel-training: a shutdown hook failed", exc_info=True)
+        if reason is None and self._truncation is not None:
             self._truncation.truncate(reason)
         # Side by side, so that two dead endpoints cost one timeout, not two.
         tracer_thread = threading.Thread(
@@ -258,6 +272,7 @@ def configure(
             built.destination,
             settings,
             output_dir=built.output_dir,
+            nvtx=built.nvtx,
             _truncation=built.truncation,
             _files=built.files,
         )

@@ -22,7 +22,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
-from otel_training import instruments, setup
+from otel_training import instruments, setup, spans
+from otel_training import phases as _phase
 
 __all__ = [
     "InMemoryTelemetry",
@@ -137,6 +138,8 @@ def reset() -> None:
     instruments._COUNTER_TOTALS.clear()
     instruments._FAILED_METERS.clear()
     instruments._warned.clear()
+    spans._reset_first_iteration()
+    _phase._warned.clear()
     metrics_internal._METER_PROVIDER_SET_ONCE = Once()
     metrics_internal._METER_PROVIDER = None
     metrics_internal._PROXY_METER_PROVIDER = metrics_internal._ProxyMeterProvider()

@@ -72,6 +72,7 @@ def test_case_a11_huge_values_lose_no_span(
         **otlp_receiver.env("grpc"),
         "OTEL_METRICS_EXPORTER": "none",
         "OTEL_PYTHON_TRAINING_JSONLOG_DIR": str(tmp_path / "lines"),
+        "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "default,load_checkpoint",
     }
     if limit_variable:
         env[limit_variable] = str(limit)
@@ -96,7 +97,7 @@ def test_case_a11_huge_values_lose_no_span(
 
     lines = _strict(tmp_path / "lines" / "latest" / "spans-rank0.jsonl")
     ends = [line for line in lines if line["record"] == "span_end"]
-    assert len(ends) == len(spans) == 23
+    assert len(ends) == len(spans) == 24  # the run, its segment, 20 evaluations, save, load
     raw = (tmp_path / "lines" / "latest" / "spans-rank0.jsonl").read_bytes().splitlines()
     assert max(len(line) for line in raw) < MIB
     assert max(_longest_string(line) for line in ends) <= limit
@@ -134,7 +135,11 @@ def test_case_a12_undecodable_path_reaches_the_collector_escaped(
 ):
     """Case A12 against a collector: the path arrives escaped, the rest intact, every span and
     every JSON line with it."""
-    env = {**otlp_receiver.env("grpc"), "OTEL_PYTHON_TRAINING_JSONLOG_DIR": str(tmp_path)}
+    env = {
+        **otlp_receiver.env("grpc"),
+        "OTEL_PYTHON_TRAINING_JSONLOG_DIR": str(tmp_path),
+        "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "default,load_checkpoint",
+    }
     result = run_python(CASE_A12, env=env, timeout_s=120)
     assert result.returncode == 0, result.stderr[-3000:]
     (save,) = otlp_receiver.spans("megatron.checkpoint.save")
@@ -146,7 +151,7 @@ def test_case_a12_undecodable_path_reaches_the_collector_escaped(
     assert len(otlp_receiver.spans("megatron.evaluate")) == 10
     assert [p.value for p in otlp_receiver.metrics("megatron.training.loss")] == [1.5]
     lines = _strict(tmp_path / "latest" / "spans-rank0.jsonl")
-    assert len([line for line in lines if line["record"] == "span_end"]) == 13
+    assert len([line for line in lines if line["record"] == "span_end"]) == 14
     (save_line,) = [
         line
         for line in lines
@@ -159,7 +164,11 @@ def test_case_a12_undecodable_path_in_the_embedded_default(run_python, tmp_path)
     """Case A12 with the embedded default: OTLP-JSON traces and span JSON lines hold the
     escaped path; every line is strict UTF-8 JSON."""
     out = tmp_path / "telemetry"
-    result = run_python(CASE_A12, env={"OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(out)}, timeout_s=120)
+    env = {
+        "OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(out),
+        "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "default,load_checkpoint",
+    }
+    result = run_python(CASE_A12, env=env, timeout_s=120)
     assert result.returncode == 0, result.stderr[-3000:]
     run = out / "latest"
     traces = _strict(run / "traces-rank0.jsonl")
@@ -170,12 +179,12 @@ def test_case_a12_undecodable_path_in_the_embedded_default(run_python, tmp_path)
         for scope in resource["scopeSpans"]
         for span in scope["spans"]
     ]
-    assert len(spans) == 13
+    assert len(spans) == 14  # the run, its segment, 10 evaluations, save, load
     (save,) = [s for s in spans if s["name"] == "megatron.checkpoint.save"]
     attributes = {a["key"]: a["value"] for a in save["attributes"]}
     assert attributes["megatron.checkpoint.path"] == {"stringValue": ESCAPED}
     lines = _strict(run / "spans-rank0.jsonl")
-    assert len([line for line in lines if line["record"] == "span_end"]) == 13
+    assert len([line for line in lines if line["record"] == "span_end"]) == 14
     assert _strict(run / "metrics-rank0.jsonl")
 
 

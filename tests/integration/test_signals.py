@@ -96,8 +96,9 @@ OPEN_SPANS = textwrap.dedent(
 
 
 def test_spans_open_at_sigterm_are_ended_truncated_and_exported(otlp_receiver, repo_root, tmp_path):
-    """The run, the iteration in progress and the checkpoint save open at SIGTERM arrive
-    ended, marked truncated, status ERROR; their JSON lines have a span_end."""
+    """The run, its trace segment, the (first) iteration in progress and the checkpoint save
+    open at SIGTERM arrive ended, marked truncated, status ERROR; their JSON lines have a
+    span_end."""
     env = {
         **otlp_receiver.env("grpc"),
         "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "per_step",
@@ -106,7 +107,13 @@ def test_spans_open_at_sigterm_are_ended_truncated_and_exported(otlp_receiver, r
     code, stderr = _terminate_when_ready(_start(OPEN_SPANS, env, repo_root))
     assert code == -signal.SIGTERM, stderr[-3000:]
     spans = {s.name: s for s in otlp_receiver.spans()}
-    assert set(spans) == {"megatron.train", "megatron.train.iteration", "megatron.checkpoint.save"}
+    assert set(spans) == {
+        "megatron.train",
+        "megatron.train.segment",
+        "megatron.train.first_iteration",
+        "megatron.train.iteration",
+        "megatron.checkpoint.save",
+    }
     for span in spans.values():
         assert span.attributes[OTEL_TRAINING_SPAN_TRUNCATED] is True
         assert (span.status_code, span.status_message) == ("error", "truncated: SIGTERM")

@@ -740,7 +740,7 @@ def timeline_plot(run: Run, *, max_bars: int = 3_000) -> tuple[Plot | None, str 
     for span in run.spans:
         by_rank.setdefault(span.rank, []).append(span)
     budget = max(100, max_bars // len(by_rank))
-    groups = sorted(SPAN_GROUP_LEVELS) + ["custom"]
+    groups = sorted(SPAN_GROUP_LEVELS)
     colors = {g: PALETTE[i % len(PALETTE)] for i, g in enumerate(groups)}
     bars: dict[str, dict[str, list]] = {}
     tickvals, ticktext, shapes = [], [], []

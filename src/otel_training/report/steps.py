@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from otel_training.report.run import Run
 from otel_training.semconv.attributes import MEGATRON_ITERATION
 from otel_training.semconv.metrics import MEGATRON_TRAINING_STEP_DURATION_MS
-from otel_training.semconv.spans import SPANS
+from otel_training.semconv.spans import MEGATRON_TRAIN_ITERATION, SPANS
 
 __all__ = ["SOURCE_HISTOGRAM", "SOURCE_SPANS", "StepClock", "step_clocks"]
 
-ITERATION_GROUP = "iteration"
+#: The span group of the iteration span (Megatron-LM's ``step``).
+ITERATION_GROUP = SPANS[MEGATRON_TRAIN_ITERATION].group
 """The span group whose spans are optimizer steps."""
 
 SOURCE_SPANS = f"iteration spans ({MEGATRON_ITERATION})"
