@@ -16,8 +16,10 @@ from otel_training.setup import (
     Telemetry,
     configure,
     force_flush,
+    get_logger,
     get_meter,
     get_tracer,
+    logging_handler,
     shutdown,
 )
 from otel_training.spans import (
@@ -55,9 +57,11 @@ __all__ = [
     "flush_deferred",
     "force_flush",
     "forward_backward",
+    "get_logger",
     "get_meter",
     "get_tracer",
     "gpt_flops_per_token",
+    "logging_handler",
     "optimizer_step",
     "phase",
     "record_training_metrics",
