@@ -410,6 +410,15 @@ class _Parser(EnvReader):
         names = [part.strip().lower() for part in raw.split(",") if part.strip()]
         known = EXPORTER_NAMES | extra
         unknown = [n for n in names if n not in known]
+        kept = tuple(dict.fromkeys(n for n in names if n in known))
+        if not kept:  # one warning, as for any unusable value
+            self.reject(
+                name,
+                raw,
+                ",".join(fallback),
+                f"names no known exporter (known: {', '.join(sorted(known))})",
+            )
+            return fallback
         if unknown:
             self.warn(
                 "%s names unknown exporter(s) %s; known: %s.",
@@ -417,10 +426,6 @@ class _Parser(EnvReader):
                 ", ".join(unknown),
                 ", ".join(sorted(known)),
             )
-        kept = tuple(dict.fromkeys(n for n in names if n in known))
-        if not kept:
-            self.reject(name, raw, fallback, "names no known exporter")
-            return fallback
         if "none" in kept:
             return ("none",)
         return kept

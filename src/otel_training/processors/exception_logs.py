@@ -13,8 +13,10 @@ it, and what ``span.record_exception()`` adds), one log record is emitted on the
   current context, which at the end of a span may be another span's.
 
 One exception, one record: an exception that leaves nested phases is recorded on each of their
-spans, but logged only where it left the innermost one (a span whose child logged the same
-exception type and message is skipped). ``configure()`` installs it when logs are exported.
+spans, but logged only where it left the innermost one. A span is skipped when one of its
+children logged an exception of the same type and message whose stack trace the span's ends
+with (the same exception, seen further up); another exception alike, raised elsewhere, has
+another stack and is logged. ``configure()`` installs it when logs are exported.
 
 ``on_end`` runs on the thread that ends the span; it costs a look at the span's events and,
 for an exception, an append to the logs batch queue. Nothing here raises.
@@ -58,8 +60,9 @@ class ExceptionLogSpanProcessor(SpanProcessor):
     def __init__(self, logger: logs_api.Logger) -> None:
         self._logger = logger
         self._lock = threading.Lock()
-        # (trace id, span id) of a span whose child logged an exception -> (type, message).
-        self._propagating: OrderedDict[tuple[int, int], tuple[Any, Any]] = OrderedDict()
+        # (trace id, span id) of a span whose child logged an exception -> its type, message
+        # and stack trace.
+        self._propagating: OrderedDict[tuple[int, int], tuple[Any, Any, str]] = OrderedDict()
         self._warned = False
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
@@ -85,16 +88,18 @@ class ExceptionLogSpanProcessor(SpanProcessor):
 
     def _on_exception(self, span: ReadableSpan, event: Any) -> None:
         attributes = event.attributes or {}
+        stack = attributes.get(EXCEPTION_STACKTRACE)
+        stack = stack if type(stack) is str else ""
         key = (attributes.get(EXCEPTION_TYPE), attributes.get(EXCEPTION_MESSAGE))
         context = span.context
         parent = span.parent
         with self._lock:
             seen = self._propagating.pop((context.trace_id, context.span_id), None)
             if parent is not None:
-                self._propagating[(context.trace_id, parent.span_id)] = key
+                self._propagating[(context.trace_id, parent.span_id)] = (*key, stack)
                 while len(self._propagating) > _MAX_TRACKED:
                     self._propagating.popitem(last=False)
-        if seen == key:
+        if seen is not None and seen[:2] == key and stack.endswith(_last_traceback(seen[2])):
             return  # a child span logged this exception already
         description = span.status.description
         body = description or f"{key[0]}: {key[1]}"
@@ -122,3 +127,14 @@ class ExceptionLogSpanProcessor(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True
+
+
+_TRACEBACK_HEADER = "Traceback (most recent call last):\n"
+
+
+def _last_traceback(stack: str) -> str:
+    """The frames and message of the last traceback in a formatted stack trace (after the
+    chained exceptions it may start with): what the same exception's stack trace ends with
+    at every span it propagates through."""
+    start = stack.rfind(_TRACEBACK_HEADER)
+    return stack if start < 0 else stack[start + len(_TRACEBACK_HEADER) :]
