@@ -172,13 +172,13 @@ def finished(telemetry) -> list:
 
 
 def test_logs_default_to_the_embedded_file_with_the_sdks_batch_settings(caplog):
-    """With nothing set: logs to the embedded default, the SDK's BLRP defaults, 128
-    attributes, the root logger not bridged, no warning."""
+    """With nothing set: logs to the embedded default, the SDK's BLRP delay and timeout (the
+    queue sized per exporter), 128 attributes, the root logger not bridged, no warning."""
     loaded, warnings = load(caplog)
     logs = loaded.logs
     assert logs.exporters == ("otlp_json_file",)
     assert (logs.schedule_delay_ms, logs.export_timeout_ms) == (1_000, 30_000)
-    assert (logs.max_queue_size, logs.max_export_batch_size) == (2048, 512)
+    assert (logs.max_queue_size, logs.max_export_batch_size) == (None, None)  # per exporter
     assert logs.attribute_count == 128 and not logs.bridge_root_logger
     assert warnings == []
 
@@ -310,6 +310,28 @@ def test_the_embedded_default_writes_logs_in_the_runs_directory(tmp_path):
     assert (resource[DL_RANK].int_value, resource[DL_WORLD_SIZE].int_value) == (2, 4)
     (record,) = request.resource_logs[0].scope_logs[0].log_records
     assert record.body.string_value == "hello"
+
+
+def test_the_embedded_defaults_logs_file_keeps_a_burst(tmp_path):
+    """20,000 records logged in a tight loop all reach logs-rank0.jsonl at default settings
+    (the local file's queue takes bursts; over OTLP the SDK's 2,048 apply)."""
+    telemetry = setup.configure(environ=env(OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(tmp_path)))
+    logger = logging.getLogger("train.burst")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler := otel_training.logging_handler())
+    try:
+        for i in range(20_000):
+            logger.info("record %d", i)
+    finally:
+        logger.removeHandler(handler)
+    assert telemetry.shutdown()
+    bodies = []
+    for line in (tmp_path / "latest" / "logs-rank0.jsonl").read_text().splitlines():
+        request = testing.parse_otlp_json(line, ExportLogsServiceRequest())
+        for scope_logs in request.resource_logs[0].scope_logs:
+            bodies.extend(r.body.string_value for r in scope_logs.log_records)
+    assert bodies == [f"record {i}" for i in range(20_000)]
 
 
 def test_no_logs_exporter_means_no_logger_provider():

@@ -64,6 +64,10 @@ DEFAULT_BLRP_SCHEDULE_DELAY_MS: Final = 1_000.0
 DEFAULT_BLRP_EXPORT_TIMEOUT_MS: Final = 30_000.0
 DEFAULT_BLRP_MAX_QUEUE_SIZE: Final = 2048
 DEFAULT_BLRP_MAX_EXPORT_BATCH_SIZE: Final = 512
+#: The embedded default's logs file when OTEL_BLRP_MAX_QUEUE_SIZE / _MAX_EXPORT_BATCH_SIZE are
+#: unset: a local file takes bursts (20,000 records logged in a tight loop lose none).
+DEFAULT_FILE_BLRP_MAX_QUEUE_SIZE: Final = 65_536
+DEFAULT_FILE_BLRP_MAX_EXPORT_BATCH_SIZE: Final = 4_096
 #: Attributes kept of one log record when neither OTEL_LOGRECORD_ATTRIBUTE_COUNT_LIMIT nor
 #: OTEL_ATTRIBUTE_COUNT_LIMIT is set (the SDK's default).
 DEFAULT_LOG_ATTRIBUTE_COUNT: Final = 128
@@ -224,8 +228,10 @@ class LogsSettings:
         otlp: OTLP settings of the logs signal.
         schedule_delay_ms: Batch log record processor delay between exports, in ms.
         export_timeout_ms: Its export timeout, in ms (the SDK does not use it yet).
-        max_queue_size: Records it holds; more are dropped.
-        max_export_batch_size: Records per export (at most ``max_queue_size``).
+        max_queue_size: Records it holds, more are dropped; ``None`` when
+            ``OTEL_BLRP_MAX_QUEUE_SIZE`` is unset (2,048 over OTLP, 65,536 for the file).
+        max_export_batch_size: Records per export (at most the queue size); ``None`` when
+            unset (512 over OTLP, 4,096 for the file).
         attribute_count: Attributes kept per record (``OTEL_LOGRECORD_ATTRIBUTE_COUNT_LIMIT``,
             else ``OTEL_ATTRIBUTE_COUNT_LIMIT``, else 128).
         bridge_root_logger: ``OTEL_PYTHON_TRAINING_LOGGING``: ``configure()`` adds the
@@ -236,8 +242,8 @@ class LogsSettings:
     otlp: OtlpSettings = field(default_factory=_default_otlp)
     schedule_delay_ms: float = DEFAULT_BLRP_SCHEDULE_DELAY_MS
     export_timeout_ms: float = DEFAULT_BLRP_EXPORT_TIMEOUT_MS
-    max_queue_size: int = DEFAULT_BLRP_MAX_QUEUE_SIZE
-    max_export_batch_size: int = DEFAULT_BLRP_MAX_EXPORT_BATCH_SIZE
+    max_queue_size: int | None = None
+    max_export_batch_size: int | None = None
     attribute_count: int = DEFAULT_LOG_ATTRIBUTE_COUNT
     bridge_root_logger: bool = False
 
@@ -719,11 +725,14 @@ class _Parser(EnvReader):
         other signals), OTLP settings, batch processor and attribute count."""
         otlp = self._otlp("logs")
         exporters = self._exporters("OTEL_LOGS_EXPORTER", otlp.endpoint is not None, frozenset())
-        queue = self.positive_int("OTEL_BLRP_MAX_QUEUE_SIZE", DEFAULT_BLRP_MAX_QUEUE_SIZE)
-        batch = self.positive_int(
-            "OTEL_BLRP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BLRP_MAX_EXPORT_BATCH_SIZE
-        )
-        if batch > queue:
+        queue = batch = None
+        if self.raw("OTEL_BLRP_MAX_QUEUE_SIZE") is not None:
+            queue = self.positive_int("OTEL_BLRP_MAX_QUEUE_SIZE", DEFAULT_BLRP_MAX_QUEUE_SIZE)
+        if self.raw("OTEL_BLRP_MAX_EXPORT_BATCH_SIZE") is not None:
+            batch = self.positive_int(
+                "OTEL_BLRP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BLRP_MAX_EXPORT_BATCH_SIZE
+            )
+        if queue is not None and batch is not None and batch > queue:
             self.warn(
                 "OTEL_BLRP_MAX_EXPORT_BATCH_SIZE (%d) is larger than OTEL_BLRP_MAX_QUEUE_SIZE "
                 "(%d); using %d.",

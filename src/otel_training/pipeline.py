@@ -203,7 +203,8 @@ def build(
     for name in settings.logs.exporters:
         log_exporter, target = _log_exporter(name, settings, outputs)
         if log_exporter is not None:
-            log_processors.append(_log_batch_processor(log_exporter, settings))
+            local = name in ("otlp_json_file", "console")
+            log_processors.append(_log_batch_processor(log_exporter, settings, local))
             log_targets.append(target)
 
     meter_provider = MeterProvider(
@@ -552,17 +553,25 @@ def _log_exporter(
 
 
 def _log_batch_processor(
-    exporter: LogRecordExporter, settings: config.Settings
+    exporter: LogRecordExporter, settings: config.Settings, local: bool
 ) -> BatchLogRecordProcessor:
-    """A ``BatchLogRecordProcessor`` with ``OTEL_BLRP_*`` as config.py parsed them (the SDK's
-    defaults when unset)."""
+    """A ``BatchLogRecordProcessor`` with ``OTEL_BLRP_*`` where given, else the SDK's
+    defaults over OTLP and, for a local file, a queue that takes bursts."""
     logs = settings.logs
+    queue = logs.max_queue_size or (
+        config.DEFAULT_FILE_BLRP_MAX_QUEUE_SIZE if local else config.DEFAULT_BLRP_MAX_QUEUE_SIZE
+    )
+    batch = logs.max_export_batch_size or (
+        config.DEFAULT_FILE_BLRP_MAX_EXPORT_BATCH_SIZE
+        if local
+        else config.DEFAULT_BLRP_MAX_EXPORT_BATCH_SIZE
+    )
     return BatchLogRecordProcessor(
         exporter,
         schedule_delay_millis=logs.schedule_delay_ms,
-        max_export_batch_size=min(logs.max_export_batch_size, logs.max_queue_size),
+        max_export_batch_size=min(batch, queue),
         export_timeout_millis=logs.export_timeout_ms,
-        max_queue_size=logs.max_queue_size,
+        max_queue_size=queue,
     )
 
 
