@@ -338,7 +338,7 @@ def test_offline_directory_is_mounted_where_the_collector_reads(compose, collect
         for name, config in collector["receivers"].items()
         if name.split("/")[0] in ("otlp_json_file", "otlpjsonfile")
     }
-    by_signal = {"metrics": [], "traces": []}
+    by_signal = {"metrics": [], "traces": [], "logs": []}
     for name, config in receivers.items():
         assert config.get("start_at") == "beginning", name
         for pattern in config["include"]:
@@ -349,7 +349,7 @@ def test_offline_directory_is_mounted_where_the_collector_reads(compose, collect
                     assert regex.fullmatch(f"run42/{signal}-rank17.jsonl"), pattern
                     files.append(name)
     assert all(len(set(names)) == 1 for names in by_signal.values()), by_signal
-    assert by_signal["metrics"] != by_signal["traces"]
+    assert len({names[0] for names in by_signal.values()}) == 3, by_signal
 
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:
@@ -388,6 +388,7 @@ def test_every_pipeline_has_receivers_and_exporters(collector):
     """Each pipeline has receivers and exporters and is of a known signal."""
     pipelines = collector["service"]["pipelines"]
     assert {"metrics", "traces", "metrics/offline", "traces/offline"} <= set(pipelines)
+    assert {"logs", "logs/offline"} <= set(pipelines)
     for name, config in pipelines.items():
         assert name.split("/")[0] in ("metrics", "traces", "logs"), name
         assert config.get("receivers") and config.get("exporters"), name
@@ -416,6 +417,22 @@ def _duration_s(text: str) -> float:
     parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
     assert parts and "".join(n + u for n, u in parts) == text, text
     return sum(float(n) * units[u] for n, u in parts)
+
+
+def test_logs_pipelines_take_otlp_and_the_files_to_the_debug_exporter(collector):
+    """Logs arrive over OTLP (the live path) and from logs-rank*.jsonl (the offline path),
+    pass memory_limiter and batch, and end at an exporter defined in the file."""
+    pipelines = collector["service"]["pipelines"]
+    live, offline = pipelines["logs"], pipelines["logs/offline"]
+    assert live["receivers"] == ["otlp"]
+    (receiver,) = offline["receivers"]
+    assert receiver.split("/")[0] == "otlp_json_file"
+    assert any("logs-rank*.jsonl" in p for p in collector["receivers"][receiver]["include"])
+    for pipeline in (live, offline):
+        assert pipeline["processors"] == ["memory_limiter", "batch"]
+        assert pipeline["exporters"] and all(
+            e in collector["exporters"] for e in pipeline["exporters"]
+        )
 
 
 def test_exporters_use_current_component_names(collector):
