@@ -53,7 +53,7 @@ from otel_training import config, files, limits
 from otel_training import views as _views
 from otel_training.exporters import SafeMetricExporter, SafeSpanExporter
 from otel_training.ids import ProcessLocalIdGenerator
-from otel_training.processors import span_mirrors
+from otel_training.processors import CheckpointMetricsSpanProcessor, span_mirrors
 from otel_training.processors.truncation import TruncatingSpanProcessor
 from otel_training.resource import identity_attributes
 
@@ -175,17 +175,7 @@ def build(
         if reader is not None:
             readers.append(reader)
             metric_targets.append(target)
-    truncation = TruncatingSpanProcessor()
-    # Open spans are tracked first; NVTX ranges and span JSON lines come before the batches.
-    mirrors, mirror_targets = span_mirrors(settings, outputs.open)
-    processors: list[SpanProcessor] = [truncation, *mirrors, *extra_processors]
-    trace_targets: list[str] = []
-    for name in settings.traces_exporters:
-        exporter, target, local = _span_exporter(name, settings, outputs)
-        if exporter is not None:
-            processors.append(_batch_processor(exporter, settings, local))
-            trace_targets.append(target)
-
+    # Before the span processors: checkpoint spans record their durations on its meter.
     meter_provider = MeterProvider(
         metric_readers=readers,
         resource=resource,
@@ -194,6 +184,20 @@ def build(
         ),
         shutdown_on_exit=False,
     )
+    truncation = TruncatingSpanProcessor()
+    # Open spans are tracked first; NVTX ranges and span JSON lines come before the batches.
+    mirrors, mirror_targets = span_mirrors(settings, outputs.open)
+    checkpoint_metrics = CheckpointMetricsSpanProcessor(
+        meter_provider.get_meter(INSTRUMENTATION_NAME)
+    )
+    processors: list[SpanProcessor] = [truncation, *mirrors, checkpoint_metrics, *extra_processors]
+    trace_targets: list[str] = []
+    for name in settings.traces_exporters:
+        exporter, target, local = _span_exporter(name, settings, outputs)
+        if exporter is not None:
+            processors.append(_batch_processor(exporter, settings, local))
+            trace_targets.append(target)
+
     tracer_provider = TracerProvider(
         resource=resource,
         sampler=_sampler(settings),

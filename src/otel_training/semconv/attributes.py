@@ -21,6 +21,7 @@ __all__ = [
     "DL_RANK",
     "DL_RUN_ID",
     "DL_WORLD_SIZE",
+    "MEGATRON_CHECKPOINT_OPERATION",
     "MEGATRON_CHECKPOINT_PATH",
     "MEGATRON_CHECKPOINT_SIZE",
     "MEGATRON_CHECKPOINT_STRATEGY",
@@ -113,6 +114,16 @@ Type: int. Resource attribute. Stability: development. Examples: ``8``, ``1024``
 
 WORLD_SIZE under torchrun, SLURM_NTASKS under SLURM. The name is the one NVIDIA NeMo Lens uses, for
 compatibility with its dashboards.
+"""
+
+
+MEGATRON_CHECKPOINT_OPERATION: Final = "megatron.checkpoint.operation"
+"""Whether a checkpoint operation saved or loaded a checkpoint.
+
+Type: enum (``"save"``, ``"load"``). Point attribute. Stability: development.
+
+A point attribute of megatron.checkpoint.duration with two values, so its cardinality is bounded.
+Not a span attribute: the span name already says which operation it is.
 """
 
 
@@ -266,6 +277,13 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             brief="Number of processes of the training job, across all nodes.",
             stability="development",
             resource=True,
+        ),
+        MEGATRON_CHECKPOINT_OPERATION: AttributeSpec(
+            name=MEGATRON_CHECKPOINT_OPERATION,
+            type="enum",
+            brief="Whether a checkpoint operation saved or loaded a checkpoint.",
+            stability="development",
+            resource=False,
         ),
         MEGATRON_CHECKPOINT_PATH: AttributeSpec(
             name=MEGATRON_CHECKPOINT_PATH,
