@@ -57,8 +57,7 @@ class _Parts:
 
 
 def test_save_and_load_phases_record_their_span_durations():
-    """A save and a load phase each record one point, labelled with its operation, whose value
-    is the span's own duration."""
+    """A save and a load phase each record one point: their operation, the span's own duration."""
     memory = testing.configure_in_memory()
     with otel_training.checkpoint_save("/ckpt/iter_10", iteration=10):
         pass
@@ -78,8 +77,7 @@ def test_save_and_load_phases_record_their_span_durations():
 
 
 def test_buckets_are_the_checkpoint_buckets_and_the_value_lands_in_its_bucket():
-    """A 90.5 s save (span start and end given) falls in the (60 s, 120 s] bucket of the default
-    checkpoint buckets."""
+    """A 90.5 s save (span times given) lands in the (60 s, 120 s] bucket of the default bounds."""
     parts = _Parts()
     start_ns = 1_700_000_000_000_000_000
     span = parts.tracer.start_span(MEGATRON_CHECKPOINT_SAVE, start_time=start_ns)
@@ -92,8 +90,7 @@ def test_buckets_are_the_checkpoint_buckets_and_the_value_lands_in_its_bucket():
 
 
 def test_recorded_when_trace_export_is_none():
-    """With OTEL_TRACES_EXPORTER=none, the default span groups and no span processor of the
-    caller, a checkpoint save still records its duration."""
+    """With OTEL_TRACES_EXPORTER=none and the default span groups, a save still records."""
     reader = InMemoryMetricReader()
     telemetry = setup.configure(
         environ={
@@ -131,8 +128,7 @@ def test_other_spans_record_nothing():
 
 
 def test_failed_and_truncated_checkpoints_record_nothing():
-    """A save that raised (status ERROR) and one still open at shutdown (ended as truncated)
-    record no duration; a save that ended normally beside them does."""
+    """A save that raised or was ended truncated at shutdown records nothing; a good load does."""
     parts = _Parts()
     with pytest.raises(OSError):
         with parts.tracer.start_as_current_span(MEGATRON_CHECKPOINT_SAVE):
@@ -145,8 +141,7 @@ def test_failed_and_truncated_checkpoints_record_nothing():
 
 
 def test_a_truncated_span_with_ok_status_records_nothing():
-    """At a normal exit a truncated span keeps its status; the truncated attribute alone keeps
-    it out of the histogram."""
+    """The truncated attribute alone (status left OK, as at a normal exit) keeps a span out."""
     parts = _Parts()
     span = parts.tracer.start_span(MEGATRON_CHECKPOINT_SAVE)
     span.set_attribute(OTEL_TRAINING_SPAN_TRUNCATED, True)

@@ -617,8 +617,7 @@ def _panel(dashboard: dict[str, Any], title: str) -> dict[str, Any]:
 
 
 def test_counters_a_healthy_run_never_creates_read_zero(dashboard):
-    """The skipped-iterations and non-finite panels fall back to a constant 0 with no labels to
-    match (`or on() vector(0)`), after the query that filters on the template variables."""
+    """Skipped-iteration and non-finite panels fall back to `or on() vector(0)` after the query."""
     for title in ZERO_WHEN_ABSENT:
         (target,) = _panel(dashboard, title)["targets"]
         query, fallback = re.fullmatch(r"(.+\))\s+or on\(\)\s+(.+)", target["expr"], re.S).groups()
@@ -630,8 +629,7 @@ def test_counters_a_healthy_run_never_creates_read_zero(dashboard):
 
 
 def test_checkpoint_panels_chart_the_checkpoint_histogram_by_operation(dashboard):
-    """The checkpoint panels read megatron.checkpoint.duration (in seconds) split by its
-    operation attribute, as Prometheus names them; the metric's buckets reach 1 h."""
+    """The checkpoint panels read megatron.checkpoint.duration in seconds, split by operation."""
     (metric,) = [m for m in _registry_metrics() if m["name"] == "megatron.checkpoint.duration"]
     assert (metric["instrument"], metric["unit"]) == ("histogram", "s")
     series = set(_prometheus_series(metric["name"], "histogram", "s"))
@@ -691,8 +689,7 @@ def _render_link(url: str, variables: dict[str, Any]) -> str:
 
 
 def test_per_rank_panels_link_to_the_ranks_traces_in_jaeger(dashboard):
-    """Every panel drawn per rank (legend `rank {{dl_rank}}`) has data links to the rank's
-    traces in Jaeger, and each label a link uses is kept by every query of its panel."""
+    """Every per-rank panel links to Jaeger with labels that each of its queries keeps."""
     per_rank = {
         p["title"]
         for p in _panels(dashboard)
@@ -715,9 +712,7 @@ def test_per_rank_panels_link_to_the_ranks_traces_in_jaeger(dashboard):
 
 
 def test_jaeger_links_open_a_trace_search_for_the_service_and_rank(compose, dashboard):
-    """Each panel has one link to Grafana's Explore on the provisioned Jaeger data source and
-    one to the Jaeger UI's search, both for the series' service (`job`), tag dl.rank and the
-    dashboard's time range; checkpoint panels also name the checkpoint span."""
+    """Explore and Jaeger UI links search the series' service, dl.rank and the time range."""
     jaeger_uid = next(d for d in _yaml(DATASOURCES)["datasources"] if d["type"] == "jaeger")["uid"]
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     service, rank = _SAMPLE_LABELS["job"], _SAMPLE_LABELS["dl_rank"]
@@ -756,8 +751,7 @@ def test_jaeger_links_open_a_trace_search_for_the_service_and_rank(compose, dash
 
 
 def test_jaeger_ui_address_is_a_variable_defaulting_to_the_compose_port(compose, dashboard):
-    """The Jaeger UI's address is a textbox variable (what the browser reaches) whose default
-    is the port compose publishes on loopback."""
+    """The Jaeger UI address is a textbox variable defaulting to the port compose publishes."""
     variable = next(v for v in dashboard["templating"]["list"] if v["name"] == "jaeger_url")
     assert variable["type"] == "textbox"
     assert variable["query"] == variable["current"]["value"]

@@ -94,8 +94,7 @@ def test_checkpoint_buckets_span_one_second_to_one_hour():
 
 
 def test_checkpoint_view_replaced_by_a_user_view():
-    """A user view for megatron.checkpoint.duration replaces the default checkpoint view and
-    leaves the step-duration view in place."""
+    """A user view for megatron.checkpoint.duration replaces its default view, not the step one."""
     name = "megatron.checkpoint.duration"
     user = View(
         instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(boundaries=(10,))

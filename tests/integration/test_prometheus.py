@@ -438,8 +438,7 @@ def _selection(service: str, identity: dict[str, str]) -> dict[str, Any]:
 
 
 def test_counter_panels_read_zero_for_a_healthy_run(prometheus, demo, healthy_demo):
-    """A healthy run has no skipped-iteration or non-finite counter at all, and its panels read
-    0; the demo's real counts are not hidden by that fallback."""
+    """A healthy run's counter panels read 0; the demo's real counts are not hidden."""
     healthy = f'job="{HEALTHY}"'
     assert not prometheus.series(f'{{__name__=~"{SKIPPED}|{NONFINITE}", {healthy}}}')
     assert {p["title"] for p in _panels(_dashboard())} >= ZERO_WHEN_ABSENT
@@ -453,8 +452,7 @@ def test_counter_panels_read_zero_for_a_healthy_run(prometheus, demo, healthy_de
 
 
 def test_checkpoint_panels_chart_the_saves_of_each_run(prometheus, demo, healthy_demo):
-    """The checkpoint panels return the saves of each run, one series per operation (and rank),
-    with a mean duration no longer than the run's whole training."""
+    """The checkpoint panels return each run's saves (traces not exported), by operation."""
     for service, identity, at in (
         (SERVICE, IDENTITY, demo),
         (HEALTHY, HEALTHY_IDENTITY, healthy_demo),
