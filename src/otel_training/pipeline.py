@@ -60,7 +60,7 @@ from otel_training import config, files, limits
 from otel_training import views as _views
 from otel_training.exporters import SafeLogRecordExporter, SafeMetricExporter, SafeSpanExporter
 from otel_training.ids import ProcessLocalIdGenerator
-from otel_training.processors import span_mirrors
+from otel_training.processors import CheckpointMetricsSpanProcessor, span_mirrors
 from otel_training.processors.exception_logs import ExceptionLogSpanProcessor
 from otel_training.processors.nvtx import NvtxSpanProcessor
 from otel_training.processors.truncation import TruncatingSpanProcessor
@@ -190,10 +190,22 @@ def build(
         if reader is not None:
             readers.append(reader)
             metric_targets.append(target)
+    # Before the span processors: checkpoint spans record their durations on its meter.
+    meter_provider = MeterProvider(
+        metric_readers=readers,
+        resource=resource,
+        views=_views.default_views(
+            step_duration_buckets_ms or settings.step_duration_buckets_ms, user_views
+        ),
+        shutdown_on_exit=False,
+    )
     truncation = TruncatingSpanProcessor()
     # Open spans are tracked first; NVTX ranges and span JSON lines come before the batches.
     mirrors, mirror_targets = span_mirrors(settings, outputs.open)
-    processors: list[SpanProcessor] = [truncation, *mirrors, *extra_processors]
+    checkpoint_metrics = CheckpointMetricsSpanProcessor(
+        meter_provider.get_meter(INSTRUMENTATION_NAME)
+    )
+    processors: list[SpanProcessor] = [truncation, *mirrors, checkpoint_metrics, *extra_processors]
     trace_targets: list[str] = []
     for name in settings.traces_exporters:
         exporter, target, local = _span_exporter(name, settings, outputs)
@@ -210,14 +222,6 @@ def build(
             log_processors.append(_log_batch_processor(log_exporter, settings, local))
             log_targets.append(target)
 
-    meter_provider = MeterProvider(
-        metric_readers=readers,
-        resource=resource,
-        views=_views.default_views(
-            step_duration_buckets_ms or settings.step_duration_buckets_ms, user_views
-        ),
-        shutdown_on_exit=False,
-    )
     tracer_provider = TracerProvider(
         resource=resource,
         sampler=_sampler(settings),

@@ -18,6 +18,7 @@ from opentelemetry.metrics import Counter, Histogram, Meter
 from opentelemetry.metrics import _Gauge as Gauge
 
 from otel_training.semconv.attributes import (
+    MEGATRON_CHECKPOINT_OPERATION,
     MEGATRON_TRAINING_LAYER,
     MEGATRON_TRAINING_METRIC,
     MEGATRON_TRAINING_ROUTER_EXPERT,
@@ -25,6 +26,7 @@ from otel_training.semconv.attributes import (
 )
 
 __all__ = [
+    "MEGATRON_CHECKPOINT_DURATION",
     "MEGATRON_TRAINING_GRAD_NORM",
     "MEGATRON_TRAINING_LEARNING_RATE",
     "MEGATRON_TRAINING_LOSS",
@@ -48,6 +50,7 @@ __all__ = [
     "MEGATRON_TRAINING_TOKENS_PER_SEC",
     "METRICS",
     "MetricSpec",
+    "create_megatron_checkpoint_duration",
     "create_megatron_training_grad_norm",
     "create_megatron_training_learning_rate",
     "create_megatron_training_loss",
@@ -69,6 +72,7 @@ __all__ = [
     "create_megatron_training_tensor_update_ratio",
     "create_megatron_training_throughput_tflops",
     "create_megatron_training_tokens_per_sec",
+    "MEGATRON_CHECKPOINT_OPERATION",
     "MEGATRON_TRAINING_LAYER",
     "MEGATRON_TRAINING_METRIC",
     "MEGATRON_TRAINING_ROUTER_EXPERT",
@@ -101,6 +105,31 @@ class MetricSpec:
     stability: str
     attributes: tuple[str, ...]
     naming_exception: str | None
+
+
+MEGATRON_CHECKPOINT_DURATION: Final = "megatron.checkpoint.duration"
+"""Duration of a completed checkpoint save or load.
+
+Instrument: histogram. Unit as exported: ``"s"``; true unit: ``"s"``. Value type: double. Stability:
+development. Attributes: ``"megatron.checkpoint.operation"``.
+
+Seconds, exported with unit s. One point per checkpoint span that ends normally: the span's own
+duration (end time minus start time), so for an asynchronous save the time the training loop was
+blocked, not the background write. Not recorded: a span whose status is ERROR (the operation failed:
+the span and its exception event say so) and a span that was still open at shutdown
+(otel_training.span.truncated), whose end is the shutdown's. Only recorded spans are seen: the span
+group of the checkpoint span must be on and the sampler must sample it. Default buckets from 1 s to
+1 h (otel_training.views.CHECKPOINT_DURATION_BUCKETS_S).
+"""
+
+
+def create_megatron_checkpoint_duration(meter: Meter) -> Histogram:
+    """Create the histogram ``megatron.checkpoint.duration`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[MEGATRON_CHECKPOINT_DURATION]
+    return meter.create_histogram(spec.name, unit=spec.unit, description=spec.description)
 
 
 MEGATRON_TRAINING_GRAD_NORM: Final = "megatron.training.grad_norm"
@@ -556,6 +585,17 @@ def create_megatron_training_tokens_per_sec(meter: Meter) -> Gauge:
 
 METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
     {
+        MEGATRON_CHECKPOINT_DURATION: MetricSpec(
+            name=MEGATRON_CHECKPOINT_DURATION,
+            instrument="histogram",
+            unit="s",
+            description="Duration of a completed checkpoint save or load.",
+            true_unit="s",
+            value_type="double",
+            stability="development",
+            attributes=(MEGATRON_CHECKPOINT_OPERATION,),
+            naming_exception=None,
+        ),
         MEGATRON_TRAINING_GRAD_NORM: MetricSpec(
             name=MEGATRON_TRAINING_GRAD_NORM,
             instrument="gauge",
