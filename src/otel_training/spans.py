@@ -49,12 +49,13 @@ leaves the function undecorated.
 from __future__ import annotations
 
 import collections
+import contextvars
 import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from opentelemetry import context as context_api
@@ -63,7 +64,7 @@ from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.trace import Status, StatusCode
 
 from otel_training import instruments, setup
-from otel_training.config import CUSTOM_SPAN_GROUP, SPAN_GROUPS
+from otel_training.config import CUSTOM_SPAN_GROUP, SPAN_GROUPS, span_groups_from_names
 from otel_training.processors.nvtx import end_ranges_now
 from otel_training.semconv.attributes import (
     MEGATRON_CHECKPOINT_PATH,
@@ -552,16 +553,24 @@ class _NoOpPhase(Phase):
 NOOP_PHASE: Phase = _NoOpPhase()
 
 
+# The state of a SpanRecorder built on its own providers, while it makes a phase.
+_bound_state: contextvars.ContextVar[_State | None] = contextvars.ContextVar(
+    "otel_training_bound_span_state", default=None
+)
+
+
 def _make(
     name: str, group: str, attributes: dict[str, Any] | None, record_step_duration: bool = False
 ) -> Phase:
     """A phase, or the shared no-op when its group is disabled (a set lookup)."""
-    telemetry = setup._current
-    if telemetry is None:  # not configured yet: decide when the phase starts
-        return Phase(name, group, attributes, record_step_duration)
-    state = _state
-    if state.telemetry is not telemetry:
-        state = _refresh(telemetry)
+    state = _bound_state.get()
+    if state is None:
+        telemetry = setup._current
+        if telemetry is None:  # not configured yet: decide when the phase starts
+            return Phase(name, group, attributes, record_step_duration)
+        state = _state
+        if state.telemetry is not telemetry:
+            state = _refresh(telemetry)
     if group not in state.groups and not record_step_duration:
         return NOOP_PHASE
     return Phase(name, group, attributes, record_step_duration, state)
@@ -740,17 +749,60 @@ class SpanRecorder:
     Spans started here are not made current: give ``parent=`` to nest them. Every method
     never raises; a disabled group gives the shared no-op handle.
 
+    Args:
+        tracer_provider: Where the spans go; default: the tracer of the configured pipeline
+            (:func:`otel_training.configure`, from the environment on first use).
+        meter_provider: Where ``record_metrics`` and ``record_step_duration`` of the phases
+            record; default: the configured pipeline's meter.
+        span_groups: Presets and group names that record spans (as
+            ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``); default: the configured pipeline's groups.
+            With none of the three, the recorder follows the configured pipeline, even one
+            configured later; with any of them, what is not given is taken from the
+            pipeline configured now (configuring it from the environment if needed).
+
+    Raises:
+        ValueError: when ``span_groups`` names an unknown preset or group.
+
     Example::
 
         recorder = SpanRecorder()
-        run = recorder.start("megatron.train")
-        step = recorder.start("megatron.train.iteration", parent=run,
-                              attributes={"megatron.iteration": 1})
+        run = recorder.start_phase(training_run)
+        step = recorder.start_phase(training_iteration, iteration=1, parent=run)
         recorder.event(step, "loss_spike", {"loss": 9.1})
         recorder.stop(step)
         recorder.error(run, exc)   # if the run fails
         recorder.stop(run)
     """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: trace_api.TracerProvider | None = None,
+        meter_provider: Any = None,
+        span_groups: str | Iterable[str] | None = None,
+    ) -> None:
+        self._state: _State | None = None
+        if tracer_provider is None and meter_provider is None and span_groups is None:
+            return
+        groups = None if span_groups is None else span_groups_from_names(span_groups)
+        configured = _configured_state()
+        state = _State()
+        if tracer_provider is None:
+            state.tracer = configured.tracer
+            recording = bool(configured.groups)
+        else:
+            state.tracer = tracer_provider.get_tracer(setup.INSTRUMENTATION_NAME)
+            recording = not isinstance(tracer_provider, trace_api.NoOpTracerProvider)
+        state.meter = (
+            configured.meter
+            if meter_provider is None
+            else meter_provider.get_meter(setup.INSTRUMENTATION_NAME)
+        )
+        if groups is None:
+            telemetry = configured.telemetry
+            groups = telemetry.settings.span_groups if telemetry is not None else frozenset()
+        state.groups = groups if recording else frozenset()
+        self._state = state
 
     def start(
         self,
@@ -760,8 +812,32 @@ class SpanRecorder:
         attributes: Mapping[str, Any] | None = None,
         parent: Phase | None = None,
     ) -> Phase:
-        """Starts a span and returns its handle (see :func:`phase` for ``group``)."""
-        handle = phase(name, group=group, **dict(attributes or {}))
+        """Starts a span named ``name`` and returns its handle (see :func:`phase` for
+        ``group``)."""
+        return self.start_phase(phase, name, group=group, parent=parent, **dict(attributes or {}))
+
+    def start_phase(
+        self,
+        phase_function: Callable[..., Phase],
+        /,
+        *args: Any,
+        parent: Phase | None = None,
+        **kwargs: Any,
+    ) -> Phase:
+        """Starts the phase that ``phase_function(*args, **kwargs)`` describes
+        (:func:`training_iteration`, :func:`optimizer_step`, :func:`checkpoint_save`...), with
+        this recorder's providers and groups, and returns its handle. The span names and groups
+        stay those of the phase functions."""
+        state = self._state
+        token = None if state is None else _bound_state.set(state)
+        try:
+            handle = phase_function(*args, **kwargs)
+        except Exception:
+            _warn_once("start_phase", "could not make the phase %r", phase_function)
+            return NOOP_PHASE
+        finally:
+            if token is not None:
+                _bound_state.reset(token)
         return handle.start(parent=parent)
 
     def stop(self, handle: Phase, attributes: Mapping[str, Any] | None = None) -> None:
