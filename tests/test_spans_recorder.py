@@ -96,3 +96,16 @@ def test_start_phase_never_raises_on_a_bad_call():
         raise RuntimeError("boom")
 
     assert otel_training.SpanRecorder().start_phase(broken) is spans.NOOP_PHASE
+
+
+def test_a_recorder_on_both_providers_configures_nothing(monkeypatch):
+    """With tracer_provider= and meter_provider=, no pipeline is configured; the groups come
+    from OTEL_PYTHON_TRAINING_SPAN_GROUPS."""
+    monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
+    exporter, tracer_provider, _, meter_provider = _own_providers()
+    recorder = otel_training.SpanRecorder(
+        tracer_provider=tracer_provider, meter_provider=meter_provider
+    )
+    recorder.stop(recorder.start_phase(otel_training.optimizer_step, iteration=2))
+    assert setup.current() is None
+    assert len(exporter.get_finished_spans()) == 1

@@ -63,7 +63,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.trace import Status, StatusCode
 
-from otel_training import instruments, setup
+from otel_training import config, instruments, setup
 from otel_training.config import CUSTOM_SPAN_GROUP, SPAN_GROUPS, span_groups_from_names
 from otel_training.processors.nvtx import end_ranges_now
 from otel_training.semconv.attributes import (
@@ -755,10 +755,11 @@ class SpanRecorder:
         meter_provider: Where ``record_metrics`` and ``record_step_duration`` of the phases
             record; default: the configured pipeline's meter.
         span_groups: Presets and group names that record spans (as
-            ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``); default: the configured pipeline's groups.
-            With none of the three, the recorder follows the configured pipeline, even one
-            configured later; with any of them, what is not given is taken from the
-            pipeline configured now (configuring it from the environment if needed).
+            ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``); default: the configured pipeline's groups,
+            else that variable's. With none of the three, the recorder follows the configured
+            pipeline, even one configured later; with a provider missing, the missing one is
+            taken from the pipeline configured now (configuring it from the environment if
+            needed); with both providers, nothing is configured.
 
     Raises:
         ValueError: when ``span_groups`` names an unknown preset or group.
@@ -785,7 +786,9 @@ class SpanRecorder:
         if tracer_provider is None and meter_provider is None and span_groups is None:
             return
         groups = None if span_groups is None else span_groups_from_names(span_groups)
-        configured = _configured_state()
+        configured = None
+        if tracer_provider is None or meter_provider is None:
+            configured = _configured_state()
         state = _State()
         if tracer_provider is None:
             state.tracer = configured.tracer
@@ -799,8 +802,9 @@ class SpanRecorder:
             else meter_provider.get_meter(setup.INSTRUMENTATION_NAME)
         )
         if groups is None:
-            telemetry = configured.telemetry
-            groups = telemetry.settings.span_groups if telemetry is not None else frozenset()
+            telemetry = setup._current
+            settings = telemetry.settings if telemetry is not None else config.load()
+            groups = settings.span_groups
         state.groups = groups if recording else frozenset()
         self._state = state
 

@@ -133,7 +133,12 @@ def train(
         eval_dataset=data[:8],
         callbacks=probes,
     )
-    trainer.train()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: more threads only contend on a shared machine
+    try:
+        trainer.train()
+    finally:
+        torch.set_num_threads(threads)
     return {"before": before, "after": after, "trainer": trainer, "callback": callback}
 
 

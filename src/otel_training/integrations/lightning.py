@@ -297,6 +297,7 @@ class OtelTrainingCallback(_Base):
             handle = register(self._after_update)
             self._restore.append(handle.remove)
 
+    @guarded
     def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._updated = True
         self._run.end_optimizer()
