@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench bench-spans bench-tensor semconv clean
+.PHONY: setup demo test lint bench bench-spans bench-tensor bench-integrations semconv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,11 +23,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
-	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/ruff check src tests bench scripts examples
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench scripts
-	$(VENV)/bin/ruff format --check src tests bench scripts
+	$(VENV)/bin/ruff check src tests bench scripts examples
+	$(VENV)/bin/ruff format --check src tests bench scripts examples
 
 bench: setup
 	$(PY) bench/record_metrics.py
@@ -38,6 +38,10 @@ bench-spans: setup
 
 bench-tensor: setup
 	$(PY) bench/tensor_metrics.py
+
+# The Lightning and Hugging Face callbacks against the same training without them.
+bench-integrations: setup
+	$(PY) bench/integrations.py
 
 semconv: setup
 	$(PY) scripts/generate_semconv.py

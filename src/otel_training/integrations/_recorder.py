@@ -218,6 +218,8 @@ class RunRecorder:
         self._step: int | None = None
         self._boundary = 0.0
         self._interval_steps = 0
+        self._step_losses: list[Any] = []
+        self._interval_losses: list[Any] = []
         self.counts_tokens = False
 
     # -- the run --------------------------------------------------------------------------
@@ -238,6 +240,7 @@ class RunRecorder:
         self._run = self._recorder.start_phase(spans.training_run)
         self._step = None
         self._interval_steps = 0
+        self._step_losses, self._interval_losses = [], []
         self._boundary = time.perf_counter()
 
     def end_run(self) -> None:
@@ -321,7 +324,11 @@ class RunRecorder:
             return
         if tokens_global is not None:
             self.counts_tokens = True
-        self._accumulator.add_micro_batch(loss, tokens=tokens_global or 0)
+        if loss is not None:
+            # Kept as they are until the interval's mean: one stack and mean per interval
+            # rather than per step (StepAccumulator would average every step's losses).
+            self._step_losses.append(loss.detach() if hasattr(loss, "detach") else loss)
+        self._accumulator.add_micro_batch(None, tokens=tokens_global or 0)
 
     def begin_optimizer(self) -> None:
         """Before the optimizer update: commits the tensor observer (gradients as they are now)
@@ -352,6 +359,9 @@ class RunRecorder:
         record = self._accumulator.end_step(now - self._boundary, skipped=skipped)
         self._boundary = now
         self._interval_steps += 1
+        if not skipped:
+            self._interval_losses.extend(self._step_losses)
+        self._step_losses = []
         record_training_metrics(self._meter, step_duration_ms=record.duration_ms)
         handle, self._iteration = self._iteration, None
         if handle is not None:
@@ -411,8 +421,8 @@ class RunRecorder:
 
         Args:
             loss: The framework's interval loss; ``None``: the mean of the micro-batch losses
-                handed to :meth:`add_micro_batch` over the interval's non-skipped steps, times
-                ``loss_scale``.
+                handed to :meth:`add_micro_batch` over the interval's non-skipped steps (a 0-d
+                tensor when they were tensors), times ``loss_scale``.
             loss_scale: Factor that undoes a framework's division of micro-batch losses (by
                 the accumulation steps).
             grad_norm: Global gradient norm before clipping, as the framework computed it.
@@ -424,8 +434,11 @@ class RunRecorder:
             return
         stats = self._accumulator.interval()
         self._interval_steps = 0
-        if loss is None and stats.loss is not None:
-            loss = stats.loss if loss_scale == 1.0 else stats.loss * loss_scale
+        losses, self._interval_losses = self._interval_losses, []
+        if loss is None and losses:
+            loss = _mean(losses)
+            if loss_scale != 1.0:
+                loss = loss * loss_scale
         tokens_per_sec = stats.tokens_per_sec_global if self.counts_tokens else None
         tflops = None
         per_device = stats.tokens_per_sec_per_device if self.counts_tokens else None
@@ -448,6 +461,19 @@ class RunRecorder:
     def steps_in_interval(self) -> int:
         """Optimizer steps ended since the last recorded interval."""
         return self._interval_steps
+
+
+def _mean(values: list[Any]) -> Any:
+    """The mean of floats, or of 0-d tensors as a 0-d tensor on their device (float32 or
+    wider), without reading them."""
+    if not any(hasattr(v, "dim") for v in values):
+        return math.fsum(float(v) for v in values) / len(values)
+    import torch
+
+    stacked = torch.stack([torch.as_tensor(v).reshape(()) for v in values])
+    if not stacked.is_floating_point() or stacked.element_size() < 4:
+        stacked = stacked.float()
+    return stacked.mean()
 
 
 def _pipeline_for(identity: FrameworkIdentity) -> setup.Telemetry:

@@ -115,6 +115,8 @@ class OtelTrainingCallback(_Base):
         self._restore: list[Callable[[], None]] = []
         self._batch_tokens: int | None = None
         self._interval_flops = 0.0
+        self._world_size = 1
+        self._has_flops = False
         self._last_global_step = 0
         self._updated = False
         self._grad_norm: Any = None
@@ -138,6 +140,10 @@ class OtelTrainingCallback(_Base):
         self._run.watch_model(pl_module)
         self._last_global_step = int(trainer.global_step)
         self._interval_flops = 0.0
+        self._world_size = identity.world_size
+        # Looked up once, as Lightning's ThroughputMonitor does: a missing attribute of an
+        # nn.Module costs an exception on every lookup.
+        self._has_flops = hasattr(pl_module, "flops_per_batch")
         self._tap_checkpoint_saves(trainer)
         self._tap_gradient_clipping(trainer)
         self._tap_optimizer_updates(trainer)
@@ -178,10 +184,11 @@ class OtelTrainingCallback(_Base):
             self._run.begin_step(int(trainer.global_step) + 1)
             self._updated = False
         tokens = count_tokens(batch, self._tokens_per_sample, self._tokens_per_batch)
-        self._batch_tokens = None if tokens is None else tokens * int(trainer.world_size)
-        flops = getattr(pl_module, "flops_per_batch", None)
-        if isinstance(flops, (int, float)) and not isinstance(flops, bool) and flops > 0:
-            self._interval_flops += float(flops)
+        self._batch_tokens = None if tokens is None else tokens * self._world_size
+        if self._has_flops:
+            flops = getattr(pl_module, "flops_per_batch", None)
+            if isinstance(flops, (int, float)) and not isinstance(flops, bool) and flops > 0:
+                self._interval_flops += float(flops)
 
     @guarded
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
