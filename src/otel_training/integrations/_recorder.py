@@ -241,6 +241,7 @@ class RunRecorder:
         self._step = None
         self._interval_steps = 0
         self._step_losses, self._interval_losses = [], []
+        self.counts_tokens = False
         self._boundary = time.perf_counter()
 
     def end_run(self) -> None:
