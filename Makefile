@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench bench-spans bench-tensor bench-integrations semconv clean
+.PHONY: setup demo test lint bench bench-spans bench-tensor bench-bad-day bench-integrations semconv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ bench-spans: setup
 
 bench-tensor: setup
 	$(PY) bench/tensor_metrics.py
+
+# Shutdown bounds, 200 SIGTERMs, an 80,000-span burst and case A11, in real processes.
+bench-bad-day: setup
+	$(PY) bench/bad_day.py
 
 # The Lightning and Hugging Face callbacks against the same training without them.
 bench-integrations: setup

@@ -32,15 +32,6 @@ tracer = provider.get_tracer("test")
 """
 
 
-@pytest.fixture(scope="session")
-def recorder_library(tmp_path_factory) -> Path:
-    """The NVTX recorder, compiled once per session (skips without a C compiler)."""
-    library = nvtx_injection.build(tmp_path_factory.mktemp("nvtx"))
-    if library is None:
-        pytest.skip("no C compiler to build the NVTX injection library")
-    return library
-
-
 @pytest.fixture
 def record(recorder_library, tmp_path):
     """Runs Python code in a child with the recorder attached; returns the records."""

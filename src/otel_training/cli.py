@@ -5,7 +5,8 @@ Subcommands:
 - ``demo``: train a small GPT-style model on the Python standard library's sources and emit the
   Megatron-LM training metrics through OpenTelemetry, configured from the ``OTEL_*`` environment
   variables (with none set, OTLP-JSON files in a local directory). Needs the ``torch`` extra.
-  ``otel-training demo --help`` lists its flags.
+  ``otel-training demo --help`` lists its flags. Under ``torchrun --nproc_per_node=N`` it trains
+  data-parallel (gloo on CPU, NCCL on CUDA); rank 0 prints.
 
 Also runnable as ``python -m otel_training.cli``.
 """
@@ -67,8 +68,10 @@ def _run_demo(argv: Sequence[str]) -> int:
     config = config_from_args(argv, prog=f"{_PROG} demo")
     telemetry = configure(service_name="otel-training-demo")
     try:
-        result = train(config, telemetry.meter)
-        print(format_summary(result, telemetry.destination), flush=True)
+        result = train(config, telemetry.meter)  # under torchrun: data-parallel over the ranks
+        if result.rank == 0:
+            summary = format_summary(result, telemetry.destination, telemetry.output_dir)
+            print(summary, flush=True)
     except ValueError as exc:  # settings that do not fit together, the data or the device
         print(f"{_PROG} demo: error: {exc}", file=sys.stderr)
         return 2

@@ -97,3 +97,10 @@ __all__ = [
     "OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS",
     "OTEL_PYTHON_TRAINING_TENSOR_METRICS",
 ]
+
+MEGATRON_OTEL_RUN_ID: Final = "MEGATRON_OTEL_RUN_ID"
+"""Megatron-LM's name for the run id; read when ``OTEL_PYTHON_TRAINING_RUN_ID`` is unset."""
+
+NEMO_LENS_RUN_ID: Final = "NEMO_LENS_RUN_ID"
+"""NeMo Lens' name for the run id; read when neither ``OTEL_PYTHON_TRAINING_RUN_ID`` nor
+``MEGATRON_OTEL_RUN_ID`` is set."""

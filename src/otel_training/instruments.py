@@ -73,6 +73,18 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 _TRAINING_INSTRUMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
+# Meters that stand for another one: otel_training's proxy (it follows the configured
+# pipeline) and the OpenTelemetry API's own, once the global provider is set.
+_PROXY_METERS: frozenset[type] = frozenset()
+try:
+    from opentelemetry.metrics._internal import _ProxyMeter as _ApiProxyMeter
+
+    from otel_training.proxy import ProxyMeter
+
+    _PROXY_METERS = frozenset({ProxyMeter, _ApiProxyMeter})
+except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
+    pass
+
 # Our additions live apart from _TRAINING_INSTRUMENTS, whose contents Megatron-LM's tests see.
 _NONFINITE_COUNTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FAILED_METERS: weakref.WeakSet = weakref.WeakSet()
@@ -144,6 +156,8 @@ def record_training_metrics(
     """
     if metrics is None or _forked_child or isinstance(meter, _NoOpMeter):
         return
+    if type(meter) in _PROXY_METERS:  # record on the real meter it stands for now
+        meter = meter._real_meter or meter
 
     try:
         instruments = _get_training_instruments(meter)
@@ -187,12 +201,8 @@ def record_training_metrics(
         else:
             _emit(meter, "grad_norm", instruments["grad_norm"].set, v)
     v = skipped_iters
-    if v is not None:
-        if fast and type(v) is int and 0 <= v <= _INT64_MAX:
-            if v:
-                instruments["skipped_iters"].add(v)
-        else:
-            _emit(meter, "skipped_iters", instruments["skipped_iters"].add, v)
+    if v is not None and not (type(v) is int and v == 0):  # > 0 is rare: kept within int64
+        _emit(meter, "skipped_iters", instruments["skipped_iters"].add, v)
     v = learning_rate
     if v is not None:
         if fast and type(v) is float and v - v == 0.0:
@@ -226,7 +236,7 @@ def _write(meter, key: str, write, value) -> None:
     """Writes a finite number, applying the per-metric rules of Megatron-LM."""
     if key == "skipped_iters":
         if value > 0:
-            write(value)
+            _add_counted(meter, key, write, value)
         elif value < 0:
             _warn_once(key, "negative", "dropping negative skipped_iters=%r", value)
         return
@@ -261,6 +271,38 @@ def _finish(meter, key: str, write, number) -> None:
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
+# The running total of each meter's skipped_iters counter, so that it never leaves int64 (an
+# OTLP sum beyond it fails every later export of the whole batch). Apart from
+# _TRAINING_INSTRUMENTS, whose contents Megatron-LM's tests see.
+_COUNTER_TOTALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_totals_lock = threading.Lock()
+
+
+def _add_counted(meter, key: str, write, value) -> None:
+    """Adds ``value`` (a number > 0) to the counter as a whole number, saturating its total
+    at int64's maximum with one warning; a value that is not whole is dropped with one
+    warning (a counter of iterations counts whole ones)."""
+    if isinstance(value, float):
+        if not value.is_integer():
+            _warn_once(key, "fraction", "dropping %s=%r: not a whole number", key, value)
+            return
+        value = int(value)
+    with _totals_lock:
+        total = _COUNTER_TOTALS.get(meter, 0)
+        room = _INT64_MAX - total
+        if value > room:
+            _warn_once(
+                key,
+                "saturated",
+                "%s reached the int64 maximum (OTLP carries int64 only); it stays there "
+                "(this warning is shown once)",
+                _SPECS[key][0],
+            )
+            value = room
+        _COUNTER_TOTALS[meter] = total + value
+    if value > 0:
+        write(value)
+
 
 def _to_number(key: str, value) -> float | int | None:
     """``value`` as an int or float, or ``None`` after one warning. Reads CPU tensors only.
@@ -270,12 +312,18 @@ def _to_number(key: str, value) -> float | int | None:
     """
     if isinstance(value, int) and not isinstance(value, bool):
         value = int(value)
-        if _INT64_MIN <= value <= _INT64_MAX:
+        if _INT64_MIN <= value <= _INT64_MAX or key == "skipped_iters":
             return value
     detach = getattr(value, "detach", None)
     if callable(detach):
         value = detach()
     try:
+        if getattr(value, "ndim", 0) and getattr(value, "size", None) == 1:
+            value = value.reshape(())  # a one-element array, like a one-element tensor
+        if key == "skipped_iters" and callable(getattr(value, "item", None)):
+            item = value.item()
+            if isinstance(item, int) and not isinstance(item, bool):
+                return item
         return float(value)
     except (TypeError, ValueError, RuntimeError, OverflowError) as error:
         _warn_once(

@@ -55,12 +55,19 @@ import logging
 import os
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
+from opentelemetry.semconv.attributes.exception_attributes import (
+    EXCEPTION_ESCAPED,
+    EXCEPTION_MESSAGE,
+    EXCEPTION_STACKTRACE,
+    EXCEPTION_TYPE,
+)
 from opentelemetry.trace import Status, StatusCode
 
 from otel_training import config, instruments, setup
@@ -329,7 +336,8 @@ class Phase:
         self._token = None
         try:
             _detach(token)
-            span.end()
+            if getattr(span, "end_time", None) is None:  # not ended by a truncating shutdown
+                span.end()
         except Exception:
             _warn_once("stop", "could not end the span %s", self._name)
         return False
@@ -403,7 +411,7 @@ class Phase:
                 end_ns = time.time_ns()
                 end_ranges_now(span.get_span_context().span_id)
                 _deferred_ends.submit(span, end_ns, pending)
-            else:
+            elif getattr(span, "end_time", None) is None:
                 span.end()
         except Exception:
             _warn_once("stop", "could not end the span %s", self._name)
@@ -418,13 +426,23 @@ class Phase:
         if not _is_error(exception):
             return
         try:
-            span.record_exception(exception, escaped=True)
             kind = type(exception)
             qualified = kind.__qualname__
             if kind.__module__ not in ("builtins", None):
                 qualified = f"{kind.__module__}.{qualified}"
+            message = _exception_message(exception)
+            # Status and type first: whatever happens to the event, the span is an error.
+            span.set_status(Status(StatusCode.ERROR, f"{kind.__name__}: {message}"))
             span.set_attribute(ERROR_TYPE, qualified)
-            span.set_status(Status(StatusCode.ERROR, f"{kind.__name__}: {exception}"))
+            span.add_event(
+                "exception",
+                {
+                    EXCEPTION_TYPE: qualified,
+                    EXCEPTION_MESSAGE: message,
+                    EXCEPTION_STACKTRACE: _stack_trace(exception),
+                    EXCEPTION_ESCAPED: True,
+                },
+            )
         except Exception:
             _warn_once("error", "could not record an exception on %s", self._name)
 
@@ -579,6 +597,26 @@ def _make(
 def _record_step(state: _State | None, duration_ms: float) -> None:
     if state is not None:
         instruments.record_training_metrics(state.meter, step_duration_ms=duration_ms)
+
+
+def _exception_message(exception: BaseException) -> str:
+    """``str(exception)``, or what says it could not be had: an exception whose ``__str__``
+    raises (wrappers of CUDA or NCCL errors, lazy messages) is still recorded as itself."""
+    try:
+        message = str(exception)
+        return message if type(message) is str else str.__str__(message)
+    except Exception as error:
+        return f"<str() of {type(exception).__name__} failed: {type(error).__name__}>"
+
+
+def _stack_trace(exception: BaseException) -> str:
+    """The formatted traceback with its chain (``raise ... from ...``); never raises."""
+    try:
+        return "".join(
+            traceback.format_exception(type(exception), exception, exception.__traceback__)
+        )
+    except Exception:
+        return f"{type(exception).__name__}: {_exception_message(exception)}"
 
 
 def _is_error(exception: BaseException) -> bool:

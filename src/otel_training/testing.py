@@ -125,12 +125,16 @@ def reset() -> None:
     API's globals (providers, set-once guards, proxies, caches, warned-once causes)."""
     for telemetry in list(setup._live):
         telemetry.shutdown(timeout_millis=2_000)
+    for thread in list(setup._retiring):
+        thread.join(5.0)
+    setup._retiring.clear()
     setup._live.clear()
     setup._current = None
-    setup._global_owner = None
+    setup._globals_installed = False
     instruments.record_in_this_process()
     instruments._TRAINING_INSTRUMENTS.clear()
     instruments._NONFINITE_COUNTERS.clear()
+    instruments._COUNTER_TOTALS.clear()
     instruments._FAILED_METERS.clear()
     instruments._warned.clear()
     metrics_internal._METER_PROVIDER_SET_ONCE = Once()

@@ -22,6 +22,7 @@ from otel_training.semconv.attributes import (
     MEGATRON_TRAINING_METRIC,
     MEGATRON_TRAINING_ROUTER_EXPERT,
     MEGATRON_TRAINING_ROUTER_STATISTIC,
+    OTEL_TRAINING_SPAN_TRUNCATED,
     AttributeSpec,
 )
 from otel_training.semconv.metrics import (
@@ -136,6 +137,7 @@ __all__ = [
     "MEGATRON_TRAIN_OPTIMIZER_STEP",
     "METRICS",
     "MetricSpec",
+    "OTEL_TRAINING_SPAN_TRUNCATED",
     "SPANS",
     "SPAN_GROUP_LEVELS",
     "SPAN_LEVELS",

@@ -30,6 +30,7 @@ __all__ = [
     "MEGATRON_TRAINING_METRIC",
     "MEGATRON_TRAINING_ROUTER_EXPERT",
     "MEGATRON_TRAINING_ROUTER_STATISTIC",
+    "OTEL_TRAINING_SPAN_TRUNCATED",
     "AttributeSpec",
 ]
 
@@ -210,6 +211,18 @@ the optimizer step.
 """
 
 
+OTEL_TRAINING_SPAN_TRUNCATED: Final = "otel_training.span.truncated"
+"""True on a span that was still open when telemetry shut down (at interpreter exit, on SIGTERM, or
+when configure() replaced the pipeline) and was ended then.
+
+Type: boolean. Point attribute. Stability: development. Examples: ``true``.
+
+Its end time is the shutdown's, not the end of the work it covered. On SIGTERM the span's status is
+also ERROR with the description "truncated: SIGTERM"; at a normal exit its status is left as it was.
+Absent on spans that ended normally.
+"""
+
+
 ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
     {
         DL_JOB_ID: AttributeSpec(
@@ -317,6 +330,16 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             name=MEGATRON_TRAINING_ROUTER_STATISTIC,
             type="enum",
             brief="Which load-balance statistic of a mixture-of-experts router a value is.",
+            stability="development",
+            resource=False,
+        ),
+        OTEL_TRAINING_SPAN_TRUNCATED: AttributeSpec(
+            name=OTEL_TRAINING_SPAN_TRUNCATED,
+            type="boolean",
+            brief=(
+                "True on a span that was still open when telemetry shut down (at interpreter exit, "
+                "on SIGTERM, or when configure() replaced the pipeline) and was ended then."
+            ),
             stability="development",
             resource=False,
         ),
