@@ -31,7 +31,7 @@ def test_given_providers_get_everything_and_nothing_is_configured(tmp_path, monk
     """meter_provider= and tracer_provider=: metrics and spans go there; configure() is not
     called, so no pipeline of the environment exists afterwards."""
     driver = _require_lightning()
-    monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "per_step")
+    monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
     reader, exporter = InMemoryMetricReader(), InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -53,7 +53,7 @@ def test_given_providers_get_everything_and_nothing_is_configured(tmp_path, monk
     assert {"megatron.training.loss", "megatron.training.tokens_per_sec"} <= names
     assert "megatron.training.tensor.param_norm" in names
     spans = exporter.get_finished_spans()
-    assert len(spans) == 1 + 4  # the run and its iterations (the per_step preset)
+    assert len(spans) == 1 + 4 + 4  # the run, its iterations and their optimizer spans
 
 
 def test_the_callback_keeps_no_tap_after_fit(tmp_path):

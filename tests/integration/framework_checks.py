@@ -77,3 +77,18 @@ def rate_bounds(
     shortest = before_ends[last] - after_ends[first - 1]
     longest = after_ends[last] - before_ends[first - 1]
     return tokens / longest, tokens / shortest
+
+
+def runs(spans: Sequence) -> list:
+    """The spans whose parent did not arrive: each rank's run span (told apart by place in
+    the trace, not by name: the names belong to ``otel_training.spans``)."""
+    ids = {s.span_id for s in spans}
+    return [s for s in spans if s.parent_span_id not in ids]
+
+
+def iteration_spans(spans: Sequence) -> list:
+    """The spans below a run that have children of their own (an iteration and its optimizer
+    span, with the ``all`` span groups)."""
+    roots = {s.span_id for s in runs(spans)}
+    parents = {s.parent_span_id for s in spans}
+    return [s for s in spans if s.parent_span_id in roots and s.span_id in parents]

@@ -14,10 +14,12 @@ from framework_checks import (
     STEP,
     by_step_count,
     collections_by_rank,
+    iteration_spans,
     l2,
     last_collection,
     rate_bounds,
     require,
+    runs,
     tensor_gauges,
 )
 
@@ -151,7 +153,7 @@ def test_spans_of_the_run_iterations_updates_validation_and_checkpoints(
 def _classify(spans):
     """(run, iterations, optimizer updates, checkpoint saves, evaluations), told apart by their
     place in the trace and their attributes (the names belong to otel_training.spans)."""
-    (run,) = [s for s in spans if s.parent_span_id == ""]
+    (run,) = runs(spans)
     parents = {s.parent_span_id for s in spans}
     children = [s for s in spans if s.parent_span_id == run.span_id]
     iterations = [s for s in children if s.span_id in parents]
@@ -171,7 +173,7 @@ def test_an_exception_is_recorded_on_the_run_span(lightning_run, otlp_receiver, 
             callback_kwargs={"tensor_metrics": "none"},
             module_kwargs={"fail_at_step": 3},
         )
-    (run,) = [s for s in otlp_receiver.spans() if s.parent_span_id == ""]
+    (run,) = runs(otlp_receiver.spans())
     assert run.status_code == "error"
     assert run.attributes["error.type"] == "RuntimeError"
     (event,) = [attributes for name, attributes in run.events if name == "exception"]
@@ -223,7 +225,7 @@ def test_two_ddp_ranks_on_gloo_export_under_their_own_identity(
     with the trainer's rank identity, its own loss and its step count."""
     require("lightning")
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "600000"}
-    env["OTEL_PYTHON_TRAINING_SPAN_GROUPS"] = "per_step"
+    env["OTEL_PYTHON_TRAINING_SPAN_GROUPS"] = "all"
     script = str(HERE / "lightning_run.py")
     result = run_python(
         f"import runpy, sys; sys.argv = [{script!r}, *sys.argv[1:]]; "
@@ -246,5 +248,5 @@ def test_two_ddp_ranks_on_gloo_export_under_their_own_identity(
         losses = by_step_count(found[rank], "megatron.training.loss")
         assert losses[4] == pytest.approx(math.fsum(micro[4:8]) / 4)
     assert records[0]["micro_losses"] != records[1]["micro_losses"]  # each rank's own data
-    iterations = [s for s in otlp_receiver.spans() if MEGATRON_ITERATION in s.attributes]
-    assert collections.Counter(s.resource_attributes["dl.rank"] for s in iterations) == {0: 4, 1: 4}
+    steps = iteration_spans(otlp_receiver.spans())
+    assert collections.Counter(s.resource_attributes["dl.rank"] for s in steps) == {0: 4, 1: 4}

@@ -13,10 +13,12 @@ from framework_checks import (
     STEP,
     by_step_count,
     collections_by_rank,
+    iteration_spans,
     l2,
     last_collection,
     rate_bounds,
     require,
+    runs,
     tensor_gauges,
 )
 
@@ -118,7 +120,7 @@ def test_spans_of_iterations_updates_evaluations_and_checkpoint_saves(
     )
     trainer = result["trainer"]
     spans = otlp_receiver.spans()
-    (run,) = [s for s in spans if s.parent_span_id == ""]
+    (run,) = runs(spans)
     assert run.status_code == "unset"
     parents = {s.parent_span_id for s in spans}
     children = [s for s in spans if s.parent_span_id == run.span_id]
@@ -154,7 +156,7 @@ def test_an_exception_that_ends_the_program_is_recorded_on_the_run_span(
     result = run_python(code, env=env, timeout_s=180)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "injected failure at step 3" in result.stderr
-    (run,) = [s for s in otlp_receiver.spans() if s.parent_span_id == ""]
+    (run,) = runs(otlp_receiver.spans())
     assert run.status_code == "error"
     assert run.attributes["error.type"] == "RuntimeError"
     assert any(name == "exception" for name, _ in run.events)
@@ -169,7 +171,7 @@ def test_two_ranks_under_torchrun_on_gloo_export_under_their_own_identity(
     loss of each logging step, its step count, and tokens/s from num_input_tokens_seen."""
     require("transformers")
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "600000"}
-    env["OTEL_PYTHON_TRAINING_SPAN_GROUPS"] = "per_step"
+    env["OTEL_PYTHON_TRAINING_SPAN_GROUPS"] = "all"
     result = run_python(
         module="torch.distributed.run",
         args=[
@@ -203,5 +205,5 @@ def test_two_ranks_under_torchrun_on_gloo_export_under_their_own_identity(
         for last in logged:
             low, high = rate_bounds(tokens, ends, after_ends, last - 1, last)
             assert low <= rates[last] <= high
-    iterations = [s for s in otlp_receiver.spans() if MEGATRON_ITERATION in s.attributes]
-    assert sorted(s.resource_attributes["dl.rank"] for s in iterations) == [0] * 4 + [1] * 4
+    steps = iteration_spans(otlp_receiver.spans())
+    assert sorted(s.resource_attributes["dl.rank"] for s in steps) == [0] * 4 + [1] * 4
