@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench bench-spans bench-tensor bench-bad-day bench-report semconv clean
+.PHONY: setup demo test lint bench bench-spans bench-tensor bench-bad-day bench-report bench-integrations semconv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ bench-bad-day: setup
 # A synthetic 10,000-step 8-rank run (about 1 GB in a temporary directory, removed after).
 bench-report: setup
 	$(PY) bench/report.py
+
+# The Lightning and Hugging Face callbacks against the same training without them.
+bench-integrations: setup
+	$(PY) bench/integrations.py
 
 semconv: setup
 	$(PY) scripts/generate_semconv.py

@@ -13,6 +13,7 @@ thread and never raises.
 from __future__ import annotations
 
 import collections
+import contextvars
 import functools
 import logging
 import os
@@ -574,6 +575,45 @@ def _nvtx_phase(state: _State, name: str, group: str) -> Phase:
     return found
 
 
+# The state of a SpanRecorder built on its own providers, while it makes a phase.
+bound_state: contextvars.ContextVar[_State | None] = contextvars.ContextVar(
+    "otel_training_bound_span_state", default=None
+)
+
+
+def state_for(
+    tracer_provider: trace_api.TracerProvider | None,
+    meter_provider: Any,
+    groups: frozenset[str] | None,
+) -> _State:
+    """A state of its own for :class:`otel_training.SpanRecorder`: the given providers (the
+    configured pipeline's where one is missing) and span groups (the pipeline's, else the
+    environment's). No trace segments, no NVTX-only phases."""
+    from otel_training import config
+    from otel_training.pipeline import INSTRUMENTATION_NAME
+
+    configured = None
+    if tracer_provider is None or meter_provider is None:
+        configured = configured_state()
+    state = _State()
+    if tracer_provider is None:
+        state.tracer = configured.tracer
+        recording = bool(configured.groups)
+    else:
+        state.tracer = tracer_provider.get_tracer(INSTRUMENTATION_NAME)
+        recording = not isinstance(tracer_provider, trace_api.NoOpTracerProvider)
+    state.meter = (
+        configured.meter
+        if meter_provider is None
+        else meter_provider.get_meter(INSTRUMENTATION_NAME)
+    )
+    if groups is None:
+        telemetry = setup._current
+        groups = (telemetry.settings if telemetry is not None else config.load()).span_groups
+    state.groups = groups if recording else frozenset()
+    return state
+
+
 def make(
     name: str,
     group: str,
@@ -586,20 +626,22 @@ def make(
 ) -> Phase:
     """A phase, or the shared no-op when its group is disabled (a set lookup), or its cached
     NVTX range when the group is mirrored to NVTX only."""
-    telemetry = setup._current
-    if telemetry is None:  # not configured yet: decide when the phase starts
-        return Phase(
-            name,
-            group,
-            attributes,
-            record_step_duration,
-            iteration=iteration,
-            role=role,
-            outer=outer,
-        )
-    state = _state
-    if state.telemetry is not telemetry:
-        state = _refresh(telemetry)
+    state = bound_state.get()
+    if state is None:
+        telemetry = setup._current
+        if telemetry is None:  # not configured yet: decide when the phase starts
+            return Phase(
+                name,
+                group,
+                attributes,
+                record_step_duration,
+                iteration=iteration,
+                role=role,
+                outer=outer,
+            )
+        state = _state
+        if state.telemetry is not telemetry:
+            state = _refresh(telemetry)
     if group not in state.groups:
         if not record_step_duration:
             return NOOP_PHASE if outer is None else outer
