@@ -13,8 +13,8 @@ from opentelemetry.trace import Status, StatusCode
 
 import otel_training
 from otel_training import setup, testing, views
+from otel_training.open_spans import OpenSpans
 from otel_training.processors.checkpoint_metrics import CheckpointMetricsSpanProcessor
-from otel_training.processors.truncation import TruncatingSpanProcessor
 from otel_training.semconv.attributes import (
     MEGATRON_CHECKPOINT_OPERATION,
     OTEL_TRAINING_SPAN_TRUNCATED,
@@ -39,16 +39,15 @@ def _seconds(span) -> float:
 
 
 class _Parts:
-    """A TracerProvider whose span processors are a truncating one and the checkpoint one,
-    recording on a MeterProvider with an in-memory reader."""
+    """A TracerProvider with the checkpoint processor, recording on a MeterProvider with an
+    in-memory reader, and the open spans a shutdown would truncate."""
 
     def __init__(self) -> None:
         self.reader = InMemoryMetricReader()
         self.meters = MeterProvider(metric_readers=[self.reader], views=views.default_views())
         self.processor = CheckpointMetricsSpanProcessor(self.meters.get_meter("test"))
-        self.truncation = TruncatingSpanProcessor()
+        self.open = OpenSpans()
         self.tracers = TracerProvider()
-        self.tracers.add_span_processor(self.truncation)
         self.tracers.add_span_processor(self.processor)
         self.tracer = self.tracers.get_tracer("test")
 
@@ -135,8 +134,8 @@ def test_failed_and_truncated_checkpoints_record_nothing():
     with pytest.raises(OSError):
         with parts.tracer.start_as_current_span(MEGATRON_CHECKPOINT_SAVE):
             raise OSError("disk full")
-    parts.tracer.start_span(MEGATRON_CHECKPOINT_SAVE)  # left open
-    assert parts.truncation.truncate("SIGTERM") == 1
+    parts.open.spans[parts.tracer.start_span(MEGATRON_CHECKPOINT_SAVE)] = True  # left open
+    assert parts.open.truncate("SIGTERM") == 1
     parts.tracer.start_span(MEGATRON_CHECKPOINT_LOAD).end()
     points = _by_operation(parts.points())
     assert set(points) == {"load"} and points["load"].count == 1

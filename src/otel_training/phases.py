@@ -77,7 +77,16 @@ _NOT_ROUTED = frozenset({"load_checkpoint"})
 
 
 class _State:
-    __slots__ = ("telemetry", "tracer", "meter", "groups", "nvtx_only", "nvtx", "segments")
+    __slots__ = (
+        "telemetry",
+        "tracer",
+        "meter",
+        "groups",
+        "nvtx_only",
+        "nvtx",
+        "segments",
+        "open",
+    )
 
     def __init__(self) -> None:
         self.telemetry: setup.Telemetry | None = None
@@ -87,6 +96,8 @@ class _State:
         self.nvtx_only: frozenset[str] = frozenset()
         self.nvtx: dict[str, NvtxPhase] | None = None  # None: no NVTX tool, NVTX-only is off
         self.segments: TraceSegments | None = None
+        #: The pipeline's open spans (``OpenSpans.spans``): truncated at shutdown.
+        self.open: dict = {}
 
 
 _state = _State()
@@ -129,6 +140,8 @@ def _refresh(telemetry: setup.Telemetry) -> _State:
         state.nvtx_only = settings.nvtx_only_groups & state.groups
         nvtx = telemetry.nvtx
         state.nvtx = {} if nvtx is not None and nvtx.active else None
+        if telemetry.open_spans is not None:
+            state.open = telemetry.open_spans.spans
         if recording:
             sampler = getattr(telemetry.tracer_provider, "sampler", None)
             if sampler is not None:
@@ -138,6 +151,7 @@ def _refresh(telemetry: setup.Telemetry) -> _State:
                     settings.trace_segment_iterations,
                     sampler,
                     segment_spans="job" in state.groups,
+                    open_spans=state.open,
                 )
                 telemetry.before_shutdown.append(state.segments.close)
         _state = state
@@ -233,6 +247,7 @@ class Phase:
                 context = self._segment_context(state.segments, None)
             span = state.tracer.start_span(self._name, context, attributes=attributes)
             self._span = span
+            state.open[span] = True
             self._token = _attach(_set_span_in_context(span))
         except Exception:
             _warn_once("start", "could not start the span %s", self._name)
@@ -259,6 +274,7 @@ class Phase:
         self._token = None
         try:
             _detach(token)
+            self._state.open.pop(span, None)
             if getattr(span, "end_time", None) is None:  # not ended by a truncating shutdown
                 span.end()
         except Exception:
@@ -312,6 +328,7 @@ class Phase:
                 attributes = self._clean(attributes)
             span = state.tracer.start_span(self._name, context, attributes=attributes)
             self._span = span
+            state.open[span] = True
             if self._role == RUN and segments is not None:
                 segments.run_span = span
             if make_current:
@@ -353,8 +370,10 @@ class Phase:
 
     def _end(self, span: trace_api.Span) -> None:
         state = self._state
-        if self._role == RUN and state is not None and state.segments is not None:
-            state.segments.close()
+        if state is not None:
+            state.open.pop(span, None)
+            if self._role == RUN and state.segments is not None:
+                state.segments.close()
         pending = self._pending
         try:
             if pending:

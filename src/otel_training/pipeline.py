@@ -60,10 +60,10 @@ from otel_training import config, files, limits
 from otel_training import views as _views
 from otel_training.exporters import SafeLogRecordExporter, SafeMetricExporter, SafeSpanExporter
 from otel_training.ids import ProcessLocalIdGenerator
+from otel_training.open_spans import OpenSpans
 from otel_training.processors import CheckpointMetricsSpanProcessor, span_mirrors
 from otel_training.processors.exception_logs import ExceptionLogSpanProcessor
 from otel_training.processors.nvtx import NvtxSpanProcessor
-from otel_training.processors.truncation import TruncatingSpanProcessor
 from otel_training.resource import identity_attributes
 
 __all__ = ["INSTRUMENTATION_NAME", "Pipeline", "build", "silence_sdk_header_warnings"]
@@ -83,7 +83,7 @@ class Pipeline:
         destination: One line saying where telemetry goes (never a secret).
         output_dir: Absolute path of this run's directory of the embedded default, or None.
         nvtx: The NVTX processor when a tool is attached (NVTX-only phases use its domain).
-        truncation: The processor that ends open spans at shutdown (None when no-op).
+        open_spans: The spans its phases hold open, ended as truncated at shutdown.
         files: Streams opened for the exporters, to close after shutdown.
         logger_provider: The SDK ``LoggerProvider``, or a no-op one when no log exporter
             and no extra log processor is configured.
@@ -94,7 +94,7 @@ class Pipeline:
     destination: str
     output_dir: str | None = None
     nvtx: NvtxSpanProcessor | None = None
-    truncation: TruncatingSpanProcessor | None = None
+    open_spans: OpenSpans | None = None
     files: list[TextIO] = field(default_factory=list)
     logger_provider: logs_api.LoggerProvider = field(default_factory=logs_api.NoOpLoggerProvider)
 
@@ -199,13 +199,12 @@ def build(
         ),
         shutdown_on_exit=False,
     )
-    truncation = TruncatingSpanProcessor()
-    # Open spans are tracked first; NVTX ranges and span JSON lines come before the batches.
+    # NVTX ranges and span JSON lines come before the batches.
     mirrors, mirror_targets = span_mirrors(settings, outputs.open)
     checkpoint_metrics = CheckpointMetricsSpanProcessor(
         meter_provider.get_meter(INSTRUMENTATION_NAME)
     )
-    processors: list[SpanProcessor] = [truncation, *mirrors, checkpoint_metrics, *extra_processors]
+    processors: list[SpanProcessor] = [*mirrors, checkpoint_metrics, *extra_processors]
     trace_targets: list[str] = []
     for name in settings.traces_exporters:
         exporter, target, local = _span_exporter(name, settings, outputs)
@@ -248,7 +247,7 @@ def build(
         _describe(metric_targets, trace_targets + mirror_targets, log_targets),
         output_dir=outputs.run_dir,
         nvtx=next((p for p in mirrors if isinstance(p, NvtxSpanProcessor)), None),
-        truncation=truncation,
+        open_spans=OpenSpans(),
         files=outputs.files,
         logger_provider=logger_provider,
     )

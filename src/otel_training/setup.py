@@ -36,9 +36,9 @@ from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_training import config, instruments, lifecycle, log_bridge, pipeline, proxy
+from otel_training.open_spans import OpenSpans
 from otel_training.pipeline import INSTRUMENTATION_NAME
 from otel_training.processors.nvtx import NvtxSpanProcessor
-from otel_training.processors.truncation import TruncatingSpanProcessor
 
 _logger = logging.getLogger("otel_training")
 
@@ -86,7 +86,7 @@ class Telemetry:
     #: signal, after): the phases end their open trace segment here. Exceptions are logged.
     before_shutdown: list[Callable[[], object]] = field(default_factory=list, repr=False)
     logger_provider: logs_api.LoggerProvider = field(default_factory=logs_api.NoOpLoggerProvider)
-    _truncation: TruncatingSpanProcessor | None = field(default=None, repr=False)
+    open_spans: OpenSpans | None = field(default=None, repr=False)
     _files: list[TextIO] = field(default_factory=list, repr=False)
     _shutdown_started: bool = field(default=False, repr=False)
     _shutdown_finished: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -136,15 +136,15 @@ class Telemetry:
         _run_flush_hooks(timeout_s)
         # At a normal shutdown the phases first end what they hold open (a trace segment),
         # then whatever is still open is truncated; on a signal everything open is truncated.
-        if reason is not None and self._truncation is not None:
-            self._truncation.truncate(reason)
+        if reason is not None and self.open_spans is not None:
+            self.open_spans.truncate(reason)
         for hook in list(self.before_shutdown):
             try:
                 hook()
             except Exception:
                 _logger.warning("otel-training: a shutdown hook failed", exc_info=True)
-        if reason is None and self._truncation is not None:
-            self._truncation.truncate(reason)
+        if reason is None and self.open_spans is not None:
+            self.open_spans.truncate(reason)
         # Side by side, so that three dead endpoints cost one timeout, not three.
         threads = [
             threading.Thread(target=_call, args=(provider, "shutdown"), daemon=True)
@@ -213,8 +213,11 @@ def _run_flush_hooks(timeout_s: float) -> None:
 
 
 def _call(provider, method: str, **kwargs) -> None:
+    function = getattr(provider, method, None)
+    if function is None:  # a no-op provider of the API may have no force_flush or shutdown
+        return
     try:
-        getattr(provider, method)(**kwargs)
+        function(**kwargs)
     except Exception:
         _logger.warning("otel-training: %s failed", method, exc_info=True)
 
@@ -294,7 +297,7 @@ def configure(
             output_dir=built.output_dir,
             nvtx=built.nvtx,
             logger_provider=built.logger_provider,
-            _truncation=built.truncation,
+            open_spans=built.open_spans,
             _files=built.files,
         )
         previous = _current
