@@ -156,7 +156,11 @@ def sigterm_figures(trials: int) -> None:
         with OtlpReceiver() as receiver:
             env = _env({**receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"})
             child = subprocess.Popen(
-                [sys.executable, "-c", TIGHT_LOOP], env=env, stdout=subprocess.PIPE, text=True
+                [sys.executable, "-c", TIGHT_LOOP],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,  # the destination line, once per trial
+                text=True,
             )
             try:
                 child.stdout.readline()

@@ -17,6 +17,7 @@ import gzip
 import json
 import selectors
 import socket
+import sys
 import threading
 import time
 import zlib
@@ -435,6 +436,14 @@ _HTTP_ROUTES: dict[str, tuple[str, type[Message], type[Message]]] = {
 }
 
 
+class _QuietHTTPServer(ThreadingHTTPServer):
+    """Takes a client that hung up before the reply (an exporter past its timeout) in silence."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 def _make_http_handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
     class _OtlpHttpHandler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -568,7 +577,7 @@ class OtlpReceiver:
         self._grpc_server.start()
 
         try:
-            self._http_server = ThreadingHTTPServer((LOOPBACK, 0), _make_http_handler(self))
+            self._http_server = _QuietHTTPServer((LOOPBACK, 0), _make_http_handler(self))
         except OSError as exc:
             self._grpc_server.stop(grace=0)
             raise RuntimeError("OtlpReceiver: could not bind the HTTP server") from exc
