@@ -564,14 +564,19 @@ class TensorObserver:
         if not wanted:
             return
         on_error = self._hook_failed
+        axes = self.executor.axes
+        # The output of an earlier pipeline stage is hidden states, not logits.
+        last_stage = axes.rank(PIPELINE_AXIS) == axes.size(PIPELINE_AXIS) - 1
         for model in self._models:
+            # Logits: the output of the last model chunk of the last stage.
+            logits = SiteKind.LOGITS in wanted and last_stage and model is self._models[-1]
             modules = {canonical_name(n): m for n, m in model.named_modules()}
             for name, module in modules.items():
                 found: list[int] = []
                 last = name.rsplit(".", 1)[-1]
                 layer = self._layer_of(name) if name else None
                 parent_name = name.rsplit(".", 1)[0] if "." in name else ""
-                if SiteKind.LOGITS in wanted and name == "":
+                if logits and name == "":
                     found.append(self._forward_site("output", SiteKind.LOGITS))
                 if SiteKind.RESIDUAL in wanted and _LAYER.search(name) and _is_layer(name):
                     found.append(self._forward_site(name, SiteKind.RESIDUAL))
