@@ -682,8 +682,10 @@ def render(
     metrics: Sequence[Metric],
     templates_dir: Path,
     spans: Sequence[Span] = (),
+    external: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The generated modules: file name -> source text."""
+    """The generated modules: file name -> source text. ``external`` maps OpenTelemetry
+    attribute keys that metrics reference to the Python constants that hold them."""
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(templates_dir),
         undefined=jinja2.StrictUndefined,
@@ -720,6 +722,11 @@ def render(
         "instrument_classes": sorted({instruments[m.instrument][0] for m in metrics} - {"Gauge"}),
         "uses_gauge": any(m.instrument == "gauge" for m in metrics),
         "metric_attribute_keys": [k for k in metric_attribute_keys if k in local_keys],
+        "metric_external_imports": sorted(
+            tuple((external or {})[k].rsplit(".", 1))
+            for k in metric_attribute_keys
+            if k not in local_keys
+        ),
         "attribute_exports": sorted(
             [constant_name(a.key) for a in attributes] + ["ATTRIBUTES", "AttributeSpec"],
             key=_import_sort_key,
@@ -759,7 +766,9 @@ def generate(
     if violations:
         raise RegistryError(violations)
     attributes, metrics = build_model(registry)
-    return render(attributes, metrics, templates_dir, build_spans(registry))
+    return render(
+        attributes, metrics, templates_dir, build_spans(registry), external_attributes(registry)
+    )
 
 
 def stale_files(generated: Mapping[str, str], output_dir: Path) -> list[str]:

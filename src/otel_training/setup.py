@@ -54,7 +54,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME
 
-from otel_training import config, instruments
+from otel_training import config, device_metrics, instruments
 from otel_training import views as _views
 from otel_training.processors import span_mirrors
 from otel_training.resource import identity_attributes
@@ -362,6 +362,8 @@ def _build(
         ),
         shutdown_on_exit=False,
     )
+    # hw.gpu.* of this process's GPUs where NVML is; read on the reader's thread, never here.
+    device_metrics.observe_devices(meter_provider.get_meter(INSTRUMENTATION_NAME), identity)
     tracer_provider = TracerProvider(
         resource=resource,
         sampler=_sampler(settings),

@@ -7,6 +7,7 @@ definition/2 syntax) by ``scripts/generate_semconv.py``. Every name exists once,
 
 from otel_training.semconv.attributes import (
     ATTRIBUTES,
+    DL_GPU_CLOCK_DOMAIN,
     DL_JOB_ID,
     DL_LOCAL_RANK,
     DL_NODE_RANK,
@@ -25,6 +26,7 @@ from otel_training.semconv.attributes import (
     AttributeSpec,
 )
 from otel_training.semconv.metrics import (
+    DL_GPU_CLOCK_SPEED,
     MEGATRON_TRAINING_GRAD_NORM,
     MEGATRON_TRAINING_LEARNING_RATE,
     MEGATRON_TRAINING_LOSS,
@@ -48,6 +50,7 @@ from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_TOKENS_PER_SEC,
     METRICS,
     MetricSpec,
+    create_dl_gpu_clock_speed,
     create_megatron_training_grad_norm,
     create_megatron_training_learning_rate,
     create_megatron_training_loss,
@@ -89,6 +92,8 @@ from otel_training.semconv.spans import (
 __all__ = [
     "ATTRIBUTES",
     "AttributeSpec",
+    "DL_GPU_CLOCK_DOMAIN",
+    "DL_GPU_CLOCK_SPEED",
     "DL_JOB_ID",
     "DL_LOCAL_RANK",
     "DL_NODE_RANK",
@@ -140,6 +145,7 @@ __all__ = [
     "SPAN_GROUP_LEVELS",
     "SPAN_LEVELS",
     "SpanSpec",
+    "create_dl_gpu_clock_speed",
     "create_megatron_training_grad_norm",
     "create_megatron_training_learning_rate",
     "create_megatron_training_loss",
