@@ -33,7 +33,6 @@ from otel_training.tensor import (  # noqa: E402
     SiteKind,
     TensorMetric,
     TensorMetricExecutor,
-    batched_norms,
     layer_attributes,
 )
 
@@ -93,24 +92,6 @@ def _values(executor: TensorMetricExecutor, family: str) -> dict[str, float]:
         next(iter(a.values())) if len(a) == 1 else tuple(a.values()): v
         for a, v in executor.published.observe(family)
     }
-
-
-# -- batched_norms --------------------------------------------------------------------------
-
-
-def test_batched_norms_match_torch_and_treat_none_and_empty_as_zero():
-    """L2 and inf norms of mixed tensors; None and empty tensors give 0."""
-    tensors = [torch.randn(3, 4), None, torch.zeros(0, 5), torch.randn(7, dtype=torch.float64)]
-    l2 = batched_norms(tensors, 2.0)
-    assert l2.dtype == torch.float32 and l2.shape == (4,)
-    assert l2.tolist() == pytest.approx(
-        [float(tensors[0].norm()), 0.0, 0.0, float(tensors[3].norm())], rel=1e-6
-    )
-    inf = batched_norms(tensors, math.inf)
-    assert inf.tolist() == pytest.approx(
-        [float(tensors[0].abs().max()), 0.0, 0.0, float(tensors[3].abs().max())], rel=1e-6
-    )
-    assert batched_norms([None, None]).tolist() == [0.0, 0.0]
 
 
 # -- packing and stages ---------------------------------------------------------------------

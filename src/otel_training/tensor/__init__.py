@@ -29,7 +29,6 @@ from otel_training.tensor.executor import (
     ProcessGroupAxes,
     PublishedValues,
     TensorMetricExecutor,
-    batched_norms,
 )
 from otel_training.tensor.gauges import TENSOR_FAMILIES, TensorMetricGauges, ValueSource
 from otel_training.tensor.metric import (
@@ -56,6 +55,7 @@ from otel_training.tensor.metric import (
     layer_sort_key,
     to_device,
 )
+from otel_training.tensor.norms import batched_norms
 from otel_training.tensor.observer import (
     Schedule,
     TensorObserver,

@@ -51,7 +51,6 @@ from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_TENSOR_UPDATE_RATIO,
 )
 from otel_training.tensor._ratelimit import RateLimitedLogger
-from otel_training.tensor.executor import batched_norms
 from otel_training.tensor.metric import (
     GLOBAL,
     Axes,
@@ -66,6 +65,7 @@ from otel_training.tensor.metric import (
     layer_sort_key,
     to_device,
 )
+from otel_training.tensor.norms import batched_norms
 
 __all__ = [
     "BUILTIN_METRICS",
@@ -121,7 +121,7 @@ class L2NormMetric(ShardedReductionMetric):
     """L2 norm per layer and in total: ``sqrt(sum_t sum_i t_i^2)`` over the layer's tensors.
 
     Device: one norm per tensor, ``torch._foreach_norm`` per device and dtype for parameters and
-    gradients (:func:`~otel_training.tensor.executor.batched_norms`), one
+    gradients (:func:`~otel_training.tensor.norms.batched_norms`), one
     ``torch.linalg.vector_norm`` per forward observation. Across ranks the squares are summed
     over each tensor's shard axes. Host: squares summed per layer, then the square root.
 

@@ -9,8 +9,9 @@ What it improves on Megatron-LM's executor (``megatron/training/tensor_metrics/c
   non-blocking copy into pinned memory, followed by a CUDA event; the values are published
   once the event has completed, which :meth:`TensorMetricExecutor.poll` checks without
   blocking. Megatron-LM copies every scalar with its own ``.item()`` (one device sync each).
-- Parameters and gradients are reduced with multi-tensor kernels (:func:`batched_norms`:
-  ``torch._foreach_norm`` per device and dtype) instead of one kernel per tensor.
+- Parameters and gradients are reduced with multi-tensor kernels
+  (:func:`~otel_training.tensor.norms.batched_norms`: ``torch._foreach_norm`` per device and
+  dtype) instead of one kernel per tensor.
 
 On CPU the same code runs synchronously: the copy is a host memcpy and the values are
 published before :meth:`~TensorMetricExecutor.run` returns. Process groups are passed in by
@@ -21,10 +22,7 @@ communication. Nothing here is global: each executor has its own groups, buffers
 from __future__ import annotations
 
 import collections
-import functools
-import itertools
 import logging
-import operator
 import threading
 import time
 import weakref
@@ -52,74 +50,11 @@ __all__ = [
     "ProcessGroupAxes",
     "PublishedValues",
     "TensorMetricExecutor",
-    "batched_norms",
 ]
 
 _logger = logging.getLogger(__name__)
 _warn = RateLimitedLogger(_logger)
-_IS_NONE = functools.partial(operator.is_, None)
-_DTYPE = operator.attrgetter("dtype")
 _DISTRIBUTED = torch.distributed.is_available()
-
-
-def batched_norms(tensors: Sequence[torch.Tensor | None], ord: float = 2.0) -> torch.Tensor:
-    """Vector norms of many tensors with one multi-tensor kernel per (device, dtype).
-
-    Args:
-        tensors: The tensors; ``None`` and empty tensors give 0 (the norm of nothing; for
-            ``ord=inf``, the largest absolute value of nothing, as abs values are >= 0).
-        ord: 2 for the L2 norm, ``math.inf`` for the largest absolute value.
-
-    Returns:
-        ``norms[len(tensors)]`` fp32 on the device of the first tensor (empty when there is no
-        tensor). Queues device work only: never reads a value.
-    """
-    n = len(tensors)
-    if n and not any(map(_IS_NONE, tensors)):
-        # Fast path: one multi-tensor call per run of one dtype, fp32 results. It raises for
-        # several devices (stack) and for an empty tensor with ord=inf; the grouped path below
-        # handles those.
-        try:
-            if not tensors[0].is_cuda:  # on CPU foreach loops over the tensors anyway
-                return torch.stack(torch._foreach_norm(tensors, ord, dtype=torch.float32))
-            dtypes = list(map(_DTYPE, tensors))
-            if dtypes.count(dtypes[0]) == n:  # one fused kernel needs one dtype
-                return torch.stack(_foreach_norm_fp32(tensors, dtypes[0], ord))
-            norms: list[torch.Tensor] = []
-            begin = 0
-            for dtype, run in itertools.groupby(dtypes):  # callers order tensors by dtype
-                end = begin + sum(1 for _ in run)
-                norms += _foreach_norm_fp32(tensors[begin:end], dtype, ord)
-                begin = end
-            return torch.stack(norms)
-        except RuntimeError:
-            pass
-    first = next((t for t in tensors if t is not None), None)
-    if first is None:
-        return torch.zeros(n, dtype=torch.float32)
-    device = first.device
-    inf = ord == float("inf")
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for i, t in enumerate(tensors):
-        if t is not None and not (inf and t.numel() == 0):
-            groups.setdefault((t.device, t.dtype), []).append(i)
-    zero = torch.zeros((), dtype=torch.float32, device=device)
-    rows: list[torch.Tensor] = [zero] * n
-    for (group_device, group_dtype), indices in groups.items():
-        group = [tensors[i] for i in indices]
-        for i, norm in zip(indices, _foreach_norm_fp32(group, group_dtype, ord)):
-            rows[i] = norm if group_device == device else norm.to(device, non_blocking=True)
-    return torch.stack(rows)
-
-
-def _foreach_norm_fp32(
-    tensors: Sequence[torch.Tensor], dtype: torch.dtype, ord: float
-) -> list[torch.Tensor]:
-    """``torch._foreach_norm`` of tensors of one ``dtype``, accumulated and returned in fp32
-    (float64 reduces natively, then narrows)."""
-    if dtype.itemsize > 4:
-        return [norm.float() for norm in torch._foreach_norm(tensors, ord)]
-    return torch._foreach_norm(tensors, ord, dtype=torch.float32)
 
 
 class ProcessGroupAxes:

@@ -297,7 +297,7 @@ class TensorMetric(abc.ABC):
     kinds: frozenset[SiteKind] = frozenset()
     families: tuple[str, ...] = ()
     #: Set when ``prepare(sites, tensors)`` is exactly
-    #: ``executor.batched_norms(tensors, batched_ord)``: the observer then computes the norms of
+    #: ``norms.batched_norms(tensors, batched_ord)``: the observer then computes the norms of
     #: all such metrics due in a step in one call (one multi-tensor kernel per device and dtype).
     batched_ord: float | None = None
     #: Whether ``prepare_forward`` can be traced by ``torch.compile`` (torch operations on the

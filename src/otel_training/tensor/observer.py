@@ -55,7 +55,7 @@ from otel_training import config
 from otel_training.tensor._forward import Gate, first_tensor, make_hook
 from otel_training.tensor._ratelimit import RateLimitedLogger
 from otel_training.tensor.definitions import DEFAULT_SCHEDULE, build_metric
-from otel_training.tensor.executor import TensorMetricExecutor, batched_norms
+from otel_training.tensor.executor import TensorMetricExecutor
 from otel_training.tensor.gauges import TensorMetricGauges
 from otel_training.tensor.metric import (
     PIPELINE_AXIS,
@@ -68,6 +68,7 @@ from otel_training.tensor.metric import (
     SiteKind,
     TensorMetric,
 )
+from otel_training.tensor.norms import norm_list
 
 try:
     from torch.distributed.tensor import DTensor
@@ -91,6 +92,7 @@ _warn = RateLimitedLogger(_logger)
 Schedule = str | Mapping[str | TensorMetric, int] | Iterable[tuple[str | TensorMetric, int]]
 
 _GRAD = operator.attrgetter("grad")
+_NO_WORK: dict[int, tuple] = {}  # the work of a step with no forward metric due (never filled)
 _graph_task_id = torch._C._current_graph_task_id  # in_backward(), inlined on the hot path
 _IS_NONE = functools.partial(operator.is_, None)
 
@@ -195,6 +197,7 @@ class _Slot:
         "local",
         "forward_sites",
         "widths",
+        "complete",
     )
 
     def __init__(self, index: int, metric: TensorMetric, interval: int) -> None:
@@ -211,28 +214,30 @@ class _Slot:
         self.forward_sites = 0
         #: ``(1,) * len(sites)``: the widths of one value per row.
         self.widths: tuple[int, ...] = ()
+        #: Whether the tensors of the last commit held no ``None`` for certain.
+        self.complete = False
 
 
 class _StepScope:
     """The forward observations of one step: what hooks (eagerly) and the compiled graph's
     ``record_observation`` (under torch.compile) add to, between ``begin_step`` and ``commit``."""
 
-    __slots__ = ("step", "due", "began", "entries", "work", "sites", "extend", "warn")
+    __slots__ = ("step", "due", "began", "forward", "entries", "work", "sites", "extend", "warn")
 
     def __init__(
         self,
         step: int,
         due: frozenset[int],
         began: bool,
-        forward_slots: Sequence[int],
-        work: Mapping[int, tuple],
+        forward: tuple[int, ...],
+        work: dict[int, tuple],
         sites: list[Site],
-        extend: Callable[[int], tuple],
+        extend: Callable[[dict, tuple[int, ...], int], tuple],
         warn: Callable[[Site, TensorMetric, Exception], None],
     ) -> None:
-        self.step, self.due, self.began = step, due, began
+        self.step, self.due, self.began, self.forward = step, due, began, forward
         self.entries: dict[int, tuple[list[Site], list[torch.Tensor], list[int]]] = {
-            slot: ([], [], []) for slot in forward_slots
+            slot: ([], [], []) for slot in forward
         }
         self.work, self.sites, self.extend, self.warn = work, sites, extend, warn
 
@@ -253,8 +258,8 @@ class _StepScope:
         work, entries = self.work, self.entries
         for index in indices:
             items = work.get(index)
-            if items is None:
-                items = self.extend(index)
+            if items is None:  # a site added after the step began (observe())
+                items = self.extend(work, self.forward, index)
             for slot, metric, site in items:
                 try:
                     value = metric.prepare_forward(site, tensor)
@@ -401,6 +406,8 @@ class TensorObserver:
         self._site_slots: list[tuple[int, ...]] = []
         self._site_index: dict[tuple[str, SiteKind], int] = {}
         self._work: dict[tuple[int, ...], dict[int, tuple]] = {}
+        self._intervals = tuple((slot.index, slot.interval) for slot in self._slots)
+        self._due_sets: dict[tuple[int, ...], tuple[frozenset[int], tuple[int, ...]]] = {}
         self._handles: list[Any] = []
         self._structure: tuple = ()  # the model's structure when the sites were found
         self._device = torch.device("cpu")
@@ -699,14 +706,19 @@ class TensorObserver:
             if self._scope is not None:
                 self._end_scope()
             self._step = self._step + 1 if step is None else int(step)
-            due = frozenset(s.index for s in self._slots if self._step % s.interval == 0)
+            due, forward = self._due(self._step)
             if due:
                 self._refresh_if_changed()
-            forward = tuple(i for i in sorted(due) if not self._slots[i].commit_kinds)
-            work = self._work_for(forward) if forward else {}
-            extend = functools.partial(self._extend_work, work, forward)
+            work = self._work_for(forward) if forward else _NO_WORK
             scope = _StepScope(
-                self._step, due, began, forward, work, self._sites, extend, self._forward_failed
+                self._step,
+                due,
+                began,
+                forward,
+                work,
+                self._sites,
+                self._site_work,
+                self._forward_failed,
             )
             self._scope = scope
             if forward:
@@ -717,8 +729,15 @@ class TensorObserver:
             _warn.warning(("begin_step", id(self), type(error)), "tensor observer: %r", error)
             return False
 
-    def _extend_work(self, work: dict, forward: tuple[int, ...], index: int) -> tuple:
-        return self._site_work(work, forward, index)
+    def _due(self, step: int) -> tuple[frozenset[int], tuple[int, ...]]:
+        """The slots due at ``step``, and those of them that read forward sites (cached per
+        set of due slots)."""
+        key = tuple(i for i, interval in self._intervals if step % interval == 0)
+        found = self._due_sets.get(key)
+        if found is None:
+            forward = tuple(i for i in key if not self._slots[i].commit_kinds)
+            found = self._due_sets[key] = (frozenset(key), forward)
+        return found
 
     def _forward_failed(self, site: Site, metric: TensorMetric, error: Exception) -> None:
         _warn.warning(
@@ -759,7 +778,7 @@ class TensorObserver:
             self._end_scope()
             if scope is not None:
                 self._commit(scope)
-                if scope.due:
+                if scope.forward or self._gate.untraceable:
                     self._check_forward(scope)
         except Exception as error:
             _warn.warning(
@@ -773,6 +792,10 @@ class TensorObserver:
         # Metrics whose commit-time prepare is batched_norms(tensors, ord) share one call per ord:
         # one multi-tensor kernel per (device, dtype) over all their tensors, whatever the metric.
         batched: dict[float, list[tuple[_Slot, list]]] = {}
+        # One gather for the step: the 0-d values of every such row and of scalar forward
+        # observations go into one torch.stack; each metric's rows are a view of it.
+        scalars: list[torch.Tensor] = []
+        spans: list[tuple[_Slot, int, int, tuple[Site, ...], tuple[int, ...]]] = []
         due = scope.due
         grad_enabled = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)  # parameter norms are no part of autograd
@@ -781,10 +804,24 @@ class TensorObserver:
                 metric = slot.metric
                 if not metric.wants_commit(slot.index in due):
                     continue
+                rows = None
                 if not slot.commit_kinds:
-                    rows = self._forward_rows(slot, scope)
+                    entry = scope.entries.get(slot.index)
+                    if entry and entry[0]:
+                        sites, values, counts = entry
+                        if all(v.dim() == 0 for v in values):
+                            begin = len(scalars)
+                            scalars += values
+                            spans.append((slot, begin, len(scalars), tuple(sites), tuple(counts)))
+                            continue
+                        rows = Rows(
+                            tuple(sites),
+                            torch.cat([v.reshape(-1) for v in values]),
+                            tuple(v.numel() for v in values),
+                            tuple(counts),
+                        )
                 elif not slot.sites:
-                    rows = None
+                    pass
                 elif metric.batched_ord is not None:
                     batched.setdefault(metric.batched_ord, []).append(
                         (slot, self._commit_tensors(slot))
@@ -798,16 +835,26 @@ class TensorObserver:
                 if rows is not None:
                     rows_by_slot[slot.index] = rows
             for ord, items in batched.items():
-                if len(items) == 1:
-                    slot, tensors = items[0]
-                    rows_by_slot[slot.index] = self._rows(slot, batched_norms(tensors, ord))
-                    continue
-                norms = batched_norms(sum((tensors for _, tensors in items), []), ord)
-                begin = 0
-                for slot, tensors in items:
-                    end = begin + len(tensors)
-                    rows_by_slot[slot.index] = self._rows(slot, norms[begin:end])
+                tensors = items[0][1] if len(items) == 1 else sum((t for _, t in items), [])
+                complete = all(slot.complete for slot, _ in items)  # no None among them
+                norms = norm_list(tensors, ord, has_none=False if complete else None)
+                if len(norms) != len(tensors):  # no tensor at all (no gradient yet): zeros
+                    zeros = torch.zeros(len(tensors), dtype=torch.float32, device=self._device)
+                    norms = list(zeros.unbind())
+                begin = len(scalars)
+                scalars += norms
+                for slot, slot_tensors in items:
+                    end = begin + len(slot_tensors)
+                    spans.append((slot, begin, end, slot.sites, ()))
                     begin = end
+            if scalars:
+                try:
+                    stacked = torch.stack(scalars)
+                except RuntimeError:  # a model over several devices
+                    stacked = torch.stack([v.to(self._device, non_blocking=True) for v in scalars])
+                for slot, begin, end, sites, counts in spans:
+                    widths = slot.widths if not counts else (1,) * len(sites)
+                    rows_by_slot[slot.index] = Rows(sites, stacked[begin:end], widths, counts)
         finally:
             torch._C._set_grad_enabled(grad_enabled)
         if rows_by_slot:
@@ -819,7 +866,10 @@ class TensorObserver:
 
     @staticmethod
     def _commit_tensors(slot: _Slot) -> list[torch.Tensor | None]:
+        """The tensors the slot's sites read now; sets ``slot.complete`` when none is ``None``
+        for certain (a parameter without gradient is ``None``)."""
         if slot.static is not None:
+            slot.complete = True
             return slot.static
         kinds = slot.commit_kinds
         tensors: list[torch.Tensor | None]
@@ -834,7 +884,8 @@ class TensorObserver:
                 for site, p in zip(slot.sites, slot.params)
             ]
             persistent = [site.kind is SiteKind.PARAMETER for site in slot.sites]
-        if any(map(_IS_NONE, tensors)):  # Megatron-LM keeps gradients in .main_grad
+        complete = not any(map(_IS_NONE, tensors))
+        if not complete:  # Megatron-LM keeps gradients in .main_grad
             if not isinstance(persistent, list):
                 persistent = [persistent] * len(tensors)
             for i, (t, site, p) in enumerate(zip(tensors, slot.sites, slot.params)):
@@ -844,6 +895,7 @@ class TensorObserver:
         for i, local in slot.local:
             keep = persistent if isinstance(persistent, bool) else persistent[i]
             tensors[i] = local(tensors[i], keep)
+        slot.complete = complete and not slot.local  # an adapter may give None
         return tensors
 
     @staticmethod
@@ -854,20 +906,6 @@ class TensorObserver:
         width = values.numel() // n
         widths = slot.widths if width == 1 else (width,) * n
         return Rows(slot.sites, values, widths)
-
-    @staticmethod
-    def _forward_rows(slot: _Slot, scope: _StepScope) -> Rows | None:
-        entry = scope.entries.get(slot.index)
-        if not entry or not entry[0]:
-            return None
-        sites, values, counts = entry
-        if all(v.dim() == 0 for v in values):
-            stacked = torch.stack(values)
-            widths = (1,) * len(values)
-        else:
-            stacked = torch.cat([v.reshape(-1) for v in values])
-            widths = tuple(v.numel() for v in values)
-        return Rows(tuple(sites), stacked, widths, tuple(counts))
 
     def _check_forward(self, scope: _StepScope) -> None:
         """Says when a due forward metric saw nothing: never silently absent values."""
