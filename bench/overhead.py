@@ -27,6 +27,12 @@ metrics (a due step every 10, amortised), and the CPU time of the telemetry's ow
 batch span processor and the metric reader: encoding and sending) during the rounds. Device
 metrics need NVML and a GPU (none on a CPU machine).
 
+On a machine whose every core trains (torch's default), whatever else runs there (the
+exporters' threads, gRPC's, the receiver standing in for a collector) takes its CPU time from
+the training step; ``--threads N`` leaves cores free, as a training job that keeps a core for
+its data loaders and telemetry does. The output shows both the parts and what the rounds
+measured on each side.
+
 Run: ``.venv/bin/python bench/overhead.py`` (``make bench-overhead``; about 3 minutes on 2
 cores). Needs gcc (for the NVTX tool; without it the spans run without a tool, and the output
 says so) and the test extra (grpcio, for the receiver).
@@ -45,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +60,7 @@ WORKER_FLAG = "_OTEL_TRAINING_OVERHEAD_WORKER"
 # The receiver runs in its own process (the collector is not part of the training process):
 # it prints its gRPC port, serves until its stdin closes, then prints what it received.
 _RECEIVER = r"""
-import json, sys
+import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from otlp_receiver import OtlpReceiver
 with OtlpReceiver() as receiver:
@@ -62,7 +69,8 @@ with OtlpReceiver() as receiver:
     spans = sum(len(ss.spans) for r in receiver.trace_requests() for rs in r.resource_spans
                 for ss in rs.scope_spans)
     print(json.dumps({"span_requests": len(receiver.trace_requests()), "spans": spans,
-                      "metric_requests": len(receiver.metric_requests())}), flush=True)
+                      "metric_requests": len(receiver.metric_requests()),
+                      "cpu_s": time.process_time()}), flush=True)
 """
 
 
@@ -106,6 +114,13 @@ def parent(args: argparse.Namespace) -> int:
         if tool is not None and (tmp_path / "nvtx.jsonl").exists():
             with open(tmp_path / "nvtx.jsonl", "rb") as records:
                 nvtx_records = sum(1 for _ in records)
+        worker_steps = (args.rounds + 1) * (args.steps + SHORT_STEPS + 1)
+        print(
+            f"the receiver (another process on this machine, as a collector would be) used "
+            f"{received.get('cpu_s', 0.0):.2f} s of CPU = "
+            f"{received.get('cpu_s', 0.0) / max(1, worker_steps) * 1e6:.0f} us per step of the "
+            "telemetry-on runs"
+        )
         print(
             f"received on loopback: {received.get('spans', 0)} spans in "
             f"{received.get('span_requests', 0)} requests, {received.get('metric_requests', 0)} "
@@ -148,22 +163,45 @@ def _thread_cpu_s(threads) -> float:
     return total
 
 
+SHORT_STEPS = 5
+
+
+def _timed(train, config, meter, corpus) -> tuple[float, float, float]:
+    wall, cpu, main = time.perf_counter(), time.process_time(), time.thread_time()
+    train(config, meter, corpus=corpus)
+    return time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - main
+
+
 def _round(setup, train, config, corpus, environ) -> dict[str, float]:
+    """One pipeline, three runs of the demo: 1 step (untimed: the pipeline's first-use costs),
+    SHORT_STEPS and ``config.steps``; the difference of the last two, per step, is the cost of
+    a training step without what each run pays once (building the observer, the run's spans)."""
     before = set(threading.enumerate())
     telemetry = setup.configure(environ=environ, set_global=False)
+    short = replace(config, steps=SHORT_STEPS)
+    train(replace(config, steps=1), telemetry.meter, corpus=corpus)
     gc.collect()
     assert threading.current_thread() is threading.main_thread()
-    wall, cpu = time.perf_counter(), time.process_time()
-    train(config, telemetry.meter, corpus=corpus)
-    wall = time.perf_counter() - wall
-    cpu = time.process_time() - cpu
-    # The telemetry's own threads (batch span processor, metric reader, ...): started by this
-    # round's configure(); their CPU time so far is what the round's exports cost.
     exporters = _thread_cpu_s(t for t in threading.enumerate() if t not in before)
+    short_times = _timed(train, short, telemetry.meter, corpus)
+    long_times = _timed(train, config, telemetry.meter, corpus)
+    # The telemetry's own threads (batch span processor, metric reader, ...): started by this
+    # round's configure(); their CPU time during the timed runs is what the exports cost.
+    exporters = _thread_cpu_s(t for t in threading.enumerate() if t not in before) - exporters
     flush = time.perf_counter()
     telemetry.shutdown()  # the tail of the last interval: a per-run cost, timed apart
     flush = time.perf_counter() - flush
-    return {"wall": wall, "cpu": cpu, "exporters": exporters, "shutdown": flush}
+    steps = config.steps - SHORT_STEPS
+    wall, cpu, main = ((b - a) / steps for a, b in zip(short_times, long_times))
+    setup_s = short_times[0] - SHORT_STEPS * wall
+    return {
+        "wall": wall,  # seconds per step
+        "cpu": cpu,
+        "main": main,
+        "exporters": exporters / (config.steps + SHORT_STEPS),
+        "setup": setup_s,  # seconds per run, beyond its steps
+        "shutdown": flush,
+    }
 
 
 def _per_call_us(function, n: int) -> float:
@@ -260,6 +298,8 @@ def worker(args: argparse.Namespace) -> int:
     from otel_training.demo import DemoConfig, train
     from otel_training.demo.data import load_stdlib_corpus
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     tmp = os.environ["OVERHEAD_TMP"]
     environments = _environments(tmp)
     corpus = load_stdlib_corpus(max_bytes=4_000_000)
@@ -271,7 +311,7 @@ def worker(args: argparse.Namespace) -> int:
         eval_interval=0,
         device="cpu",
     )
-    warm = DemoConfig(**{**config.__dict__, "steps": 5})
+    warm = replace(config, steps=SHORT_STEPS + 2)
     for environ in environments.values():  # warm up both paths
         _round(setup, train, warm, corpus, environ)
     results: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
@@ -284,33 +324,34 @@ def worker(args: argparse.Namespace) -> int:
     steps = args.steps
 
     def per_step_ms(name: str, key: str) -> float:
-        return statistics.median(r[key] for r in results[name]) / steps * 1e3
+        return statistics.median(r[key] for r in results[name]) * 1e3
 
     def ratios(key: str) -> list[float]:
         return [on[key] / off[key] for on, off in zip(results["on"], results["off"])]
 
+    def difference_us(key) -> float:
+        return statistics.median(
+            (key(on) - key(off)) * 1e6 for on, off in zip(results["on"], results["off"])
+        )
+
     wall, cpu = ratios("wall"), ratios("cpu")
-    parts["export threads (cpu)"] = statistics.median(
-        r["exporters"] / steps * 1e6 for r in results["on"]
-    )
+    parts["export threads (cpu)"] = statistics.median(r["exporters"] for r in results["on"]) * 1e6
     off_us = per_step_ms("off", "wall") * 1e3
-    measured = statistics.median(
-        (on["wall"] - off["wall"]) / steps * 1e6 for on, off in zip(results["on"], results["off"])
-    )
-    shutdown = statistics.median(r["shutdown"] for r in results["on"]) * 1e3
+    off_cpu_us = per_step_ms("off", "cpu") * 1e3
+    best = {
+        key: min(r[key] for r in results["on"]) / min(r[key] for r in results["off"])
+        for key in ("wall", "cpu")
+    }
     print(
         f"demo model on cpu ({torch.get_num_threads()} threads), torch {torch.__version__}: "
-        f"{args.rounds} rounds x 2 variants x {steps} steps, interleaved"
+        f"{args.rounds} rounds x 2 variants, interleaved; per step = (time of {steps} steps - "
+        f"time of {SHORT_STEPS}) / {steps - SHORT_STEPS}, so what a run pays once is apart"
     )
     print(
         "time per step (median of rounds): "
         f"off {per_step_ms('off', 'wall'):.2f} ms wall / {per_step_ms('off', 'cpu'):.2f} ms cpu, "
         f"on {per_step_ms('on', 'wall'):.2f} ms wall / {per_step_ms('on', 'cpu'):.2f} ms cpu"
     )
-    best = {
-        key: min(r[key] for r in results["on"]) / min(r[key] for r in results["off"])
-        for key in ("wall", "cpu")
-    }
     print(
         f"all telemetry on / OTEL_SDK_DISABLED=true: wall {statistics.median(wall):.4f}x "
         f"(rounds {min(wall):.3f}-{max(wall):.3f}), cpu {statistics.median(cpu):.4f}x "
@@ -319,18 +360,27 @@ def worker(args: argparse.Namespace) -> int:
     )
     main_thread = sum(us for name, us in parts.items() if name != "export threads (cpu)")
     exports = parts["export threads (cpu)"]
-    off_cpu_us = per_step_ms("off", "cpu") * 1e3
     print(
         "breakdown per step, each part measured alone: "
         + ", ".join(f"{name} {us:.0f} us" for name, us in parts.items())
         + f"; training thread {main_thread:.0f} us = {main_thread / off_us * 100:.2f} % of the "
         f"step's wall time, export threads {exports:.0f} us of CPU = "
-        f"{exports / off_cpu_us * 100:.2f} % of its CPU time (the rounds measured "
-        f"{measured:.0f} us wall per step)"
+        f"{exports / off_cpu_us * 100:.2f} % of its CPU time"
     )
+    wall_us = difference_us(lambda r: r["wall"])
+    main_us = difference_us(lambda r: r["main"])
+    other_us = difference_us(lambda r: r["cpu"] - r["main"])
     print(
-        f"per run, not per step: shutdown with the last interval's export {shutdown:.0f} ms; "
-        "device metrics: none without NVML and a GPU"
+        f"the rounds measured, per step (on - off, median): {wall_us:.0f} us wall; {main_us:.0f} "
+        f"us CPU on the training thread, {other_us:.0f} us CPU on all other threads (torch's, "
+        "gRPC's own C threads and the exporters)"
+    )
+    setup_ms = difference_us(lambda r: r["setup"]) / 1e3
+    shutdown = statistics.median(r["shutdown"] for r in results["on"]) * 1e3
+    print(
+        f"per run, not per step: {setup_ms:.1f} ms more to start a run (tensor observer, run "
+        f"spans), {shutdown:.0f} ms to shut down with the last interval's export; device "
+        "metrics: none without NVML and a GPU"
     )
     return 0 if min(statistics.median(wall), best["wall"]) <= 1.01 else 1
 
@@ -339,6 +389,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch intra-op threads (default: torch's own choice, every core)",
+    )
     args = parser.parse_args()
     if os.environ.get(WORKER_FLAG):
         return worker(args)
