@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench bench-spans bench-tensor bench-overhead gpu-check semconv clean
+.PHONY: setup demo test lint bench bench-spans bench-tensor bench-overhead gpu-check bench-bad-day \
+	bench-report semconv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,11 +24,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
-	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/ruff check src tests bench scripts examples
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench scripts
-	$(VENV)/bin/ruff format --check src tests bench scripts
+	$(VENV)/bin/ruff check src tests bench scripts examples
+	$(VENV)/bin/ruff format --check src tests bench scripts examples
 
 bench: setup
 	$(PY) bench/record_metrics.py
@@ -46,6 +47,14 @@ bench-overhead: setup
 # On a CUDA machine: sync-free tensor metrics and deferred reads, executor vs naive, NVML.
 gpu-check:
 	bash bench/gpu_check.sh
+
+# Shutdown bounds, 200 SIGTERMs, an 80,000-span burst and case A11, in real processes.
+bench-bad-day: setup
+	$(PY) bench/bad_day.py
+
+# A synthetic 10,000-step 8-rank run (about 1 GB in a temporary directory, removed after).
+bench-report: setup
+	$(PY) bench/report.py
 
 semconv: setup
 	$(PY) scripts/generate_semconv.py

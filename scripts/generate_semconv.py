@@ -32,6 +32,11 @@ import jinja2
 import jsonschema
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # semconv_spans, beside this file
+
+import semconv_spans  # noqa: E402
+from semconv_spans import Span, SpanGroups  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY_DIR = ROOT / "semconv" / "registry"
 TEMPLATES_DIR = ROOT / "semconv" / "templates"
@@ -48,10 +53,6 @@ OUTPUTS = {
     "metrics.py.j2": "metrics.py",
     "spans.py.j2": "spans.py",
 }
-
-#: Span levels, smallest first: the presets of OTEL_PYTHON_TRAINING_SPAN_GROUPS. A span's group
-#: is enabled by the preset of its level and by every larger one.
-SPAN_LEVELS = ("default", "per_step", "all")
 
 # --- naming rules -------------------------------------------------------------------------------
 
@@ -164,19 +165,6 @@ class Metric:
     attributes: tuple[str, ...]
     exception_reason: str | None
     exception_rules: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Span:
-    """A span defined in this registry: its name (the registry ``type``) and span group."""
-
-    name: str
-    brief: str
-    note: str
-    stability: str
-    group: str
-    level: str
-    attributes: tuple[tuple[str, str], ...]  # (key, requirement level)
 
 
 @dataclass
@@ -308,35 +296,12 @@ def _namespace_collisions(kind: str, names: Sequence[str]) -> list[Violation]:
     return violations
 
 
-def _span_group_violations(registry: Registry) -> list[Violation]:
-    """``span_group``: each span has ``annotations.otel_training.group`` (a lower-case word) and
-    ``level`` (one of :data:`SPAN_LEVELS`), and all spans of a group have the same level."""
-    violations = []
-    levels: dict[str, str] = {}
-    for span in registry.spans:
-        name = str(span.get("type"))
-        ours = _otel_training_annotations(span)
-        group, level = ours.get("group"), ours.get("level")
-        if not (isinstance(group, str) and re.fullmatch(r"[a-z][a-z_]*", group)):
-            violations.append(
-                Violation("span_group", name, "annotations.otel_training.group: a lower-case word")
-            )
-            continue
-        if level not in SPAN_LEVELS:
-            violations.append(
-                Violation(
-                    "span_group",
-                    name,
-                    f"annotations.otel_training.level must be one of {', '.join(SPAN_LEVELS)}",
-                )
-            )
-            continue
-        first = levels.setdefault(group, level)
-        if first != level:
-            violations.append(
-                Violation("span_group", name, f"group {group!r} has level {first!r} and {level!r}")
-            )
-    return violations
+def _span_group_violations(registry: Registry, groups: SpanGroups) -> list[Violation]:
+    """``span_group``: each span names a group of ``semconv/span_groups.yaml``."""
+    return [
+        Violation("span_group", name, problem)
+        for name, problem in semconv_spans.span_group_problems(registry.spans, groups)
+    ]
 
 
 def rule_violations(registry: Registry) -> list[Violation]:
@@ -346,8 +311,8 @@ def rule_violations(registry: Registry) -> list[Violation]:
     ``namespace_collision`` (no metric or attribute name is the namespace of another),
     ``unit_ucum`` and ``unit_in_name`` for metrics unless declared in a naming exception,
     ``naming_exception`` (a reason, and exactly the rules the metric breaks), ``true_unit``,
-    ``value_type``, ``unresolved_ref``, ``span_group`` (every span names its group and a level
-    of :data:`SPAN_LEVELS`, the same level for all spans of a group) and ``constant_collision``
+    ``value_type``, ``unresolved_ref``, ``span_group`` (every span names a group of
+    ``semconv/span_groups.yaml``) and ``constant_collision``
     (no two metrics, attributes or spans share a Python constant).
     """
     violations: list[Violation] = []
@@ -378,7 +343,7 @@ def rule_violations(registry: Registry) -> list[Violation]:
     span_names = named("span", registry.spans, "type")
     violations += _namespace_collisions("metric", metric_names)
     violations += _namespace_collisions("attribute", attribute_keys)
-    violations += _span_group_violations(registry)
+    violations += _span_group_violations(registry, semconv_spans.load_span_groups())
     constants: dict[str, str] = {}
     for name in (*metric_names, *attribute_keys, *span_names):
         other = constants.setdefault(constant_name(name), name)
@@ -512,27 +477,9 @@ def build_model(registry: Registry) -> tuple[list[Attribute], list[Metric]]:
     return sorted(attributes, key=lambda a: a.key), sorted(metrics, key=lambda m: m.name)
 
 
-def build_spans(registry: Registry) -> list[Span]:
+def build_spans(registry: Registry, groups: SpanGroups) -> list[Span]:
     """The spans to generate, sorted by name. The registry must be valid."""
-    spans = []
-    for s in registry.spans:
-        ours = _otel_training_annotations(s)
-        spans.append(
-            Span(
-                name=s["type"],
-                brief=_clean(s["brief"]),
-                note=_clean(s.get("note", "")),
-                stability=s["stability"],
-                group=ours["group"],
-                level=ours["level"],
-                attributes=tuple(
-                    (str(r["ref"]), _requirement(r.get("requirement_level")))
-                    for r in _refs(s.get("attributes"))
-                    if "ref" in r
-                ),
-            )
-        )
-    return sorted(spans, key=lambda s: s.name)
+    return semconv_spans.build_spans(registry.spans, groups, _clean, _requirement)
 
 
 def _requirement(level: Any) -> str:
@@ -650,20 +597,6 @@ def _literal(value: Any) -> str:
     return f"``{json.dumps(value, ensure_ascii=False)}``"
 
 
-def _span_doc(span: Span) -> str:
-    """The docstring text of a span constant: brief; group, level and attributes; note."""
-    larger = SPAN_LEVELS[SPAN_LEVELS.index(span.level) :]
-    facts = (
-        f"Span group: {_literal(span.group)}, on in the span-group presets "
-        + ", ".join(_literal(level) for level in larger)
-        + f". Kind: internal. Stability: {span.stability}."
-    )
-    if span.attributes:
-        listed = (f"{_literal(key)} ({level.replace('_', ' ')})" for key, level in span.attributes)
-        facts += " Attributes: " + ", ".join(listed) + "."
-    return "\n\n".join(p for p in (span.brief, facts, span.note) if p)
-
-
 def _kwarg_strings(name: str, values: Sequence[str], indent: int) -> str:
     """``name=(<string literals>)`` at ``indent``, split one per line as ruff does when long."""
     literals = [json.dumps(v, ensure_ascii=False) for v in values]
@@ -682,10 +615,12 @@ def render(
     metrics: Sequence[Metric],
     templates_dir: Path,
     spans: Sequence[Span] = (),
+    groups: SpanGroups | None = None,
     external: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The generated modules: file name -> source text. ``external`` maps OpenTelemetry
     attribute keys that metrics reference to the Python constants that hold them."""
+    groups = groups or semconv_spans.load_span_groups()
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(templates_dir),
         undefined=jinja2.StrictUndefined,
@@ -703,7 +638,7 @@ def render(
         pytuple=_py_tuple,
         metric_doc=_metric_doc,
         attribute_doc=_attribute_doc,
-        span_doc=_span_doc,
+        span_doc=lambda span: semconv_spans.span_doc(span, groups),
         kwarg_strings=_kwarg_strings,
     )
     instruments = {
@@ -738,14 +673,21 @@ def render(
             key=_import_sort_key,
         ),
         "spans": spans,
-        "span_levels": SPAN_LEVELS,
-        "span_group_levels": sorted(
-            {(s.group, s.level) for s in spans},
-            key=lambda pair: (SPAN_LEVELS.index(pair[1]), pair[0]),
+        "span_levels": groups.levels,
+        "span_preset_aliases": sorted(groups.aliases.items()),
+        "span_groups": sorted(
+            groups.groups.values(), key=lambda g: (groups.levels.index(g.level), g.name)
         ),
         "span_exports": sorted(
             [constant_name(s.name) for s in spans]
-            + ["SPANS", "SPAN_GROUP_LEVELS", "SPAN_LEVELS", "SpanSpec"],
+            + [
+                "NVTX_ONLY_CANDIDATE_GROUPS",
+                "SPANS",
+                "SPAN_GROUP_LEVELS",
+                "SPAN_LEVELS",
+                "SPAN_PRESET_ALIASES",
+                "SpanSpec",
+            ],
             key=_import_sort_key,
         ),
     }
@@ -766,8 +708,14 @@ def generate(
     if violations:
         raise RegistryError(violations)
     attributes, metrics = build_model(registry)
+    groups = semconv_spans.load_span_groups()
     return render(
-        attributes, metrics, templates_dir, build_spans(registry), external_attributes(registry)
+        attributes,
+        metrics,
+        templates_dir,
+        build_spans(registry, groups),
+        groups,
+        external_attributes(registry),
     )
 
 

@@ -19,6 +19,7 @@ from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,
     Sum,
 )
+from support import import_or_unavailable
 
 from otel_training import instruments, testing
 from otel_training.instruments import record_training_metrics
@@ -264,7 +265,7 @@ def test_accepts_what_float_accepts(value):
 
 def test_accepts_cpu_torch_scalars():
     """A 0-d CPU torch tensor is recorded as its number."""
-    torch = pytest.importorskip("torch")
+    torch = import_or_unavailable("torch")
     _, reader, meter = sdk_meter()
     record_training_metrics(meter, loss=torch.tensor(1091.08), skipped_iters=torch.tensor(2))
     ((_, loss),) = collected(reader, P + "loss")
@@ -288,7 +289,7 @@ def test_values_that_are_not_numbers_are_dropped_with_one_warning(bad, caplog):
 
 def test_multi_element_tensor_is_dropped():
     """A tensor with more than one element is not a scalar: dropped, not raised."""
-    torch = pytest.importorskip("torch")
+    torch = import_or_unavailable("torch")
     _, reader, meter = sdk_meter()
     record_training_metrics(meter, loss=torch.ones(3))
     assert collected(reader, P + "loss") == []
@@ -453,20 +454,21 @@ def test_case_a3_proxy_meter_before_the_sdk():
 
 
 def test_huge_ints_never_raise_nor_poison_the_export():
-    """Ints beyond int64 become floats or are dropped: an export never fails on them."""
+    """Gauge ints beyond int64 become floats, the counter saturates: no export fails on them."""
     _, reader, meter = sdk_meter()
     record_training_metrics(meter, loss=10**400, step_duration_ms=10**400)
     record_training_metrics(meter, learning_rate=10**30, skipped_iters=2**63)
     values = {name: point for name, point in collected(reader)}
     assert values[P + "learning_rate"].value == 1e30
     assert isinstance(values[P + "learning_rate"].value, float)
-    assert values[P + "skipped_iters"].value == float(2**63)
+    assert values[P + "skipped_iters"].value == 2**63 - 1
+    assert isinstance(values[P + "skipped_iters"].value, int)
     assert P + "loss" not in values
 
 
 def test_tensor_that_requires_grad_is_read_without_autograd_warning(recwarn):
     """A loss tensor that requires grad is detached before it is read."""
-    torch = pytest.importorskip("torch")
+    torch = import_or_unavailable("torch")
     _, reader, meter = sdk_meter()
     record_training_metrics(meter, loss=torch.tensor(2.0, requires_grad=True) * 1.5)
     assert [p.value for _, p in collected(reader, P + "loss")] == [3.0]
@@ -488,3 +490,28 @@ def test_no_op_meter_defers_nothing():
     assert instruments._deferred.pending == 0
     assert instruments.flush_deferred(5.0)
     assert stub.reads == []
+
+
+def test_one_element_arrays_are_accepted_like_one_element_tensors():
+    """numpy arrays and tensors of one element are numbers; counters stay whole numbers."""
+    torch = import_or_unavailable("torch")
+    _, reader, meter = sdk_meter()
+    record_training_metrics(
+        meter, loss=np.array([2.5]), grad_norm=np.array([[0.5]]), skipped_iters=np.array([2])
+    )
+    record_training_metrics(meter, skipped_iters=torch.tensor([3]), learning_rate=np.float32(1.0))
+    values = {name: point.value for name, point in collected(reader)}
+    assert values[P + "loss"] == 2.5 and values[P + "grad_norm"] == 0.5
+    assert values[P + "skipped_iters"] == 5 and isinstance(values[P + "skipped_iters"], int)
+    assert values[P + "learning_rate"] == 1.0
+
+
+def test_a_fractional_counter_value_is_dropped_with_one_warning(caplog):
+    """skipped_iters=1.5 is not a whole number of iterations: dropped, one warning."""
+    _, reader, meter = sdk_meter()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            record_training_metrics(meter, skipped_iters=1.5)
+        record_training_metrics(meter, skipped_iters=2.0)
+    assert {name: p.value for name, p in collected(reader)}[P + "skipped_iters"] == 2
+    assert caplog.text.count("not a whole number") == 1

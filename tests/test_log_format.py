@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import TracerProvider, sampling
 
 from otel_training.log_format import KeyValueFormatter, LogSpanProcessor, format_pairs
 
@@ -105,3 +106,51 @@ def test_log_span_processor_logs_span_starts_and_ends_with_their_fields(caplog):
     line = KeyValueFormatter().format(end)
     assert "event=span_end span=megatron.evaluate" in line
     assert line.count(" span_id=") == 1
+
+
+class _RecordOnly(sampling.Sampler):
+    """Records every span without sampling it (it is never exported)."""
+
+    def should_sample(self, *args, **kwargs) -> sampling.SamplingResult:
+        return sampling.SamplingResult(sampling.Decision.RECORD_ONLY)
+
+    def get_description(self) -> str:
+        return "record-only"
+
+
+def test_ids_are_written_only_for_sampled_spans(caplog):
+    """A span recorded but not sampled, or not recorded at all, gives no ids: they would name
+    a span that no trace holds."""
+    formatter = KeyValueFormatter()
+    for sampler in (_RecordOnly(), sampling.ALWAYS_OFF):
+        provider = TracerProvider(sampler=sampler)
+        processor = LogSpanProcessor()
+        provider.add_span_processor(processor)
+        with caplog.at_level(logging.INFO, logger="otel_training.spans"):
+            with provider.get_tracer("t").start_as_current_span("megatron.evaluate"):
+                line = formatter.format(_record())
+        assert "trace_id=" not in line and "span_id=" not in line
+    logged = [formatter.format(r) for r in caplog.records]
+    assert logged and all("trace_id=" not in line for line in logged)
+
+
+def test_log_span_processor_is_exact_under_many_threads(caplog):
+    """8 threads x 200 spans: exactly 1,600 starts and 1,600 ends are logged."""
+    provider = TracerProvider()
+    provider.add_span_processor(LogSpanProcessor())
+    tracer = provider.get_tracer("t")
+
+    def work() -> None:
+        for _ in range(200):
+            with tracer.start_as_current_span("megatron.evaluate"):
+                pass
+
+    with caplog.at_level(logging.INFO, logger="otel_training.spans"):
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    events = [r.event for r in caplog.records]
+    assert events.count("span_start") == events.count("span_end") == 1600
+    assert len({r.span_id for r in caplog.records}) == 1600

@@ -17,6 +17,7 @@ from opentelemetry.trace import Status, StatusCode
 
 import otel_training
 from otel_training import setup
+from otel_training.limits import DEFAULT_VALUE_LENGTH, cut_marker
 from otel_training.processors import JsonLogSpanProcessor, jsonlog
 
 
@@ -141,9 +142,9 @@ def test_jsonable_turns_numpy_scalars_and_tensors_into_numbers_and_never_raises(
     assert jsonlog.jsonable(torch.tensor([7])) == 7
     assert jsonlog.jsonable(torch.zeros(2)) == str(torch.zeros(2))
     assert jsonlog.jsonable({"a": (np.int8(1), None, True)}) == {"a": [1, None, True]}
-    assert jsonlog.jsonable(Broken()) == "<unserializable Broken>"
-    long = jsonlog.jsonable("x" * (jsonlog.MAX_STRING_LENGTH + 10))
-    assert len(long) == jsonlog.MAX_STRING_LENGTH and long.endswith("...")
+    assert jsonlog.jsonable(Broken()) == "<Broken>"
+    long = jsonlog.jsonable("x" * (DEFAULT_VALUE_LENGTH + 10))
+    assert len(long) == DEFAULT_VALUE_LENGTH and long.endswith(cut_marker(10 + len(cut_marker(10))))
 
 
 def test_shutdown_flushes_everything_and_later_spans_are_ignored(tmp_path):
@@ -221,7 +222,8 @@ def test_configure_writes_span_lines_per_rank_beside_the_embedded_default(tmp_pa
     with otel_training.training_run():
         pass
     telemetry.shutdown()
-    path = out / "spans-rank3.jsonl"
+    path = Path(telemetry.output_dir) / "spans-rank3.jsonl"
+    assert path.parent.parent == out
     assert f"span JSON lines {path}" in telemetry.destination
     lines = _strict(path.read_text())
     assert [(line["record"], line["rank"]) for line in lines] == [
@@ -247,7 +249,7 @@ def test_span_lines_are_on_with_the_embedded_default_or_a_directory(tmp_path, en
     env.update(OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(directory), OTEL_METRICS_EXPORTER="none")
     telemetry = setup.configure(environ=env, set_global=False)
     telemetry.shutdown()
-    assert (directory / "spans-rank0.jsonl").exists() is written
+    assert (directory / "latest" / "spans-rank0.jsonl").exists() is written
     assert ("span JSON lines" in telemetry.destination) is written
 
 
@@ -264,4 +266,4 @@ def test_an_unwritable_directory_warns_and_configures_without_lines(tmp_path, ca
         set_global=False,
     )
     assert "span JSON lines" not in telemetry.destination
-    assert any("cannot write span JSON lines" in r.getMessage() for r in caplog.records)
+    assert any("cannot write spans" in r.getMessage() for r in caplog.records)

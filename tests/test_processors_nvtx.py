@@ -32,15 +32,6 @@ tracer = provider.get_tracer("test")
 """
 
 
-@pytest.fixture(scope="session")
-def recorder_library(tmp_path_factory) -> Path:
-    """The NVTX recorder, compiled once per session (skips without a C compiler)."""
-    library = nvtx_injection.build(tmp_path_factory.mktemp("nvtx"))
-    if library is None:
-        pytest.skip("no C compiler to build the NVTX injection library")
-    return library
-
-
 @pytest.fixture
 def record(recorder_library, tmp_path):
     """Runs Python code in a child with the recorder attached; returns the records."""
@@ -73,9 +64,9 @@ def test_nested_spans_on_one_thread_are_balanced_named_and_categorised(record):
         + """
 with tracer.start_as_current_span("megatron.train"):
     with tracer.start_as_current_span("megatron.train.iteration"):
-        with tracer.start_as_current_span("megatron.train.forward_backward"):
+        with tracer.start_as_current_span("megatron.train.iteration.forward_backward"):
             pass
-        with tracer.start_as_current_span("megatron.train.optimizer_step"):
+        with tracer.start_as_current_span("megatron.train.iteration.optimizer"):
             pass
     with tracer.start_as_current_span("my.own.phase"):
         pass
@@ -84,16 +75,15 @@ provider.shutdown()
     )
     matched = nvtx_injection.assert_balanced(records)
     assert [(r.message, r.category) for r in matched] == [
-        (names.MEGATRON_TRAIN, "run"),
-        (names.MEGATRON_TRAIN_ITERATION, "iteration"),
-        (names.MEGATRON_TRAIN_FORWARD_BACKWARD, "forward_backward"),
-        (names.MEGATRON_TRAIN_OPTIMIZER_STEP, "optimizer"),
+        (names.MEGATRON_TRAIN, "job"),
+        (names.MEGATRON_TRAIN_ITERATION, "step"),
+        (names.MEGATRON_TRAIN_ITERATION_FORWARD_BACKWARD, "forward_backward"),
+        (names.MEGATRON_TRAIN_ITERATION_OPTIMIZER, "optimizer"),
         ("my.own.phase", "custom"),
     ]
     assert {r.domain for r in matched} == {"otel_training"}
     assert [r.color for r in matched] == [
-        nvtx.GROUP_COLORS[g]
-        for g in ("run", "iteration", "forward_backward", "optimizer", "custom")
+        nvtx.GROUP_COLORS[g] for g in ("job", "step", "forward_backward", "optimizer", "custom")
     ]
     assert len({r.start_tid for r in matched} | {r.end_tid for r in matched}) == 1
     # nested: each child range starts after and ends before its parent
@@ -158,7 +148,12 @@ telemetry.shutdown()
         OTEL_PYTHON_TRAINING_SPAN_GROUPS="per_step",
     )
     matched = nvtx_injection.assert_balanced(records)
-    assert [r.message for r in matched] == [names.MEGATRON_TRAIN, names.MEGATRON_TRAIN_ITERATION]
+    assert [r.message for r in matched] == [
+        names.MEGATRON_TRAIN,
+        names.MEGATRON_TRAIN_SEGMENT,
+        names.MEGATRON_TRAIN_FIRST_ITERATION,
+        names.MEGATRON_TRAIN_ITERATION,
+    ]
 
 
 def test_many_threads_ending_each_others_spans_stay_balanced(record):
@@ -256,7 +251,7 @@ assert ops.count("end") == 1, ops  # the range ended at exit, the span has not
 release.set()
 telemetry.shutdown()
 """,
-        OTEL_PYTHON_TRAINING_SPAN_GROUPS="per_step",
+        OTEL_PYTHON_TRAINING_SPAN_GROUPS="step",
     )
     (only,) = nvtx_injection.assert_balanced(records)
     assert only.message == names.MEGATRON_TRAIN_ITERATION

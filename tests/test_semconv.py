@@ -16,6 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from support import unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "generate_semconv.py"
@@ -424,13 +425,11 @@ def test_factories_create_instruments_with_registry_unit_and_description():
     assert exported == {n: (s.unit, s.description) for n, s in semconv.METRICS.items()}
 
 
-@pytest.mark.skipif(
-    shutil.which("ruff") is None and not (ROOT / ".venv/bin/ruff").exists(),
-    reason="ruff is not installed",
-)
 def test_generated_modules_pass_ruff():
     """The generated modules pass `ruff check` and `ruff format --check` with the repo config."""
     ruff = str(ROOT / ".venv/bin/ruff") if (ROOT / ".venv/bin/ruff").exists() else "ruff"
+    if shutil.which(ruff) is None:
+        unavailable("ruff is not installed")
     files = [str(GENERATED_DIR / name) for name in gen.OUTPUTS.values()]
     for command in ([ruff, "check", *files], [ruff, "format", "--check", *files]):
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
@@ -443,8 +442,15 @@ def test_json_of_generated_tables_round_trips():
 
     from otel_training.semconv import ATTRIBUTES, METRICS
 
-    json.dumps({n: asdict(s) for n, s in METRICS.items()})
-    json.dumps({n: asdict(s) for n, s in ATTRIBUTES.items()})
+    for table in (METRICS, ATTRIBUTES):
+        plain = {n: asdict(s) for n, s in table.items()}
+        assert json.loads(json.dumps(plain)) == json.loads(json.dumps(plain, sort_keys=True))
+        back = json.loads(json.dumps(plain))  # JSON has no tuples: sequences come back as lists
+        rebuilt = {
+            n: type(s)(**{k: tuple(v) if isinstance(v, list) else v for k, v in back[n].items()})
+            for n, s in table.items()
+        }
+        assert rebuilt == dict(table)
     with pytest.raises(TypeError):
         METRICS["x"] = METRICS["megatron.training.loss"]  # type: ignore[index]
     with pytest.raises(FrozenInstanceError):
@@ -453,25 +459,87 @@ def test_json_of_generated_tables_round_trips():
 
 # --- spans ----------------------------------------------------------------------------------
 
-# span name -> (group, level): Megatron-LM's names where it has them.
-EXPECTED_SPANS = {
-    "megatron.train": ("run", "default"),
-    "megatron.startup": ("startup", "default"),
-    "megatron.checkpoint.save": ("checkpoint", "default"),
-    "megatron.checkpoint.load": ("checkpoint", "default"),
-    "megatron.evaluate": ("evaluation", "default"),
-    "megatron.train.iteration": ("iteration", "per_step"),
-    "megatron.train.forward_backward": ("forward_backward", "all"),
-    "megatron.train.optimizer_step": ("optimizer", "all"),
-    "megatron.train.data_loading": ("data_loading", "all"),
+# Megatron-LM's span names by group, read from its code (megatron/training/training.py,
+# megatron/core/pipeline_parallel/p2p_communication.py, .../distributed_data_parallel.py,
+# .../fine_grained_activation_offload.py), as issue 11 lists them.
+MEGATRON_SPANS = {
+    "job": {"megatron.startup", "megatron.train"},
+    "model_init": {"megatron.startup.model_init"},
+    "data_loading": {"megatron.startup.dataloader"},
+    "step": {"megatron.train.iteration"},
+    "forward_backward": {"megatron.train.iteration.forward_backward"},
+    "optimizer": {"megatron.train.iteration.optimizer"},
+    "checkpoint": {
+        "megatron.checkpoint.save",
+        "megatron.checkpoint.save.state_dict",
+        "megatron.checkpoint.save.io_write",
+        "megatron.checkpoint.save.finalize",
+    },
+    "load_checkpoint": {"megatron.checkpoint.load", "megatron.checkpoint.load.io_read"},
+    "evaluate": {"megatron.evaluate", "megatron.evaluate.step"},
+    "microbatch": {"megatron.microbatch.forward", "megatron.microbatch.backward"},
+    "layer": {"megatron.layer.forward", "megatron.layer.self_attention", "megatron.layer.mlp"},
+    "communication": {
+        "megatron.p2p.send_forward",
+        "megatron.p2p.recv_forward",
+        "megatron.p2p.send_backward",
+        "megatron.p2p.recv_backward",
+        "megatron.grad_sync.start",
+        "megatron.grad_sync.finish",
+    },
+    "activation_offload": {"megatron.activation.offload", "megatron.activation.reload"},
+    "first_iteration": {"megatron.train.first_iteration"},
+}
+# Ours, in Megatron-LM's scheme, where it has no name.
+OUR_SPANS = {
+    "data_loading": {"megatron.train.iteration.data_loading"},
+    "job": {"megatron.train.segment"},
+}
+# Megatron-LM's presets (megatron/core/telemetry/span_groups.py: MegatronSpanGroup._PRESETS),
+# plus our custom group, on wherever anything is.
+MEGATRON_PRESETS = {
+    "default": {"job", "checkpoint", "evaluate", "first_iteration", "inference"},
+    "per_step": {
+        "job", "checkpoint", "evaluate", "model_init", "load_checkpoint", "step",
+        "forward_backward", "optimizer", "communication", "data_loading", "first_iteration",
+        "inference",
+    },
+    "all": {
+        "job", "checkpoint", "evaluate", "model_init", "load_checkpoint", "step",
+        "forward_backward", "optimizer", "microbatch", "layer", "communication",
+        "activation_offload", "data_loading", "first_iteration", "trace_region", "inference",
+    },
+}  # fmt: skip
+MEGATRON_PRESETS["profiling"] = MEGATRON_PRESETS["all"]
+# Megatron-LM's span attributes (issue 11's list), all declared.
+MEGATRON_SPAN_ATTRIBUTES = {
+    "megatron.iteration",
+    "megatron.skipped",
+    "megatron.update_successful",
+    "megatron.eval_iteration",
+    "megatron.layer_number",
+    "num_microbatches",
+    "is_goodput_span",
 }
 
 
-def test_spans_are_the_phases_of_training_with_their_groups(registry):
-    """The registry's spans are the phases of training, each with its span group and preset."""
-    declared = {s["type"]: (_ours(s)["group"], _ours(s)["level"]) for s in registry.spans}
-    assert declared == EXPECTED_SPANS
+def test_spans_are_megatron_lms_with_their_groups(registry):
+    """The registry's spans are Megatron-LM's (and ours in its scheme), each in Megatron-LM's
+    group; its presets are Megatron-LM's."""
+    from otel_training.config import SPAN_GROUP_PRESETS
+
+    declared: dict[str, set[str]] = {}
+    for span in registry.spans:
+        declared.setdefault(_ours(span)["group"], set()).add(span["type"])
+    expected = {g: MEGATRON_SPANS.get(g, set()) | OUR_SPANS.get(g, set()) for g in declared}
+    assert declared == expected
+    assert set(MEGATRON_SPANS) <= set(declared)
     assert all(s["kind"] == "internal" and s["brief"].endswith(".") for s in registry.spans)
+    for preset, groups in MEGATRON_PRESETS.items():
+        assert SPAN_GROUP_PRESETS[preset] == groups | {"custom"}, preset
+    assert SPAN_GROUP_PRESETS["none"] == frozenset()
+    keys = {a["key"] for a in registry.attributes}
+    assert MEGATRON_SPAN_ATTRIBUTES <= keys
 
 
 def test_iteration_number_is_a_span_attribute_and_never_a_metric_attribute(registry):
@@ -506,14 +574,25 @@ def test_checkpoint_spans_carry_type_strategy_path_and_size(registry):
 
 
 def test_generated_span_table_matches_the_registry(registry):
-    """Span constants hold their names; SPANS and SPAN_GROUP_LEVELS hold groups and levels."""
+    """Span constants hold their names; SPANS, SPAN_GROUP_LEVELS and the presets hold what
+    the registry and span_groups.yaml say."""
     from otel_training.semconv import spans
 
+    groups = yaml.safe_load((ROOT / "semconv" / "span_groups.yaml").read_text())
     for span in registry.spans:
         assert getattr(spans, gen.constant_name(span["type"])) == span["type"]
-    assert {n: (s.group, s.level) for n, s in spans.SPANS.items()} == EXPECTED_SPANS
-    assert dict(spans.SPAN_GROUP_LEVELS) == dict(EXPECTED_SPANS.values())
+        group = _ours(span)["group"]
+        assert spans.SPANS[span["type"]].group == group
+        assert spans.SPANS[span["type"]].level == groups["groups"][group]["level"]
+    assert dict(spans.SPAN_GROUP_LEVELS) == {g: v["level"] for g, v in groups["groups"].items()}
     assert spans.SPAN_LEVELS == ("default", "per_step", "all")
+    assert dict(spans.SPAN_PRESET_ALIASES) == {"profiling": "all"}
+    assert spans.NVTX_ONLY_CANDIDATE_GROUPS == {
+        "microbatch",
+        "layer",
+        "communication",
+        "activation_offload",
+    }
     save = spans.SPANS[spans.MEGATRON_CHECKPOINT_SAVE]
     assert save.required_attributes == ("megatron.checkpoint.type", "megatron.checkpoint.strategy")
     assert spans.SPANS[spans.MEGATRON_TRAIN_ITERATION].required_attributes == (
@@ -527,14 +606,14 @@ _GOOD_SPAN = {
     "name": {"note": "The literal example.train.step."},
     "stability": "development",
     "brief": "An example step.",
-    "annotations": {"otel_training": {"group": "example", "level": "per_step"}},
+    "annotations": {"otel_training": {"group": "step"}},
 }
 
 
 def _span(**changes: Any) -> dict[str, Any]:
     span = copy.deepcopy(_GOOD_SPAN)
     for key, value in changes.items():
-        if key in ("group", "level"):
+        if key == "group":
             span["annotations"]["otel_training"][key] = value
         else:
             span[key] = value
@@ -542,7 +621,7 @@ def _span(**changes: Any) -> dict[str, Any]:
 
 
 _BAD_SPAN_CASES = {
-    "span_group": [_span(group="Not A Group")],
+    "span_group": [_span(group="not_a_group")],
     "name_syntax": [_span(type="Example.Step")],
     "brief_period": [_span(brief="An example step")],
     "duplicate": [_span(), _span()],
@@ -563,18 +642,17 @@ def test_span_rule_checker_flags_each_broken_rule(tmp_path, rule):
     assert rule in {v.rule for v in gen.rule_violations(registry)}
 
 
-def test_span_rule_checker_flags_unknown_and_inconsistent_levels(tmp_path):
-    """A level outside the presets, or two levels for one group, is a span_group violation."""
-    spans = [
-        _span(level="sometimes"),
-        _span(type="example.train.other", level="default"),
-        _span(type="example.train.third", level="all"),
-    ]
-    registry = gen.load_registry(_write_registry(tmp_path, {"spans": spans}))
-    messages = [v.message for v in gen.rule_violations(registry) if v.rule == "span_group"]
-    assert len(messages) == 2, messages
-    assert "must be one of default, per_step, all" in messages[0]
-    assert "has level 'default' and 'all'" in messages[1]
+def test_span_groups_file_rejects_a_level_that_is_no_preset(tmp_path):
+    """span_groups.yaml with a group at an unknown level, or a brief without a period, fails."""
+    import semconv_spans
+
+    bad = tmp_path / "groups.yaml"
+    bad.write_text("levels: [default, all]\ngroups:\n  job: {level: sometimes, brief: A.}\n")
+    with pytest.raises(ValueError, match="needs a lower-case name and a level"):
+        semconv_spans.load_span_groups(bad)
+    bad.write_text("levels: [default]\ngroups:\n  job: {level: default, brief: no period}\n")
+    with pytest.raises(ValueError, match="must end with a period"):
+        semconv_spans.load_span_groups(bad)
 
 
 def test_rule_checker_flags_names_that_share_a_python_constant(tmp_path):

@@ -6,6 +6,7 @@ import logging
 import os
 import random
 import threading
+from pathlib import Path
 
 import pytest
 from google.protobuf import json_format
@@ -15,6 +16,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import otel_training
 from otel_training import setup, testing
@@ -44,9 +46,12 @@ def test_embedded_default_writes_otlp_json_files_per_rank(tmp_path, monkeypatch)
     with telemetry.tracer.start_as_current_span("megatron.train"):
         pass
     assert telemetry.shutdown()
-    assert {"metrics-rank3.jsonl", "traces-rank3.jsonl"} <= {p.name for p in out.iterdir()}
+    run = Path(telemetry.output_dir)
+    assert run.parent == out and (out / "latest").resolve() == run
+    assert run.name == telemetry.settings.identity.run_id
+    assert {"metrics-rank3.jsonl", "traces-rank3.jsonl"} <= {p.name for p in run.iterdir()}
 
-    lines = (out / "metrics-rank3.jsonl").read_text().splitlines()
+    lines = (run / "metrics-rank3.jsonl").read_text().splitlines()
     assert lines
     request = json_format.Parse(lines[-1], ExportMetricsServiceRequest())
     resource = {kv.key: kv.value for kv in request.resource_metrics[0].resource.attributes}
@@ -55,7 +60,7 @@ def test_embedded_default_writes_otlp_json_files_per_rank(tmp_path, monkeypatch)
     names = {m.name for sm in request.resource_metrics[0].scope_metrics for m in sm.metrics}
     assert {"megatron.training.loss", "megatron.training.step_duration_ms"} <= names
 
-    span_line = (out / "traces-rank3.jsonl").read_text().splitlines()[0]
+    span_line = (run / "traces-rank3.jsonl").read_text().splitlines()[0]
     spans = testing.parse_otlp_json(span_line, ExportTraceServiceRequest())
     assert spans.resource_spans[0].scope_spans[0].spans[0].name == "megatron.train"
 
@@ -88,11 +93,13 @@ def test_other_ranks_get_no_op_providers(monkeypatch):
 
 
 def test_configure_sets_globals_and_get_meter_uses_them():
-    """configure() installs the globals; get_meter() returns a meter of that provider."""
+    """configure() installs proxies as the globals; they and get_meter() record into it."""
     memory = testing.configure_in_memory(set_global=True)
-    assert metrics_api.get_meter_provider() is memory.telemetry.meter_provider
+    assert metrics_api.get_meter_provider() is setup._METER_PROXY
     otel_training.record_training_metrics(otel_training.get_meter(), loss=1.25)
+    metrics_api.get_meter("user").create_counter("user.steps").add(2)
     assert [p.value for _, p in memory.points("megatron.training.loss")] == [1.25]
+    assert [p.value for _, p in memory.points("user.steps")] == [2]
 
 
 def test_get_meter_configures_from_the_environment_on_first_use(monkeypatch):
@@ -103,7 +110,8 @@ def test_get_meter_configures_from_the_environment_on_first_use(monkeypatch):
     meter = otel_training.get_meter()
     assert setup.current() is not None
     assert otel_training.get_meter() is not None and meter is not None
-    assert metrics_api.get_meter_provider() is setup.current().meter_provider
+    assert metrics_api.get_meter_provider() is setup._METER_PROXY
+    assert meter._real_meter in setup.current().meter_provider._meters.values()
 
 
 def test_set_global_false_leaves_globals_alone():
@@ -164,11 +172,24 @@ def test_destination_line_is_announced(caplog):
 
 
 def test_shutdown_is_idempotent_and_flushes():
-    """shutdown() flushes the last values and may be called twice."""
-    memory = testing.configure_in_memory()
-    otel_training.record_training_metrics(memory.meter, loss=3.0)
-    assert memory.telemetry.shutdown(timeout_millis=2000)
-    assert memory.telemetry.shutdown(timeout_millis=2000)
+    """shutdown() hands the last values to the reader's final collection, and may be called
+    twice (the second returns at once)."""
+    exported = []
+
+    class Keeping(InMemoryMetricReader):
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+            exported.extend(testing.points(self.get_metrics_data(), "megatron.training.loss"))
+            super().shutdown(timeout_millis=timeout_millis, **kwargs)
+
+    telemetry = setup.configure(
+        environ={"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"},
+        metric_readers=[Keeping()],
+    )
+    otel_training.record_training_metrics(telemetry.meter, loss=3.0)
+    assert telemetry.shutdown(timeout_millis=2000)
+    assert [p.value for _, p in exported] == [3.0]
+    assert telemetry.shutdown(timeout_millis=2000)
+    assert len(exported) == 1
 
 
 def test_no_socket_opened_for_the_embedded_default():
@@ -206,7 +227,9 @@ def test_unwritable_output_dir_falls_back_without_crashing(monkeypatch, tmp_path
     with caplog.at_level(logging.WARNING):
         telemetry = otel_training.configure()
     assert "cannot write" in caplog.text
-    assert "otel-training-telemetry/metrics-rank0.jsonl" in telemetry.destination
+    run = Path(telemetry.output_dir)
+    assert run.parent == tmp_path / "otel-training-telemetry"
+    assert f"{run}/metrics-rank0.jsonl" in telemetry.destination
     telemetry.shutdown()
 
 
@@ -222,15 +245,26 @@ def test_rejected_endpoint_is_not_used_behind_our_back(monkeypatch):
     telemetry.shutdown(timeout_millis=1000)
 
 
-def test_configure_twice_keeps_both_alive_and_warns(caplog):
-    """A second configure() warns that the globals stay with the first; both stay live."""
+def test_configure_twice_stops_the_first_and_everything_follows_the_second(caplog):
+    """Case A13: a second configure() flushes and stops the first pipeline; meters and
+    tracers obtained before record into the second."""
     first = testing.configure_in_memory(set_global=True)
-    with caplog.at_level(logging.WARNING, logger="otel_training"):
+    meter = otel_training.get_meter()
+    tracer = trace_api.get_tracer("user")
+    otel_training.record_training_metrics(meter, loss=5.0, skipped_iters=3)
+    with caplog.at_level(logging.INFO, logger="otel_training"):
         second = testing.configure_in_memory(set_global=True)
+    for thread in setup._retiring:
+        thread.join(5)
     assert "called again" in caplog.text
-    assert metrics_api.get_meter_provider() is first.telemetry.meter_provider
-    assert setup.current() is second.telemetry
-    assert first.telemetry in setup._live and second.telemetry in setup._live
+    assert first.telemetry._shutdown_finished.is_set() and first.telemetry not in setup._live
+    assert [p.value for _, p in first.points("megatron.training.skipped_iters")] == [3]
+    otel_training.record_training_metrics(meter, loss=1.0)
+    with tracer.start_as_current_span("user.work"):
+        pass
+    assert [p.value for _, p in second.points("megatron.training.loss")] == [1.0]
+    assert [s.name for s in second.spans.get_finished_spans()] == ["user.work"]
+    assert first.spans.get_finished_spans() == ()
 
 
 def test_environ_mapping_governs_the_resource():
@@ -246,3 +280,77 @@ def test_environ_mapping_governs_the_resource():
     )
     attributes = telemetry.meter_provider._sdk_config.resource.attributes
     assert attributes["service.name"] == "from-mapping" and attributes["team"] == "llm"
+
+
+def test_resource_attributes_are_parsed_once_as_the_specification_says(monkeypatch, caplog):
+    """OTEL_RESOURCE_ATTRIBUTES: keys and values percent-decoded, one warning per malformed
+    entry and none from the SDK; os.environ is not read when a mapping is given."""
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "from.os=1")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-os")
+    with caplog.at_level(logging.DEBUG):
+        telemetry = setup.configure(
+            set_global=False,
+            environ={
+                "OTEL_METRICS_EXPORTER": "none",
+                "OTEL_TRACES_EXPORTER": "none",
+                "OTEL_RESOURCE_ATTRIBUTES": "team%3Dname=llm%2Cpre,broken,=nokey,ok=x%20y",
+            },
+        )
+    attributes = telemetry.meter_provider._sdk_config.resource.attributes
+    assert attributes["team=name"] == "llm,pre" and attributes["ok"] == "x y"
+    assert "from.os" not in attributes and attributes["service.name"] != "from-os"
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.name for r in warnings] == ["otel_training.config"] * 2
+    assert ["entry 2" in r.getMessage() for r in warnings] == [True, False]
+
+
+@pytest.mark.parametrize(("world_size", "expected"), [("4", "pod-7-rank2"), ("1", "pod-7")])
+def test_one_instance_id_for_a_whole_pod_stays_distinct_per_rank(world_size, expected):
+    """A service.instance.id an operator sets for a whole pod gets -rank{R} with several
+    ranks, so ranks stay distinct series."""
+    telemetry = setup.configure(
+        set_global=False,
+        environ={
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=pod-7",
+            "RANK": "2" if world_size == "4" else "0",
+            "WORLD_SIZE": world_size,
+        },
+    )
+    attributes = telemetry.meter_provider._sdk_config.resource.attributes
+    assert attributes["service.instance.id"] == expected
+
+
+def test_undecodable_bytes_in_the_service_name_are_escaped():
+    """An environment value with undecodable bytes (surrogates) reaches the resource escaped."""
+    name = os.fsdecode(b"job-\xff")
+    telemetry = setup.configure(
+        set_global=False,
+        environ={
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_SERVICE_NAME": name,
+        },
+    )
+    assert telemetry.meter_provider._sdk_config.resource.attributes["service.name"] == "job-\\xff"
+
+
+def test_no_secret_in_the_destination_or_any_warning(caplog):
+    """Header values, URL userinfo and a malformed entry's content appear nowhere we log."""
+    with caplog.at_level(logging.DEBUG):
+        telemetry = setup.configure(
+            set_global=False,
+            environ={
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://user:PASSWORD1@127.0.0.1:9",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key:SECRET2,authorization=Bearer%20TOKEN3",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "ftp://user:PASSWORD4@host",
+            },
+        )
+    text = caplog.text + telemetry.destination + repr(telemetry.settings)
+    for secret in ("PASSWORD1", "SECRET2", "TOKEN3", "PASSWORD4"):
+        assert secret not in text
+    assert "http://127.0.0.1:9/v1/metrics" in telemetry.destination
+    assert telemetry.settings.metrics_otlp.headers["authorization"] == "Bearer TOKEN3"
+    telemetry.shutdown(timeout_millis=500)

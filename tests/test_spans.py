@@ -37,54 +37,91 @@ def _finished(pipeline: testing.InMemoryTelemetry) -> dict[str, list]:
 
 
 def test_nested_phases_are_spans_named_after_megatron_with_their_parents():
-    """Phases nest as spans with Megatron-LM names, parent links and the iteration number."""
+    """Phases nest as spans with Megatron-LM's names and attributes: startup and loads under
+    the run; the first iteration (wrapped in first_iteration), its evaluation and save in the
+    rank's segment span; forward-backward, optimizer and data loading in the iteration."""
     pipeline = _pipeline("all")
     with otel_training.training_run():
         with otel_training.startup():
+            with otel_training.model_init():
+                pass
+        with otel_training.checkpoint_load("/ckpt/iter_6", checkpoint_type="local", iteration=6):
             pass
         with otel_training.training_iteration(iteration=7):
             with otel_training.data_loading(iteration=7):
                 pass
-            with otel_training.forward_backward(iteration=7):
+            with otel_training.forward_backward(iteration=7, num_microbatches=4):
                 pass
             with otel_training.optimizer_step(iteration=7):
                 pass
         with otel_training.evaluation(iteration=7):
-            pass
+            with otel_training.evaluation_step(eval_iteration=1):
+                pass
         with otel_training.checkpoint_save("/ckpt/iter_7", iteration=7, strategy="async"):
-            pass
-        with otel_training.checkpoint_load("/ckpt/iter_7", checkpoint_type="local"):
-            pass
+            with otel_training.checkpoint_save_stage("io_write"):
+                pass
     found = _finished(pipeline)
-    assert set(found) == set(names.SPANS)
-    run = found[names.MEGATRON_TRAIN][0]
-    iteration = found[names.MEGATRON_TRAIN_ITERATION][0]
-    assert run.parent is None
-    for name in (
+    assert set(found) == {
+        names.MEGATRON_TRAIN,
         names.MEGATRON_STARTUP,
-        names.MEGATRON_TRAIN_ITERATION,
-        names.MEGATRON_EVALUATE,
-        names.MEGATRON_CHECKPOINT_SAVE,
+        names.MEGATRON_STARTUP_MODEL_INIT,
         names.MEGATRON_CHECKPOINT_LOAD,
-    ):
-        assert found[name][0].parent.span_id == run.context.span_id, name
+        names.MEGATRON_TRAIN_SEGMENT,
+        names.MEGATRON_TRAIN_FIRST_ITERATION,
+        names.MEGATRON_TRAIN_ITERATION,
+        names.MEGATRON_TRAIN_ITERATION_DATA_LOADING,
+        names.MEGATRON_TRAIN_ITERATION_FORWARD_BACKWARD,
+        names.MEGATRON_TRAIN_ITERATION_OPTIMIZER,
+        names.MEGATRON_EVALUATE,
+        names.MEGATRON_EVALUATE_STEP,
+        names.MEGATRON_CHECKPOINT_SAVE,
+        names.MEGATRON_CHECKPOINT_SAVE_IO_WRITE,
+    }
+    assert all(len(spans_) == 1 for spans_ in found.values())  # one span of each
+
+    def parent_of(name: str) -> str:
+        span = found[name][0]
+        parents = [s for spans_ in found.values() for s in spans_]
+        (parent,) = [p for p in parents if p.context.span_id == span.parent.span_id]
+        return parent.name
+
+    run = found[names.MEGATRON_TRAIN][0]
+    segment = found[names.MEGATRON_TRAIN_SEGMENT][0]
+    assert run.parent.is_remote and segment.parent.is_remote  # the shared parents
+    assert run.context.trace_id != segment.context.trace_id  # the run trace, a segment trace
+    assert parent_of(names.MEGATRON_STARTUP) == names.MEGATRON_TRAIN
+    assert parent_of(names.MEGATRON_STARTUP_MODEL_INIT) == names.MEGATRON_STARTUP
+    assert parent_of(names.MEGATRON_CHECKPOINT_LOAD) == names.MEGATRON_TRAIN
+    for name in (names.MEGATRON_TRAIN_FIRST_ITERATION, names.MEGATRON_EVALUATE,
+                 names.MEGATRON_CHECKPOINT_SAVE):  # fmt: skip
+        assert parent_of(name) == names.MEGATRON_TRAIN_SEGMENT, name
+    assert parent_of(names.MEGATRON_TRAIN_ITERATION) == names.MEGATRON_TRAIN_FIRST_ITERATION
     for name in (
-        names.MEGATRON_TRAIN_DATA_LOADING,
-        names.MEGATRON_TRAIN_FORWARD_BACKWARD,
-        names.MEGATRON_TRAIN_OPTIMIZER_STEP,
+        names.MEGATRON_TRAIN_ITERATION_DATA_LOADING,
+        names.MEGATRON_TRAIN_ITERATION_FORWARD_BACKWARD,
+        names.MEGATRON_TRAIN_ITERATION_OPTIMIZER,
     ):
-        assert found[name][0].parent.span_id == iteration.context.span_id, name
+        assert parent_of(name) == names.MEGATRON_TRAIN_ITERATION, name
         assert found[name][0].attributes[attrs.MEGATRON_ITERATION] == 7
-    assert iteration.attributes[attrs.MEGATRON_ITERATION] == 7
+    assert parent_of(names.MEGATRON_EVALUATE_STEP) == names.MEGATRON_EVALUATE
+    assert parent_of(names.MEGATRON_CHECKPOINT_SAVE_IO_WRITE) == names.MEGATRON_CHECKPOINT_SAVE
+    iteration = found[names.MEGATRON_TRAIN_ITERATION][0].attributes
+    assert iteration[attrs.MEGATRON_ITERATION] == 7 and iteration[attrs.IS_GOODPUT_SPAN] is True
+    forward_backward = found[names.MEGATRON_TRAIN_ITERATION_FORWARD_BACKWARD][0].attributes
+    assert forward_backward[attrs.NUM_MICROBATCHES] == 4
+    assert found[names.MEGATRON_EVALUATE_STEP][0].attributes[attrs.MEGATRON_EVAL_ITERATION] == 1
     assert dict(found[names.MEGATRON_CHECKPOINT_SAVE][0].attributes) == {
         attrs.MEGATRON_CHECKPOINT_TYPE: "global",
         attrs.MEGATRON_CHECKPOINT_STRATEGY: "async",
         attrs.MEGATRON_CHECKPOINT_PATH: "/ckpt/iter_7",
         attrs.MEGATRON_ITERATION: 7,
+        attrs.IS_GOODPUT_SPAN: True,
     }
     load = found[names.MEGATRON_CHECKPOINT_LOAD][0].attributes
     assert load[attrs.MEGATRON_CHECKPOINT_TYPE] == "local"
     assert load[attrs.MEGATRON_CHECKPOINT_STRATEGY] == "sync"
+    assert segment.attributes[attrs.OTEL_TRAINING_TRACE_SEGMENT] == 0
+    assert [link.context.span_id for link in segment.links] == [run.context.span_id]
 
 
 def test_phases_use_the_configured_tracer_and_resource():
@@ -114,7 +151,7 @@ def test_a_generic_phase_nests_and_takes_its_group_from_the_registry():
     with otel_training.phase("myproject.preprocess", shard=3) as outer:
         with otel_training.phase(names.MEGATRON_CHECKPOINT_SAVE):
             pass
-        with otel_training.phase(names.MEGATRON_TRAIN_ITERATION):  # group iteration: off
+        with otel_training.phase(names.MEGATRON_TRAIN_ITERATION):  # group step: off
             pass
     found = _finished(pipeline)
     assert set(found) == {"myproject.preprocess", names.MEGATRON_CHECKPOINT_SAVE}
@@ -127,12 +164,13 @@ def test_a_generic_phase_nests_and_takes_its_group_from_the_registry():
 
 
 def test_default_groups_record_run_startup_checkpoint_evaluation_only():
-    """The default preset records coarse phases and no per-step phase."""
+    """The default preset records coarse phases, the first iteration and its segment, and no
+    per-step phase."""
     pipeline = _pipeline(None)
     with otel_training.training_run():
         with otel_training.startup():
             pass
-        for step in range(3):
+        for step in range(1, 4):
             with otel_training.training_iteration(iteration=step):
                 with otel_training.forward_backward():
                     pass
@@ -140,17 +178,22 @@ def test_default_groups_record_run_startup_checkpoint_evaluation_only():
             pass
         with otel_training.checkpoint_save("x"):
             pass
-    assert set(_finished(pipeline)) == {
+    found = _finished(pipeline)
+    assert set(found) == {
         names.MEGATRON_TRAIN,
         names.MEGATRON_STARTUP,
+        names.MEGATRON_TRAIN_SEGMENT,
+        names.MEGATRON_TRAIN_FIRST_ITERATION,
         names.MEGATRON_EVALUATE,
         names.MEGATRON_CHECKPOINT_SAVE,
     }
+    (first,) = found[names.MEGATRON_TRAIN_FIRST_ITERATION]
+    assert first.attributes[attrs.MEGATRON_ITERATION] == 1
 
 
 def test_a_disabled_group_returns_the_shared_no_op_and_creates_nothing():
     """A phase of a disabled group is the one shared no-op object: no span, no new object."""
-    pipeline = _pipeline("default")
+    pipeline = _pipeline("job")
     first = otel_training.training_iteration(iteration=1)
     second = otel_training.forward_backward(iteration=2, extra="x")
     assert first is spans.NOOP_PHASE and second is spans.NOOP_PHASE
@@ -161,17 +204,36 @@ def test_a_disabled_group_returns_the_shared_no_op_and_creates_nothing():
     assert not first.is_recording
 
 
+FIRST = names.MEGATRON_TRAIN_FIRST_ITERATION
+SEGMENT = names.MEGATRON_TRAIN_SEGMENT
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        ("per_step", {names.MEGATRON_TRAIN, names.MEGATRON_TRAIN_ITERATION}),
+        (
+            "per_step",
+            {
+                names.MEGATRON_TRAIN,
+                SEGMENT,
+                FIRST,
+                names.MEGATRON_TRAIN_ITERATION,
+                names.MEGATRON_TRAIN_ITERATION_OPTIMIZER,
+                names.MEGATRON_TRAIN_ITERATION_DATA_LOADING,
+            },
+        ),
         ("none", set()),
-        ("default,optimizer", {names.MEGATRON_TRAIN, names.MEGATRON_TRAIN_OPTIMIZER_STEP}),
-        ("iteration", {names.MEGATRON_TRAIN_ITERATION}),
+        ("default,optimizer", {names.MEGATRON_TRAIN, SEGMENT, FIRST,
+                               names.MEGATRON_TRAIN_ITERATION_OPTIMIZER}),
+        ("step", {names.MEGATRON_TRAIN_ITERATION}),
+        ("iteration", {names.MEGATRON_TRAIN_ITERATION}),  # our name before Megatron-LM's
+        ("profiling", {names.MEGATRON_TRAIN, SEGMENT, FIRST, names.MEGATRON_TRAIN_ITERATION,
+                       names.MEGATRON_TRAIN_ITERATION_OPTIMIZER,
+                       names.MEGATRON_TRAIN_ITERATION_DATA_LOADING}),
     ],
-)
+)  # fmt: skip
 def test_span_groups_variable_takes_presets_and_groups(value, expected):
-    """OTEL_PYTHON_TRAINING_SPAN_GROUPS combines presets and group names."""
+    """OTEL_PYTHON_TRAINING_SPAN_GROUPS combines Megatron-LM's presets and group names."""
     pipeline = _pipeline(value)
     with otel_training.training_run():
         with otel_training.training_iteration(iteration=1):
@@ -205,7 +267,7 @@ def test_configure_span_groups_overrides_the_environment_and_rejects_unknown_nam
         span_groups=["per_step"],
         set_global=False,
     )
-    assert "iteration" in telemetry.settings.span_groups
+    assert "step" in telemetry.settings.span_groups
     assert spans.enabled_groups() == telemetry.settings.span_groups
     with pytest.raises(ValueError, match="unknown span group 'steps'"):
         setup.configure(environ={}, span_groups="default,steps", set_global=False)
@@ -312,19 +374,27 @@ def test_record_step_duration_adds_one_histogram_point_per_iteration_even_when_n
     iteration, whether the iteration span is recorded or not."""
     for groups, spans_expected in (("default", 0), ("per_step", 3)):
         pipeline = _pipeline(groups)
+        inner_ms, outer_ms = [], []
         for step in range(3):
+            outer = time.perf_counter_ns()
             with otel_training.training_iteration(iteration=step, record_step_duration=True):
-                time.sleep(0.002)
+                inner = time.perf_counter_ns()
+                sum(range(10_000))
+                inner_ms.append((time.perf_counter_ns() - inner) / 1e6)
+            outer_ms.append((time.perf_counter_ns() - outer) / 1e6)
         ((_, point),) = pipeline.points(STEP)
         assert point.count == 3, groups
-        assert point.min >= 2.0  # ms
-        assert len(pipeline.spans.get_finished_spans()) == spans_expected
+        # the recorded duration covers the phase's work and no more than the whole with-block
+        assert sum(inner_ms) <= point.sum <= sum(outer_ms)
+        assert min(inner_ms) <= point.min and point.max <= max(outer_ms)
+        iterations = _finished(pipeline).get(names.MEGATRON_TRAIN_ITERATION, [])
+        assert len(iterations) == spans_expected
         testing.reset()
 
 
 def test_record_metrics_records_the_metric_and_keeps_nan_visible_on_the_span():
     """record_metrics records Megatron metrics; the span carries them, NaN included."""
-    pipeline = _pipeline("per_step")
+    pipeline = _pipeline("step")
     with otel_training.training_iteration(iteration=1) as it:
         it.record_metrics(loss=math.nan, grad_norm=0.5)
     (span,) = pipeline.spans.get_finished_spans()
@@ -407,7 +477,7 @@ class _DeviceScalar:
 def test_a_device_tensor_attribute_is_read_off_the_training_thread():
     """Case A6: a CUDA scalar on a span is never read on the training thread; the exported
     span carries the plain number and the end time of the phase."""
-    pipeline = _pipeline("per_step")
+    pipeline = _pipeline("step")
     release = threading.Event()
     grad_norm = _DeviceScalar(1091.08, release)
     with otel_training.training_iteration(iteration=1) as it:
@@ -427,13 +497,17 @@ def test_a_device_tensor_attribute_is_read_off_the_training_thread():
 def test_a_device_tensor_given_at_start_is_deferred_too():
     """A CUDA scalar passed as a start attribute is also read off-thread, and other
     attributes are set at once."""
-    pipeline = _pipeline("per_step")
+    pipeline = _pipeline("step")
     loss = _DeviceScalar(2.5)
     with otel_training.training_iteration(iteration=4, loss=loss):
         pass
     assert otel_training.force_flush(5_000)
     (span,) = pipeline.spans.get_finished_spans()
-    assert dict(span.attributes) == {attrs.MEGATRON_ITERATION: 4, "loss": 2.5}
+    assert dict(span.attributes) == {
+        attrs.MEGATRON_ITERATION: 4,
+        attrs.IS_GOODPUT_SPAN: True,
+        "loss": 2.5,
+    }
     assert loss.reads == ["otel-training-span-end"]
 
 
@@ -469,7 +543,7 @@ def test_span_recorder_handles_of_disabled_groups_are_the_no_op():
     """A recorder span of a disabled group is the shared no-op handle."""
     _pipeline("default")
     recorder = otel_training.SpanRecorder()
-    handle = recorder.start(names.MEGATRON_TRAIN_FORWARD_BACKWARD)
+    handle = recorder.start(names.MEGATRON_TRAIN_ITERATION_FORWARD_BACKWARD)
     assert handle is spans.NOOP_PHASE
     recorder.error(handle, RuntimeError("x"))
     recorder.stop(handle)
@@ -477,19 +551,8 @@ def test_span_recorder_handles_of_disabled_groups_are_the_no_op():
 
 def test_every_public_phase_name_is_exported():
     """The phase API is importable from otel_training and listed in __all__."""
-    for name in (
-        "training_run",
-        "training_iteration",
-        "forward_backward",
-        "optimizer_step",
-        "checkpoint_save",
-        "checkpoint_load",
-        "evaluation",
-        "data_loading",
-        "startup",
-        "phase",
-        "Phase",
-        "SpanRecorder",
-    ):
+    for name in spans.__all__:
+        if name in ("NOOP_PHASE", "enabled_groups"):
+            continue
         assert name in otel_training.__all__, name
         assert getattr(otel_training, name) is getattr(spans, name)

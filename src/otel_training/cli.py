@@ -5,7 +5,15 @@ Subcommands:
 - ``demo``: train a small GPT-style model on the Python standard library's sources and emit the
   Megatron-LM training metrics through OpenTelemetry, configured from the ``OTEL_*`` environment
   variables (with none set, OTLP-JSON files in a local directory). Needs the ``torch`` extra.
-  ``otel-training demo --help`` lists its flags.
+  ``otel-training demo --help`` lists its flags. Under ``torchrun --nproc_per_node=N`` it trains
+  data-parallel (gloo on CPU, NCCL on CUDA); rank 0 prints.
+- ``report [DIR] [--output report.html]``: one self-contained HTML report (plots, summary,
+  timeline) of a run of the embedded default's files. Needs the ``report`` extra (plotly).
+- ``trace [DIR] [--output trace.json]``: the spans of all ranks of a run as one Chrome
+  trace-event file for Perfetto UI or ``chrome://tracing``.
+
+``DIR`` is a run directory, or an output directory whose ``latest`` link or newest
+subdirectory is taken; by default ``OTEL_PYTHON_TRAINING_OUTPUT_DIR``. Neither needs torch.
 
 Also runnable as ``python -m otel_training.cli``.
 """
@@ -50,7 +58,90 @@ def _build_parser() -> argparse.ArgumentParser:
         "(see 'demo --help')",
         add_help=False,
     )
+    where = (
+        "a run directory, or an output directory (its 'latest' link or newest run is taken); "
+        "default: $OTEL_PYTHON_TRAINING_OUTPUT_DIR or ./otel-training-telemetry"
+    )
+    report = commands.add_parser(
+        "report",
+        help="write a self-contained HTML report (plots, summary, timeline) of a run",
+        description="Write one self-contained HTML file (opens offline) of a run's files.",
+    )
+    report.add_argument("directory", nargs="?", metavar="DIR", help=where)
+    report.add_argument(
+        "--output", "-o", default="report.html", help="the HTML file to write (%(default)s)"
+    )
+    trace = commands.add_parser(
+        "trace",
+        help="write the spans of all ranks as a Chrome trace-event file (Perfetto)",
+        description="Write the spans of all ranks of a run as one Chrome trace-event JSON file.",
+    )
+    trace.add_argument("directory", nargs="?", metavar="DIR", help=where)
+    trace.add_argument(
+        "--output", "-o", default="trace.json", help="the JSON file to write (%(default)s)"
+    )
     return parser
+
+
+def _load(command: str, directory: str | None):
+    """The run for ``report``/``trace``, or an exit status after a one-line message."""
+    from otel_training.report import RunNotFoundError, find_run_directory, load_run
+
+    try:
+        run_directory = find_run_directory(directory)
+    except RunNotFoundError as error:
+        hint = "" if directory else " (pass DIR or set OTEL_PYTHON_TRAINING_OUTPUT_DIR)"
+        print(f"{_PROG} {command}: error: no run found: {error}{hint}", file=sys.stderr)
+        return None, 2
+    run = load_run(run_directory)
+    for note in run.notes:
+        print(f"{_PROG} {command}: note: {note}", file=sys.stderr)
+    return run, 0
+
+
+def _run_report(directory: str | None, output: str) -> int:
+    from otel_training.report import write_report
+
+    run, status = _load("report", directory)
+    if run is None:
+        return status
+    try:
+        path = write_report(run, output)
+    except ModuleNotFoundError as error:
+        print(f"{_PROG} report: error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"{_PROG} report: error: cannot write {output}: {error}", file=sys.stderr)
+        return 1
+    ranks = len(run.ranks)
+    print(
+        f"report of run {run.run_id or run.directory.name} ({ranks} rank"
+        f"{'s' if ranks != 1 else ''}, {run.directory}): {path}\n"
+        f"open it in a browser: {path.as_uri()}",
+        flush=True,
+    )
+    return 0
+
+
+def _run_trace(directory: str | None, output: str) -> int:
+    from otel_training.report import write_chrome_trace
+
+    run, status = _load("trace", directory)
+    if run is None:
+        return status
+    try:
+        path = write_chrome_trace(run, output)
+    except OSError as error:
+        print(f"{_PROG} trace: error: cannot write {output}: {error}", file=sys.stderr)
+        return 1
+    ranks = len({s.rank for s in run.spans})
+    print(
+        f"trace of run {run.run_id or run.directory.name} ({len(run.spans):,} spans, {ranks} "
+        f"rank{'s' if ranks != 1 else ''}): {path}\n"
+        "open it at https://ui.perfetto.dev ('Open trace file') or in chrome://tracing ('Load')",
+        flush=True,
+    )
+    return 0
 
 
 def _run_demo(argv: Sequence[str]) -> int:
@@ -67,8 +158,10 @@ def _run_demo(argv: Sequence[str]) -> int:
     config = config_from_args(argv, prog=f"{_PROG} demo")
     telemetry = configure(service_name="otel-training-demo")
     try:
-        result = train(config, telemetry.meter)
-        print(format_summary(result, telemetry.destination), flush=True)
+        result = train(config, telemetry.meter)  # under torchrun: data-parallel over the ranks
+        if result.rank == 0:
+            summary = format_summary(result, telemetry.destination, telemetry.output_dir)
+            print(summary, flush=True)
     except ValueError as exc:  # settings that do not fit together, the data or the device
         print(f"{_PROG} demo: error: {exc}", file=sys.stderr)
         return 2
@@ -87,8 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: arguments without the program name; defaults to ``sys.argv[1:]``.
 
     Returns:
-        The exit status: 0 on success, 1 when an optional dependency is missing, 2 on a usage
-        error (argparse exits with ``SystemExit`` for ``--help``, ``--version`` and bad flags).
+        The exit status: 0 on success, 1 when an optional dependency is missing or an output
+        file cannot be written, 2 on a usage error or when ``report``/``trace`` find no run
+        (argparse exits with ``SystemExit`` for ``--help``, ``--version`` and bad flags).
     """
     parser = _build_parser()
     args, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
@@ -96,6 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_demo(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "report":
+        return _run_report(args.directory, args.output)
+    if args.command == "trace":
+        return _run_trace(args.directory, args.output)
     parser.print_help(sys.stderr)
     return 2
 

@@ -12,6 +12,8 @@ of the metric reader and the batch span processor are in milliseconds).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
 import math
 import os
@@ -22,7 +24,26 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from otel_training import environment_variables as ev
-from otel_training.semconv.spans import SPAN_GROUP_LEVELS, SPAN_LEVELS
+from otel_training._env import EnvReader, redact_url, show
+from otel_training.identity import RankIdentity, read_identity
+from otel_training.limits import DEFAULT_VALUE_LENGTH, Limits
+from otel_training.semconv.spans import (
+    NVTX_ONLY_CANDIDATE_GROUPS,
+    SPAN_GROUP_LEVELS,
+    SPAN_LEVELS,
+    SPAN_PRESET_ALIASES,
+)
+
+__all__ = [
+    "ExportRanks",
+    "OtlpSettings",
+    "RankIdentity",
+    "Settings",
+    "load",
+    "load_identity",
+    "span_groups_from_names",
+    "tensor_metric_schedule",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -30,30 +51,55 @@ DEFAULT_OUTPUT_DIR: Final = "otel-training-telemetry"
 DEFAULT_METRIC_EXPORT_INTERVAL_MS: Final = 60_000.0
 DEFAULT_METRIC_EXPORT_TIMEOUT_MS: Final = 30_000.0
 DEFAULT_OTLP_TIMEOUT_S: Final = 10.0
+#: Metric export interval of the embedded default's files when OTEL_METRIC_EXPORT_INTERVAL is
+#: unset: often enough that a 30-second run holds a curve.
+DEFAULT_FILE_METRIC_EXPORT_INTERVAL_MS: Final = 5_000.0
 DEFAULT_BSP_SCHEDULE_DELAY_MS: Final = 5_000.0
 DEFAULT_BSP_EXPORT_TIMEOUT_MS: Final = 30_000.0
 DEFAULT_BSP_MAX_QUEUE_SIZE: Final = 2048
 DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE: Final = 512
+#: Batch span processor settings of the embedded default's traces file when OTEL_BSP_* are
+#: unset: a local file takes bursts (80,000 spans from 8 threads lose none) and little is lost
+#: to a SIGKILL (at most the last second).
+DEFAULT_FILE_BSP_SCHEDULE_DELAY_MS: Final = 1_000.0
+DEFAULT_FILE_BSP_MAX_QUEUE_SIZE: Final = 131_072
+DEFAULT_FILE_BSP_MAX_EXPORT_BATCH_SIZE: Final = 4_096
+#: Port of the first local rank's Prometheus endpoint when OTEL_EXPORTER_PROMETHEUS_PORT is
+#: unset; local rank L serves PORT + L.
+DEFAULT_PROMETHEUS_PORT: Final = 9464
 DEFAULT_NVTX_DOMAIN: Final = "otel_training"
+#: Upper bound of shutdown, in seconds, when no signal exports by OTLP.
+LOCAL_SHUTDOWN_TIMEOUT_S: Final = 15.0
 
-#: The span group of phases that name no group of the registry (``phase(name)``); it is on in
+#: The span group of phases whose name is not in the registry (``phase(name)``); it is on in
 #: every preset but ``none``.
 CUSTOM_SPAN_GROUP: Final = "custom"
-#: Every span group: those of the registry (``otel_training.semconv.SPAN_GROUP_LEVELS``) and
-#: ``custom``.
-SPAN_GROUPS: Final = frozenset(SPAN_GROUP_LEVELS) | {CUSTOM_SPAN_GROUP}
-#: The presets of ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``: ``none`` and, for each level of
-#: ``otel_training.semconv.SPAN_LEVELS``, the groups of that level and of the levels before it.
+#: Every span group: Megatron-LM's and ``custom`` (``otel_training.semconv.SPAN_GROUP_LEVELS``).
+SPAN_GROUPS: Final = frozenset(SPAN_GROUP_LEVELS)
+#: The presets of ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``: ``none``, and for each level of
+#: ``otel_training.semconv.SPAN_LEVELS`` the groups of that level and of the levels before it
+#: (Megatron-LM's presets), and the aliases (``profiling`` = ``all``).
 SPAN_GROUP_PRESETS: Final = {
     "none": frozenset(),
     **{
-        level: frozenset(
-            [CUSTOM_SPAN_GROUP]
-            + [g for g, at in SPAN_GROUP_LEVELS.items() if SPAN_LEVELS.index(at) <= i]
-        )
+        level: frozenset(g for g, at in SPAN_GROUP_LEVELS.items() if SPAN_LEVELS.index(at) <= i)
         for i, level in enumerate(SPAN_LEVELS)
     },
 }
+SPAN_GROUP_PRESETS.update(
+    {alias: SPAN_GROUP_PRESETS[level] for alias, level in SPAN_PRESET_ALIASES.items()}
+)
+#: Group names of otel-training before it took Megatron-LM's, still accepted (one warning).
+RENAMED_SPAN_GROUPS: Final = {
+    "run": "job",
+    "startup": "job",
+    "iteration": "step",
+    "evaluation": "evaluate",
+}
+#: Export strategies of Megatron-LM and NeMo Lens (``MEGATRON_OTEL_EXPORT_STRATEGY``).
+EXPORT_STRATEGIES: Final = ("single_rank", "all_ranks", "sampled", "first_rank_per_node")
+#: Iterations of one trace segment when OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS is unset.
+DEFAULT_TRACE_SEGMENT_ITERATIONS: Final = 1000
 
 #: Exporter names accepted in ``OTEL_{METRICS,TRACES}_EXPORTER``. ``otlp_json_file`` is the
 #: embedded default (OTLP-JSON lines per rank in ``OTEL_PYTHON_TRAINING_OUTPUT_DIR``).
@@ -124,40 +170,33 @@ class OtlpSettings:
 
     endpoint: str | None
     protocol: str
-    headers: Mapping[str, str]
+    headers: Mapping[str, str] = field(repr=False)
     timeout_s: float
     compression: str
 
-
-@dataclass(frozen=True)
-class RankIdentity:
-    """Where this process sits in the training job, from launcher variables.
-
-    Sources, first match wins: torchrun (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-    ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``TORCHELASTIC_RUN_ID``), SLURM (``SLURM_PROCID``,
-    ``SLURM_LOCALID``, ``SLURM_NTASKS``, ``SLURM_NODEID``, ``SLURM_JOB_ID``), Kubernetes
-    (``JOB_COMPLETION_INDEX`` or ``PET_NODE_RANK`` for the node rank, ``HOSTNAME`` for the pod).
-    A single process without a launcher is rank 0 of 1.
-    """
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    local_world_size: int = 1
-    node_rank: int = 0
-    launcher: str = "none"
-    job_id: str | None = None
-    run_id: str | None = None
-    k8s_pod_name: str | None = None
-    k8s_namespace: str | None = None
+    @property
+    def shown_endpoint(self) -> str | None:
+        """The endpoint as logs and the destination line may show it (never with userinfo:
+        credentials in the URL are sent as an ``authorization`` header instead)."""
+        return None if self.endpoint is None else redact_url(self.endpoint)
 
 
 @dataclass(frozen=True)
 class ExportRanks:
-    """The export-rank policy of ``OTEL_PYTHON_TRAINING_EXPORT_RANKS``."""
+    """Which ranks export: ``OTEL_PYTHON_TRAINING_EXPORT_RANKS``, else Megatron-LM's and NeMo
+    Lens' ``MEGATRON_OTEL_EXPORT_STRATEGY`` / ``NEMO_LENS_EXPORT_STRATEGY``.
+
+    Attributes:
+        policy: ``all``, ``last``, ``first_per_node``, ``list`` (the ranks in ``ranks``),
+            ``single`` (the rank ``rank``; -1 is the last) or ``sampled`` (each rank chosen
+            with probability ``rate``, deterministically: the same ranks every run, the same as
+            NeMo Lens chooses, ``md5(str(rank)) mod 10000 / 10000 < rate``).
+    """
 
     policy: str = "all"
     ranks: frozenset[int] = frozenset()
+    rank: int = -1
+    rate: float = 1.0
 
     def exports(self, identity: RankIdentity) -> bool:
         """True when the process of ``identity`` exports telemetry under this policy."""
@@ -167,11 +206,21 @@ class ExportRanks:
             return identity.local_rank == 0
         if self.policy == "list":
             return identity.rank in self.ranks
+        if self.policy == "single":
+            chosen = self.rank if self.rank >= 0 else identity.world_size - 1
+            return identity.rank == chosen
+        if self.policy == "sampled":
+            digest = hashlib.md5(str(identity.rank).encode(), usedforsecurity=False).hexdigest()
+            return (int(digest, 16) % 10000) / 10000.0 < self.rate
         return True
 
     def __str__(self) -> str:
         if self.policy == "list":
             return ",".join(str(r) for r in sorted(self.ranks))
+        if self.policy == "single":
+            return f"single rank {self.rank if self.rank >= 0 else 'last'}"
+        if self.policy == "sampled":
+            return f"sampled at {self.rate:g}"
         return self.policy
 
 
@@ -190,15 +239,21 @@ class Settings:
     )
     metric_export_interval_ms: float = DEFAULT_METRIC_EXPORT_INTERVAL_MS
     metric_export_timeout_ms: float = DEFAULT_METRIC_EXPORT_TIMEOUT_MS
+    #: The interval of the embedded default's metrics file: OTEL_METRIC_EXPORT_INTERVAL when
+    #: set, else DEFAULT_FILE_METRIC_EXPORT_INTERVAL_MS.
+    file_metric_export_interval_ms: float = DEFAULT_FILE_METRIC_EXPORT_INTERVAL_MS
     temporality_preference: str = "cumulative"
-    bsp_schedule_delay_ms: float = DEFAULT_BSP_SCHEDULE_DELAY_MS
+    #: OTEL_BSP_* as given; None when unset (each exporter then gets its own default).
+    bsp_schedule_delay_ms: float | None = None
     bsp_export_timeout_ms: float = DEFAULT_BSP_EXPORT_TIMEOUT_MS
-    bsp_max_queue_size: int = DEFAULT_BSP_MAX_QUEUE_SIZE
-    bsp_max_export_batch_size: int = DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE
+    bsp_max_queue_size: int | None = None
+    bsp_max_export_batch_size: int | None = None
+    span_limits: Limits = field(default_factory=Limits)
+    log_limits: Limits = field(default_factory=Limits)
     sampler: str = "parentbased_always_on"
     sampler_arg: float = 1.0
     prometheus_host: str = "localhost"
-    prometheus_port: int = 9464
+    prometheus_port: int = DEFAULT_PROMETHEUS_PORT
     output_dir: str = DEFAULT_OUTPUT_DIR
     export_ranks: ExportRanks = field(default_factory=ExportRanks)
     step_duration_buckets_ms: tuple[float, ...] | None = None
@@ -206,6 +261,10 @@ class Settings:
     service_name: str | None = None
     resource_attributes: Mapping[str, str] = field(default_factory=dict)
     span_groups: frozenset[str] = SPAN_GROUP_PRESETS["default"]
+    #: Groups recorded as NVTX ranges only (no OpenTelemetry span, no JSON line).
+    nvtx_only_groups: frozenset[str] = frozenset()
+    #: Iterations per trace segment (all ranks' spans of a segment share one trace).
+    trace_segment_iterations: int = DEFAULT_TRACE_SEGMENT_ITERATIONS
     nvtx: bool = True
     nvtx_domain: str = DEFAULT_NVTX_DOMAIN
     jsonlog_dir: str | None = None
@@ -214,14 +273,20 @@ class Settings:
 
     @property
     def shutdown_timeout_s(self) -> float:
-        """Upper bound for shutdown in seconds: the OTLP timeout of the signals that export by
-        OTLP (metrics and traces shut down side by side), else 5 s for local exporters."""
-        timeouts = [5.0]
+        """Upper bound for shutdown in seconds: the longest OTLP timeout of the signals that
+        export by OTLP (signals shut down side by side), else 15 s for local exporters (a full
+        queue of the traces file, 131,072 spans, takes a few seconds to encode)."""
+        timeouts = []
         if "otlp" in self.metrics_exporters:
             timeouts.append(self.metrics_otlp.timeout_s)
         if "otlp" in self.traces_exporters:
             timeouts.append(self.traces_otlp.timeout_s)
-        return max(timeouts)
+        return max(timeouts) if timeouts else LOCAL_SHUTDOWN_TIMEOUT_S
+
+    def prometheus_port_of_rank(self) -> int:
+        """The port this process serves Prometheus metrics on: the base port plus the local
+        rank, so that every rank of a node has its own (ranks 0..7 on 9464..9471)."""
+        return self.prometheus_port + self.identity.local_rank
 
 
 def load(environ: Mapping[str, str] | None = None) -> Settings:
@@ -239,7 +304,30 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
 
 def load_identity(environ: Mapping[str, str] | None = None) -> RankIdentity:
     """Parses only the rank identity (see :class:`RankIdentity`). Never raises."""
-    return _Parser(os.environ if environ is None else environ).identity()
+    return read_identity(EnvReader(os.environ if environ is None else environ))
+
+
+def _resolve_span_groups(
+    names: Iterable[str],
+) -> tuple[frozenset[str], list[str], list[str], bool]:
+    """(groups, unknown names, renamed names used, whether any name was usable)."""
+    groups: set[str] = set()
+    unknown, renamed = [], []
+    usable = False
+    for raw in names:
+        name = raw.strip().lower()
+        if name in RENAMED_SPAN_GROUPS:
+            renamed.append(name)
+            name = RENAMED_SPAN_GROUPS[name]
+        if name in SPAN_GROUP_PRESETS:
+            groups |= SPAN_GROUP_PRESETS[name]
+            usable = True
+        elif name in SPAN_GROUPS:
+            groups.add(name)
+            usable = True
+        elif name:
+            unknown.append(raw.strip())
+    return frozenset(groups), unknown, renamed, usable
 
 
 def cuda_visible_devices() -> tuple[str, ...] | None:
@@ -258,21 +346,15 @@ def span_groups_from_names(names: str | Iterable[str]) -> frozenset[str]:
 
     Raises:
         ValueError: when a name is neither a preset (:data:`SPAN_GROUP_PRESETS`) nor a span
-        group (:data:`SPAN_GROUPS`).
+        group (:data:`SPAN_GROUPS`) nor a renamed one (:data:`RENAMED_SPAN_GROUPS`).
     """
     if isinstance(names, str):
         names = names.split(",")
-    groups: set[str] = set()
-    for raw in names:
-        name = raw.strip().lower()
-        if name in SPAN_GROUP_PRESETS:
-            groups |= SPAN_GROUP_PRESETS[name]
-        elif name in SPAN_GROUPS:
-            groups.add(name)
-        elif name:
-            known = sorted(SPAN_GROUP_PRESETS) + sorted(SPAN_GROUPS)
-            raise ValueError(f"unknown span group {raw!r}; known: {', '.join(known)}")
-    return frozenset(groups)
+    groups, unknown, _, _ = _resolve_span_groups(names)
+    if unknown:
+        known = sorted(SPAN_GROUP_PRESETS) + sorted(SPAN_GROUPS)
+        raise ValueError(f"unknown span group {unknown[0]!r}; known: {', '.join(known)}")
+    return groups
 
 
 #: Built-in tensor metrics that ``OTEL_PYTHON_TRAINING_TENSOR_METRICS`` may schedule (their
@@ -318,112 +400,19 @@ MIN_BSP_SCHEDULE_DELAY_MS: Final = 10.0
 MAX_INTERVAL_MS: Final = 86_400_000.0
 #: OTLP timeouts above this many seconds are taken for a milliseconds mistake.
 MAX_OTLP_TIMEOUT_S: Final = 600.0
-
-
-def _show(value: object) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return repr(value) if isinstance(value, str) else str(value)
-
+#: Largest accepted attribute value length limit (a larger one would not bound anything).
+MAX_VALUE_LENGTH_LIMIT: Final = 2**24
 
 _RANK_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
-class _Parser:
-    def __init__(self, environ: Mapping[str, str]) -> None:
-        self._env = environ
-        self._warned: set[str] = set()
-
-    def _warn(self, message: str, *args: object) -> None:
-        """Logs a warning once per parse (generic variables are read for both signals)."""
-        text = message % args
-        if text not in self._warned:
-            self._warned.add(text)
-            _logger.warning("%s", text)
-
-    # -- primitives, one policy ---------------------------------------------------------
-
-    def _raw(self, name: str) -> str | None:
-        value = self._env.get(name)
-        if value is None or not value.strip():
-            return None
-        return value.strip()
-
-    def _reject(self, name: str, raw: str, default: object, why: str) -> None:
-        if default is None:
-            self._warn("%s=%r %s; ignoring it.", name, raw, why)
-        else:
-            self._warn("%s=%r %s; using %s instead.", name, raw, why, _show(default))
-
-    def _bool(self, name: str, default: bool) -> bool:
-        raw = self._raw(name)
-        if raw is None:
-            return default
-        lowered = raw.lower()
-        if lowered == "true":
-            return True
-        if lowered == "false":
-            return False
-        self._reject(name, raw, default, "is not 'true' or 'false'")
-        return default
-
-    def _positive(
-        self,
-        name: str,
-        default: float,
-        *,
-        minimum: float | None = None,
-        maximum: float | None = None,
-        why_maximum: str = "",
-    ) -> float:
-        """A finite number > 0; below ``minimum`` it is raised to it, above ``maximum`` (or
-        not a positive number) the default is used; each with one warning."""
-        raw = self._raw(name)
-        if raw is None:
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            self._reject(name, raw, default, "is not a number")
-            return default
-        if not math.isfinite(value) or value <= 0:
-            self._reject(name, raw, default, "must be a finite number greater than zero")
-            return default
-        if maximum is not None and value > maximum:
-            self._reject(name, raw, default, f"is above {_show(maximum)}{why_maximum}")
-            return default
-        if minimum is not None and value < minimum:
-            self._warn("%s=%r is below %s; using %s.", name, raw, _show(minimum), _show(minimum))
-            return minimum
-        return value
-
-    def _positive_int(self, name: str, default: int) -> int:
-        value = self._positive(name, float(default))
-        if value != int(value):
-            self._reject(name, str(value), default, "must be a whole number")
-            return default
-        return int(value)
-
-    def _choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
-        raw = self._raw(name)
-        if raw is None:
-            return default
-        if raw.lower() in choices:
-            return raw.lower()
-        self._reject(name, raw, default, f"is not one of {', '.join(choices)}")
-        return default
-
-    def _first(self, *names: str) -> tuple[str, str | None]:
-        for name in names:
-            raw = self._raw(name)
-            if raw is not None:
-                return name, raw
-        return names[-1], None
+class _Parser(EnvReader):
+    """Every variable of :class:`Settings`, read with the policy of :class:`EnvReader`."""
 
     # -- composite values ------------------------------------------------------------------
 
     def _exporters(self, name: str, has_endpoint: bool, extra: frozenset[str]) -> tuple[str, ...]:
-        raw = self._raw(name)
+        raw = self.raw(name)
         fallback = ("otlp",) if has_endpoint else ("otlp_json_file",)
         if raw is None:
             return fallback
@@ -431,7 +420,7 @@ class _Parser:
         known = EXPORTER_NAMES | extra
         unknown = [n for n in names if n not in known]
         if unknown:
-            self._warn(
+            self.warn(
                 "%s names unknown exporter(s) %s; known: %s.",
                 name,
                 ", ".join(unknown),
@@ -439,26 +428,30 @@ class _Parser:
             )
         kept = tuple(dict.fromkeys(n for n in names if n in known))
         if not kept:
-            self._reject(name, raw, fallback, "names no known exporter")
+            self.reject(name, raw, fallback, "names no known exporter")
             return fallback
         if "none" in kept:
             return ("none",)
         return kept
 
     def _headers(self, name: str, raw: str, protocol: str) -> dict[str, str]:
+        """``k=v`` entries, URL-decoded. A malformed entry is named by its position only:
+        what it holds may be a secret (``x-api-key:SECRET``)."""
         headers: dict[str, str] = {}
+        position = 0
         for entry in raw.split(","):
             if not entry.strip():
                 continue
+            position += 1
             key, sep, value = entry.partition("=")
             key = urllib.parse.unquote(key).strip().lower()
             pattern = _GRPC_METADATA_KEY if protocol == "grpc" else _HEADER_KEY
             if not sep or not pattern.match(key):
-                self._warn(
-                    "%s: ignoring the malformed entry %r (expected key=value with a valid %s "
-                    "key); the other entries are kept.",
+                self.warn(
+                    "%s: ignoring entry %d, which is not key=value with a valid %s key (its "
+                    "content is not shown: it may hold a secret); the other entries are kept.",
                     name,
-                    entry.strip(),
+                    position,
                     "gRPC metadata" if protocol == "grpc" else "HTTP header",
                 )
                 continue
@@ -467,7 +460,7 @@ class _Parser:
 
     def _otlp(self, signal: str) -> OtlpSettings:
         upper = signal.upper()
-        protocol_name, protocol_raw = self._first(
+        protocol_name, protocol_raw = self.first(
             f"OTEL_EXPORTER_OTLP_{upper}_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"
         )
         protocol = "grpc"
@@ -476,7 +469,7 @@ class _Parser:
             if lowered in PROTOCOLS:
                 protocol = lowered
             elif lowered == "http/json":
-                self._reject(
+                self.reject(
                     protocol_name,
                     protocol_raw,
                     "http/protobuf",
@@ -484,99 +477,201 @@ class _Parser:
                 )
                 protocol = "http/protobuf"
             else:
-                self._reject(protocol_name, protocol_raw, protocol, "is not grpc or http/protobuf")
-
-        endpoint = self._raw(f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT")
-        endpoint_name = f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT"
-        generic = endpoint is None
-        if generic:
-            endpoint = self._raw("OTEL_EXPORTER_OTLP_ENDPOINT")
-            endpoint_name = "OTEL_EXPORTER_OTLP_ENDPOINT"
-        if endpoint is not None:
-            parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else "http://" + endpoint)
-            if parsed.scheme not in ("http", "https") or not parsed.hostname:
-                self._reject(endpoint_name, endpoint, None, "is not an http(s) URL")
-                endpoint = None
-            elif protocol == "http/protobuf" and generic:
-                endpoint = endpoint.rstrip("/") + f"/v1/{signal}"
-            elif (
-                protocol == "grpc"
-                and "://" not in endpoint
-                and self._raw("OTEL_EXPORTER_OTLP_INSECURE") is None
-            ):
-                self._warn(
-                    "%s=%r has no scheme: gRPC will use TLS. Write http://%s for a plaintext "
-                    "collector, or set OTEL_EXPORTER_OTLP_INSECURE.",
-                    endpoint_name,
-                    endpoint,
-                    endpoint,
-                )
+                self.reject(protocol_name, protocol_raw, protocol, "is not grpc or http/protobuf")
 
         headers: dict[str, str] = {}
         for name in ("OTEL_EXPORTER_OTLP_HEADERS", f"OTEL_EXPORTER_OTLP_{upper}_HEADERS"):
-            raw = self._raw(name)
+            raw = self.raw(name)
             if raw is not None:
                 headers.update(self._headers(name, raw, protocol))
 
-        timeout_name, _ = self._first(
+        endpoint = self.raw(f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT")
+        endpoint_name = f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT"
+        generic = endpoint is None
+        if generic:
+            endpoint = self.raw("OTEL_EXPORTER_OTLP_ENDPOINT")
+            endpoint_name = "OTEL_EXPORTER_OTLP_ENDPOINT"
+        if endpoint is not None:
+            endpoint = self._endpoint(endpoint_name, endpoint, protocol, generic, signal, headers)
+
+        timeout_name, _ = self.first(
             f"OTEL_EXPORTER_OTLP_{upper}_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"
         )
-        timeout_s = self._positive(
+        timeout_s = self.positive(
             timeout_name,
             DEFAULT_OTLP_TIMEOUT_S,
             maximum=MAX_OTLP_TIMEOUT_S,
             why_maximum=" seconds (the Python SDK reads this timeout in seconds, not ms)",
         )
 
-        compression_name, _ = self._first(
+        compression_name, _ = self.first(
             f"OTEL_EXPORTER_OTLP_{upper}_COMPRESSION", "OTEL_EXPORTER_OTLP_COMPRESSION"
         )
-        compression = self._choice(compression_name, COMPRESSIONS, "none")
+        compression = self.choice(compression_name, COMPRESSIONS, "none")
         if compression == "deflate" and protocol == "grpc":
-            self._reject(compression_name, "deflate", "gzip", "is not supported over gRPC")
+            self.reject(compression_name, "deflate", "gzip", "is not supported over gRPC")
             compression = "gzip"
         return OtlpSettings(endpoint, protocol, headers, timeout_s, compression)
 
+    def _endpoint(
+        self,
+        name: str,
+        endpoint: str,
+        protocol: str,
+        generic: bool,
+        signal: str,
+        headers: dict[str, str],
+    ) -> str | None:
+        """A usable endpoint URL, or None after one warning. Userinfo in the URL
+        (``http://user:secret@host``) becomes an ``authorization: Basic`` header (unless one
+        is given) and leaves the URL, so that no log line or destination shows it."""
+        shown = redact_url(endpoint)
+        try:
+            parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint else "http://" + endpoint)
+            hostname = parsed.hostname
+            parsed.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            parsed, hostname = None, None
+        if parsed is None or parsed.scheme not in ("http", "https") or not hostname:
+            self.warn("%s=%r is not an http(s) URL; ignoring it.", name, shown)
+            return None
+        if parsed.username is not None or parsed.password is not None:
+            if "authorization" not in headers:
+                user = urllib.parse.unquote(parsed.username or "")
+                password = urllib.parse.unquote(parsed.password or "")
+                token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+                headers["authorization"] = f"Basic {token}"
+            self.warn(
+                "%s has credentials in its URL: they are sent as an authorization header and "
+                "never shown; the endpoint is %s.",
+                name,
+                shown,
+            )
+            endpoint = shown
+        if protocol == "http/protobuf" and generic:
+            return endpoint.rstrip("/") + f"/v1/{signal}"
+        if (
+            protocol == "grpc"
+            and "://" not in endpoint
+            and self.raw("OTEL_EXPORTER_OTLP_INSECURE") is None
+        ):
+            self.warn(
+                "%s=%r has no scheme: gRPC will use TLS. Write http://%s for a plaintext "
+                "collector, or set OTEL_EXPORTER_OTLP_INSECURE.",
+                name,
+                shown,
+                shown,
+            )
+        return endpoint
+
+    def _value_length(self, specific: str) -> int | None:
+        """The attribute value length limit of a signal: its own variable, else the generic
+        ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``, else the project's default."""
+        name, raw = self.first(specific, "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
+        if raw is None:
+            return DEFAULT_VALUE_LENGTH
+        try:
+            value = int(raw)
+        except ValueError:
+            self.reject(name, raw, DEFAULT_VALUE_LENGTH, "is not a whole number")
+            return DEFAULT_VALUE_LENGTH
+        if value < 0 or value > MAX_VALUE_LENGTH_LIMIT:
+            self.reject(
+                name, raw, DEFAULT_VALUE_LENGTH, f"is not between 0 and {MAX_VALUE_LENGTH_LIMIT}"
+            )
+            return DEFAULT_VALUE_LENGTH
+        return value
+
     def _export_ranks(self) -> ExportRanks:
         name = ev.OTEL_PYTHON_TRAINING_EXPORT_RANKS
-        raw = self._raw(name)
+        raw = self.raw(name)
         if raw is None:
-            return ExportRanks()
+            return self._export_strategy()
         lowered = raw.lower()
         if lowered in ("all", "last", "first_per_node"):
             return ExportRanks(lowered)
+        if lowered.startswith("sampled:"):
+            rate = self._rate(name, raw, lowered.partition(":")[2])
+            return ExportRanks("sampled", rate=rate) if rate is not None else ExportRanks()
         ranks: set[int] = set()
         for part in raw.split(","):
             match = _RANK_RANGE.match(part.strip())
             if not match:
-                self._reject(
-                    name, raw, "all", "is not all, last, first_per_node or a list like 0,4-7"
+                self.reject(
+                    name,
+                    raw,
+                    "all",
+                    "is not all, last, first_per_node, sampled:RATE or a list like 0,4-7",
                 )
                 return ExportRanks()
             low = int(match.group(1))
             high = int(match.group(2) or low)
             if high > MAX_RANK:
-                self._reject(name, raw, "all", f"names a rank above {MAX_RANK}")
+                self.reject(name, raw, "all", f"names a rank above {MAX_RANK}")
                 return ExportRanks()
             if high < low:
-                self._reject(name, raw, "all", f"has the empty range {part.strip()!r}")
+                self.reject(name, raw, "all", f"has the empty range {part.strip()!r}")
                 return ExportRanks()
             ranks.update(range(low, high + 1))
         return ExportRanks("list", frozenset(ranks))
 
+    def _rate(self, name: str, raw: str, text: str) -> float | None:
+        try:
+            rate = float(text)
+        except ValueError:
+            rate = math.nan
+        if not 0.0 <= rate <= 1.0:
+            self.reject(name, raw, "all", "has a sample rate outside [0, 1]")
+            return None
+        return rate
+
+    def _export_strategy(self) -> ExportRanks:
+        """Megatron-LM's ``MEGATRON_OTEL_EXPORT_STRATEGY`` (``single_rank``, ``all_ranks``,
+        ``sampled``, ``first_rank_per_node``) with ``..._EXPORT_RANK`` (-1: the last rank) and
+        ``..._EXPORT_SAMPLE_RATE``, each falling back to NeMo Lens' ``NEMO_LENS_*``; ``all``
+        when none is set (otel-training's default: every rank exports)."""
+        name, raw = self.first(ev.MEGATRON_OTEL_EXPORT_STRATEGY, ev.NEMO_LENS_EXPORT_STRATEGY)
+        if raw is None:
+            return ExportRanks()
+        strategy = raw.lower()
+        if strategy not in EXPORT_STRATEGIES:
+            self.reject(name, raw, "all", f"is not one of {', '.join(EXPORT_STRATEGIES)}")
+            return ExportRanks()
+        if strategy == "all_ranks":
+            return ExportRanks()
+        if strategy == "first_rank_per_node":
+            return ExportRanks("first_per_node")
+        if strategy == "single_rank":
+            rank_name, rank_raw = self.first(ev.MEGATRON_OTEL_EXPORT_RANK, ev.NEMO_LENS_EXPORT_RANK)
+            rank = -1
+            if rank_raw is not None:
+                try:
+                    rank = int(rank_raw)
+                except ValueError:
+                    self.reject(rank_name, rank_raw, -1, "is not a whole number")
+                if rank < -1:
+                    self.reject(rank_name, rank_raw, -1, "is below -1")
+                    rank = -1
+            return ExportRanks("single", rank=rank)
+        rate_name, rate_raw = self.first(
+            ev.MEGATRON_OTEL_EXPORT_SAMPLE_RATE, ev.NEMO_LENS_EXPORT_SAMPLE_RATE
+        )
+        rate = 1.0 if rate_raw is None else self._rate(rate_name, rate_raw, rate_raw)
+        return ExportRanks("sampled", rate=1.0 if rate is None else rate)
+
     def _buckets(self) -> tuple[float, ...] | None:
         name = ev.OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS
-        raw = self._raw(name)
+        raw = self.raw(name)
         if raw is None:
             return None
         try:
             bounds = tuple(float(part) for part in raw.split(",") if part.strip())
         except ValueError:
-            self._reject(name, raw, "the built-in buckets", "is not a list of numbers")
+            self.reject(name, raw, "the built-in buckets", "is not a list of numbers")
             return None
         ok = bounds and all(math.isfinite(b) and b >= 0 for b in bounds)
         if not ok or any(b >= c for b, c in zip(bounds, bounds[1:])):
-            self._reject(
+            self.reject(
                 name,
                 raw,
                 "the built-in buckets",
@@ -586,69 +681,85 @@ class _Parser:
         return bounds
 
     def _span_groups(self) -> frozenset[str]:
-        name = ev.OTEL_PYTHON_TRAINING_SPAN_GROUPS
-        raw = self._raw(name)
+        """``OTEL_PYTHON_TRAINING_SPAN_GROUPS``, else Megatron-LM's ``MEGATRON_OTEL_SPAN_GROUPS``,
+        else NeMo Lens' ``NEMO_LENS_SPAN_GROUPS``; presets and groups combined."""
+        name, raw = self.first(
+            ev.OTEL_PYTHON_TRAINING_SPAN_GROUPS,
+            ev.MEGATRON_OTEL_SPAN_GROUPS,
+            ev.NEMO_LENS_SPAN_GROUPS,
+        )
         default = SPAN_GROUP_PRESETS["default"]
         if raw is None:
             return default
-        groups: set[str] = set()
-        usable = False
-        unknown = []
-        for part in (p.strip().lower() for p in raw.split(",")):
-            if part in SPAN_GROUP_PRESETS:
-                groups |= SPAN_GROUP_PRESETS[part]
-                usable = True
-            elif part in SPAN_GROUPS:
-                groups.add(part)
-                usable = True
-            elif part:
-                unknown.append(part)
+        groups, unknown, renamed, usable = _resolve_span_groups(raw.split(","))
         known = sorted(SPAN_GROUP_PRESETS) + sorted(SPAN_GROUPS)
         if not usable:
-            self._reject(name, raw, "default", f"names no preset or span group of {known}")
+            self.reject(name, raw, "default", f"names no preset or span group of {known}")
             return default
         if unknown:
-            _logger.warning(
+            self.warn(
                 "%s names unknown span group(s) %s, ignored; known: %s.",
                 name,
                 ", ".join(unknown),
                 ", ".join(known),
             )
-        return frozenset(groups)
+        for old in renamed:
+            self.warn(
+                "%s: the span group %r is now called %r (Megatron-LM's name).",
+                name,
+                old,
+                RENAMED_SPAN_GROUPS[old],
+            )
+        return groups
+
+    def _nvtx_only_groups(self) -> frozenset[str]:
+        """``OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS``: ``none`` (default), ``fine`` (the
+        fine-grained groups, ``NVTX_ONLY_CANDIDATE_GROUPS``) or group names."""
+        name = ev.OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS
+        raw = self.raw(name)
+        if raw is None or raw.lower() == "none":
+            return frozenset()
+        chosen: set[str] = set()
+        for part in (p.strip().lower() for p in raw.split(",")):
+            if part == "fine":
+                chosen |= NVTX_ONLY_CANDIDATE_GROUPS
+            elif part in SPAN_GROUPS:
+                chosen.add(RENAMED_SPAN_GROUPS.get(part, part))
+            elif part:
+                self.warn("%s: ignoring %r, which is neither fine nor a span group.", name, part)
+        return frozenset(chosen)
 
     def _resource_attributes(self) -> dict[str, str]:
-        """``OTEL_RESOURCE_ATTRIBUTES``: ``k=v`` pairs, percent-decoded; bad entries warned."""
+        """``OTEL_RESOURCE_ATTRIBUTES`` as the specification says: ``k=v`` pairs separated by
+        commas, keys and values percent-decoded; one warning per malformed entry, named by its
+        position. The only parse of it: the resource is built without the SDK's own."""
         name = "OTEL_RESOURCE_ATTRIBUTES"
-        raw = self._raw(name)
+        raw = self.raw(name)
         found: dict[str, str] = {}
+        position = 0
         for entry in (raw or "").split(","):
             if not entry.strip():
                 continue
+            position += 1
             key, sep, value = entry.partition("=")
-            key = urllib.parse.unquote(key).strip()
+            try:
+                key = urllib.parse.unquote(key, errors="strict").strip()
+                value = urllib.parse.unquote(value, errors="strict").strip()
+            except UnicodeDecodeError:
+                key = ""
             if not sep or not key:
-                self._warn("%s: ignoring the malformed entry %r.", name, entry.strip())
+                self.warn(
+                    "%s: ignoring entry %d, which is not key=value with percent-encoded UTF-8.",
+                    name,
+                    position,
+                )
                 continue
-            found[key] = urllib.parse.unquote(value).strip()
+            found[key] = value
         return found
-
-    def _int(self, name: str) -> int | None:
-        raw = self._raw(name)
-        if raw is None:
-            return None
-        try:
-            value = int(raw)
-        except ValueError:
-            self._reject(name, raw, None, "is not a whole number")
-            return None
-        if value < 0:
-            self._reject(name, raw, None, "is negative")
-            return None
-        return value
 
     def tensor_metrics(self) -> tuple[tuple[str, int], ...] | None:
         name = ev.OTEL_PYTHON_TRAINING_TENSOR_METRICS
-        raw = self._raw(name)
+        raw = self.raw(name)
         if raw is None:
             return None
         if raw.lower() in ("none", "off"):
@@ -667,87 +778,24 @@ class _Parser:
             elif metric in schedule:
                 why = "repeats a tensor metric already scheduled"
             if why is not None:
-                _logger.warning("%s: ignoring the entry %r, which %s.", name, entry, why)
+                self.warn("%s: ignoring the entry %r, which %s.", name, entry, why)
                 continue
             schedule[metric] = int(interval)
         if not schedule:
-            self._reject(name, raw, "the observer's default", "schedules no tensor metric")
+            self.reject(name, raw, "the observer's default", "schedules no tensor metric")
             return None
         return tuple(schedule.items())
 
-    def identity(self) -> RankIdentity:
-        env_run_id = self._raw(ev.OTEL_PYTHON_TRAINING_RUN_ID)
-        k8s = self._raw("KUBERNETES_SERVICE_HOST") is not None
-        k8s_fields = {
-            "k8s_pod_name": self._raw("HOSTNAME") if k8s else None,
-            "k8s_namespace": self._raw("POD_NAMESPACE") if k8s else None,
-        }
-        slurm_job = self._raw("SLURM_JOB_ID")
-        slurm_run = None
-        if slurm_job is not None:
-            step = self._raw("SLURM_STEP_ID")
-            slurm_run = f"slurm-{slurm_job}" + (f".{step}" if step is not None else "")
-        node_from_k8s = self._int("JOB_COMPLETION_INDEX") if k8s else None
-        if node_from_k8s is None and k8s:
-            node_from_k8s = self._int("PET_NODE_RANK")
-
-        rank = self._int("RANK")
-        world_size = self._int("WORLD_SIZE")
-        if rank is not None and world_size:
-            elastic_run = self._raw("TORCHELASTIC_RUN_ID")
-            if elastic_run is not None and elastic_run.lower() == "none":
-                elastic_run = None
-            local_rank = self._int("LOCAL_RANK")
-            node_rank = self._int("GROUP_RANK")
-            if node_rank is None:
-                node_rank = self._int("NODE_RANK")
-            if node_rank is None:
-                node_rank = node_from_k8s
-            if node_rank is None and slurm_job is not None:
-                node_rank = self._int("SLURM_NODEID")
-            launcher = "torchrun" if self._raw("TORCHELASTIC_RUN_ID") else "env"
-            if k8s and launcher == "env":
-                launcher = "kubernetes"
-            return RankIdentity(
-                rank=rank,
-                local_rank=local_rank if local_rank is not None else 0,
-                world_size=world_size,
-                local_world_size=self._int("LOCAL_WORLD_SIZE") or 1,
-                node_rank=node_rank or 0,
-                launcher=launcher,
-                job_id=slurm_job or elastic_run,
-                run_id=env_run_id or elastic_run or slurm_run,
-                **k8s_fields,
-            )
-
-        slurm_rank = self._int("SLURM_PROCID")
-        slurm_world = self._int("SLURM_NTASKS")
-        if slurm_job is not None and slurm_rank is not None and slurm_world:
-            per_node = self._raw("SLURM_NTASKS_PER_NODE")
-            local_world = None
-            if per_node is not None and per_node.isdigit():
-                local_world = int(per_node)
-            return RankIdentity(
-                rank=slurm_rank,
-                local_rank=self._int("SLURM_LOCALID") or 0,
-                world_size=slurm_world,
-                local_world_size=local_world or 1,
-                node_rank=self._int("SLURM_NODEID") or 0,
-                launcher="slurm",
-                job_id=slurm_job,
-                run_id=env_run_id or slurm_run,
-                **k8s_fields,
-            )
-        return RankIdentity(
-            node_rank=node_from_k8s or 0,
-            launcher="kubernetes" if k8s else "none",
-            job_id=slurm_job,
-            run_id=env_run_id or slurm_run,
-            **k8s_fields,
-        )
+    def _optional_positive(
+        self, name: str, default: float, *, minimum: float | None = None
+    ) -> float | None:
+        """:meth:`positive`, or ``None`` when the variable is unset (the caller chooses)."""
+        if self.raw(name) is None:
+            return None
+        return self.positive(name, default, minimum=minimum, maximum=MAX_INTERVAL_MS)
 
     def settings(self) -> Settings:
-        sdk_disabled = self._bool("OTEL_SDK_DISABLED", False)
+        sdk_disabled = self.boolean("OTEL_SDK_DISABLED", False)
         metrics_otlp = self._otlp("metrics")
         traces_otlp = self._otlp("traces")
         metrics_exporters = self._exporters(
@@ -756,40 +804,56 @@ class _Parser:
         traces_exporters = self._exporters(
             "OTEL_TRACES_EXPORTER", traces_otlp.endpoint is not None, frozenset()
         )
-        interval_ms = self._positive(
+        interval_given = self.raw("OTEL_METRIC_EXPORT_INTERVAL") is not None
+        interval_ms = self.positive(
             "OTEL_METRIC_EXPORT_INTERVAL",
             DEFAULT_METRIC_EXPORT_INTERVAL_MS,
             minimum=MIN_EXPORT_INTERVAL_MS,
             maximum=MAX_INTERVAL_MS,
         )
-        timeout_ms = self._positive(
+        timeout_ms = self.positive(
             "OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_METRIC_EXPORT_TIMEOUT_MS, maximum=MAX_INTERVAL_MS
         )
         if timeout_ms > interval_ms:
-            if self._raw("OTEL_METRIC_EXPORT_TIMEOUT") is not None:
-                self._warn(
+            if self.raw("OTEL_METRIC_EXPORT_TIMEOUT") is not None:
+                self.warn(
                     "OTEL_METRIC_EXPORT_TIMEOUT (%s ms) is longer than "
                     "OTEL_METRIC_EXPORT_INTERVAL (%s ms); clamping the timeout to the interval.",
-                    _show(timeout_ms),
-                    _show(interval_ms),
+                    show(timeout_ms),
+                    show(interval_ms),
                 )
             timeout_ms = interval_ms
-        sampler = self._choice("OTEL_TRACES_SAMPLER", SAMPLERS, "parentbased_always_on")
+        sampler = self.choice("OTEL_TRACES_SAMPLER", SAMPLERS, "parentbased_always_on")
         sampler_arg = 1.0
         if sampler.endswith("traceidratio"):
-            raw = self._raw("OTEL_TRACES_SAMPLER_ARG")
+            raw = self.raw("OTEL_TRACES_SAMPLER_ARG")
             if raw is not None:
                 try:
                     sampler_arg = float(raw)
                 except ValueError:
                     sampler_arg = math.nan
                 if not 0.0 <= sampler_arg <= 1.0:
-                    self._reject("OTEL_TRACES_SAMPLER_ARG", raw, 1.0, "is not a ratio in [0, 1]")
+                    self.reject("OTEL_TRACES_SAMPLER_ARG", raw, 1.0, "is not a ratio in [0, 1]")
                     sampler_arg = 1.0
-        port = self._positive_int("OTEL_EXPORTER_PROMETHEUS_PORT", 9464)
+        port = self.positive_int("OTEL_EXPORTER_PROMETHEUS_PORT", DEFAULT_PROMETHEUS_PORT)
         if port > 65535:
-            self._reject("OTEL_EXPORTER_PROMETHEUS_PORT", str(port), 9464, "is not a TCP port")
-            port = 9464
+            self.reject(
+                "OTEL_EXPORTER_PROMETHEUS_PORT",
+                str(port),
+                DEFAULT_PROMETHEUS_PORT,
+                "is not a TCP port",
+            )
+            port = DEFAULT_PROMETHEUS_PORT
+        queue_size = (
+            self.positive_int("OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_BSP_MAX_QUEUE_SIZE)
+            if self.raw("OTEL_BSP_MAX_QUEUE_SIZE") is not None
+            else None
+        )
+        batch_size = (
+            self.positive_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE)
+            if self.raw("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") is not None
+            else None
+        )
         return Settings(
             sdk_disabled=sdk_disabled,
             metrics_exporters=metrics_exporters,
@@ -798,42 +862,50 @@ class _Parser:
             traces_otlp=traces_otlp,
             metric_export_interval_ms=interval_ms,
             metric_export_timeout_ms=timeout_ms,
-            temporality_preference=self._choice(
+            file_metric_export_interval_ms=(
+                interval_ms if interval_given else DEFAULT_FILE_METRIC_EXPORT_INTERVAL_MS
+            ),
+            temporality_preference=self.choice(
                 "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
                 TEMPORALITY_PREFERENCES,
                 "cumulative",
             ),
-            bsp_schedule_delay_ms=self._positive(
+            bsp_schedule_delay_ms=self._optional_positive(
                 "OTEL_BSP_SCHEDULE_DELAY",
                 DEFAULT_BSP_SCHEDULE_DELAY_MS,
                 minimum=MIN_BSP_SCHEDULE_DELAY_MS,
-                maximum=MAX_INTERVAL_MS,
             ),
-            bsp_export_timeout_ms=self._positive(
+            bsp_export_timeout_ms=self.positive(
                 "OTEL_BSP_EXPORT_TIMEOUT", DEFAULT_BSP_EXPORT_TIMEOUT_MS, maximum=MAX_INTERVAL_MS
             ),
-            service_name=self._raw("OTEL_SERVICE_NAME"),
+            bsp_max_queue_size=queue_size,
+            bsp_max_export_batch_size=batch_size,
+            span_limits=Limits(
+                value_length=self._value_length("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT")
+            ),
+            log_limits=Limits(
+                value_length=self._value_length("OTEL_LOGRECORD_ATTRIBUTE_VALUE_LENGTH_LIMIT")
+            ),
+            service_name=self.raw("OTEL_SERVICE_NAME"),
             resource_attributes=self._resource_attributes(),
-            bsp_max_queue_size=self._positive_int(
-                "OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_BSP_MAX_QUEUE_SIZE
-            ),
-            bsp_max_export_batch_size=self._positive_int(
-                "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE
-            ),
             sampler=sampler,
             sampler_arg=sampler_arg,
-            prometheus_host=self._raw("OTEL_EXPORTER_PROMETHEUS_HOST") or "localhost",
+            prometheus_host=self.raw("OTEL_EXPORTER_PROMETHEUS_HOST") or "localhost",
             prometheus_port=port,
-            output_dir=self._raw(ev.OTEL_PYTHON_TRAINING_OUTPUT_DIR) or DEFAULT_OUTPUT_DIR,
+            output_dir=self.raw(ev.OTEL_PYTHON_TRAINING_OUTPUT_DIR) or DEFAULT_OUTPUT_DIR,
             export_ranks=self._export_ranks(),
             step_duration_buckets_ms=self._buckets(),
-            shutdown_on_sigterm=self._bool(ev.OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM, True),
+            shutdown_on_sigterm=self.boolean(ev.OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM, True),
             span_groups=self._span_groups(),
+            nvtx_only_groups=self._nvtx_only_groups(),
+            trace_segment_iterations=self.positive_int(
+                ev.OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS, DEFAULT_TRACE_SEGMENT_ITERATIONS
+            ),
             # NVTX_DISABLE is the nvtx package's switch: any non-empty value disables it.
-            nvtx=self._bool(ev.OTEL_PYTHON_TRAINING_NVTX, True)
-            and self._raw("NVTX_DISABLE") is None,
-            nvtx_domain=self._raw(ev.OTEL_PYTHON_TRAINING_NVTX_DOMAIN) or DEFAULT_NVTX_DOMAIN,
-            jsonlog_dir=self._raw(ev.OTEL_PYTHON_TRAINING_JSONLOG_DIR),
-            identity=self.identity(),
+            nvtx=self.boolean(ev.OTEL_PYTHON_TRAINING_NVTX, True)
+            and self.raw("NVTX_DISABLE") is None,
+            nvtx_domain=self.raw(ev.OTEL_PYTHON_TRAINING_NVTX_DOMAIN) or DEFAULT_NVTX_DOMAIN,
+            jsonlog_dir=self.raw(ev.OTEL_PYTHON_TRAINING_JSONLOG_DIR),
+            identity=read_identity(self),
             tensor_metrics=self.tensor_metrics(),
         )

@@ -21,9 +21,12 @@ directory.
 """
 
 OTEL_PYTHON_TRAINING_EXPORT_RANKS: Final = "OTEL_PYTHON_TRAINING_EXPORT_RANKS"
-"""Which ranks export telemetry: ``all`` (default), ``last``, ``first_per_node`` or a list of
-global ranks such as ``0,8,16`` or ``0-3,7``. Other ranks get no-op providers (no threads, no
-sockets). An invalid value logs one warning and falls back to ``all``.
+"""Which ranks export telemetry: ``all`` (default), ``last``, ``first_per_node``,
+``sampled:RATE`` (each rank with probability RATE, chosen deterministically per rank, as NeMo
+Lens chooses) or a list of global ranks such as ``0,8,16`` or ``0-3,7``. Other ranks get no-op
+providers (no threads, no sockets). An invalid value logs one warning and falls back to
+``all``. When unset, Megatron-LM's ``MEGATRON_OTEL_EXPORT_STRATEGY`` (or NeMo Lens'
+``NEMO_LENS_EXPORT_STRATEGY``) is read.
 """
 
 OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS: Final = (
@@ -48,12 +51,15 @@ a launcher's termination.
 """
 
 OTEL_PYTHON_TRAINING_SPAN_GROUPS: Final = "OTEL_PYTHON_TRAINING_SPAN_GROUPS"
-"""Which phase spans are recorded: comma-separated presets and span groups, combined. Presets:
-``default`` (groups ``run``, ``startup``, ``checkpoint``, ``evaluation`` and ``custom``: a few
-spans per run), ``per_step`` (adds ``iteration``), ``all`` (adds ``forward_backward``,
-``optimizer``, ``data_loading``) and ``none``. For example ``default,optimizer``. A span of a
-disabled group costs one set lookup and creates nothing. Unknown names log one warning and are
-ignored; when no name is usable, one warning and the default, ``default``.
+"""Which phase spans are recorded: comma-separated presets and span groups, combined, with
+Megatron-LM's names (``otel_training.semconv.SPAN_GROUP_LEVELS``). Presets: ``default`` (job,
+checkpoint, evaluate, first_iteration, inference, custom), ``per_step`` (adds model_init,
+load_checkpoint, step, forward_backward, optimizer, communication, data_loading), ``all`` and
+``profiling`` (every group: adds microbatch, layer, activation_offload, trace_region) and
+``none``. For example ``default,optimizer``. A span of a disabled group costs one set lookup
+and creates nothing. Unknown names log one warning and are ignored; when no name is usable, one
+warning and the default, ``default``. Falls back to ``MEGATRON_OTEL_SPAN_GROUPS``, then
+``NEMO_LENS_SPAN_GROUPS``.
 """
 
 OTEL_PYTHON_TRAINING_NVTX: Final = "OTEL_PYTHON_TRAINING_NVTX"
@@ -97,3 +103,52 @@ __all__ = [
     "OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS",
     "OTEL_PYTHON_TRAINING_TENSOR_METRICS",
 ]
+
+MEGATRON_OTEL_RUN_ID: Final = "MEGATRON_OTEL_RUN_ID"
+"""Megatron-LM's name for the run id; read when ``OTEL_PYTHON_TRAINING_RUN_ID`` is unset."""
+
+NEMO_LENS_RUN_ID: Final = "NEMO_LENS_RUN_ID"
+"""NeMo Lens' name for the run id; read when neither ``OTEL_PYTHON_TRAINING_RUN_ID`` nor
+``MEGATRON_OTEL_RUN_ID`` is set."""
+
+OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS: Final = "OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS"
+"""Span groups whose phases are mirrored to NVTX ranges only: no OpenTelemetry span, no JSON
+line (an NVTX-only phase costs about a microsecond with a tool attached, nothing without).
+``none`` (default), ``fine`` (the fine-grained groups ``microbatch``, ``layer``,
+``communication``, ``activation_offload``) or group names. A group still has to be enabled by
+the span groups to record anything.
+"""
+
+OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS: Final = (
+    "OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS"
+)
+"""Iterations per trace segment, default 1000. Iterations, evaluations and checkpoint saves of
+iterations s*N+1 .. (s+1)*N are in one trace shared by all ranks (its id computed from the run
+id and s), so no trace grows without bound and Jaeger shows all ranks of a segment side by side.
+"""
+
+MEGATRON_OTEL_SPAN_GROUPS: Final = "MEGATRON_OTEL_SPAN_GROUPS"
+"""Megatron-LM's span groups; read when ``OTEL_PYTHON_TRAINING_SPAN_GROUPS`` is unset."""
+
+NEMO_LENS_SPAN_GROUPS: Final = "NEMO_LENS_SPAN_GROUPS"
+"""NeMo Lens' span groups; read when neither of the above is set."""
+
+MEGATRON_OTEL_EXPORT_STRATEGY: Final = "MEGATRON_OTEL_EXPORT_STRATEGY"
+"""Megatron-LM's export strategy (``single_rank``, ``all_ranks``, ``sampled``,
+``first_rank_per_node``); read when ``OTEL_PYTHON_TRAINING_EXPORT_RANKS`` is unset."""
+
+NEMO_LENS_EXPORT_STRATEGY: Final = "NEMO_LENS_EXPORT_STRATEGY"
+"""NeMo Lens' export strategy; read when neither of the above is set."""
+
+MEGATRON_OTEL_EXPORT_RANK: Final = "MEGATRON_OTEL_EXPORT_RANK"
+"""The rank that exports under ``single_rank``; -1 (default) is the last rank."""
+
+NEMO_LENS_EXPORT_RANK: Final = "NEMO_LENS_EXPORT_RANK"
+"""NeMo Lens' name for ``MEGATRON_OTEL_EXPORT_RANK``."""
+
+MEGATRON_OTEL_EXPORT_SAMPLE_RATE: Final = "MEGATRON_OTEL_EXPORT_SAMPLE_RATE"
+"""The fraction of ranks that export under ``sampled`` (0..1, default 1), chosen per rank
+deterministically."""
+
+NEMO_LENS_EXPORT_SAMPLE_RATE: Final = "NEMO_LENS_EXPORT_SAMPLE_RATE"
+"""NeMo Lens' name for ``MEGATRON_OTEL_EXPORT_SAMPLE_RATE``."""

@@ -33,6 +33,7 @@ import threading
 import weakref
 from typing import Any
 
+from otel_training.device_reads import PendingDeviceRead, device_type, start_device_read
 from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_GRAD_NORM,
     MEGATRON_TRAINING_LEARNING_RATE,
@@ -72,6 +73,18 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 _TRAINING_INSTRUMENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+# Meters that stand for another one: otel_training's proxy (it follows the configured
+# pipeline) and the OpenTelemetry API's own, once the global provider is set.
+_PROXY_METERS: frozenset[type] = frozenset()
+try:
+    from opentelemetry.metrics._internal import _ProxyMeter as _ApiProxyMeter
+
+    from otel_training.proxy import ProxyMeter
+
+    _PROXY_METERS = frozenset({ProxyMeter, _ApiProxyMeter})
+except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
+    pass
 
 # Our additions live apart from _TRAINING_INSTRUMENTS, whose contents Megatron-LM's tests see.
 _NONFINITE_COUNTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -144,6 +157,8 @@ def record_training_metrics(
     """
     if metrics is None or _forked_child or isinstance(meter, _NoOpMeter):
         return
+    if type(meter) in _PROXY_METERS:  # record on the real meter it stands for now
+        meter = meter._real_meter or meter
 
     try:
         instruments = _get_training_instruments(meter)
@@ -187,12 +202,8 @@ def record_training_metrics(
         else:
             _emit(meter, "grad_norm", instruments["grad_norm"].set, v)
     v = skipped_iters
-    if v is not None:
-        if fast and type(v) is int and 0 <= v <= _INT64_MAX:
-            if v:
-                instruments["skipped_iters"].add(v)
-        else:
-            _emit(meter, "skipped_iters", instruments["skipped_iters"].add, v)
+    if v is not None and not (type(v) is int and v == 0):  # > 0 is rare: kept within int64
+        _emit(meter, "skipped_iters", instruments["skipped_iters"].add, v)
     v = learning_rate
     if v is not None:
         if fast and type(v) is float and v - v == 0.0:
@@ -226,7 +237,7 @@ def _write(meter, key: str, write, value) -> None:
     """Writes a finite number, applying the per-metric rules of Megatron-LM."""
     if key == "skipped_iters":
         if value > 0:
-            write(value)
+            _add_counted(meter, key, write, value)
         elif value < 0:
             _warn_once(key, "negative", "dropping negative skipped_iters=%r", value)
         return
@@ -239,9 +250,8 @@ def _write(meter, key: str, write, value) -> None:
 
 
 def _emit_slow(meter, key: str, write, value) -> None:
-    device_type = _device_type(value)
-    if device_type not in (None, "cpu"):
-        _deferred.submit(meter, key, write, _start_device_read(value))
+    if device_type(value) not in (None, "cpu"):
+        _deferred.submit(meter, key, write, start_device_read(value))
         return
     number = _to_number(key, value)
     if number is None:
@@ -261,6 +271,38 @@ def _finish(meter, key: str, write, number) -> None:
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
+# The running total of each meter's skipped_iters counter, so that it never leaves int64 (an
+# OTLP sum beyond it fails every later export of the whole batch). Apart from
+# _TRAINING_INSTRUMENTS, whose contents Megatron-LM's tests see.
+_COUNTER_TOTALS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_totals_lock = threading.Lock()
+
+
+def _add_counted(meter, key: str, write, value) -> None:
+    """Adds ``value`` (a number > 0) to the counter as a whole number, saturating its total
+    at int64's maximum with one warning; a value that is not whole is dropped with one
+    warning (a counter of iterations counts whole ones)."""
+    if isinstance(value, float):
+        if not value.is_integer():
+            _warn_once(key, "fraction", "dropping %s=%r: not a whole number", key, value)
+            return
+        value = int(value)
+    with _totals_lock:
+        total = _COUNTER_TOTALS.get(meter, 0)
+        room = _INT64_MAX - total
+        if value > room:
+            _warn_once(
+                key,
+                "saturated",
+                "%s reached the int64 maximum (OTLP carries int64 only); it stays there "
+                "(this warning is shown once)",
+                _SPECS[key][0],
+            )
+            value = room
+        _COUNTER_TOTALS[meter] = total + value
+    if value > 0:
+        write(value)
+
 
 def _to_number(key: str, value) -> float | int | None:
     """``value`` as an int or float, or ``None`` after one warning. Reads CPU tensors only.
@@ -270,12 +312,18 @@ def _to_number(key: str, value) -> float | int | None:
     """
     if isinstance(value, int) and not isinstance(value, bool):
         value = int(value)
-        if _INT64_MIN <= value <= _INT64_MAX:
+        if _INT64_MIN <= value <= _INT64_MAX or key == "skipped_iters":
             return value
     detach = getattr(value, "detach", None)
     if callable(detach):
         value = detach()
     try:
+        if getattr(value, "ndim", 0) and getattr(value, "size", None) == 1:
+            value = value.reshape(())  # a one-element array, like a one-element tensor
+        if key == "skipped_iters" and callable(getattr(value, "item", None)):
+            item = value.item()
+            if isinstance(item, int) and not isinstance(item, bool):
+                return item
         return float(value)
     except (TypeError, ValueError, RuntimeError, OverflowError) as error:
         _warn_once(
@@ -292,61 +340,6 @@ def _to_number(key: str, value) -> float | int | None:
 def _short_repr(value) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _device_type(value) -> str | None:
-    """The device type of a tensor-like value (``"cuda"``, ``"cpu"``...), else ``None``."""
-    device = getattr(value, "device", None)
-    if device is None:
-        return "cuda" if getattr(value, "is_cuda", False) is True else None
-    if isinstance(device, str):
-        return device.split(":", 1)[0]
-    device_type = getattr(device, "type", None)
-    return device_type if isinstance(device_type, str) else None
-
-
-class _PendingDeviceRead:
-    """A device scalar being copied to host; ``result()`` runs on the deferred thread."""
-
-    __slots__ = ("_host", "_event", "_source")
-
-    def __init__(self, host=None, event=None, source=None) -> None:
-        self._host = host
-        self._event = event
-        self._source = source
-
-    def result(self):
-        if self._event is not None:
-            self._event.synchronize()
-            return self._host
-        return self._source
-
-
-def _start_device_read(value) -> _PendingDeviceRead:
-    """Starts an asynchronous device-to-host copy of a device scalar (training thread).
-
-    For a CUDA ``torch.Tensor`` with one element: a non-blocking copy into pinned host memory
-    from PyTorch's caching host allocator, and a CUDA event recorded on the current stream;
-    neither waits for the device. Any other tensor-like (other devices, test doubles) is handed
-    over as it is and converted with ``float()`` on the deferred thread.
-    """
-    torch = _torch()
-    if torch is not None and isinstance(value, torch.Tensor) and value.is_cuda:
-        source = value.detach()
-        if source.numel() == 1:
-            source = source.reshape(())
-            host = torch.empty((), dtype=source.dtype, device="cpu", pin_memory=True)
-            host.copy_(source, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(source.device))
-            return _PendingDeviceRead(host=host, event=event)
-    return _PendingDeviceRead(source=value)
-
-
-def _torch():
-    import sys
-
-    return sys.modules.get("torch")
 
 
 def _count_nonfinite(meter, key: str, value: float) -> None:
@@ -417,7 +410,7 @@ class _DeferredRecorder:
                     self._ready.wait()
                 meter, key, write, value = self._queue[0]
             try:
-                if isinstance(value, _PendingDeviceRead):
+                if isinstance(value, PendingDeviceRead):
                     value = value.result()
                 number = _to_number(key, value)
                 if number is not None:

@@ -82,8 +82,9 @@ class KeyValueFormatter(logging.Formatter):
         rank: Written as ``rank=`` on every line when given (``dl.rank``; one log per rank is
             easier to merge with it).
         with_span: Add the current span's name, trace id and span id (``span=``,
-            ``trace_id=``, ``span_id=``) when a span is recording and the record does not
-            carry its own (those of :class:`LogSpanProcessor` do).
+            ``trace_id=``, ``span_id=``) when a span is recording and sampled (so exported:
+            the ids name a span that exists in the trace) and the record does not carry its
+            own (those of :class:`LogSpanProcessor` do).
         utc: Timestamps in UTC (``...Z``); else local time with its offset.
 
     Fields, in order: ``time`` (ISO 8601, milliseconds), ``level``, ``logger``, ``msg``,
@@ -118,7 +119,8 @@ class KeyValueFormatter(logging.Formatter):
         if self._with_span and "span_id" not in record.__dict__:
             span = trace_api.get_current_span()
             context = span.get_span_context()
-            if context.is_valid:
+            # Ids only of a span that is recorded and sampled: one that will be exported.
+            if context.is_valid and context.trace_flags.sampled and span.is_recording():
                 name = getattr(span, "name", None)
                 if name is not None:
                     pairs.append(("span", name))
@@ -143,7 +145,8 @@ class LogSpanProcessor(SpanProcessor):
         starts: Also log span starts (``event=span_start``); ends are always logged.
 
     Each record's message is ``span_start NAME`` or ``span_end NAME``; its ``extra=`` fields
-    are ``event``, ``span``, ``trace_id``, ``span_id``, ``parent_span_id``, and for ends
+    are ``event``, ``span``, ``trace_id``, ``span_id``, ``parent_span_id`` (the ids only for a
+    sampled span: one recorded but not sampled is never exported), and for ends
     ``duration_ms`` and ``status``, then the span's attributes, which ``KeyValueFormatter``
     writes as pairs. Runs on the thread that starts or ends the span; never raises.
     """
@@ -179,14 +182,12 @@ class LogSpanProcessor(SpanProcessor):
         try:
             context = span.context
             parent = span.parent
-            extra = {
-                "event": event,
-                "span": span.name,
-                "trace_id": f"{context.trace_id:032x}",
-                "span_id": f"{context.span_id:016x}",
-                "parent_span_id": f"{parent.span_id:016x}" if parent is not None else None,
-                **fields,
-            }
+            extra: dict[str, Any] = {"event": event, "span": span.name}
+            if context.trace_flags.sampled:  # a span recorded but not sampled is never exported
+                extra["trace_id"] = f"{context.trace_id:032x}"
+                extra["span_id"] = f"{context.span_id:016x}"
+                extra["parent_span_id"] = f"{parent.span_id:016x}" if parent is not None else None
+            extra.update(fields)
             for key, value in (span.attributes or {}).items():
                 if key in _RECORD_FIELDS:  # logging refuses extras named like its own fields
                     key = "span." + key

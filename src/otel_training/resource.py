@@ -8,7 +8,6 @@ Attribute names are declared in ``semconv/``; ``dl.rank``, ``dl.local_rank`` and
 from __future__ import annotations
 
 import socket
-import uuid
 
 from opentelemetry.sdk.resources import Resource, ResourceDetector
 from opentelemetry.semconv._incubating.attributes.host_attributes import HOST_NAME
@@ -16,6 +15,7 @@ from opentelemetry.semconv.attributes.k8s_attributes import K8S_NAMESPACE_NAME, 
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE_ID
 
 from otel_training import config
+from otel_training.identity import process_run_id
 from otel_training.semconv.attributes import (
     DL_JOB_ID,
     DL_LOCAL_RANK,
@@ -25,16 +25,12 @@ from otel_training.semconv.attributes import (
     DL_WORLD_SIZE,
 )
 
-# A process without a launcher-given run id gets one random id for its whole life, so that
-# configuring twice (or a forked DataLoader worker) reports the same run.
-_PROCESS_RUN_ID = uuid.uuid4().hex
-
 
 def identity_attributes(identity: config.RankIdentity) -> dict[str, str | int]:
     """Resource attributes for ``identity``: rank, local rank, world size, node rank, host,
     job and run ids, ``service.instance.id`` (``{run_id}-rank{rank}``, unique per rank) and,
     in Kubernetes, the pod name and namespace. Never raises."""
-    run_id = identity.run_id or _PROCESS_RUN_ID
+    run_id = identity.run_id or process_run_id()
     attributes: dict[str, str | int] = {
         DL_RANK: identity.rank,
         DL_LOCAL_RANK: identity.local_rank,

@@ -2,73 +2,54 @@
 
 Exporters per signal (``OTEL_METRICS_EXPORTER``, ``OTEL_TRACES_EXPORTER``): ``otlp`` (gRPC or
 http/protobuf per ``OTEL_EXPORTER_OTLP_PROTOCOL``), ``console``, ``none``, ``prometheus``
-(metrics only, a pull endpoint on ``OTEL_EXPORTER_PROMETHEUS_HOST:PORT``) and the embedded
-default ``otlp_json_file``: OTLP-JSON lines, one file per rank and signal, in
-``OTEL_PYTHON_TRAINING_OUTPUT_DIR``. With no exporter named and no endpoint set, the embedded
-default is used; one log line at configure says where telemetry goes.
+(metrics only, a pull endpoint on ``OTEL_EXPORTER_PROMETHEUS_HOST`` and port
+``OTEL_EXPORTER_PROMETHEUS_PORT`` + ``LOCAL_RANK``) and the embedded default ``otlp_json_file``:
+OTLP-JSON lines, one file per rank and signal, in one directory per run inside
+``OTEL_PYTHON_TRAINING_OUTPUT_DIR`` (:mod:`otel_training.files`). With no exporter named and no
+endpoint set, the embedded default is used; one log line at configure says where telemetry goes.
+
+One pipeline at a time: a second ``configure()`` flushes and stops the pipeline it replaces,
+and everything obtained before (the OpenTelemetry globals, ``get_meter()``, ``get_tracer()``)
+records into the new one (:mod:`otel_training.proxy`).
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
-import random
-import signal
 import sys
 import threading
-import weakref
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TextIO
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
-from opentelemetry.sdk.metrics import (
-    Counter,
-    Histogram,
-    MeterProvider,
-    ObservableCounter,
-    ObservableGauge,
-    ObservableUpDownCounter,
-    UpDownCounter,
-)
-from opentelemetry.sdk.metrics import _Gauge as SdkGauge
 from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    ConsoleMetricExporter,
-    MetricExporter,
-    MetricExportResult,
     MetricReader,
-    PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.metrics.view import View
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace import sampling as sampling_sdk
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    ConsoleSpanExporter,
-    SpanExporter,
-    SpanExportResult,
-)
-from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.semconv.attributes.service_attributes import SERVICE_NAME
+from opentelemetry.sdk.trace import SpanProcessor
 
-from otel_training import config, device_metrics, instruments
-from otel_training import views as _views
-from otel_training.processors import span_mirrors
-from otel_training.resource import identity_attributes
+from otel_training import config, instruments, lifecycle, pipeline, proxy
+from otel_training.pipeline import INSTRUMENTATION_NAME
+from otel_training.processors.nvtx import NvtxSpanProcessor
+from otel_training.processors.truncation import TruncatingSpanProcessor
 
 _logger = logging.getLogger("otel_training")
 
-INSTRUMENTATION_NAME = "otel_training"
 
 _lock = threading.RLock()
 _current: Telemetry | None = None
-_global_owner: Telemetry | None = None
-# Every configured pipeline not yet shut down, kept alive so that exit and SIGTERM reach all.
+# Every configured pipeline not yet shut down, so that exit and SIGTERM reach all.
 _live: list[Telemetry] = []
-_exit_handlers_installed = False
+# Shutdowns of pipelines that a later configure() replaced, still running.
+_retiring: list[threading.Thread] = []
+_globals_installed = False
+_TRACER_PROXY = proxy.ProxyTracerProvider()
+_METER_PROXY = proxy.ProxyMeterProvider()
+#: Added to every bound of a shutdown, in seconds: threads to join, files to close.
+_SHUTDOWN_SLACK_S = 0.5
 
 
 @dataclass
@@ -80,8 +61,10 @@ class Telemetry:
         tracer_provider: The SDK ``TracerProvider`` (or a no-op one when disabled).
         meter: ``meter_provider.get_meter("otel_training")``.
         tracer: ``tracer_provider.get_tracer("otel_training")``.
-        destination: One human-readable line saying where telemetry goes.
+        destination: One human-readable line saying where telemetry goes (never a secret).
         settings: The parsed environment.
+        output_dir: Absolute path of this run's directory of the embedded default's files,
+            or ``None`` when no file is written there.
     """
 
     meter_provider: metrics_api.MeterProvider
@@ -90,7 +73,20 @@ class Telemetry:
     tracer: trace_api.Tracer
     destination: str
     settings: config.Settings
-    _shutdown_done: bool = field(default=False, repr=False)
+    output_dir: str | None = None
+    nvtx: NvtxSpanProcessor | None = field(default=None, repr=False)
+    #: Called, without arguments, when shutdown starts, before open spans are truncated (on a
+    #: signal, after): the phases end their open trace segment here. Exceptions are logged.
+    before_shutdown: list[Callable[[], object]] = field(default_factory=list, repr=False)
+    _truncation: TruncatingSpanProcessor | None = field(default=None, repr=False)
+    _files: list[TextIO] = field(default_factory=list, repr=False)
+    _shutdown_started: bool = field(default=False, repr=False)
+    _shutdown_finished: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def recording(self) -> bool:
+        """False for the no-op pipeline of a disabled SDK or a rank that does not export."""
+        return not isinstance(self.meter_provider, metrics_api.NoOpMeterProvider)
 
     def force_flush(self, timeout_millis: float | None = None) -> bool:
         """Records deferred values, then exports what the providers hold. Bounded by
@@ -98,26 +94,46 @@ class Telemetry:
         raises; returns False when something did not finish in time."""
         return self._bounded("force_flush", timeout_millis, self._flush)
 
-    def shutdown(self, timeout_millis: float | None = None) -> bool:
-        """Flushes and stops exporting, in order: deferred values, metric readers, span
-        processors. Bounded by ``timeout_millis`` (default: the export timeout) even when the
-        endpoint is dead: what has not finished by then is abandoned on daemon threads.
-        Idempotent; never raises; returns False on timeout."""
+    def shutdown(self, timeout_millis: float | None = None, *, reason: str | None = None) -> bool:
+        """Ends the spans still open (marked truncated; with ``reason``, such as
+        ``"SIGTERM"``, also status ERROR), then flushes and stops exporting, in order: deferred
+        values, metric readers and span processors side by side. Bounded by
+        ``timeout_millis`` (default: the export timeout) + 0.5 s even when the endpoint is
+        dead: what has not finished by then is abandoned on daemon threads. Idempotent: a
+        second caller waits for the first one's shutdown, as long. Never raises; returns
+        False on timeout."""
         with _lock:
-            if self._shutdown_done:
-                return True
-            self._shutdown_done = True
+            first = not self._shutdown_started
+            self._shutdown_started = True
             if self in _live:
                 _live.remove(self)
-        return self._bounded("shutdown", timeout_millis, self._shutdown)
+        if not first:
+            return self._shutdown_finished.wait(self._bound_s(timeout_millis) + _SHUTDOWN_SLACK_S)
+        try:
+            return self._bounded(
+                "shutdown", timeout_millis, lambda timeout_s: self._shutdown(timeout_s, reason)
+            )
+        finally:
+            self._shutdown_finished.set()
 
     def _flush(self, timeout_s: float) -> None:
         _run_flush_hooks(timeout_s)
         _call(self.meter_provider, "force_flush", timeout_millis=timeout_s * 1000)
         _call(self.tracer_provider, "force_flush", timeout_millis=int(timeout_s * 1000))
 
-    def _shutdown(self, timeout_s: float) -> None:
+    def _shutdown(self, timeout_s: float, reason: str | None) -> None:
         _run_flush_hooks(timeout_s)
+        # At a normal shutdown the phases first end what they hold open (a trace segment),
+        # then whatever is still open is truncated; on a signal everything open is truncated.
+        if reason is not None and self._truncation is not None:
+            self._truncation.truncate(reason)
+        for hook in list(self.before_shutdown):
+            try:
+                hook()
+            except Exception:
+                _logger.warning("otel-training: a shutdown hook failed", exc_info=True)
+        if reason is None and self._truncation is not None:
+            self._truncation.truncate(reason)
         # Side by side, so that two dead endpoints cost one timeout, not two.
         tracer_thread = threading.Thread(
             target=_call, args=(self.tracer_provider, "shutdown"), daemon=True
@@ -125,18 +141,25 @@ class Telemetry:
         tracer_thread.start()
         _call(self.meter_provider, "shutdown", timeout_millis=timeout_s * 1000)
         tracer_thread.join(timeout_s)
+        if not tracer_thread.is_alive():
+            for stream in self._files:
+                try:
+                    stream.close()
+                except (OSError, ValueError):
+                    pass
+
+    def _bound_s(self, timeout_millis: float | None) -> float:
+        return self.settings.shutdown_timeout_s if timeout_millis is None else timeout_millis / 1000
 
     def _bounded(self, what: str, timeout_millis: float | None, work) -> bool:
-        timeout_s = (
-            self.settings.shutdown_timeout_s if timeout_millis is None else timeout_millis / 1000
-        )
-        if isinstance(self.meter_provider, metrics_api.NoOpMeterProvider):
+        if not self.recording:
             return True
+        timeout_s = self._bound_s(timeout_millis)
         worker = threading.Thread(
             target=work, args=(timeout_s,), name=f"otel-training-{what}", daemon=True
         )
         worker.start()
-        worker.join(timeout_s + 0.5)
+        worker.join(timeout_s + _SHUTDOWN_SLACK_S)
         if worker.is_alive():
             _logger.warning(
                 "otel-training %s did not finish within %.1f s; continuing without it.",
@@ -196,6 +219,11 @@ def configure(
 ) -> Telemetry:
     """Builds the MeterProvider and TracerProvider from the ``OTEL_*`` environment.
 
+    A pipeline configured before is replaced: it is flushed and stopped on a background
+    thread (bounded by its export timeout; its spans still open are ended as truncated), and
+    what recorded into it through the globals, :func:`get_meter` or :func:`get_tracer`
+    records into the new one.
+
     Args:
         service_name: ``service.name`` when neither ``OTEL_SERVICE_NAME`` nor
             ``OTEL_RESOURCE_ATTRIBUTES`` sets it.
@@ -208,8 +236,10 @@ def configure(
         span_processors: Extra span processors.
         span_groups: Span groups and presets that record phase spans (``per_step``,
             ``["default", "optimizer"]``...), overriding ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``.
-        set_global: Install the providers as the OpenTelemetry globals.
-        environ: Variables to read instead of ``os.environ``.
+        set_global: Install the OpenTelemetry globals (proxies that follow the configured
+            pipeline; installed once per process).
+        environ: Variables to read instead of ``os.environ`` (the resource, headers and
+            limits come from it alone).
 
     Returns:
         The :class:`Telemetry` handle; also what :func:`get_meter` uses from now on.
@@ -223,8 +253,9 @@ def configure(
     settings = config.load(environ)
     if span_groups is not None:
         settings = replace(settings, span_groups=config.span_groups_from_names(span_groups))
+    pipeline.silence_sdk_header_warnings()
     with _lock:
-        telemetry = _build(
+        built = pipeline.build(
             settings,
             service_name=service_name,
             resource_attributes=resource_attributes or {},
@@ -233,37 +264,46 @@ def configure(
             extra_readers=list(metric_readers),
             extra_processors=list(span_processors),
         )
-        if set_global:
-            global _global_owner
-            if _global_owner is not None:
-                _logger.warning(
-                    "otel-training: configure() was called again; the OpenTelemetry globals "
-                    "keep the first configuration (the API allows one global provider), while "
-                    "otel_training.get_meter() and the returned handle use the new one. Both "
-                    "are shut down at exit."
-                )
-            else:
-                metrics_api.set_meter_provider(telemetry.meter_provider)
-                trace_api.set_tracer_provider(telemetry.tracer_provider)
-                _global_owner = telemetry
+        telemetry = Telemetry(
+            built.meter_provider,
+            built.tracer_provider,
+            built.meter_provider.get_meter(INSTRUMENTATION_NAME),
+            built.tracer_provider.get_tracer(INSTRUMENTATION_NAME),
+            built.destination,
+            settings,
+            output_dir=built.output_dir,
+            nvtx=built.nvtx,
+            _truncation=built.truncation,
+            _files=built.files,
+        )
+        previous = _current
         _current = telemetry
+        if set_global:
+            _install_globals()
         instruments.record_in_this_process()
-        if not isinstance(telemetry.meter_provider, metrics_api.NoOpMeterProvider):
+        if telemetry.recording:
             _live.append(telemetry)
-            _install_exit_handlers(telemetry.settings)
+            lifecycle.install(_shutdown_all, on_sigterm=telemetry.settings.shutdown_on_sigterm)
+        if previous is not None and previous is not telemetry and previous in _live:
+            _retire(previous)
+    proxy.follow_all()
     _announce(telemetry.destination)
     return telemetry
 
 
 def get_meter(name: str = INSTRUMENTATION_NAME, version: str | None = None) -> metrics_api.Meter:
-    """A meter of the configured provider; configures from the environment on first use.
-    Thread-safe; never raises on bad environment values."""
-    return _telemetry().meter_provider.get_meter(name, version)
+    """A meter that records into the configured pipeline, now and after a later
+    ``configure()``; configures from the environment on first use. Thread-safe; never raises
+    on bad environment values."""
+    _telemetry()
+    return _METER_PROXY.get_meter(name, version)
 
 
 def get_tracer(name: str = INSTRUMENTATION_NAME, version: str | None = None) -> trace_api.Tracer:
-    """A tracer of the configured provider; configures from the environment on first use."""
-    return _telemetry().tracer_provider.get_tracer(name, version)
+    """A tracer that starts spans in the configured pipeline, now and after a later
+    ``configure()``; configures from the environment on first use."""
+    _telemetry()
+    return _TRACER_PROXY.get_tracer(name, version)
 
 
 def shutdown(timeout_millis: float | None = None) -> bool:
@@ -287,6 +327,9 @@ def current() -> Telemetry | None:
 
 
 def _telemetry() -> Telemetry:
+    telemetry = _current
+    if telemetry is not None:
+        return telemetry
     with _lock:
         if _current is None:
             configure()
@@ -294,303 +337,54 @@ def _telemetry() -> Telemetry:
         return _current
 
 
-# -- building ----------------------------------------------------------------------------
+proxy.bind(lambda: _telemetry().tracer_provider, lambda: _telemetry().meter_provider)
 
 
-def _build(
-    settings: config.Settings,
-    *,
-    service_name: str | None,
-    resource_attributes: Mapping[str, object],
-    user_views: list[View],
-    step_duration_buckets_ms: Sequence[float] | None,
-    extra_readers: list[MetricReader],
-    extra_processors: list[SpanProcessor],
-) -> Telemetry:
-    identity = settings.identity
-    if settings.sdk_disabled or not settings.export_ranks.exports(identity):
-        why = (
-            "disabled by OTEL_SDK_DISABLED"
-            if settings.sdk_disabled
-            else f"none from rank {identity.rank} "
-            f"(OTEL_PYTHON_TRAINING_EXPORT_RANKS={settings.export_ranks})"
-        )
-        meter_provider = metrics_api.NoOpMeterProvider()
-        tracer_provider = trace_api.NoOpTracerProvider()
-        return Telemetry(
-            meter_provider,
-            tracer_provider,
-            meter_provider.get_meter(INSTRUMENTATION_NAME),
-            tracer_provider.get_tracer(INSTRUMENTATION_NAME),
-            f"telemetry: {why}",
-            settings,
-        )
-
-    resource = _resource(settings, service_name, resource_attributes)
-    readers: list[MetricReader] = list(extra_readers)
-    metric_targets: list[str] = []
-    for name in settings.metrics_exporters:
-        reader, target = _metric_reader(name, settings)
-        if reader is not None:
-            readers.append(reader)
-            metric_targets.append(target)
-    # NVTX ranges and span JSON lines come before the batch processors.
-    mirrors, mirror_targets = span_mirrors(settings)
-    processors: list[SpanProcessor] = [*mirrors, *extra_processors]
-    trace_targets: list[str] = []
-    for name in settings.traces_exporters:
-        exporter, target = _span_exporter(name, settings)
-        if exporter is not None:
-            processors.append(
-                BatchSpanProcessor(
-                    _ParentProcessSpanExporter(exporter),
-                    max_queue_size=settings.bsp_max_queue_size,
-                    schedule_delay_millis=settings.bsp_schedule_delay_ms,
-                    max_export_batch_size=min(
-                        settings.bsp_max_export_batch_size, settings.bsp_max_queue_size
-                    ),
-                    export_timeout_millis=settings.bsp_export_timeout_ms,
-                )
-            )
-            trace_targets.append(target)
-
-    meter_provider = MeterProvider(
-        metric_readers=readers,
-        resource=resource,
-        views=_views.default_views(
-            step_duration_buckets_ms or settings.step_duration_buckets_ms, user_views
-        ),
-        shutdown_on_exit=False,
-    )
-    # hw.gpu.* of this process's GPUs where NVML is; read on the reader's thread, never here.
-    device_metrics.observe_devices(meter_provider.get_meter(INSTRUMENTATION_NAME), identity)
-    tracer_provider = TracerProvider(
-        resource=resource,
-        sampler=_sampler(settings),
-        id_generator=_ProcessLocalIdGenerator(),
-        shutdown_on_exit=False,
-    )
-    for processor in processors:
-        tracer_provider.add_span_processor(processor)
-    destination = _describe(metric_targets, trace_targets + mirror_targets)
-    return Telemetry(
-        meter_provider,
-        tracer_provider,
-        meter_provider.get_meter(INSTRUMENTATION_NAME),
-        tracer_provider.get_tracer(INSTRUMENTATION_NAME),
-        destination,
-        settings,
-    )
-
-
-def _resource(
-    settings: config.Settings, service_name: str | None, extra: Mapping[str, object]
-) -> Resource:
-    # Precedence, lowest first: the SDK's defaults, the detected rank identity,
-    # OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME, then attributes passed in code.
-    # Both environment variables come from `settings`, so configure(environ=...) governs them.
-    resource = Resource.create().merge(Resource(identity_attributes(settings.identity)))
-    if service_name:
-        resource = resource.merge(Resource({SERVICE_NAME: service_name}))
-    from_env = dict(settings.resource_attributes)
-    if settings.service_name:
-        from_env[SERVICE_NAME] = settings.service_name
-    resource = resource.merge(Resource(from_env))
-    if extra:
-        resource = resource.merge(Resource(dict(extra)))
-    return resource
-
-
-def _temporality(preference: str) -> dict[type, AggregationTemporality]:
-    cumulative = AggregationTemporality.CUMULATIVE
-    delta = AggregationTemporality.DELTA
-    table = {
-        Counter: cumulative,
-        UpDownCounter: cumulative,
-        Histogram: cumulative,
-        ObservableCounter: cumulative,
-        ObservableUpDownCounter: cumulative,
-        ObservableGauge: cumulative,
-        SdkGauge: cumulative,
-    }
-    if preference == "delta":
-        table.update({Counter: delta, Histogram: delta, ObservableCounter: delta})
-    elif preference == "lowmemory":
-        table.update({Counter: delta, Histogram: delta})
-    return table
-
-
-def _open_output(settings: config.Settings, signal_name: str, factory):
-    """``factory(path)`` for this rank's file of ``signal_name`` in the output directory.
-
-    An unusable directory logs one warning and falls back to the default directory, then to
-    no file export at all: telemetry never stops training. Returns (exporter or None, path).
-    """
-    file_name = f"{signal_name}-rank{settings.identity.rank}.jsonl"
-    directories = [settings.output_dir]
-    if settings.output_dir != config.DEFAULT_OUTPUT_DIR:
-        directories.append(config.DEFAULT_OUTPUT_DIR)
-    for directory in directories:
-        path = os.path.join(directory, file_name)
-        try:
-            os.makedirs(directory, exist_ok=True)
-            return factory(path), path
-        except OSError as error:
-            fallback = (
-                "trying the default directory"
-                if directory != directories[-1]
-                else f"{signal_name} are not written to a file"
-            )
-            _logger.warning(
-                "otel-training cannot write %s (%s: %s); %s.",
-                path,
-                type(error).__name__,
-                error,
-                fallback,
-            )
-    return None, None
-
-
-def _otlp_target(otlp: config.OtlpSettings, signal_name: str) -> str:
-    protocol = "OTLP/gRPC" if otlp.protocol == "grpc" else "OTLP/HTTP"
-    return f"{protocol} {otlp.endpoint or _default_endpoint(otlp, signal_name)}"
-
-
-def _otlp_kwargs(otlp: config.OtlpSettings, signal_name: str) -> dict:
-    """Constructor arguments shared by the OTLP exporters of both protocols and signals."""
-    if otlp.protocol == "grpc":
-        from grpc import Compression
-
-        compression = Compression.Gzip if otlp.compression == "gzip" else Compression.NoCompression
-    else:
-        from opentelemetry.exporter.otlp.proto.http import Compression
-
-        compression = Compression(otlp.compression)
-    # Explicit values throughout: given None, the SDK's exporters would read the raw
-    # environment again and undo what config.py rejected.
-    return {
-        "endpoint": otlp.endpoint or _default_endpoint(otlp, signal_name),
-        "headers": dict(otlp.headers) or (_NO_HEADERS if otlp.protocol == "grpc" else None),
-        "timeout": otlp.timeout_s,
-        "compression": compression,
-    }
-
-
-class _NoHeaders(tuple):
-    """An empty header sequence that is truthy, so the gRPC exporter does not fall back to
-    reading OTEL_EXPORTER_OTLP_HEADERS itself (the HTTP exporter always merges it)."""
-
-    def __bool__(self) -> bool:
-        return True
-
-
-_NO_HEADERS = _NoHeaders()
-
-
-def _default_endpoint(otlp: config.OtlpSettings, signal_name: str) -> str:
-    if otlp.protocol == "grpc":
-        return "http://localhost:4317"
-    return f"http://localhost:4318/v1/{signal_name}"
-
-
-def _metric_reader(name: str, settings: config.Settings) -> tuple[MetricReader | None, str]:
-    temporality = _temporality(settings.temporality_preference)
-    otlp = settings.metrics_otlp
-    exporter: MetricExporter
-    if name == "none":
-        return None, "nowhere"
-    if name == "prometheus":
-        return _prometheus_reader(settings)
-    if name == "otlp":
-        if otlp.protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        else:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        exporter = OTLPMetricExporter(
-            preferred_temporality=temporality, **_otlp_kwargs(otlp, "metrics")
-        )
-        target = _otlp_target(otlp, "metrics")
-    elif name == "console":
-        exporter = ConsoleMetricExporter(preferred_temporality=temporality)
-        target = "the console"
-    else:  # otlp_json_file
-        from opentelemetry.exporter.otlp.json.file import FileMetricExporter
-
-        exporter, path = _open_output(
-            settings,
-            "metrics",
-            lambda p: FileMetricExporter(p, preferred_temporality=temporality),
-        )
-        if exporter is None:
-            return None, "nowhere"
-        target = f"OTLP-JSON file {path}"
-    reader = PeriodicExportingMetricReader(
-        _ParentProcessMetricExporter(exporter),
-        export_interval_millis=settings.metric_export_interval_ms,
-        export_timeout_millis=settings.metric_export_timeout_ms,
-    )
-    return reader, target
-
-
-def _prometheus_reader(settings: config.Settings) -> tuple[MetricReader | None, str]:
-    try:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import start_http_server
-    except ImportError:
+def _install_globals() -> None:
+    """Installs the proxies as the OpenTelemetry globals, once per process (the API lets a
+    process set them once). A provider someone else installed first is kept, with a warning."""
+    global _globals_installed
+    if _globals_installed:
+        return
+    _globals_installed = True
+    trace_api.set_tracer_provider(_TRACER_PROXY)
+    metrics_api.set_meter_provider(_METER_PROXY)
+    if trace_api.get_tracer_provider() is not _TRACER_PROXY:
         _logger.warning(
-            "OTEL_METRICS_EXPORTER=prometheus needs opentelemetry-exporter-prometheus: "
-            "pip install 'otel-training[prometheus]'. Metrics are not exported there."
+            "otel-training: another TracerProvider was installed as the OpenTelemetry global "
+            "before configure(); spans of opentelemetry.trace.get_tracer() go there."
         )
-        return None, "nowhere"
-    try:
-        start_http_server(port=settings.prometheus_port, addr=settings.prometheus_host)
-    except OSError as error:
-        _logger.warning(
-            "cannot serve Prometheus metrics on %s:%d: %s",
-            settings.prometheus_host,
-            settings.prometheus_port,
-            error,
+
+
+def _retire(previous: Telemetry) -> None:
+    """Flushes and stops ``previous`` on a background thread (joined at exit)."""
+    _logger.info(
+        "otel-training: configure() was called again; the previous pipeline is flushed and "
+        "stopped, and everything records into the new one."
+    )
+    thread = threading.Thread(target=previous.shutdown, name="otel-training-retire", daemon=True)
+    _retiring.append(thread)
+    thread.start()
+
+
+def _shutdown_all(reason: str | None = None) -> None:
+    """Shuts down every live pipeline side by side, and waits for replaced ones still
+    stopping; bounded by the longest export timeout + 1 s (the exit and SIGTERM path)."""
+    with _lock:
+        live = list(reversed(_live))
+        retiring = list(_retiring)
+    threads = [
+        threading.Thread(
+            target=t.shutdown, kwargs={"reason": reason}, name="otel-training-exit", daemon=True
         )
-        return None, "nowhere"
-    target = f"Prometheus http://{settings.prometheus_host}:{settings.prometheus_port}/metrics"
-    return PrometheusMetricReader(), target
-
-
-def _span_exporter(name: str, settings: config.Settings) -> tuple[SpanExporter | None, str]:
-    otlp = settings.traces_otlp
-    if name == "none":
-        return None, "nowhere"
-    if name == "otlp":
-        if otlp.protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        exporter: SpanExporter = OTLPSpanExporter(**_otlp_kwargs(otlp, "traces"))
-        return exporter, _otlp_target(otlp, "traces")
-    if name == "console":
-        return ConsoleSpanExporter(), "the console"
-    from opentelemetry.exporter.otlp.json.file import FileSpanExporter
-
-    exporter, path = _open_output(settings, "traces", FileSpanExporter)
-    return exporter, (f"OTLP-JSON file {path}" if exporter is not None else "nowhere")
-
-
-def _sampler(settings: config.Settings) -> sampling_sdk.Sampler:
-    ratio = sampling_sdk.TraceIdRatioBased(settings.sampler_arg)
-    return {
-        "always_on": sampling_sdk.ALWAYS_ON,
-        "always_off": sampling_sdk.ALWAYS_OFF,
-        "traceidratio": ratio,
-        "parentbased_always_on": sampling_sdk.ParentBased(sampling_sdk.ALWAYS_ON),
-        "parentbased_always_off": sampling_sdk.ParentBased(sampling_sdk.ALWAYS_OFF),
-        "parentbased_traceidratio": sampling_sdk.ParentBased(ratio),
-    }[settings.sampler]
-
-
-def _describe(metric_targets: list[str], trace_targets: list[str]) -> str:
-    metrics_part = ", ".join(metric_targets) or "nowhere"
-    traces_part = ", ".join(trace_targets) or "nowhere"
-    return f"telemetry: metrics to {metrics_part}; traces to {traces_part}"
+        for t in live
+    ]
+    for thread in threads:
+        thread.start()
+    bound = max([t.settings.shutdown_timeout_s for t in live] or [config.LOCAL_SHUTDOWN_TIMEOUT_S])
+    deadline = time.monotonic() + bound + 2 * _SHUTDOWN_SLACK_S
+    for thread in threads + retiring:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _announce(destination: str) -> None:
@@ -599,116 +393,3 @@ def _announce(destination: str) -> None:
         _logger.info("otel-training %s", destination)
     else:
         print(f"otel-training {destination}", file=sys.stderr)
-
-
-# -- process life: exit, SIGTERM, fork ---------------------------------------------------
-
-
-def _shutdown_all() -> None:
-    """Shuts down every live pipeline, the newest first (the atexit and SIGTERM path)."""
-    with _lock:
-        live = list(reversed(_live))
-    for telemetry in live:
-        telemetry.shutdown()
-
-
-def _install_exit_handlers(settings: config.Settings) -> None:
-    """Once per process: shutdown at interpreter exit and, unless the program has its own
-    SIGTERM handler (or the variable says no), a flush before SIGTERM terminates."""
-    global _exit_handlers_installed
-    if _exit_handlers_installed:
-        return
-    _exit_handlers_installed = True
-    atexit.register(_shutdown_all)
-    if not settings.shutdown_on_sigterm:
-        return
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-
-    def on_sigterm(signum, frame) -> None:
-        _shutdown_all()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-
-
-class _ParentProcessMetricExporter(MetricExporter):
-    """Delegates to ``exporter`` in the process that built it and drops exports in forked
-    children: the SDK restarts reader threads after fork, and a DataLoader worker would
-    otherwise re-export the parent's values (and use a gRPC channel that is not fork-safe)."""
-
-    def __init__(self, exporter: MetricExporter) -> None:
-        super().__init__(
-            preferred_temporality=exporter._preferred_temporality,
-            preferred_aggregation=exporter._preferred_aggregation,
-        )
-        self._exporter = exporter
-        self._pid = os.getpid()
-
-    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
-        if os.getpid() != self._pid:
-            return MetricExportResult.SUCCESS
-        return self._exporter.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return os.getpid() != self._pid or self._exporter.force_flush(timeout_millis)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
-        if os.getpid() == self._pid:
-            self._exporter.shutdown(timeout_millis=timeout_millis, **kwargs)
-
-
-class _ParentProcessSpanExporter(SpanExporter):
-    """The span counterpart of :class:`_ParentProcessMetricExporter`."""
-
-    def __init__(self, exporter: SpanExporter) -> None:
-        self._exporter = exporter
-        self._pid = os.getpid()
-
-    def export(self, spans) -> SpanExportResult:
-        if os.getpid() != self._pid:
-            return SpanExportResult.SUCCESS
-        return self._exporter.export(spans)
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return os.getpid() != self._pid or self._exporter.force_flush(timeout_millis)
-
-    def shutdown(self) -> None:
-        if os.getpid() == self._pid:
-            self._exporter.shutdown()
-
-
-class _ProcessLocalIdGenerator(IdGenerator):
-    """Trace and span ids from a private ``random.Random`` seeded from ``os.urandom``.
-
-    The SDK's default generator draws from the global ``random`` module, which training
-    scripts seed identically on every rank, so ranks would share span ids. Reseeded in a
-    forked child so that parent and child never collide.
-    """
-
-    def __init__(self) -> None:
-        self._random = random.Random(os.urandom(16))
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.ref(self)
-
-            def reseed() -> None:
-                live = ref()
-                if live is not None:
-                    live._random.seed(os.urandom(16))
-
-            os.register_at_fork(after_in_child=reseed)
-
-    def generate_span_id(self) -> int:
-        span_id = self._random.getrandbits(64)
-        while span_id == trace_api.INVALID_SPAN_ID:
-            span_id = self._random.getrandbits(64)
-        return span_id
-
-    def generate_trace_id(self) -> int:
-        trace_id = self._random.getrandbits(128)
-        while trace_id == trace_api.INVALID_TRACE_ID:
-            trace_id = self._random.getrandbits(128)
-        return trace_id

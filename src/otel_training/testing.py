@@ -22,7 +22,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
-from otel_training import instruments, setup
+from otel_training import instruments, setup, spans
+from otel_training import phases as _phase
 
 __all__ = [
     "InMemoryTelemetry",
@@ -125,14 +126,20 @@ def reset() -> None:
     API's globals (providers, set-once guards, proxies, caches, warned-once causes)."""
     for telemetry in list(setup._live):
         telemetry.shutdown(timeout_millis=2_000)
+    for thread in list(setup._retiring):
+        thread.join(5.0)
+    setup._retiring.clear()
     setup._live.clear()
     setup._current = None
-    setup._global_owner = None
+    setup._globals_installed = False
     instruments.record_in_this_process()
     instruments._TRAINING_INSTRUMENTS.clear()
     instruments._NONFINITE_COUNTERS.clear()
+    instruments._COUNTER_TOTALS.clear()
     instruments._FAILED_METERS.clear()
     instruments._warned.clear()
+    spans._reset_first_iteration()
+    _phase._warned.clear()
     metrics_internal._METER_PROVIDER_SET_ONCE = Once()
     metrics_internal._METER_PROVIDER = None
     metrics_internal._PROXY_METER_PROVIDER = metrics_internal._ProxyMeterProvider()

@@ -382,6 +382,7 @@ class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
         self._receiver = receiver
 
     def Export(self, request, context):  # noqa: N802 - name fixed by the generated stub
+        self._receiver._delay()
         self._receiver._store("metrics", "grpc", request, _grpc_metadata(context))
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
@@ -391,6 +392,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         self._receiver = receiver
 
     def Export(self, request, context):  # noqa: N802 - name fixed by the generated stub
+        self._receiver._delay()
         self._receiver._store("traces", "grpc", request, _grpc_metadata(context))
         return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -400,6 +402,7 @@ class _LogsService(logs_service_pb2_grpc.LogsServiceServicer):
         self._receiver = receiver
 
     def Export(self, request, context):  # noqa: N802 - name fixed by the generated stub
+        self._receiver._delay()
         self._receiver._store("logs", "grpc", request, _grpc_metadata(context))
         return logs_service_pb2.ExportLogsServiceResponse()
 
@@ -469,6 +472,11 @@ def _make_http_handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
                 self._reply(404, b"unknown OTLP path", "text/plain")
                 return
             signal, request_type, response_type = route
+            if len(body) > receiver.max_request_bytes:
+                receiver._refused(len(body))
+                self._reply(413, b"request larger than the receiver's limit", "text/plain")
+                return
+            receiver._delay()
             encoding = self.headers.get("Content-Encoding", "").strip().lower()
             content_type = self.headers.get("Content-Type", "application/x-protobuf")
             is_json = content_type.split(";", 1)[0].strip().lower() == "application/json"
@@ -513,12 +521,25 @@ class OtlpReceiver:
 
     Args:
         max_workers: Size of the gRPC server's thread pool.
+        max_request_bytes: Largest request accepted, in bytes (the collector's default,
+            4 MiB, as gRPC's own default); a larger one is refused (gRPC RESOURCE_EXHAUSTED,
+            HTTP 413; those over HTTP are counted in :attr:`refused`).
+        delay_s: Seconds every export waits before it is answered (a slow collector).
 
     Raises:
         RuntimeError: If a server cannot bind on 127.0.0.1.
     """
 
-    def __init__(self, *, max_workers: int = 4) -> None:
+    def __init__(
+        self,
+        *,
+        max_workers: int = 4,
+        max_request_bytes: int = 4 * 1024 * 1024,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.max_request_bytes = max_request_bytes
+        self.delay_s = delay_s
+        self.refused: list[int] = []
         self._lock = threading.Lock()
         self._requests: dict[str, list[tuple[str, Message]]] = {
             "metrics": [],
@@ -529,7 +550,8 @@ class OtlpReceiver:
         self._closed = False
 
         self._grpc_server = grpc.server(
-            ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="otlp-receiver-grpc")
+            ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="otlp-receiver-grpc"),
+            options=[("grpc.max_receive_message_length", max_request_bytes)],
         )
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             _MetricsService(self), self._grpc_server
@@ -602,6 +624,18 @@ class OtlpReceiver:
         raise ValueError(f"unsupported protocol {protocol!r}; expected 'grpc' or 'http/protobuf'")
 
     # -- storage --------------------------------------------------------------------------------
+
+    def _delay(self) -> None:
+        if self.delay_s > 0:
+            time.sleep(self.delay_s)
+
+    def _refused(self, size: int) -> None:
+        with self._lock:
+            self.refused.append(size)
+
+    def request_sizes(self, signal: str) -> list[int]:
+        """The serialized size, in bytes, of each accepted request of ``signal``."""
+        return [request.ByteSize() for _, request in self._tagged(signal)]
 
     def _store(self, signal: str, protocol: str, request: Message, headers: dict[str, str]) -> None:
         with self._lock:

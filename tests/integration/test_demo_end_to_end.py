@@ -106,8 +106,10 @@ def test_demo_writes_the_embedded_default_files(run_python, tmp_path):
         timeout_s=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert str(out / "metrics-rank0.jsonl") in result.stdout + result.stderr
-    lines = (out / "metrics-rank0.jsonl").read_text().splitlines()
+    run = (out / "latest").resolve()
+    assert run.parent == out
+    assert str(run / "metrics-rank0.jsonl") in result.stdout + result.stderr
+    lines = (run / "metrics-rank0.jsonl").read_text().splitlines()
     assert lines
     names = set()
     for line in lines:

@@ -3,23 +3,31 @@ dead collectors (case A2), environment handling (case A4), exit, SIGTERM and for
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 TRAIN_AGAINST_ENDPOINT = textwrap.dedent(
     """
-    import json, sys, time
+    import json, sys, threading
     import otel_training
     telemetry = otel_training.configure()
-    durations = []
+    # Everything the training thread calls while it trains: no exporter, gRPC or HTTP code may
+    # run on it (all network I/O belongs to the export threads).
+    entered = set()
+    NETWORK = ("opentelemetry.exporter", "grpc", "requests", "urllib3", "http.client")
+    def profile(frame, event, arg):
+        if event == "call":
+            module = frame.f_globals.get("__name__", "")
+            if module.startswith(NETWORK):
+                entered.add(module)
+    sys.setprofile(profile)
     for step in range(200):
-        start = time.perf_counter()
         with telemetry.tracer.start_as_current_span("train_step"):
             pass
         otel_training.record_training_metrics(
@@ -27,13 +35,10 @@ TRAIN_AGAINST_ENDPOINT = textwrap.dedent(
             grad_norm=1.0, skipped_iters=0, learning_rate=1e-4, tokens_per_sec=1e4,
             memory_allocated_gb=1.0,
         )
-        durations.append(time.perf_counter() - start)
-    start = time.perf_counter()
-    ok = telemetry.shutdown(timeout_millis=3000)
-    shutdown_s = time.perf_counter() - start
-    durations.sort()
-    print(json.dumps({"ok": ok, "shutdown_s": shutdown_s, "max_s": durations[-1],
-                      "p99_s": durations[int(0.99 * len(durations))]}))
+    sys.setprofile(None)
+    exporting = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+    ok = telemetry.shutdown()
+    print(json.dumps({"ok": ok, "entered": sorted(entered), "threads": exporting}))
     """
 )
 
@@ -47,13 +52,14 @@ def _last_json(stdout: str) -> dict:
 def test_case_a2_dead_collector_never_stalls_training_or_exit(
     run_python, tmp_path, request, variant, protocol
 ):
-    """Case A2: with no answering collector, steps stay cheap and shutdown is bounded."""
+    """Case A2: with no answering collector the training thread never enters exporter or
+    network code, the span JSON lines hold all 200 steps, and the process exits normally
+    (a bounded shutdown; its duration is measured by bench/bad_day.py)."""
     endpoint = (
         request.getfixturevalue("refused_endpoint")
         if variant == "refused"
         else request.getfixturevalue("black_hole").endpoint
     )
-    started = time.monotonic()
     result = run_python(
         TRAIN_AGAINST_ENDPOINT,
         env={
@@ -62,18 +68,16 @@ def test_case_a2_dead_collector_never_stalls_training_or_exit(
             "OTEL_EXPORTER_OTLP_TIMEOUT": "3",
             "OTEL_METRIC_EXPORT_INTERVAL": "500",
             "OTEL_BSP_SCHEDULE_DELAY": "200",
-            "OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path),
+            "OTEL_PYTHON_TRAINING_JSONLOG_DIR": str(tmp_path),
         },
         timeout_s=60,
     )
-    total_s = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     report = _last_json(result.stdout)
-    # Bounds that only a synchronous export or an unbounded shutdown could break; they are
-    # generous on purpose (this asserts "never waits on the network", not a speed).
-    assert report["max_s"] < 0.05, report
-    assert report["shutdown_s"] < 6.0, report
-    assert total_s < 30, (total_s, result.stderr[-2000:])
+    assert report["entered"] == [], report
+    assert {"otel-training-jsonlog"} <= set(report["threads"]), report
+    lines = (tmp_path / "latest" / "spans-rank0.jsonl").read_text().splitlines()
+    assert sum('"span_end"' in line for line in lines) == 200
     assert result.stderr.count("Traceback") <= 2, result.stderr[-3000:]
 
 
@@ -137,7 +141,8 @@ def test_case_a4b_metrics_none_traces_otlp(run_python, otlp_receiver):
 
 
 def test_case_a4e_headers_reach_the_collector(run_python, otlp_receiver):
-    """Case A4(e): a header value with a space is sent; the bare entry is named in a warning."""
+    """Case A4(e): a header value with a space is sent; the bare entry is named by its
+    position in one warning, its content never shown (nor by the SDK)."""
     result = run_python(
         textwrap.dedent(
             """
@@ -153,7 +158,7 @@ def test_case_a4e_headers_reach_the_collector(run_python, otlp_receiver):
         },
     )
     assert result.returncode == 0, result.stderr
-    assert "'bare'" in result.stderr
+    assert "entry 2" in result.stderr and "bare" not in result.stderr
     headers = [
         h for signal_name, _, h in otlp_receiver.request_headers() if signal_name == "metrics"
     ]
@@ -306,3 +311,66 @@ def test_every_configured_pipeline_is_flushed_at_exit(run_python, otlp_receiver)
     assert result.returncode == 0, result.stderr
     assert [p.value for p in otlp_receiver.metrics("megatron.training.loss")] == [1.0]
     assert [p.value for p in otlp_receiver.metrics("megatron.training.learning_rate")] == [0.5]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_no_secret_reaches_stderr_and_userinfo_becomes_basic_auth(
+    run_python, otlp_receiver, protocol
+):
+    """A malformed header entry and URL userinfo never appear on stderr (ours or the SDK's
+    lines); the credentials reach the collector as an authorization header."""
+    endpoint = otlp_receiver.env(protocol)["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    with_userinfo = endpoint.replace("http://", "http://trainer:PASSWORD1@")
+    result = run_python(
+        textwrap.dedent(
+            """
+            import otel_training
+            t = otel_training.configure()
+            print(t.destination)
+            otel_training.record_training_metrics(t.meter, loss=1.0)
+            t.shutdown()
+            """
+        ),
+        env={
+            **otlp_receiver.env(protocol),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": with_userinfo,
+            "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key:SECRET2,x-tenant=llm",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    for secret in ("PASSWORD1", "SECRET2"):
+        assert secret not in result.stderr + result.stdout
+    headers = [
+        h for signal_name, _, h in otlp_receiver.request_headers() if signal_name == "metrics"
+    ]
+    assert headers
+    lowered = {k.lower(): v for k, v in headers[0].items()}
+    assert lowered["authorization"] == "Basic " + base64.b64encode(b"trainer:PASSWORD1").decode()
+    assert lowered["x-tenant"] == "llm" and "x-api-key" not in lowered
+
+
+def test_a_counter_at_the_int64_maximum_saturates_and_exports_go_on(run_python, otlp_receiver):
+    """skipped_iters 2**63-1, then 1, then 2**80: the counter stays at int64's maximum, one
+    warning, and the exports after it still succeed (a later loss arrives)."""
+    result = run_python(
+        textwrap.dedent(
+            """
+            import otel_training
+            t = otel_training.configure()
+            otel_training.record_training_metrics(t.meter, skipped_iters=2**63 - 1)
+            t.force_flush()
+            otel_training.record_training_metrics(t.meter, skipped_iters=1)
+            otel_training.record_training_metrics(t.meter, skipped_iters=2**80)
+            t.force_flush()
+            otel_training.record_training_metrics(t.meter, loss=0.25)
+            t.shutdown()
+            """
+        ),
+        env=otlp_receiver.env("grpc"),
+    )
+    assert result.returncode == 0, result.stderr
+    counters = otlp_receiver.metrics("megatron.training.skipped_iters")
+    assert len(counters) >= 3 and {p.value for p in counters} == {2**63 - 1}
+    assert all(isinstance(p.value, int) for p in counters)
+    assert [p.value for p in otlp_receiver.metrics("megatron.training.loss")] == [0.25]
+    assert result.stderr.count("int64 maximum") == 1

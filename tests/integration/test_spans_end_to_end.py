@@ -9,8 +9,6 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nvtx_injection  # noqa: E402
 
@@ -23,21 +21,15 @@ DEMO = [
 EXPECTED_COUNTS = {
     "megatron.train": 1,
     "megatron.startup": 1,
+    "megatron.train.segment": 1,
+    "megatron.train.first_iteration": 1,
     "megatron.train.iteration": 6,
-    "megatron.train.data_loading": 6,
-    "megatron.train.forward_backward": 6,
-    "megatron.train.optimizer_step": 6,
+    "megatron.train.iteration.data_loading": 6,
+    "megatron.train.iteration.forward_backward": 6,
+    "megatron.train.iteration.optimizer": 6,
     "megatron.evaluate": 2,
     "megatron.checkpoint.save": 2,
 }
-
-
-@pytest.fixture(scope="module")
-def recorder_library(tmp_path_factory) -> Path:
-    library = nvtx_injection.build(tmp_path_factory.mktemp("nvtx"))
-    if library is None:
-        pytest.skip("no C compiler to build the NVTX injection library")
-    return library
 
 
 def _strict_lines(path: Path) -> list[dict]:
@@ -69,19 +61,30 @@ def test_demo_spans_reach_otlp_nvtx_and_json_lines_alike(
     assert collections.Counter(s.name for s in spans) == EXPECTED_COUNTS
     by_id = {s.span_id: s for s in spans}
     (run,) = [s for s in spans if s.name == "megatron.train"]
-    assert run.parent_span_id == "" and run.status_code == "unset"
-    assert {s.trace_id for s in spans} == {run.trace_id}
+    (segment,) = [s for s in spans if s.name == "megatron.train.segment"]
+    assert run.parent_span_id not in by_id and segment.parent_span_id not in by_id  # shared
+    assert run.status_code == "unset"
+    assert {s.trace_id for s in spans} == {run.trace_id, segment.trace_id}
     assert run.resource_attributes["dl.rank"] == 0
     assert {s.scope_name for s in spans} == {"otel_training"}
+    inner = (
+        "megatron.train.iteration.data_loading",
+        "megatron.train.iteration.forward_backward",
+        "megatron.train.iteration.optimizer",
+    )
     for span in spans:
         assert span.start_time_unix_nano <= span.end_time_unix_nano
         parent = by_id.get(span.parent_span_id)
-        if span.name in ("megatron.train.data_loading", "megatron.train.forward_backward",
-                         "megatron.train.optimizer_step"):  # fmt: skip
+        if span.name in inner:
             assert parent.name == "megatron.train.iteration", span.name
             assert span.attributes["megatron.iteration"] == parent.attributes["megatron.iteration"]
-        elif span is not run:
-            assert parent is run, span.name
+        elif span.name == "megatron.startup":
+            assert parent is run
+        elif span.name == "megatron.train.iteration" and span.attributes["megatron.iteration"] == 1:
+            assert parent.name == "megatron.train.first_iteration"
+        elif span.name not in ("megatron.train", "megatron.train.segment"):
+            assert parent is segment, span.name
+            assert span.trace_id == segment.trace_id
     iterations = sorted(
         s.attributes["megatron.iteration"] for s in spans if s.name == "megatron.train.iteration"
     )
@@ -106,7 +109,8 @@ def test_demo_spans_reach_otlp_nvtx_and_json_lines_alike(
     assert {r.domain for r in matched} == {"otel_training"}
 
     # JSON lines: a start and an end line per span, matching the OTLP span
-    lines = _strict_lines(lines_dir / "spans-rank0.jsonl")
+    lines_path = lines_dir / "latest" / "spans-rank0.jsonl"  # the run's directory
+    lines = _strict_lines(lines_path)
     starts = {line["span_id"]: line for line in lines if line["record"] == "span_start"}
     ends = {line["span_id"]: line for line in lines if line["record"] == "span_end"}
     assert set(starts) == set(ends) == set(by_id)

@@ -90,6 +90,24 @@ class ByteCorpus:
         windows = windows.to(device, non_blocking=True)
         return windows[:, :-1], windows[:, 1:]
 
+    def shard(self, index: int, count: int) -> ByteCorpus:
+        """This data-parallel rank's part: the ``index``-th of ``count`` contiguous, disjoint,
+        near-equal slices of each split (views, no copy), so that ranks train on different bytes.
+
+        Raises:
+            ValueError: if not ``0 <= index < count``.
+        """
+        if not 0 <= index < count:
+            raise ValueError(f"shard {index} of {count} does not exist")
+        if count == 1:
+            return self
+
+        def part(data: torch.Tensor) -> torch.Tensor:
+            n = data.numel()
+            return data[index * n // count : (index + 1) * n // count]
+
+        return ByteCorpus(train=part(self.train), eval=part(self.eval), n_files=self.n_files)
+
 
 def load_stdlib_corpus(
     *,

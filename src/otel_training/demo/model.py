@@ -118,9 +118,9 @@ class MoE(nn.Module):
 
         out = torch.zeros_like(tokens)
         for e, expert in enumerate(self.experts):
+            # An expert that no token chose still runs on its empty batch: its parameters stay
+            # in the autograd graph with zero gradients, which DistributedDataParallel needs.
             token_idx, slot = (top_experts == e).nonzero(as_tuple=True)
-            if token_idx.numel() == 0:
-                continue
             y = expert(tokens[token_idx]) * weights[token_idx, slot, None]
             out.index_add_(0, token_idx, y)
 

@@ -6,11 +6,22 @@ eight Megatron-LM training metrics through `otel_training.instruments.record_tra
 
 - ``step_duration_ms``: once per optimizer step (one histogram point per step), in ms;
 - every ``log_interval`` steps: ``loss`` (mean of the micro-batch losses of the interval's
-  non-skipped steps), ``grad_norm`` (global L2 norm before clipping, of the last step),
-  ``learning_rate``, ``tokens_per_sec`` (global: all data-parallel ranks, here one process),
-  ``throughput_tflops`` (TFLOP/s per device from `otel_training.throughput.gpt_flops_per_token`),
-  ``skipped_iters`` (count in the interval) and, on CUDA only, ``memory_allocated_gb``
-  (``torch.cuda.memory_allocated() / 2**30``: current allocated GiB, not the peak).
+  non-skipped steps, averaged over the data-parallel ranks), ``grad_norm`` (global L2 norm before
+  clipping, of the last step), ``learning_rate`` (of the step that ran), ``tokens_per_sec``
+  (global: the tokens of all data-parallel ranks over this rank's wall time of the interval),
+  ``throughput_tflops`` (TFLOP/s per device: the global rate / world size times
+  `otel_training.throughput.gpt_flops_per_token`), ``skipped_iters`` (count in the interval) and,
+  on CUDA only, ``memory_allocated_gb`` (``torch.cuda.memory_allocated() / 2**30``: current
+  allocated GiB, not the peak).
+
+Under ``torchrun --nproc_per_node=N`` the demo is data-parallel (`otel_training.demo.distributed`):
+``torch.distributed`` on gloo (CPU) or NCCL (CUDA), the model wrapped in
+``DistributedDataParallel``, each rank drawing its micro-batches of ``--batch-size`` sequences
+(per rank, like Megatron-LM's ``--micro-batch-size``) from its own disjoint shard of the text.
+The loss, tokens/s and TFLOP/s are reported as Megatron-LM's ``training_log`` reports them
+(``megatron/training/training.py``): loss averaged over the data-parallel ranks, tokens/s of the
+whole job, TFLOP/s per GPU. Every rank exports under its own identity (``dl.rank``); only rank 0
+prints, and rank 0 alone writes checkpoints (the replicas are identical).
 
 Loss and gradient norm are passed as 0-d tensors; the only host reads are the per-step finiteness
 check that decides whether to skip the update (training logic, which also makes step times exact
@@ -37,6 +48,7 @@ import torch
 from opentelemetry.metrics import Meter
 
 from otel_training.demo.data import VOCAB_SIZE, ByteCorpus, load_stdlib_corpus
+from otel_training.demo.distributed import DataParallel, parameter_digest
 from otel_training.demo.model import GPT, GPTConfig
 from otel_training.instruments import record_training_metrics
 from otel_training.memory import memory_allocated_gib
@@ -54,6 +66,7 @@ from otel_training.spans import (
 from otel_training.tensor import (
     BUILTIN_METRICS,
     DEFAULT_SCHEDULE,
+    Shard,
     TensorObserver,
     parse_schedule,
 )
@@ -64,7 +77,7 @@ try:
 except ModuleNotFoundError:  # pragma: no cover - tqdm ships with the torch extra
     tqdm = None
 
-__all__ = ["DemoConfig", "TrainResult", "build_parser", "format_summary", "train"]
+__all__ = ["DemoConfig", "RankSummary", "TrainResult", "build_parser", "format_summary", "train"]
 
 
 def _opt(help_text: str, flag: str | None = None, hidden: bool = False) -> Any:
@@ -76,7 +89,9 @@ class DemoConfig:
     """Settings of the demo run; each field is also a command-line flag (``--field-name``)."""
 
     steps: int = field(default=400, metadata=_opt("optimizer steps"))
-    batch_size: int = field(default=16, metadata=_opt("sequences per micro-batch"))
+    batch_size: int = field(
+        default=16, metadata=_opt("sequences per micro-batch on each rank (per GPU)")
+    )
     seq_len: int = field(default=128, metadata=_opt("bytes per sequence"))
     layers: int = field(default=2, metadata=_opt("transformer blocks"))
     d_model: int = field(default=128, metadata=_opt("hidden size"))
@@ -149,6 +164,22 @@ class DemoConfig:
         )
 
 
+@dataclass(frozen=True)
+class RankSummary:
+    """What one rank ended with, for the closing lines on rank 0.
+
+    Attributes:
+        rank: the data-parallel rank.
+        last_loss: its own mean loss of the last interval on its shard (nats per byte).
+        parameter_sha256: `otel_training.demo.distributed.parameter_digest` of its parameters;
+            equal on all ranks when data parallelism kept the replicas in sync.
+    """
+
+    rank: int
+    last_loss: float
+    parameter_sha256: str
+
+
 @dataclass
 class TrainResult:
     """What a run produced.
@@ -157,10 +188,13 @@ class TrainResult:
         steps: optimizer steps run (skipped ones included).
         skipped_iters: optimizer steps whose update was skipped.
         interval_steps: the step that closed each log interval.
-        interval_losses: mean training loss of each interval (nats per byte; NaN when every step
-            of the interval was skipped).
-        interval_tokens_per_sec: global tokens/s of each interval.
+        interval_losses: mean training loss of each interval, averaged over the data-parallel
+            ranks (nats per byte; NaN when every step of the interval was skipped): what was
+            exported, identical on every rank.
+        interval_tokens_per_sec: global tokens/s of each interval (all data-parallel ranks).
         interval_tflops: TFLOP/s per device of each interval.
+        interval_rank_losses: this rank's own mean loss of each interval, on its shard of the
+            data (equal to ``interval_losses`` for a single process).
         eval_losses: ``(step, held-out loss)`` pairs, when evaluation was on.
         wall_time_s: wall time of `train`, data loading included, in seconds.
         flops_per_token: training FLOPs per token used for TFLOP/s.
@@ -170,7 +204,11 @@ class TrainResult:
         tensor_observer: the tensor-metric observer of the run (its gauges read it until it is
             dropped, so keep the result until telemetry is shut down).
         checkpoints: paths of the checkpoints saved (gone with their temporary directory when
-            ``--checkpoint-dir`` was not given).
+            ``--checkpoint-dir`` was not given; rank 0 only).
+        rank: this process's data-parallel rank.
+        world_size: number of data-parallel ranks.
+        backend: the ``torch.distributed`` backend, or ``None`` for a single process.
+        ranks: one `RankSummary` per rank, in rank order, gathered on every rank at the end.
     """
 
     steps: int
@@ -187,6 +225,11 @@ class TrainResult:
     model: GPT
     tensor_observer: TensorObserver | None = None
     checkpoints: list[str] = field(default_factory=list)
+    interval_rank_losses: list[float] = field(default_factory=list)
+    rank: int = 0
+    world_size: int = 1
+    backend: str | None = None
+    ranks: list[RankSummary] = field(default_factory=list)
 
     @property
     def first_loss(self) -> float:
@@ -238,24 +281,6 @@ def config_from_args(argv: Sequence[str] | None = None, prog: str | None = None)
         raise  # unreachable: parser.error exits
 
 
-def _resolve_device(name: str) -> torch.device:
-    """The device to train on. Raises ValueError for a name torch does not know or a CUDA
-    device this machine does not have."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ValueError(f"--device {name!r}: {exc}") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if (device.index or 0) >= count:
-            raise ValueError(f"--device {name!r}: this machine has {count} CUDA device(s)")
-    elif device.type == "cpu" and device.index not in (None, 0):
-        raise ValueError(f"--device {name!r}: there is one CPU device")
-    return device
-
-
 def _lr_at(config: DemoConfig, step: int) -> float:
     """Learning rate for 1-based ``step``: linear warmup, then cosine to ``min_lr_ratio * lr``."""
     if config.warmup and step <= config.warmup:
@@ -278,8 +303,16 @@ def _make_optimizer(model: GPT, config: DemoConfig) -> torch.optim.AdamW:
 
 
 @torch.no_grad()
-def evaluate(model: GPT, corpus: ByteCorpus, config: DemoConfig, device: torch.device) -> float:
-    """Mean cross-entropy (nats per byte) on held-out batches drawn with a fixed seed."""
+def evaluate(
+    model: torch.nn.Module,
+    corpus: ByteCorpus,
+    config: DemoConfig,
+    device: torch.device,
+    data_parallel: DataParallel | None = None,
+) -> float:
+    """Mean cross-entropy (nats per byte) on held-out batches drawn with a fixed seed from
+    ``corpus`` (this rank's shard), averaged over the data-parallel ranks. Every rank must call
+    it. Reads the result on the host (one synchronisation)."""
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(config.seed + 1)
@@ -289,7 +322,10 @@ def evaluate(model: GPT, corpus: ByteCorpus, config: DemoConfig, device: torch.d
         logits = model(inputs)
         total += _cross_entropy(logits, targets)
     model.train(was_training)
-    return (total / config.eval_batches).item()
+    mean = total / config.eval_batches
+    if data_parallel is not None:
+        mean = data_parallel.average(mean)
+    return mean.item()
 
 
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -299,35 +335,43 @@ def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     )
 
 
-def train(config: DemoConfig, meter: Meter, *, corpus: ByteCorpus | None = None) -> TrainResult:
+def train(
+    config: DemoConfig,
+    meter: Meter,
+    *,
+    corpus: ByteCorpus | None = None,
+    data_parallel: DataParallel | None = None,
+) -> TrainResult:
     """Trains the demo model and records the Megatron-LM training metrics on ``meter``.
 
-    The phases are spans of the configured pipeline (``otel_training.spans``): the run
-    (``megatron.train``), startup, each iteration with its data loading, forward/backward and
-    optimizer step, evaluations, and a checkpoint (a real ``torch.save`` of the model and
-    optimizer state) every ``checkpoint_interval`` steps. ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``
-    chooses which of them are recorded (by default run, startup, checkpoints, evaluations).
+    The phases are spans of the configured pipeline (``otel_training.spans``): the run, startup,
+    each iteration with its data loading, forward/backward and optimizer step, evaluations, and
+    a checkpoint (a real ``torch.save`` of the model and optimizer state) every
+    ``checkpoint_interval`` steps. ``OTEL_PYTHON_TRAINING_SPAN_GROUPS`` chooses which of them
+    are recorded (by default run, startup, checkpoints, evaluations).
+
+    Under torchrun (more than one rank) the run is data-parallel, as the module docstring says;
+    every rank must call `train` with the same ``config``. Runs on the calling thread.
 
     Args:
         config: run settings.
         meter: where the metrics go (e.g. ``configure(...).meter``, or a meter of a provider with
             an ``InMemoryMetricReader`` in tests).
-        corpus: training text; defaults to `load_stdlib_corpus` (``config.max_data_bytes``).
+        corpus: training text (all of it: each rank takes its shard); defaults to
+            `load_stdlib_corpus` (``config.max_data_bytes``).
+        data_parallel: the ranks to train with; by default `DataParallel.setup` joins the job
+            that launched this process (initialising ``torch.distributed`` under torchrun) and
+            the process group it creates is destroyed before `train` returns.
 
     Returns:
         A `TrainResult` with per-interval losses and rates and the trained model.
 
     Raises:
-        ValueError: if the settings do not fit the data. Telemetry never raises.
+        ValueError: if the settings do not fit the data, the device or the launcher. Telemetry
+            never raises.
     """
-    with contextlib.ExitStack() as stack:
-        directory = config.checkpoint_dir
-        if config.checkpoint_interval and directory is None:
-            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="otel-demo-ckpt-"))
-        elif directory is not None:
-            os.makedirs(directory, exist_ok=True)
-        with training_run():
-            return _train(config, meter, corpus, directory)
+    with contextlib.ExitStack() as stack, training_run():
+        return _train(config, meter, corpus, data_parallel, stack)
 
 
 def _save_checkpoint(
@@ -343,19 +387,48 @@ def _save_checkpoint(
     return path
 
 
+def _checkpoint_directory(
+    config: DemoConfig, data_parallel: DataParallel, stack: contextlib.ExitStack
+) -> str | None:
+    """Where rank 0 saves checkpoints (a temporary directory unless one was given); ``None``
+    when checkpoints are off or on other ranks."""
+    if not config.checkpoint_interval or data_parallel.rank != 0:
+        return None
+    if config.checkpoint_dir is None:
+        return stack.enter_context(tempfile.TemporaryDirectory(prefix="otel-demo-ckpt-"))
+    os.makedirs(config.checkpoint_dir, exist_ok=True)
+    return config.checkpoint_dir
+
+
 def _train(
-    config: DemoConfig, meter: Meter, corpus: ByteCorpus | None, checkpoint_dir: str | None
+    config: DemoConfig,
+    meter: Meter,
+    corpus: ByteCorpus | None,
+    data_parallel: DataParallel | None,
+    stack: contextlib.ExitStack,
 ) -> TrainResult:
     started = time.perf_counter()
     with startup():
-        torch.manual_seed(config.seed)
-        device = _resolve_device(config.device)
+        if data_parallel is None:
+            data_parallel = DataParallel.setup(config.device)
+            stack.callback(data_parallel.close)
+        device = data_parallel.device
+        torch.manual_seed(config.seed)  # the same initial model on every rank
         if corpus is None:
             corpus = load_stdlib_corpus(max_bytes=config.max_data_bytes)
-        generator = torch.Generator().manual_seed(config.seed)
+        shard = corpus.shard(data_parallel.rank, data_parallel.world_size)
+        generator = torch.Generator().manual_seed(config.seed + data_parallel.rank)
         model = GPT(config.model_config()).to(device)
+        trained: torch.nn.Module = model
+        if data_parallel.is_distributed:
+            # Averages the gradients over the ranks during backward (every parameter takes part
+            # in every step, MoE experts included, so no unused-parameter search is needed).
+            trained = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None
+            )
         optimizer = _make_optimizer(model, config)
-    observer = TensorObserver(model, config.tensor_metrics, meter=meter)
+        checkpoint_dir = _checkpoint_directory(config, data_parallel, stack)
+    observer = _tensor_observer(model, config, meter, data_parallel)
     n_params = sum(p.numel() for p in model.parameters())
     flops_per_token = gpt_flops_per_token(
         model.active_non_embedding_params(),
@@ -364,10 +437,12 @@ def _train(
         config.seq_len,
         vocab_size=VOCAB_SIZE,
     )
-    accumulator = StepAccumulator(data_parallel_size=1)
+    # Each rank counts its own tokens times the data-parallel size: the job's tokens, as
+    # Megatron-LM's tokens/s counts the global batch.
+    accumulator = StepAccumulator(data_parallel_size=data_parallel.world_size)
     tokens_per_micro_batch = config.batch_size * config.seq_len
     on_cuda = device.type == "cuda"
-    quiet = config.quiet
+    quiet = config.quiet or data_parallel.rank != 0
 
     def say(line: str) -> None:
         if quiet:
@@ -395,12 +470,21 @@ def _train(
         device=str(device),
         model=model,
         tensor_observer=observer,
+        rank=data_parallel.rank,
+        world_size=data_parallel.world_size,
+        backend=data_parallel.backend,
     )
+    ranks = ""
+    if data_parallel.is_distributed:
+        ranks = (
+            f" x {data_parallel.world_size} ranks ({data_parallel.backend}, data-parallel, "
+            f"{shard.train.numel():,} train bytes each)"
+        )
     say(
         f"model: {n_params:,} parameters, {config.layers} layers, d_model {config.d_model}"
         f"{f', MoE {config.experts} experts top-{config.top_k}' if config.moe else ''} | "
         f"data: {corpus.train.numel():,} train / {corpus.eval.numel():,} held-out bytes from "
-        f"{corpus.n_files} stdlib files | device: {device}"
+        f"{corpus.n_files} stdlib files | device: {device}{ranks}"
     )
 
     model.train()
@@ -412,13 +496,21 @@ def _train(
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 observer.begin_step(step)
-                for _ in range(config.grad_accum):
+                for micro_batch in range(config.grad_accum):
                     with data_loading(iteration=step):
-                        inputs, targets = corpus.batch(
+                        inputs, targets = shard.batch(
                             "train", config.batch_size, config.seq_len, generator, device
                         )
-                    with forward_backward(iteration=step):
-                        logits = model(inputs)
+                    # DDP averages gradients over the ranks once per optimizer step, at the
+                    # backward of the last micro-batch.
+                    last_micro_batch = micro_batch == config.grad_accum - 1
+                    sync = (
+                        contextlib.nullcontext()
+                        if last_micro_batch or trained is model
+                        else trained.no_sync()
+                    )
+                    with forward_backward(iteration=step), sync:
+                        logits = trained(inputs)
                         loss = _cross_entropy(logits, targets)
                         if step == config.inject_nonfinite_at:
                             loss = loss * math.nan
@@ -433,6 +525,7 @@ def _train(
                     observer.commit()  # tensor metrics: gradients before clipping and update
                     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
                     # One host read per step: whether to apply the update (NaN loss -> NaN norm).
+                    # The gradients are averaged over the ranks, so all ranks decide alike.
                     skipped = not bool(torch.isfinite(grad_norm))
                     if not skipped:
                         optimizer.step()
@@ -460,11 +553,12 @@ def _train(
                     grad_norm,
                     flops_per_token,
                     on_cuda,
+                    data_parallel,
                     say,
                 )
             if eval_due:
                 with evaluation(iteration=step):
-                    eval_loss = evaluate(model, corpus, config, device)
+                    eval_loss = evaluate(model, shard, config, device, data_parallel)
                 result.eval_losses.append((step, eval_loss))
                 say(f"step {step}/{config.steps} | eval loss {eval_loss:.3f}")
             checkpoint_due = bool(config.checkpoint_interval) and (
@@ -478,8 +572,30 @@ def _train(
     finally:
         if progress is not None:
             progress.close()
+    own_last = result.interval_rank_losses[-1] if result.interval_rank_losses else math.nan
+    result.ranks = data_parallel.gather(
+        RankSummary(data_parallel.rank, own_last, parameter_digest(model.parameters()))
+    )
     result.wall_time_s = time.perf_counter() - started
     return result
+
+
+def _tensor_observer(
+    model: GPT, config: DemoConfig, meter: Meter, data_parallel: DataParallel
+) -> TensorObserver:
+    """Tensor metrics of the (unwrapped) model. Across ranks the parameters and gradients are
+    replicated (no communication); activation statistics are reduced over the data-parallel
+    ranks (their micro-batches are shards of the global batch), so every rank reports the same
+    whole-batch values."""
+    if not data_parallel.is_distributed:
+        return TensorObserver(model, config.tensor_metrics, meter=meter)
+    return TensorObserver(
+        model,
+        config.tensor_metrics,
+        meter=meter,
+        process_groups={"dp": torch.distributed.group.WORLD},
+        activation_placements={"dp": Shard(0)},
+    )
 
 
 def _log_interval(
@@ -492,15 +608,22 @@ def _log_interval(
     grad_norm: torch.Tensor,
     flops_per_token: float,
     on_cuda: bool,
+    data_parallel: DataParallel,
     say: Any,
 ) -> None:
     stats = accumulator.interval()
+    # Megatron-LM logs the loss averaged over the data-parallel ranks. Every rank has a loss or
+    # none alike (skips are decided on the averaged gradients), so all ranks reduce together.
+    own_loss = stats.loss
+    loss = own_loss
+    if torch.is_tensor(own_loss):
+        loss = data_parallel.average(own_loss)
     per_device = stats.tokens_per_sec_per_device
     tflops = None if per_device is None else tflops_per_device(flops_per_token, per_device)
     memory_gib = memory_allocated_gib() if on_cuda else None
     record_training_metrics(
         meter,
-        loss=stats.loss,
+        loss=loss,
         grad_norm=grad_norm,
         learning_rate=lr,
         tokens_per_sec=stats.tokens_per_sec_global,
@@ -508,16 +631,19 @@ def _log_interval(
         skipped_iters=stats.skipped_iters,
         memory_allocated_gb=memory_gib,
     )
-    loss_value = math.nan if stats.loss is None else float(stats.loss)
+    loss_value = math.nan if loss is None else float(loss)
     rate = stats.tokens_per_sec_global or 0.0
     result.interval_steps.append(step)
     result.interval_losses.append(loss_value)
+    result.interval_rank_losses.append(math.nan if own_loss is None else float(own_loss))
     result.interval_tokens_per_sec.append(rate)
     result.interval_tflops.append(tflops or 0.0)
     line = (
         f"step {step}/{config.steps} | loss {loss_value:.3f} | lr {lr:.1e} | "
         f"grad {float(grad_norm):.2f} | {rate:,.0f} tok/s | {tflops or 0.0:.3f} TFLOP/s"
     )
+    if data_parallel.is_distributed:
+        line += " per GPU" if on_cuda else " per process"
     if stats.skipped_iters:
         line += f" | skipped {stats.skipped_iters}"
     if memory_gib is not None:
@@ -525,17 +651,50 @@ def _log_interval(
     say(line)
 
 
-def format_summary(result: TrainResult, destination: str | None = None) -> str:
-    """A few lines that close a run: loss first vs last interval, steps, time, telemetry."""
+def format_summary(
+    result: TrainResult, destination: str | None = None, output_dir: str | None = None
+) -> str:
+    """The lines that close a run: loss first vs last interval, steps, time, the ranks, where
+    telemetry went and, last, how to view the files.
+
+    Args:
+        result: the run.
+        destination: one line saying where telemetry went (``Telemetry.destination``).
+        output_dir: the absolute directory of the run's files, when the embedded default
+            wrote them; the last line then names it with ``otel-training report`` and
+            ``otel-training trace``.
+    """
     lines = [
         f"loss {result.first_loss:.3f} -> {result.last_loss:.3f} "
         f"(first vs last interval) over {result.steps} steps"
         + (f", {result.skipped_iters} skipped" if result.skipped_iters else ""),
         f"wall time {result.wall_time_s:.1f} s on {result.device}",
     ]
+    if result.interval_tokens_per_sec:
+        rate = result.interval_tokens_per_sec[-1]
+        scope = f"all {result.world_size} ranks" if result.world_size > 1 else "one process"
+        lines[-1] += f"; last interval {rate:,.0f} tok/s ({scope})"
+    if result.world_size > 1:
+        digests = {summary.parameter_sha256 for summary in result.ranks}
+        state = "identical" if len(digests) == 1 else "DIFFERENT"
+        lines.append(
+            f"data parallel: {result.world_size} ranks ({result.backend}); loss averaged over "
+            f"the ranks, tok/s for the whole job; parameters {state} on every rank"
+        )
+        lines.extend(
+            f"  rank {summary.rank}: own loss {summary.last_loss:.4f} on its shard | "
+            f"parameters sha256 {summary.parameter_sha256[:16]}"
+            for summary in result.ranks
+        )
     if result.eval_losses:
         lines.append(f"held-out loss {result.eval_losses[-1][1]:.3f}")
     if destination:
         prefixed = destination.lower().startswith("telemetry")
         lines.append(destination if prefixed else f"telemetry: {destination}")
+    if output_dir:
+        ranks = f"ranks 0-{result.world_size - 1}" if result.world_size > 1 else "rank 0"
+        lines.append(
+            f"files ({ranks}): {output_dir} | view: otel-training report {output_dir} ; "
+            f"otel-training trace {output_dir}"
+        )
     return "\n".join(lines)

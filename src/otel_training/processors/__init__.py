@@ -12,7 +12,8 @@ or close at the TracerProvider's shutdown.
 from __future__ import annotations
 
 import logging
-import os
+from collections.abc import Callable
+from typing import TextIO
 
 from opentelemetry.sdk.trace import SpanProcessor
 
@@ -25,15 +26,20 @@ __all__ = ["JsonLogSpanProcessor", "NvtxSpanProcessor", "span_mirrors"]
 _logger = logging.getLogger(__name__)
 
 
-def span_mirrors(settings: config.Settings) -> tuple[list[SpanProcessor], list[str]]:
+def span_mirrors(
+    settings: config.Settings,
+    open_file: Callable[[str, str | None], tuple[TextIO | None, str | None]],
+) -> tuple[list[SpanProcessor], list[str]]:
     """The processors that ``configure()`` installs from ``settings``, and what they write to.
 
     - :class:`NvtxSpanProcessor` in ``settings.nvtx_domain`` unless ``settings.nvtx`` is False
       (``OTEL_PYTHON_TRAINING_NVTX=false`` or ``NVTX_DISABLE``); it is inert without the
       ``nvtx`` module or an attached tool, and only then left out.
-    - :class:`JsonLogSpanProcessor` writing ``spans-rank{RANK}.jsonl`` in
-      ``settings.jsonlog_dir`` when set, else in ``settings.output_dir`` when the embedded
-      default (``otlp_json_file``) exports traces; none otherwise.
+    - :class:`JsonLogSpanProcessor` writing ``spans-rank{RANK}.jsonl`` in the run's directory
+      inside ``settings.jsonlog_dir`` when set, else inside ``settings.output_dir`` when the
+      embedded default (``otlp_json_file``) exports traces; none otherwise. ``open_file(signal,
+      base_dir)`` opens the file, ``base_dir=None`` meaning the output directory (see
+      ``setup._Outputs.open``).
 
     Never raises: a file that cannot be opened logs one warning and is left out.
     """
@@ -44,14 +50,11 @@ def span_mirrors(settings: config.Settings) -> tuple[list[SpanProcessor], list[s
         if nvtx_processor.active:
             processors.append(nvtx_processor)
             targets.append(f"NVTX domain {settings.nvtx_domain}")
-    directory = settings.jsonlog_dir
-    if directory is None and "otlp_json_file" in settings.traces_exporters:
-        directory = settings.output_dir
-    if directory is not None:
-        path = os.path.join(directory, f"spans-rank{settings.identity.rank}.jsonl")
-        try:
-            processors.append(JsonLogSpanProcessor(path))
+    if settings.jsonlog_dir is not None or "otlp_json_file" in settings.traces_exporters:
+        stream, path = open_file("spans", settings.jsonlog_dir)
+        if stream is not None:
+            processors.append(
+                JsonLogSpanProcessor(stream=stream, path=path, limits=settings.span_limits)
+            )
             targets.append(f"span JSON lines {path}")
-        except OSError as error:
-            _logger.warning("cannot write span JSON lines to %s: %s", path, error)
     return processors, targets

@@ -12,7 +12,9 @@ The schema, with a sample line, is in ``docs/spans.md``; in short, every line ha
 
 Strict JSON: NaN and infinities, which Python's ``json`` would write bare, become the strings
 ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``; numpy scalars and one-element tensors become
-numbers; any other value becomes its ``str()`` (cut at :data:`MAX_STRING_LENGTH` characters).
+numbers; any other value becomes its ``str()``. Every string follows the rule of
+:mod:`otel_training.limits` (lone surrogates as backslash escapes, values cut to the value-length
+limit with a marker, each line under 1 MiB), so one odd value never costs a line or a batch.
 Nothing here raises.
 
 The training thread only appends a reference to a bounded in-memory queue (``on_start`` also
@@ -33,18 +35,18 @@ import threading
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
 
-__all__ = ["MAX_STRING_LENGTH", "IDENTITY_KEYS", "JsonLogSpanProcessor", "jsonable"]
+from otel_training import files
+from otel_training import limits as _limits
+
+__all__ = ["IDENTITY_KEYS", "JsonLogSpanProcessor", "jsonable"]
 
 _logger = logging.getLogger(__name__)
-
-#: Longest string written for one value; longer ones are cut and end with ``...``.
-MAX_STRING_LENGTH = 4096
 
 #: Resource attributes written as ``resource`` on every line: the rank identity.
 IDENTITY_KEYS = (
@@ -64,27 +66,31 @@ _END = 1
 _STATUS = {StatusCode.UNSET: "UNSET", StatusCode.OK: "OK", StatusCode.ERROR: "ERROR"}
 
 
-def jsonable(value: Any) -> Any:
+def jsonable(value: Any, limit: int | None = _limits.DEFAULT_VALUE_LENGTH) -> Any:
     """``value`` as strict-JSON data: non-finite floats become ``"NaN"``, ``"Infinity"`` or
     ``"-Infinity"``; numpy scalars and one-element tensors become numbers; sequences become
-    lists and mappings objects with string keys; anything else its ``str()``, cut at
-    :data:`MAX_STRING_LENGTH`. Never raises."""
+    lists and mappings objects with string keys; anything else its ``str()``; every string
+    after the rule of :mod:`otel_training.limits`, cut at ``limit`` characters. Never
+    raises."""
     kind = type(value)
     if kind is str:
-        return value if len(value) <= MAX_STRING_LENGTH else value[: MAX_STRING_LENGTH - 3] + "..."
+        return _limits.safe_text(value, limit)
     if kind is bool or kind is int or value is None:
         return value
     if kind is float:
         return value if value - value == 0.0 else _nonfinite(value)
     try:
         if isinstance(value, (list, tuple)):
-            return [jsonable(v) for v in value]
+            return [jsonable(v, limit) for v in value]
         if isinstance(value, Mapping):
-            return {str(k): jsonable(v) for k, v in value.items()}
+            return {
+                _limits.safe_text(k, _limits.MAX_NAME_LENGTH): jsonable(v, limit)
+                for k, v in value.items()
+            }
         item = _scalar(value)
         if item is not None:
-            return jsonable(item)
-        return jsonable(str(value))
+            return jsonable(item, limit)
+        return _limits.safe_text(value, limit)
     except Exception:
         return "<unserializable " + type(value).__name__ + ">"
 
@@ -115,26 +121,41 @@ class JsonLogSpanProcessor(SpanProcessor):
     """Writes a JSON line when each span starts and when it ends, to one file.
 
     Args:
-        path: The file; appended to, created with its directory if missing.
+        path: The file; appended to (never through a symlink planted at the path; after a
+            torn last line, on a fresh line), created with its directory if missing.
+        stream: An open text stream to write instead of ``path`` (closed at shutdown); with
+            it, ``path`` only names the file in messages.
         flush_interval_s: Longest time, in seconds, a record waits in memory before it is
             written and flushed (a ``span_start`` line reaches the disk within it even if the
             training thread then hangs, as long as it does not hold the GIL).
-        max_queue_size: Records held in memory at most; further ones are dropped and counted.
+        max_queue_size: Records held in memory at most; further ones are dropped and counted
+            (:attr:`dropped`, exact under any number of threads).
+        limits: The string rule's limits (:mod:`otel_training.limits`).
 
     Raises:
         OSError: if the file cannot be opened (the constructor is the only place that raises).
+        ValueError: if neither ``path`` nor ``stream`` is given.
     """
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | None = None,
         *,
+        stream: TextIO | None = None,
         flush_interval_s: float = 0.2,
-        max_queue_size: int = 65_536,
+        max_queue_size: int = 262_144,
+        limits: _limits.Limits = _limits.DEFAULT_LIMITS,
     ) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed at shutdown
+        if stream is None:
+            if path is None:
+                raise ValueError("JsonLogSpanProcessor needs a path or a stream")
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            stream = files.open_append(os.fspath(path))
+        self.path = Path(path) if path is not None else Path(getattr(stream, "name", "<stream>"))
+        self._file = stream
+        self._limits = limits
+        self._value_length = limits.value_length
+        self._drop_lock = threading.Lock()
         self._queue: collections.deque = collections.deque()
         self._max_queue_size = max_queue_size
         self._flush_interval_s = flush_interval_s
@@ -198,8 +219,10 @@ class JsonLogSpanProcessor(SpanProcessor):
             self._wake.set()
 
     def _drop(self) -> None:
-        self.dropped += 1
-        if self.dropped == 1:
+        with self._drop_lock:
+            self.dropped += 1
+            first = self.dropped == 1
+        if first:
             _logger.warning(
                 "span JSON lines: the queue of %s is full (%d records); dropping records",
                 self.path,
@@ -270,51 +293,76 @@ class JsonLogSpanProcessor(SpanProcessor):
         attributes are kept from the start line until the end line, which reuses them.
         """
         try:
-            if item[0] == _START:
-                _, name, context, parent, start, attributes, resource = item
-                common = self._common(name, context, parent, start)
-                encoded = _encode_mapping(attributes)
-                pending = self._pending
-                if len(pending) < _MAX_PENDING:
-                    pending[context.span_id] = (common, attributes, encoded)
-                return "".join(
-                    (_START_RECORD, common, _ATTRIBUTES_KEY, encoded, self._identity(resource))
-                )
-            span = item[1]
-            start = span.start_time
-            kept = self._pending.pop(span.context.span_id, None)
-            attributes = span.attributes
-            current = attributes.copy() if attributes else {}
-            if kept is None:
-                common = self._common(span.name, span.context, span.parent, start)
-                encoded = _encode_mapping(current)
-            else:
-                common, started_with, encoded = kept
-                if (started_with or {}) != current:
-                    encoded = _encode_mapping(current)
-            end = span.end_time
-            status = span.status
-            description = status.description
-            end_fields = _END_FIELDS % (
-                _number(end),
-                _number((end - start) / 1e6 if end is not None and start is not None else None),
-                _STATUS.get(status.status_code, "UNSET"),
-                "null" if description is None else _encode(jsonable(description)),
-                self._events_json(span),
-            )
-            return "".join(
-                (
-                    _END_RECORD,
-                    common,
-                    end_fields,
-                    _ATTRIBUTES_KEY,
-                    encoded,
-                    self._identity(span.resource),
-                )
-            )
+            line = self._format(item)
         except Exception:
             name = item[1] if item[0] == _START else getattr(item[1], "name", None)
-            return '{"record": "error", "name": ' + _encode(jsonable(name)) + "}\n"
+            return '{"record": "error", "name": ' + _encode(jsonable(name, 256)) + "}\n"
+        if len(line) > _CHECK_LINE_CHARS and len(line.encode("utf-8")) >= MAX_LINE_BYTES:
+            line = self._smaller(item)
+        if not line.isascii():  # characters that str.splitlines() takes for line ends
+            line = line.replace("\x85", "\\u0085")
+            line = line.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+        return line
+
+    def _smaller(self, item: tuple) -> str:
+        """The line of ``item`` again, its strings cut to fit :data:`MAX_LINE_BYTES` (a record
+        of very many values: the per-record budget of the limits assumed fewer)."""
+        budget = _limits.Limits(self._value_length, MAX_LINE_BYTES // 4)
+        if item[0] == _START:
+            _, name, context, parent, start, attributes, resource = item
+            draft = ReadableSpan(name, context=context, attributes=attributes)
+            draft = _limits.bounded_span(draft, budget)
+            self._pending.pop(context.span_id, None)
+            return self._format(
+                (_START, draft.name, context, parent, start, draft.attributes, resource)
+            )
+        return self._format((_END, _limits.bounded_span(item[1], budget)))
+
+    def _format(self, item: tuple) -> str:
+        limit = self._value_length
+        if item[0] == _START:
+            _, name, context, parent, start, attributes, resource = item
+            attributes = _limits.bounded_attributes(attributes, limit)
+            common = self._common(name, context, parent, start)
+            encoded = _encode_mapping(attributes, limit)
+            pending = self._pending
+            if len(pending) < _MAX_PENDING:
+                pending[context.span_id] = (common, attributes, encoded)
+            return "".join(
+                (_START_RECORD, common, _ATTRIBUTES_KEY, encoded, self._identity(resource))
+            )
+        span = _limits.bounded_span(item[1], self._limits)
+        start = span.start_time
+        kept = self._pending.pop(span.context.span_id, None)
+        attributes = span.attributes
+        current = attributes.copy() if attributes else {}
+        if kept is None:
+            common = self._common(span.name, span.context, span.parent, start)
+            encoded = _encode_mapping(current, limit)
+        else:
+            common, started_with, encoded = kept
+            if (started_with or {}) != current:
+                encoded = _encode_mapping(current, limit)
+        end = span.end_time
+        status = span.status
+        description = status.description
+        end_fields = _END_FIELDS % (
+            _number(end),
+            _number((end - start) / 1e6 if end is not None and start is not None else None),
+            _STATUS.get(status.status_code, "UNSET"),
+            "null" if description is None else _encode(jsonable(description, limit)),
+            self._events_json(span),
+        )
+        return "".join(
+            (
+                _END_RECORD,
+                common,
+                end_fields,
+                _ATTRIBUTES_KEY,
+                encoded,
+                self._identity(span.resource),
+            )
+        )
 
     def _common(self, name: str, context: Any, parent: Any, start: int | None) -> str:
         """``, "name": ..., ..., "start_time_ns": N`` of a span: what both its lines share."""
@@ -322,7 +370,7 @@ class JsonLogSpanProcessor(SpanProcessor):
         if trace_id != self._trace_id:  # one trace per run: encode it once
             self._trace_id, self._trace_hex = trace_id, trace_id.to_bytes(16, "big").hex()
         return _COMMON % (
-            self._names.get(name) or self._name_json(name),
+            (self._names.get(name) if type(name) is str else None) or self._name_json(name),
             self._trace_hex,
             context.span_id,
             "null" if parent is None else '"' + parent.span_id.to_bytes(8, "big").hex() + '"',
@@ -335,16 +383,17 @@ class JsonLogSpanProcessor(SpanProcessor):
             return cached[1]
         return self._identity_json(resource)
 
-    def _name_json(self, name: str) -> str:
+    def _name_json(self, name: Any) -> str:
+        if type(name) is not str:  # a name the caller gave as another type: not cached
+            return _encode(_limits.safe_text(name, _limits.MAX_NAME_LENGTH))
         encoded = self._names.get(name)
         if encoded is None:
-            encoded = _encode(jsonable(name))
+            encoded = _encode(_limits.safe_text(name, _limits.MAX_NAME_LENGTH))
             if len(self._names) < 4096:
                 self._names[name] = encoded
         return encoded
 
-    @staticmethod
-    def _events_json(span: Any) -> str:
+    def _events_json(self, span: Any) -> str:
         # The SDK's ReadableSpan.events copies its list under a lock; most spans have none,
         # which its private list tells without the copy.
         raw = getattr(span, "_events", None)
@@ -356,9 +405,9 @@ class JsonLogSpanProcessor(SpanProcessor):
         return _encode(
             [
                 {
-                    "name": jsonable(event.name),
+                    "name": jsonable(event.name, _limits.MAX_NAME_LENGTH),
                     "time_ns": event.timestamp,
-                    "attributes": jsonable(dict(event.attributes or {})),
+                    "attributes": jsonable(dict(event.attributes or {}), self._value_length),
                 }
                 for event in events
             ]
@@ -386,10 +435,15 @@ _COMMON = (
 _END_FIELDS = (
     ', "end_time_ns": %s, "duration_ms": %s, "status": "%s", "status_description": %s, "events": %s'
 )
+#: Longest line written, in bytes (the collector filelog receiver's default maximum).
+MAX_LINE_BYTES = files.MAX_LINE_BYTES
+#: Lines longer than this many characters have their bytes counted (6 bytes a character at
+#: most, as JSON escapes controls: shorter ones fit for sure).
+_CHECK_LINE_CHARS = MAX_LINE_BYTES // 6
 #: Queued records that wake the writer before its interval ends (a batch is ready).
 _WAKE_AT = 1024
 #: Spans whose start line is written and end line not yet, kept for their end line at most.
-_MAX_PENDING = 65_536
+_MAX_PENDING = 131_072
 
 
 def _make_encoder():
@@ -433,9 +487,9 @@ def _number(value: int | float | None) -> str:
     return _encode(jsonable(value))
 
 
-def _encode_mapping(mapping: Mapping | None) -> str:
+def _encode_mapping(mapping: Mapping | None, limit: int | None) -> str:
     """A mapping as strict JSON: the C encoder first, :func:`jsonable` when it refuses (NaN,
-    infinities, values that are not JSON)."""
+    infinities, values that are not JSON). Strings are already bounded by the caller."""
     if not mapping:
         return "{}"
     copy = getattr(mapping, "copy", None)  # a span's attributes: a lock-free copy of its dict
@@ -445,4 +499,4 @@ def _encode_mapping(mapping: Mapping | None) -> str:
     try:
         return _encode(data)
     except (TypeError, ValueError):
-        return _encode(jsonable(data))
+        return _encode(jsonable(data, limit))

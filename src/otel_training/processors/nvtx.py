@@ -7,7 +7,7 @@ LIFO order (DESIGN.md section 7). A push/pop stack is per thread and strictly ne
 ranges are process-wide and may overlap, so they stay balanced in every such case.
 
 The ranges are in one NVTX domain (``otel_training`` by default), with one NVTX category and one
-colour per span group (``run``, ``iteration``, ``checkpoint``...), and the span name as message.
+colour per span group (``job``, ``step``, ``checkpoint``...), and the span name as message.
 
 No NVTX call is made at all when the ``nvtx`` module is missing, when the processor is disabled
 (``OTEL_PYTHON_TRAINING_NVTX=false``), or when the ``nvtx`` package is disabled by its own
@@ -35,14 +35,22 @@ _logger = logging.getLogger(__name__)
 
 #: ARGB colour of the ranges of each span group (a colour-blind-safe palette).
 GROUP_COLORS: Mapping[str, int] = {
-    "run": 0xFF4C72B0,
-    "startup": 0xFF8C8C8C,
+    "job": 0xFF4C72B0,
+    "model_init": 0xFF8C8C8C,
     "checkpoint": 0xFFDD8452,
-    "evaluation": 0xFF8172B3,
-    "iteration": 0xFF55A868,
+    "load_checkpoint": 0xFFE5AE38,
+    "evaluate": 0xFF8172B3,
+    "first_iteration": 0xFF2CA02C,
+    "step": 0xFF55A868,
     "forward_backward": 0xFF64B5CD,
     "optimizer": 0xFFC44E52,
     "data_loading": 0xFFCCB974,
+    "microbatch": 0xFF91BFDB,
+    "layer": 0xFFB8B8E6,
+    "communication": 0xFFDA8BC3,
+    "activation_offload": 0xFFA6761D,
+    "trace_region": 0xFF999999,
+    "inference": 0xFF17BECF,
     CUSTOM_SPAN_GROUP: 0xFF937860,
 }
 
@@ -158,10 +166,24 @@ class NvtxSpanProcessor(SpanProcessor):
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True
 
-    def _attributes_for(self, domain, name: str):
+    def range_attributes(self, name: str, group: str) -> tuple[object | None, object | None]:
+        """(domain, event attributes) for NVTX-only phases of ``name`` in ``group``: the
+        processor's domain and the same message, colour and category its span ranges get;
+        ``(None, None)`` when no tool is attached. Never raises."""
+        domain = self._domain
+        if domain is None:
+            return None, None
+        try:
+            return domain, self._attributes_for(domain, name, group)
+        except Exception:
+            self._fail()
+            return None, None
+
+    def _attributes_for(self, domain, name: str, group: str | None = None):
         # No lock: two threads that race here both build the same attributes, and one wins.
-        spec = SPANS.get(name)
-        group = spec.group if spec is not None else CUSTOM_SPAN_GROUP
+        if group is None:
+            spec = SPANS.get(name)
+            group = spec.group if spec is not None else CUSTOM_SPAN_GROUP
         if len(self._event_attributes) >= MAX_MESSAGES:
             name, group = _OVERFLOW_MESSAGE, CUSTOM_SPAN_GROUP
             attributes = self._event_attributes.get(name)

@@ -22,15 +22,23 @@ __all__ = [
     "DL_RANK",
     "DL_RUN_ID",
     "DL_WORLD_SIZE",
+    "IS_GOODPUT_SPAN",
     "MEGATRON_CHECKPOINT_PATH",
     "MEGATRON_CHECKPOINT_SIZE",
     "MEGATRON_CHECKPOINT_STRATEGY",
     "MEGATRON_CHECKPOINT_TYPE",
+    "MEGATRON_EVAL_ITERATION",
     "MEGATRON_ITERATION",
+    "MEGATRON_LAYER_NUMBER",
+    "MEGATRON_SKIPPED",
     "MEGATRON_TRAINING_LAYER",
     "MEGATRON_TRAINING_METRIC",
     "MEGATRON_TRAINING_ROUTER_EXPERT",
     "MEGATRON_TRAINING_ROUTER_STATISTIC",
+    "MEGATRON_UPDATE_SUCCESSFUL",
+    "NUM_MICROBATCHES",
+    "OTEL_TRAINING_SPAN_TRUNCATED",
+    "OTEL_TRAINING_TRACE_SEGMENT",
     "AttributeSpec",
 ]
 
@@ -126,6 +134,16 @@ compatibility with its dashboards.
 """
 
 
+IS_GOODPUT_SPAN: Final = "is_goodput_span"
+"""True on the spans that count towards a run's goodput (productive time).
+
+Type: boolean. Span attribute. Stability: development. Examples: ``true``.
+
+Megatron-LM's name, without a namespace: set on the run, startup, model building, data loader
+building, checkpoint, first-iteration and iteration spans.
+"""
+
+
 MEGATRON_CHECKPOINT_PATH: Final = "megatron.checkpoint.path"
 """Directory or file of the checkpoint that is saved or loaded.
 
@@ -161,6 +179,13 @@ Type: enum (``"global"``, ``"local"``). Span attribute. Stability: development.
 """
 
 
+MEGATRON_EVAL_ITERATION: Final = "megatron.eval_iteration"
+"""Number of the evaluation step within one evaluation, from 1.
+
+Type: int. Span attribute. Stability: development. Examples: ``1``, ``10``.
+"""
+
+
 MEGATRON_ITERATION: Final = "megatron.iteration"
 """Number of the optimizer step (training iteration) a span belongs to, from 1.
 
@@ -169,6 +194,22 @@ Type: int. Span attribute. Stability: development. Examples: ``1``, ``250000``.
 Counts optimizer steps, skipped ones included, as Megatron-LM's iteration counter does; a run
 resumed from a checkpoint continues the count of the checkpoint. A span attribute only: never a
 metric attribute, whose cardinality it would make unbounded.
+"""
+
+
+MEGATRON_LAYER_NUMBER: Final = "megatron.layer_number"
+"""Number of the transformer layer, from 1, as Megatron-LM counts layers.
+
+Type: int. Span attribute. Stability: development. Examples: ``1``, ``32``.
+"""
+
+
+MEGATRON_SKIPPED: Final = "megatron.skipped"
+"""True when the iteration skipped its update (a non-finite loss or gradient).
+
+Type: boolean. Span attribute. Stability: development. Examples: ``false``.
+
+Set on megatron.train.iteration when the step ends, as Megatron-LM does.
 """
 
 
@@ -218,6 +259,45 @@ attribute. Stability: development.
 On megatron.training.tensor.router_balance. Statistics of the number of routing assignments per
 expert (top-k: each token counts once for each of its k experts), summed over the micro-batches of
 the optimizer step.
+"""
+
+
+MEGATRON_UPDATE_SUCCESSFUL: Final = "megatron.update_successful"
+"""Whether the optimizer applied its update (False when it found non-finite gradients).
+
+Type: boolean. Span attribute. Stability: development. Examples: ``true``.
+"""
+
+
+NUM_MICROBATCHES: Final = "num_microbatches"
+"""Micro-batches in the forward-backward schedule of an iteration.
+
+Type: int. Span attribute. Stability: development. Examples: ``8``.
+
+Megatron-LM's name, without a namespace.
+"""
+
+
+OTEL_TRAINING_SPAN_TRUNCATED: Final = "otel_training.span.truncated"
+"""True on a span that was still open when telemetry shut down (at interpreter exit, on SIGTERM, or
+when configure() replaced the pipeline) and was ended then.
+
+Type: boolean. Point attribute. Stability: development. Examples: ``true``.
+
+Its end time is the shutdown's, not the end of the work it covered. On SIGTERM the span's status is
+also ERROR with the description "truncated: SIGTERM"; at a normal exit its status is left as it was.
+Absent on spans that ended normally.
+"""
+
+
+OTEL_TRAINING_TRACE_SEGMENT: Final = "otel_training.trace.segment"
+"""Number of the trace segment of a megatron.train.segment span, from 0.
+
+Type: int. Span attribute. Stability: development. Examples: ``0``, ``12``.
+
+Segment s holds iterations s*N+1 to (s+1)*N, N from OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS:
+its trace id and shared parent span id are computed from the run id and s on every rank, so all
+ranks' spans of a segment are in one trace.
 """
 
 
@@ -272,6 +352,13 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             stability="development",
             resource=True,
         ),
+        IS_GOODPUT_SPAN: AttributeSpec(
+            name=IS_GOODPUT_SPAN,
+            type="boolean",
+            brief="True on the spans that count towards a run's goodput (productive time).",
+            stability="development",
+            resource=False,
+        ),
         MEGATRON_CHECKPOINT_PATH: AttributeSpec(
             name=MEGATRON_CHECKPOINT_PATH,
             type="string",
@@ -300,10 +387,31 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             stability="development",
             resource=False,
         ),
+        MEGATRON_EVAL_ITERATION: AttributeSpec(
+            name=MEGATRON_EVAL_ITERATION,
+            type="int",
+            brief="Number of the evaluation step within one evaluation, from 1.",
+            stability="development",
+            resource=False,
+        ),
         MEGATRON_ITERATION: AttributeSpec(
             name=MEGATRON_ITERATION,
             type="int",
             brief="Number of the optimizer step (training iteration) a span belongs to, from 1.",
+            stability="development",
+            resource=False,
+        ),
+        MEGATRON_LAYER_NUMBER: AttributeSpec(
+            name=MEGATRON_LAYER_NUMBER,
+            type="int",
+            brief="Number of the transformer layer, from 1, as Megatron-LM counts layers.",
+            stability="development",
+            resource=False,
+        ),
+        MEGATRON_SKIPPED: AttributeSpec(
+            name=MEGATRON_SKIPPED,
+            type="boolean",
+            brief="True when the iteration skipped its update (a non-finite loss or gradient).",
             stability="development",
             resource=False,
         ),
@@ -335,6 +443,40 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             name=MEGATRON_TRAINING_ROUTER_STATISTIC,
             type="enum",
             brief="Which load-balance statistic of a mixture-of-experts router a value is.",
+            stability="development",
+            resource=False,
+        ),
+        MEGATRON_UPDATE_SUCCESSFUL: AttributeSpec(
+            name=MEGATRON_UPDATE_SUCCESSFUL,
+            type="boolean",
+            brief=(
+                "Whether the optimizer applied its update (False when it found non-finite "
+                "gradients)."
+            ),
+            stability="development",
+            resource=False,
+        ),
+        NUM_MICROBATCHES: AttributeSpec(
+            name=NUM_MICROBATCHES,
+            type="int",
+            brief="Micro-batches in the forward-backward schedule of an iteration.",
+            stability="development",
+            resource=False,
+        ),
+        OTEL_TRAINING_SPAN_TRUNCATED: AttributeSpec(
+            name=OTEL_TRAINING_SPAN_TRUNCATED,
+            type="boolean",
+            brief=(
+                "True on a span that was still open when telemetry shut down (at interpreter exit, "
+                "on SIGTERM, or when configure() replaced the pipeline) and was ended then."
+            ),
+            stability="development",
+            resource=False,
+        ),
+        OTEL_TRAINING_TRACE_SEGMENT: AttributeSpec(
+            name=OTEL_TRAINING_TRACE_SEGMENT,
+            type="int",
+            brief="Number of the trace segment of a megatron.train.segment span, from 0.",
             stability="development",
             resource=False,
         ),

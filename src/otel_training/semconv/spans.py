@@ -2,10 +2,13 @@
 """Span names of otel-training's semantic conventions, with their span groups.
 
 Each span name is a ``Final`` constant followed by a docstring (span group, attributes,
-definition). The names are Megatron-LM's where it has them. :data:`SPANS` holds, per name, the
-span group that turns the span on or off (``OTEL_PYTHON_TRAINING_SPAN_GROUPS``) and the smallest
-preset of :data:`SPAN_LEVELS` that includes it. The iteration number is a span attribute
-(``megatron.iteration``), never a metric attribute. Source: ``semconv/registry/spans.yaml``.
+definition). The names are Megatron-LM's, read from its code, and ours in its scheme where it
+has none. :data:`SPANS` holds, per name, the span group that turns the span on or off
+(``OTEL_PYTHON_TRAINING_SPAN_GROUPS``) and the smallest preset of :data:`SPAN_LEVELS` that
+includes it; :data:`SPAN_GROUP_LEVELS` every group, Megatron-LM's
+(``megatron/core/telemetry/span_groups.py``) and otel-training's ``custom``. The iteration number
+is a span attribute (``megatron.iteration``), never a metric attribute. Sources:
+``semconv/registry/spans.yaml`` and ``semconv/span_groups.yaml``.
 """
 
 from collections.abc import Mapping
@@ -14,17 +17,41 @@ from types import MappingProxyType
 from typing import Final, Literal
 
 __all__ = [
+    "MEGATRON_ACTIVATION_OFFLOAD",
+    "MEGATRON_ACTIVATION_RELOAD",
     "MEGATRON_CHECKPOINT_LOAD",
+    "MEGATRON_CHECKPOINT_LOAD_IO_READ",
     "MEGATRON_CHECKPOINT_SAVE",
+    "MEGATRON_CHECKPOINT_SAVE_FINALIZE",
+    "MEGATRON_CHECKPOINT_SAVE_IO_WRITE",
+    "MEGATRON_CHECKPOINT_SAVE_STATE_DICT",
     "MEGATRON_EVALUATE",
+    "MEGATRON_EVALUATE_STEP",
+    "MEGATRON_GRAD_SYNC_FINISH",
+    "MEGATRON_GRAD_SYNC_START",
+    "MEGATRON_LAYER_FORWARD",
+    "MEGATRON_LAYER_MLP",
+    "MEGATRON_LAYER_SELF_ATTENTION",
+    "MEGATRON_MICROBATCH_BACKWARD",
+    "MEGATRON_MICROBATCH_FORWARD",
+    "MEGATRON_P2P_RECV_BACKWARD",
+    "MEGATRON_P2P_RECV_FORWARD",
+    "MEGATRON_P2P_SEND_BACKWARD",
+    "MEGATRON_P2P_SEND_FORWARD",
     "MEGATRON_STARTUP",
+    "MEGATRON_STARTUP_DATALOADER",
+    "MEGATRON_STARTUP_MODEL_INIT",
     "MEGATRON_TRAIN",
-    "MEGATRON_TRAIN_DATA_LOADING",
-    "MEGATRON_TRAIN_FORWARD_BACKWARD",
+    "MEGATRON_TRAIN_FIRST_ITERATION",
     "MEGATRON_TRAIN_ITERATION",
-    "MEGATRON_TRAIN_OPTIMIZER_STEP",
+    "MEGATRON_TRAIN_ITERATION_DATA_LOADING",
+    "MEGATRON_TRAIN_ITERATION_FORWARD_BACKWARD",
+    "MEGATRON_TRAIN_ITERATION_OPTIMIZER",
+    "MEGATRON_TRAIN_SEGMENT",
+    "NVTX_ONLY_CANDIDATE_GROUPS",
     "SPAN_GROUP_LEVELS",
     "SPAN_LEVELS",
+    "SPAN_PRESET_ALIASES",
     "SPANS",
     "SpanSpec",
 ]
@@ -32,6 +59,13 @@ __all__ = [
 SPAN_LEVELS: Final = ("default", "per_step", "all")
 """The span-group presets, smallest first: each one enables its own groups and those of the
 presets before it."""
+
+SPAN_PRESET_ALIASES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "profiling": "all",
+    }
+)
+"""Other names of presets (Megatron-LM's ``profiling`` is ``all``). Read-only."""
 
 
 @dataclass(frozen=True)
@@ -57,13 +91,38 @@ class SpanSpec:
     required_attributes: tuple[str, ...]
 
 
+MEGATRON_ACTIVATION_OFFLOAD: Final = "megatron.activation.offload"
+"""Copying activations to host memory to free device memory.
+
+Span group: ``"activation_offload"``, on in the span-group presets ``"all"``. Kind: internal.
+Stability: development.
+"""
+
+
+MEGATRON_ACTIVATION_RELOAD: Final = "megatron.activation.reload"
+"""Copying offloaded activations back to the device for the backward pass.
+
+Span group: ``"activation_offload"``, on in the span-group presets ``"all"``. Kind: internal.
+Stability: development.
+"""
+
+
 MEGATRON_CHECKPOINT_LOAD: Final = "megatron.checkpoint.load"
 """Loading a checkpoint to resume or initialise training.
 
-Span group: ``"checkpoint"``, on in the span-group presets ``"default"``, ``"per_step"``, ``"all"``.
-Kind: internal. Stability: development. Attributes: ``"megatron.checkpoint.type"`` (required),
+Span group: ``"load_checkpoint"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development. Attributes: ``"megatron.checkpoint.type"`` (required),
 ``"megatron.checkpoint.strategy"`` (recommended), ``"megatron.checkpoint.path"`` (recommended),
-``"megatron.checkpoint.size"`` (recommended), ``"megatron.iteration"`` (recommended).
+``"megatron.checkpoint.size"`` (recommended), ``"megatron.iteration"`` (recommended),
+``"is_goodput_span"`` (recommended).
+"""
+
+
+MEGATRON_CHECKPOINT_LOAD_IO_READ: Final = "megatron.checkpoint.load.io_read"
+"""Reading the checkpoint's files.
+
+Span group: ``"load_checkpoint"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development.
 """
 
 
@@ -73,67 +132,200 @@ MEGATRON_CHECKPOINT_SAVE: Final = "megatron.checkpoint.save"
 Span group: ``"checkpoint"``, on in the span-group presets ``"default"``, ``"per_step"``, ``"all"``.
 Kind: internal. Stability: development. Attributes: ``"megatron.checkpoint.type"`` (required),
 ``"megatron.checkpoint.strategy"`` (required), ``"megatron.checkpoint.path"`` (recommended),
-``"megatron.checkpoint.size"`` (recommended), ``"megatron.iteration"`` (recommended).
+``"megatron.checkpoint.size"`` (recommended), ``"megatron.iteration"`` (recommended),
+``"is_goodput_span"`` (recommended).
 
 A job that hangs inside a save leaves this span's start record in the JSON lines file.
+"""
+
+
+MEGATRON_CHECKPOINT_SAVE_FINALIZE: Final = "megatron.checkpoint.save.finalize"
+"""Finalizing a save: metadata, the latest-iteration marker, an asynchronous save's completion.
+
+Span group: ``"checkpoint"``, on in the span-group presets ``"default"``, ``"per_step"``, ``"all"``.
+Kind: internal. Stability: development.
+"""
+
+
+MEGATRON_CHECKPOINT_SAVE_IO_WRITE: Final = "megatron.checkpoint.save.io_write"
+"""Writing the checkpoint's files.
+
+Span group: ``"checkpoint"``, on in the span-group presets ``"default"``, ``"per_step"``, ``"all"``.
+Kind: internal. Stability: development.
+"""
+
+
+MEGATRON_CHECKPOINT_SAVE_STATE_DICT: Final = "megatron.checkpoint.save.state_dict"
+"""Gathering the state dict to save.
+
+Span group: ``"checkpoint"``, on in the span-group presets ``"default"``, ``"per_step"``, ``"all"``.
+Kind: internal. Stability: development.
 """
 
 
 MEGATRON_EVALUATE: Final = "megatron.evaluate"
 """Evaluating the model on held-out data during or after training.
 
-Span group: ``"evaluation"``, on in the span-group presets ``"default"``, ``"per_step"``, ``"all"``.
+Span group: ``"evaluate"``, on in the span-group presets ``"default"``, ``"per_step"``, ``"all"``.
 Kind: internal. Stability: development. Attributes: ``"megatron.iteration"`` (recommended).
+"""
+
+
+MEGATRON_EVALUATE_STEP: Final = "megatron.evaluate.step"
+"""One step of an evaluation: the forward passes of one batch.
+
+Span group: ``"evaluate"``, on in the span-group presets ``"default"``, ``"per_step"``, ``"all"``.
+Kind: internal. Stability: development. Attributes: ``"megatron.eval_iteration"`` (recommended).
+"""
+
+
+MEGATRON_GRAD_SYNC_FINISH: Final = "megatron.grad_sync.finish"
+"""Waiting for the data-parallel gradient reduction to finish.
+
+Span group: ``"communication"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development.
+"""
+
+
+MEGATRON_GRAD_SYNC_START: Final = "megatron.grad_sync.start"
+"""Starting the data-parallel gradient reduction (all-reduce or reduce-scatter).
+
+Span group: ``"communication"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development.
+"""
+
+
+MEGATRON_LAYER_FORWARD: Final = "megatron.layer.forward"
+"""The forward pass of one transformer layer.
+
+Span group: ``"layer"``, on in the span-group presets ``"all"``. Kind: internal. Stability:
+development. Attributes: ``"megatron.layer_number"`` (recommended).
+"""
+
+
+MEGATRON_LAYER_MLP: Final = "megatron.layer.mlp"
+"""The MLP (or mixture-of-experts) block of one transformer layer's forward pass.
+
+Span group: ``"layer"``, on in the span-group presets ``"all"``. Kind: internal. Stability:
+development. Attributes: ``"megatron.layer_number"`` (recommended).
+"""
+
+
+MEGATRON_LAYER_SELF_ATTENTION: Final = "megatron.layer.self_attention"
+"""The self-attention block of one transformer layer's forward pass.
+
+Span group: ``"layer"``, on in the span-group presets ``"all"``. Kind: internal. Stability:
+development. Attributes: ``"megatron.layer_number"`` (recommended).
+"""
+
+
+MEGATRON_MICROBATCH_BACKWARD: Final = "megatron.microbatch.backward"
+"""The backward pass of one micro-batch.
+
+Span group: ``"microbatch"``, on in the span-group presets ``"all"``. Kind: internal. Stability:
+development.
+"""
+
+
+MEGATRON_MICROBATCH_FORWARD: Final = "megatron.microbatch.forward"
+"""The forward pass of one micro-batch.
+
+Span group: ``"microbatch"``, on in the span-group presets ``"all"``. Kind: internal. Stability:
+development.
+"""
+
+
+MEGATRON_P2P_RECV_BACKWARD: Final = "megatron.p2p.recv_backward"
+"""Receiving gradients from the next pipeline stage.
+
+Span group: ``"communication"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development.
+"""
+
+
+MEGATRON_P2P_RECV_FORWARD: Final = "megatron.p2p.recv_forward"
+"""Receiving activations from the previous pipeline stage.
+
+Span group: ``"communication"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development.
+"""
+
+
+MEGATRON_P2P_SEND_BACKWARD: Final = "megatron.p2p.send_backward"
+"""Sending gradients to the previous pipeline stage.
+
+Span group: ``"communication"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development.
+"""
+
+
+MEGATRON_P2P_SEND_FORWARD: Final = "megatron.p2p.send_forward"
+"""Sending activations to the next pipeline stage.
+
+Span group: ``"communication"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development.
 """
 
 
 MEGATRON_STARTUP: Final = "megatron.startup"
 """Setting up the training process before its first iteration.
 
-Span group: ``"startup"``, on in the span-group presets ``"default"``, ``"per_step"``, ``"all"``.
-Kind: internal. Stability: development.
+Span group: ``"job"``, on in the span-group presets ``"default"``, ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development. Attributes: ``"is_goodput_span"`` (recommended).
 
 Initialising the distributed backend, building the model, the optimizer and the data loaders; a
 checkpoint load during startup is a child span.
 """
 
 
+MEGATRON_STARTUP_DATALOADER: Final = "megatron.startup.dataloader"
+"""Building the training and validation data loaders at startup.
+
+Span group: ``"data_loading"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development. Attributes: ``"is_goodput_span"`` (recommended).
+"""
+
+
+MEGATRON_STARTUP_MODEL_INIT: Final = "megatron.startup.model_init"
+"""Building the model (and its optimizer) at startup.
+
+Span group: ``"model_init"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development. Attributes: ``"is_goodput_span"`` (recommended).
+"""
+
+
 MEGATRON_TRAIN: Final = "megatron.train"
 """The whole training run of one rank, from its first iteration to its end.
 
-Span group: ``"run"``, on in the span-group presets ``"default"``, ``"per_step"``, ``"all"``. Kind:
-internal. Stability: development. Attributes: ``"error.type"`` (conditionally required).
+Span group: ``"job"``, on in the span-group presets ``"default"``, ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development. Attributes: ``"is_goodput_span"`` (recommended), ``"error.type"``
+(conditionally required).
 
-The root of the rank's trace: startup, iterations, checkpoints and evaluations are its children. An
+The root of the rank's spans of the run: startup and everything outside iterations are its children;
+iterations, evaluations and checkpoint saves go to their trace segment (megatron.train.segment). An
 exception that leaves the run is recorded on it (status ERROR, an exception event with the stack
 trace, error.type) before it propagates.
 """
 
 
-MEGATRON_TRAIN_DATA_LOADING: Final = "megatron.train.data_loading"
-"""Fetching the next batch from the data loader inside an iteration.
+MEGATRON_TRAIN_FIRST_ITERATION: Final = "megatron.train.first_iteration"
+"""The first iteration this process runs, around its megatron.train.iteration.
 
-Span group: ``"data_loading"``, on in the span-group presets ``"all"``. Kind: internal. Stability:
-development. Attributes: ``"megatron.iteration"`` (recommended).
-"""
+Span group: ``"first_iteration"``, on in the span-group presets ``"default"``, ``"per_step"``,
+``"all"``. Kind: internal. Stability: development. Attributes: ``"megatron.iteration"`` (required),
+``"is_goodput_span"`` (recommended).
 
-
-MEGATRON_TRAIN_FORWARD_BACKWARD: Final = "megatron.train.forward_backward"
-"""The forward and backward passes of an iteration.
-
-Span group: ``"forward_backward"``, on in the span-group presets ``"all"``. Kind: internal.
-Stability: development. Attributes: ``"megatron.iteration"`` (recommended).
-
-All micro-batches of the step when wrapped around the whole forward-backward schedule (as
-Megatron-LM's forward_backward_func), or one micro-batch when wrapped around each.
+After a resume this is not iteration 1. It carries one-off costs (compilation, CUDA graph capture,
+prefetch) that later iterations do not pay.
 """
 
 
 MEGATRON_TRAIN_ITERATION: Final = "megatron.train.iteration"
 """One training iteration (optimizer step), all of its micro-batches included.
 
-Span group: ``"iteration"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind: internal.
-Stability: development. Attributes: ``"megatron.iteration"`` (required).
+Span group: ``"step"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind: internal.
+Stability: development. Attributes: ``"megatron.iteration"`` (required), ``"megatron.skipped"``
+(recommended), ``"is_goodput_span"`` (recommended).
 
 Covers the forward and backward passes of every micro-batch of the step, gradient reduction and the
 optimizer update. Its duration can also be recorded as one point of
@@ -141,20 +333,74 @@ megatron.training.step_duration_ms.
 """
 
 
-MEGATRON_TRAIN_OPTIMIZER_STEP: Final = "megatron.train.optimizer_step"
+MEGATRON_TRAIN_ITERATION_DATA_LOADING: Final = "megatron.train.iteration.data_loading"
+"""Fetching the next batch from the data loader inside an iteration.
+
+Span group: ``"data_loading"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development. Attributes: ``"megatron.iteration"`` (recommended).
+
+otel-training's name, in Megatron-LM's scheme (Megatron-LM fetches batches inside its forward step).
+"""
+
+
+MEGATRON_TRAIN_ITERATION_FORWARD_BACKWARD: Final = "megatron.train.iteration.forward_backward"
+"""The forward and backward passes of all micro-batches of an iteration.
+
+Span group: ``"forward_backward"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development. Attributes: ``"megatron.iteration"`` (recommended),
+``"num_microbatches"`` (recommended).
+
+Megatron-LM's forward_backward_func: the whole pipeline schedule of the step.
+"""
+
+
+MEGATRON_TRAIN_ITERATION_OPTIMIZER: Final = "megatron.train.iteration.optimizer"
 """The optimizer update of an iteration, gradient clipping included.
 
-Span group: ``"optimizer"``, on in the span-group presets ``"all"``. Kind: internal. Stability:
-development. Attributes: ``"megatron.iteration"`` (recommended).
+Span group: ``"optimizer"``, on in the span-group presets ``"per_step"``, ``"all"``. Kind: internal.
+Stability: development. Attributes: ``"megatron.iteration"`` (recommended),
+``"megatron.update_successful"`` (recommended).
+"""
+
+
+MEGATRON_TRAIN_SEGMENT: Final = "megatron.train.segment"
+"""This rank's part of one trace segment: the iterations, evaluations and checkpoint saves of N
+iterations.
+
+Span group: ``"job"``, on in the span-group presets ``"default"``, ``"per_step"``, ``"all"``. Kind:
+internal. Stability: development. Attributes: ``"otel_training.trace.segment"`` (required).
+
+otel-training's: its trace id and its parent span id are computed from the run id and the segment
+number on every rank without communication, so all ranks' segment spans are in one trace under one
+shared parent (which no rank exports). It links to the rank's previous segment span and to its run
+span.
 """
 
 
 SPANS: Final[Mapping[str, SpanSpec]] = MappingProxyType(
     {
+        MEGATRON_ACTIVATION_OFFLOAD: SpanSpec(
+            name=MEGATRON_ACTIVATION_OFFLOAD,
+            group="activation_offload",
+            level="all",
+            brief="Copying activations to host memory to free device memory.",
+            stability="development",
+            attributes=(),
+            required_attributes=(),
+        ),
+        MEGATRON_ACTIVATION_RELOAD: SpanSpec(
+            name=MEGATRON_ACTIVATION_RELOAD,
+            group="activation_offload",
+            level="all",
+            brief="Copying offloaded activations back to the device for the backward pass.",
+            stability="development",
+            attributes=(),
+            required_attributes=(),
+        ),
         MEGATRON_CHECKPOINT_LOAD: SpanSpec(
             name=MEGATRON_CHECKPOINT_LOAD,
-            group="checkpoint",
-            level="default",
+            group="load_checkpoint",
+            level="per_step",
             brief="Loading a checkpoint to resume or initialise training.",
             stability="development",
             attributes=(
@@ -163,8 +409,18 @@ SPANS: Final[Mapping[str, SpanSpec]] = MappingProxyType(
                 "megatron.checkpoint.path",
                 "megatron.checkpoint.size",
                 "megatron.iteration",
+                "is_goodput_span",
             ),
             required_attributes=("megatron.checkpoint.type",),
+        ),
+        MEGATRON_CHECKPOINT_LOAD_IO_READ: SpanSpec(
+            name=MEGATRON_CHECKPOINT_LOAD_IO_READ,
+            group="load_checkpoint",
+            level="per_step",
+            brief="Reading the checkpoint's files.",
+            stability="development",
+            attributes=(),
+            required_attributes=(),
         ),
         MEGATRON_CHECKPOINT_SAVE: SpanSpec(
             name=MEGATRON_CHECKPOINT_SAVE,
@@ -178,71 +434,249 @@ SPANS: Final[Mapping[str, SpanSpec]] = MappingProxyType(
                 "megatron.checkpoint.path",
                 "megatron.checkpoint.size",
                 "megatron.iteration",
+                "is_goodput_span",
             ),
             required_attributes=("megatron.checkpoint.type", "megatron.checkpoint.strategy"),
         ),
+        MEGATRON_CHECKPOINT_SAVE_FINALIZE: SpanSpec(
+            name=MEGATRON_CHECKPOINT_SAVE_FINALIZE,
+            group="checkpoint",
+            level="default",
+            brief=(
+                "Finalizing a save: metadata, the latest-iteration marker, an asynchronous save's "
+                "completion."
+            ),
+            stability="development",
+            attributes=(),
+            required_attributes=(),
+        ),
+        MEGATRON_CHECKPOINT_SAVE_IO_WRITE: SpanSpec(
+            name=MEGATRON_CHECKPOINT_SAVE_IO_WRITE,
+            group="checkpoint",
+            level="default",
+            brief="Writing the checkpoint's files.",
+            stability="development",
+            attributes=(),
+            required_attributes=(),
+        ),
+        MEGATRON_CHECKPOINT_SAVE_STATE_DICT: SpanSpec(
+            name=MEGATRON_CHECKPOINT_SAVE_STATE_DICT,
+            group="checkpoint",
+            level="default",
+            brief="Gathering the state dict to save.",
+            stability="development",
+            attributes=(),
+            required_attributes=(),
+        ),
         MEGATRON_EVALUATE: SpanSpec(
             name=MEGATRON_EVALUATE,
-            group="evaluation",
+            group="evaluate",
             level="default",
             brief="Evaluating the model on held-out data during or after training.",
             stability="development",
             attributes=("megatron.iteration",),
             required_attributes=(),
         ),
-        MEGATRON_STARTUP: SpanSpec(
-            name=MEGATRON_STARTUP,
-            group="startup",
+        MEGATRON_EVALUATE_STEP: SpanSpec(
+            name=MEGATRON_EVALUATE_STEP,
+            group="evaluate",
             level="default",
-            brief="Setting up the training process before its first iteration.",
+            brief="One step of an evaluation: the forward passes of one batch.",
+            stability="development",
+            attributes=("megatron.eval_iteration",),
+            required_attributes=(),
+        ),
+        MEGATRON_GRAD_SYNC_FINISH: SpanSpec(
+            name=MEGATRON_GRAD_SYNC_FINISH,
+            group="communication",
+            level="per_step",
+            brief="Waiting for the data-parallel gradient reduction to finish.",
             stability="development",
             attributes=(),
             required_attributes=(),
         ),
+        MEGATRON_GRAD_SYNC_START: SpanSpec(
+            name=MEGATRON_GRAD_SYNC_START,
+            group="communication",
+            level="per_step",
+            brief="Starting the data-parallel gradient reduction (all-reduce or reduce-scatter).",
+            stability="development",
+            attributes=(),
+            required_attributes=(),
+        ),
+        MEGATRON_LAYER_FORWARD: SpanSpec(
+            name=MEGATRON_LAYER_FORWARD,
+            group="layer",
+            level="all",
+            brief="The forward pass of one transformer layer.",
+            stability="development",
+            attributes=("megatron.layer_number",),
+            required_attributes=(),
+        ),
+        MEGATRON_LAYER_MLP: SpanSpec(
+            name=MEGATRON_LAYER_MLP,
+            group="layer",
+            level="all",
+            brief="The MLP (or mixture-of-experts) block of one transformer layer's forward pass.",
+            stability="development",
+            attributes=("megatron.layer_number",),
+            required_attributes=(),
+        ),
+        MEGATRON_LAYER_SELF_ATTENTION: SpanSpec(
+            name=MEGATRON_LAYER_SELF_ATTENTION,
+            group="layer",
+            level="all",
+            brief="The self-attention block of one transformer layer's forward pass.",
+            stability="development",
+            attributes=("megatron.layer_number",),
+            required_attributes=(),
+        ),
+        MEGATRON_MICROBATCH_BACKWARD: SpanSpec(
+            name=MEGATRON_MICROBATCH_BACKWARD,
+            group="microbatch",
+            level="all",
+            brief="The backward pass of one micro-batch.",
+            stability="development",
+            attributes=(),
+            required_attributes=(),
+        ),
+        MEGATRON_MICROBATCH_FORWARD: SpanSpec(
+            name=MEGATRON_MICROBATCH_FORWARD,
+            group="microbatch",
+            level="all",
+            brief="The forward pass of one micro-batch.",
+            stability="development",
+            attributes=(),
+            required_attributes=(),
+        ),
+        MEGATRON_P2P_RECV_BACKWARD: SpanSpec(
+            name=MEGATRON_P2P_RECV_BACKWARD,
+            group="communication",
+            level="per_step",
+            brief="Receiving gradients from the next pipeline stage.",
+            stability="development",
+            attributes=(),
+            required_attributes=(),
+        ),
+        MEGATRON_P2P_RECV_FORWARD: SpanSpec(
+            name=MEGATRON_P2P_RECV_FORWARD,
+            group="communication",
+            level="per_step",
+            brief="Receiving activations from the previous pipeline stage.",
+            stability="development",
+            attributes=(),
+            required_attributes=(),
+        ),
+        MEGATRON_P2P_SEND_BACKWARD: SpanSpec(
+            name=MEGATRON_P2P_SEND_BACKWARD,
+            group="communication",
+            level="per_step",
+            brief="Sending gradients to the previous pipeline stage.",
+            stability="development",
+            attributes=(),
+            required_attributes=(),
+        ),
+        MEGATRON_P2P_SEND_FORWARD: SpanSpec(
+            name=MEGATRON_P2P_SEND_FORWARD,
+            group="communication",
+            level="per_step",
+            brief="Sending activations to the next pipeline stage.",
+            stability="development",
+            attributes=(),
+            required_attributes=(),
+        ),
+        MEGATRON_STARTUP: SpanSpec(
+            name=MEGATRON_STARTUP,
+            group="job",
+            level="default",
+            brief="Setting up the training process before its first iteration.",
+            stability="development",
+            attributes=("is_goodput_span",),
+            required_attributes=(),
+        ),
+        MEGATRON_STARTUP_DATALOADER: SpanSpec(
+            name=MEGATRON_STARTUP_DATALOADER,
+            group="data_loading",
+            level="per_step",
+            brief="Building the training and validation data loaders at startup.",
+            stability="development",
+            attributes=("is_goodput_span",),
+            required_attributes=(),
+        ),
+        MEGATRON_STARTUP_MODEL_INIT: SpanSpec(
+            name=MEGATRON_STARTUP_MODEL_INIT,
+            group="model_init",
+            level="per_step",
+            brief="Building the model (and its optimizer) at startup.",
+            stability="development",
+            attributes=("is_goodput_span",),
+            required_attributes=(),
+        ),
         MEGATRON_TRAIN: SpanSpec(
             name=MEGATRON_TRAIN,
-            group="run",
+            group="job",
             level="default",
             brief="The whole training run of one rank, from its first iteration to its end.",
             stability="development",
-            attributes=("error.type",),
+            attributes=("is_goodput_span", "error.type"),
             required_attributes=(),
         ),
-        MEGATRON_TRAIN_DATA_LOADING: SpanSpec(
-            name=MEGATRON_TRAIN_DATA_LOADING,
+        MEGATRON_TRAIN_FIRST_ITERATION: SpanSpec(
+            name=MEGATRON_TRAIN_FIRST_ITERATION,
+            group="first_iteration",
+            level="default",
+            brief="The first iteration this process runs, around its megatron.train.iteration.",
+            stability="development",
+            attributes=("megatron.iteration", "is_goodput_span"),
+            required_attributes=("megatron.iteration",),
+        ),
+        MEGATRON_TRAIN_ITERATION: SpanSpec(
+            name=MEGATRON_TRAIN_ITERATION,
+            group="step",
+            level="per_step",
+            brief="One training iteration (optimizer step), all of its micro-batches included.",
+            stability="development",
+            attributes=("megatron.iteration", "megatron.skipped", "is_goodput_span"),
+            required_attributes=("megatron.iteration",),
+        ),
+        MEGATRON_TRAIN_ITERATION_DATA_LOADING: SpanSpec(
+            name=MEGATRON_TRAIN_ITERATION_DATA_LOADING,
             group="data_loading",
-            level="all",
+            level="per_step",
             brief="Fetching the next batch from the data loader inside an iteration.",
             stability="development",
             attributes=("megatron.iteration",),
             required_attributes=(),
         ),
-        MEGATRON_TRAIN_FORWARD_BACKWARD: SpanSpec(
-            name=MEGATRON_TRAIN_FORWARD_BACKWARD,
+        MEGATRON_TRAIN_ITERATION_FORWARD_BACKWARD: SpanSpec(
+            name=MEGATRON_TRAIN_ITERATION_FORWARD_BACKWARD,
             group="forward_backward",
-            level="all",
-            brief="The forward and backward passes of an iteration.",
+            level="per_step",
+            brief="The forward and backward passes of all micro-batches of an iteration.",
             stability="development",
-            attributes=("megatron.iteration",),
+            attributes=("megatron.iteration", "num_microbatches"),
             required_attributes=(),
         ),
-        MEGATRON_TRAIN_ITERATION: SpanSpec(
-            name=MEGATRON_TRAIN_ITERATION,
-            group="iteration",
-            level="per_step",
-            brief="One training iteration (optimizer step), all of its micro-batches included.",
-            stability="development",
-            attributes=("megatron.iteration",),
-            required_attributes=("megatron.iteration",),
-        ),
-        MEGATRON_TRAIN_OPTIMIZER_STEP: SpanSpec(
-            name=MEGATRON_TRAIN_OPTIMIZER_STEP,
+        MEGATRON_TRAIN_ITERATION_OPTIMIZER: SpanSpec(
+            name=MEGATRON_TRAIN_ITERATION_OPTIMIZER,
             group="optimizer",
-            level="all",
+            level="per_step",
             brief="The optimizer update of an iteration, gradient clipping included.",
             stability="development",
-            attributes=("megatron.iteration",),
+            attributes=("megatron.iteration", "megatron.update_successful"),
             required_attributes=(),
+        ),
+        MEGATRON_TRAIN_SEGMENT: SpanSpec(
+            name=MEGATRON_TRAIN_SEGMENT,
+            group="job",
+            level="default",
+            brief=(
+                "This rank's part of one trace segment: the iterations, evaluations and checkpoint "
+                "saves of N iterations."
+            ),
+            stability="development",
+            attributes=("otel_training.trace.segment",),
+            required_attributes=("otel_training.trace.segment",),
         ),
     }
 )
@@ -251,14 +685,33 @@ SPANS: Final[Mapping[str, SpanSpec]] = MappingProxyType(
 SPAN_GROUP_LEVELS: Final[Mapping[str, str]] = MappingProxyType(
     {
         "checkpoint": "default",
-        "evaluation": "default",
-        "run": "default",
-        "startup": "default",
-        "iteration": "per_step",
-        "data_loading": "all",
-        "forward_backward": "all",
-        "optimizer": "all",
+        "custom": "default",
+        "evaluate": "default",
+        "first_iteration": "default",
+        "inference": "default",
+        "job": "default",
+        "communication": "per_step",
+        "data_loading": "per_step",
+        "forward_backward": "per_step",
+        "load_checkpoint": "per_step",
+        "model_init": "per_step",
+        "optimizer": "per_step",
+        "step": "per_step",
+        "activation_offload": "all",
+        "layer": "all",
+        "microbatch": "all",
+        "trace_region": "all",
     }
 )
-"""Each span group of the registry and the smallest preset of :data:`SPAN_LEVELS` that
-enables it. Read-only."""
+"""Each span group and the smallest preset of :data:`SPAN_LEVELS` that enables it. Read-only."""
+
+NVTX_ONLY_CANDIDATE_GROUPS: Final = frozenset(
+    {
+        "activation_offload",
+        "communication",
+        "layer",
+        "microbatch",
+    }
+)
+"""The fine-grained groups, whose phases run thousands of times a step: those that
+``OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS=fine`` mirrors to NVTX ranges only."""

@@ -1,0 +1,234 @@
+"""The figures of a bad day, measured in real processes against real loopback receivers.
+
+Prints, from one run:
+
+- ``shutdown``: how long ``shutdown()`` takes with the collector refused (nothing listening),
+  black-holed (accepts, never answers) and slow (answers after 2 s), over gRPC and HTTP, for
+  ``OTEL_EXPORTER_OTLP_TIMEOUT`` of 1, 2 and 3 s, against the bound timeout + 1 s;
+- ``sigterm``: SIGTERM delivered at a random moment into a tight ``record_training_metrics``
+  loop, N times (default 200): how many children hung (did not end within timeout + 5 s) and
+  how many delivered their last interval (the only export: the interval is 60 s);
+- ``burst``: 8 threads x 10,000 spans with the embedded default at default settings: spans
+  lost in the OTLP-JSON traces file and in the span JSON lines;
+- ``a11``: case A11 (a 5 MB attribute, a 3 MB exception message) over gRPC: the largest export
+  request in bytes and the longest span JSON line in bytes, against 4 MiB and 1 MiB.
+
+Usage: python bench/bad_day.py [--sigterm-trials N] [--skip shutdown,sigterm,burst,a11]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+
+from otlp_receiver import BlackHole, OtlpReceiver, free_port  # noqa: E402
+
+SHUTDOWN_CHILD = textwrap.dedent(
+    """
+    import json, time
+    import otel_training as ot
+    t = ot.configure()
+    ot.record_training_metrics(t.meter, loss=1.0, step_duration_ms=5.0)
+    with ot.training_run():
+        pass
+    start = time.monotonic()
+    t.shutdown()
+    print(json.dumps({"shutdown_s": time.monotonic() - start}))
+    """
+)
+
+TIGHT_LOOP = textwrap.dedent(
+    """
+    import otel_training
+    meter = otel_training.get_meter()
+    i = 0
+    while True:
+        i += 1
+        otel_training.record_training_metrics(meter, loss=float(i), step_duration_ms=1.0,
+                                              skipped_iters=1)
+        if i == 1000:
+            print("ready", flush=True)
+    """
+)
+
+BURST = textwrap.dedent(
+    """
+    import json, threading, sys
+    import otel_training as ot
+    t = ot.configure()
+    def work(n):
+        for i in range(10_000):
+            with t.tracer.start_as_current_span(f"burst.{n}") as span:
+                span.set_attribute("i", i)
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for thread in threads: thread.start()
+    for thread in threads: thread.join()
+    t.shutdown()
+    print(json.dumps({"run_dir": t.output_dir}))
+    """
+)
+
+A11 = textwrap.dedent(
+    """
+    import otel_training as ot
+    with ot.training_run():
+        for i in range(10):
+            with ot.evaluation(iteration=i):
+                pass
+        with ot.checkpoint_save("/ckpt/step-10", iteration=10) as save:
+            save.set_attribute("megatron.checkpoint.manifest", "m" * 5_000_000)
+        try:
+            with ot.checkpoint_load("/ckpt/step-10"):
+                raise RuntimeError("shard mismatch: " + "s" * 3_000_000)
+        except RuntimeError:
+            pass
+        for i in range(10, 20):
+            with ot.evaluation(iteration=i):
+                pass
+    ot.shutdown()
+    """
+)
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    env["OTEL_PYTHON_TRAINING_OUTPUT_DIR"] = tempfile.mkdtemp(prefix="bad-day-")
+    env.update(extra)
+    return env
+
+
+def _run(code: str, extra: dict[str, str], timeout_s: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=_env(extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def shutdown_figures() -> None:
+    print("shutdown() in seconds (bound: OTLP timeout + 1 s)")
+    print(f"  {'collector':<11} {'protocol':<14} " + " ".join(f"{f'T={t}s':>7}" for t in (1, 2, 3)))
+    worst = 0.0
+    with BlackHole() as hole, OtlpReceiver(delay_s=2.0) as slow:
+        for name in ("refused", "black hole", "slow"):
+            for protocol in ("grpc", "http/protobuf"):
+                cells = []
+                for timeout in (1, 2, 3):
+                    endpoint = {
+                        "refused": f"http://127.0.0.1:{free_port()}",
+                        "black hole": hole.endpoint,
+                        "slow": slow.grpc_endpoint if protocol == "grpc" else slow.http_endpoint,
+                    }[name]
+                    result = _run(
+                        SHUTDOWN_CHILD,
+                        {
+                            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+                            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+                            "OTEL_EXPORTER_OTLP_TIMEOUT": str(timeout),
+                        },
+                    )
+                    seconds = json.loads(result.stdout.strip().splitlines()[-1])["shutdown_s"]
+                    worst = max(worst, seconds - timeout)
+                    cells.append(f"{seconds:7.2f}")
+                print(f"  {name:<11} {protocol:<14} " + " ".join(cells))
+    print(f"  worst shutdown - timeout: {worst:.2f} s (goal <= 1 s)")
+
+
+def sigterm_figures(trials: int) -> None:
+    hangs = kept = 0
+    rng = random.Random(0)
+    for _ in range(trials):
+        with OtlpReceiver() as receiver:
+            env = _env({**receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"})
+            child = subprocess.Popen(
+                [sys.executable, "-c", TIGHT_LOOP], env=env, stdout=subprocess.PIPE, text=True
+            )
+            try:
+                child.stdout.readline()
+                time.sleep(rng.uniform(0, 0.05))
+                child.send_signal(signal.SIGTERM)
+                try:
+                    child.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    hangs += 1
+                    continue
+            finally:
+                child.kill()
+                child.wait()
+            losses = receiver.metrics("megatron.training.loss")
+            kept += bool(
+                losses and losses[-1].value >= 1000 and child.returncode == -signal.SIGTERM
+            )
+    print(f"sigterm: {hangs} hangs in {trials} trials (goal 0); last interval kept "
+          f"{kept}/{trials} (goal {trials}/{trials})")  # fmt: skip
+
+
+def burst_figures() -> None:
+    result = _run(BURST, {}, timeout_s=300)
+    run_dir = Path(json.loads(result.stdout.strip().splitlines()[-1])["run_dir"])
+    exported = 0
+    for line in (run_dir / "traces-rank0.jsonl").read_text().splitlines():
+        for resource in json.loads(line)["resourceSpans"]:
+            for scope in resource["scopeSpans"]:
+                exported += len(scope["spans"])
+    ends = sum(
+        1
+        for line in (run_dir / "spans-rank0.jsonl").read_text().splitlines()
+        if '"span_end"' in line
+    )
+    print(f"burst: 80000 spans from 8 threads: OTLP-JSON traces file lost {80_000 - exported}, "
+          f"span JSON lines lost {80_000 - ends} (goal 0 and 0)")  # fmt: skip
+
+
+def a11_figures() -> None:
+    with OtlpReceiver() as receiver:
+        lines = Path(tempfile.mkdtemp(prefix="a11-"))
+        extra = {
+            **receiver.env("grpc"),
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_PYTHON_TRAINING_JSONLOG_DIR": str(lines),
+            "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "default,load_checkpoint",
+        }
+        _run(A11, extra)
+        largest = max(receiver.request_sizes("traces"))
+        spans = len(receiver.spans())
+    longest = max(
+        len(x) for x in (lines / "latest" / "spans-rank0.jsonl").read_bytes().splitlines()
+    )
+    print(f"a11: {spans} of 24 spans arrived; largest export request {largest:,} bytes "
+          f"(limit 4,194,304); longest JSON line {longest:,} bytes (limit 1,048,576)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sigterm-trials", type=int, default=200)
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip")
+    args = parser.parse_args()
+    skip = set(args.skip.split(","))
+    if "shutdown" not in skip:
+        shutdown_figures()
+    if "sigterm" not in skip:
+        sigterm_figures(args.sigterm_trials)
+    if "burst" not in skip:
+        burst_figures()
+    if "a11" not in skip:
+        a11_figures()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,465 @@
+"""The report and the trace of a long multi-rank run: build time and output size.
+
+Writes, into a temporary directory, the files that the embedded default would leave after a
+10,000-step run on 8 ranks (the defaults; see the flags), synthetically but in the real
+formats and at realistic rates:
+
+- ``metrics-rank{R}.jsonl``: one OTLP-JSON ``ExportMetricsServiceRequest`` per 5 s export
+  (cumulative temporality): the Megatron-LM gauges (loss, learning rate, grad norm, tokens/s,
+  TFLOP/s, memory; logged every 10 steps), the step-duration histogram (one observation per
+  step, the default buckets), skipped iterations and non-finite values, and the tensor gauges
+  of 24 layers (grad norm, param norm, activation RMS, router balance x 3 statistics, router
+  entropy; computed every 50 steps, exported at every collection like any observable gauge);
+- ``spans-rank{R}.jsonl``: start and end lines (docs/spans.md) of the run, startup with a
+  checkpoint load, every iteration with its forward/backward and optimizer step, an evaluation
+  every 500 steps and a checkpoint save every 1,000;
+- ``traces-rank{R}.jsonl``: the same spans as OTLP-JSON in batches of 512.
+
+Then times, in this process, ``load_run`` (reading every file), ``build_report`` and
+``write_chrome_trace``, and prints the input size, the times, and the HTML and trace sizes,
+with the report's share of the input (HTML bytes per input byte).
+
+Run: ``make bench-report`` or ``.venv/bin/python bench/report.py [--steps N --ranks N]``
+(writes about 1 GB to the temporary directory, removed at the end unless ``--keep``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from otel_training.report import build_report, load_run, write_chrome_trace
+from otel_training.semconv.attributes import (
+    MEGATRON_CHECKPOINT_PATH,
+    MEGATRON_CHECKPOINT_SIZE,
+    MEGATRON_CHECKPOINT_STRATEGY,
+    MEGATRON_CHECKPOINT_TYPE,
+    MEGATRON_ITERATION,
+    MEGATRON_TRAINING_LAYER,
+    MEGATRON_TRAINING_METRIC,
+    MEGATRON_TRAINING_ROUTER_STATISTIC,
+)
+from otel_training.semconv.metrics import (
+    MEGATRON_TRAINING_GRAD_NORM,
+    MEGATRON_TRAINING_LEARNING_RATE,
+    MEGATRON_TRAINING_LOSS,
+    MEGATRON_TRAINING_MEMORY_ALLOCATED_GB,
+    MEGATRON_TRAINING_NONFINITE_VALUES,
+    MEGATRON_TRAINING_SKIPPED_ITERS,
+    MEGATRON_TRAINING_STEP_DURATION_MS,
+    MEGATRON_TRAINING_TENSOR_ACTIVATION_RMS,
+    MEGATRON_TRAINING_TENSOR_GRAD_NORM,
+    MEGATRON_TRAINING_TENSOR_PARAM_NORM,
+    MEGATRON_TRAINING_TENSOR_ROUTER_BALANCE,
+    MEGATRON_TRAINING_TENSOR_ROUTER_ENTROPY,
+    MEGATRON_TRAINING_THROUGHPUT_TFLOPS,
+    MEGATRON_TRAINING_TOKENS_PER_SEC,
+)
+from otel_training.semconv.spans import (
+    MEGATRON_CHECKPOINT_LOAD,
+    MEGATRON_CHECKPOINT_SAVE,
+    MEGATRON_EVALUATE,
+    MEGATRON_STARTUP,
+    MEGATRON_TRAIN,
+    MEGATRON_TRAIN_ITERATION,
+    SPANS,
+)
+from otel_training.views import STEP_DURATION_BUCKETS_MS
+
+
+def _span_of_group(group: str) -> str:
+    """The registry's span of ``group`` (the iteration's children are named by group)."""
+    return min(name for name, spec in SPANS.items() if spec.group == group)
+
+
+FORWARD_BACKWARD = _span_of_group("forward_backward")
+OPTIMIZER = _span_of_group("optimizer")
+EXPORT_INTERVAL_S = 5.0
+LOG_INTERVAL = 10
+TENSOR_INTERVAL = 50
+EVAL_INTERVAL = 500
+CHECKPOINT_INTERVAL = 1_000
+ROUTER_STATISTICS = ("max_over_mean", "coefficient_of_variation", "dead_fraction")
+
+
+def _kv(key: str, value) -> dict:
+    if isinstance(value, bool):
+        return {"key": key, "value": {"boolValue": value}}
+    if isinstance(value, int):
+        return {"key": key, "value": {"intValue": str(value)}}
+    if isinstance(value, float):
+        return {"key": key, "value": {"doubleValue": value}}
+    return {"key": key, "value": {"stringValue": str(value)}}
+
+
+class _Rank:
+    """Writes one rank's three files as the run goes."""
+
+    def __init__(self, directory: Path, rank: int, world_size: int, run_id: str, layers: int):
+        self.rank, self.layers = rank, layers
+        self.random = random.Random(rank)
+        self.resource = {
+            "service.name": "llama-pretrain",
+            "service.instance.id": f"{run_id}-rank{rank}",
+            "host.name": f"node-{rank // 4:03d}",
+            "dl.rank": rank,
+            "dl.local_rank": rank % 4,
+            "dl.world_size": world_size,
+            "dl.node_rank": rank // 4,
+            "dl.run.id": run_id,
+        }
+        self.resource_otlp = {"attributes": [_kv(k, v) for k, v in self.resource.items()]}
+        self.resource_json = json.dumps(self.resource)
+        self.metrics = open(directory / f"metrics-rank{rank}.jsonl", "w")
+        self.spans = open(directory / f"spans-rank{rank}.jsonl", "w")
+        self.traces = open(directory / f"traces-rank{rank}.jsonl", "w")
+        self.trace_id = f"{self.random.getrandbits(128):032x}"
+        self.pending: list[dict] = []
+        self.buckets = [0] * (len(STEP_DURATION_BUCKETS_MS) + 1)
+        self.count, self.sum = 0, 0.0
+        self.start_ns = 0
+        self.gauges: dict[str, float] = {}
+        self.tensors: dict[tuple, float] = {}
+        self.skipped = 0
+        self.nonfinite = 0
+
+    def span_id(self) -> str:
+        return f"{self.random.getrandbits(64):016x}"
+
+    def span(self, name, start_ns, end_ns, parent, attributes=None, span_id=None) -> str:
+        span_id = span_id or self.span_id()
+        attributes = attributes or {}
+        common = (
+            f'"name": "{name}", "trace_id": "{self.trace_id}", "span_id": "{span_id}", '
+            f'"parent_span_id": {json.dumps(parent)}, "start_time_ns": {start_ns}'
+        )
+        attrs = json.dumps(attributes)
+        tail = f', "rank": {self.rank}, "resource": {self.resource_json}}}\n'
+        self.spans.write(f'{{"record": "span_start", {common}, "attributes": {attrs}{tail}')
+        self.spans.write(
+            f'{{"record": "span_end", {common}, "end_time_ns": {end_ns}, '
+            f'"duration_ms": {(end_ns - start_ns) / 1e6}, "status": "UNSET", '
+            f'"status_description": null, "events": [], "attributes": {attrs}{tail}'
+        )
+        item = {
+            "traceId": self.trace_id,
+            "spanId": span_id,
+            "name": name,
+            "kind": 1,
+            "startTimeUnixNano": str(start_ns),
+            "endTimeUnixNano": str(end_ns),
+            "attributes": [_kv(k, v) for k, v in attributes.items()],
+            "status": {},
+        }
+        if parent:
+            item["parentSpanId"] = parent
+        self.pending.append(item)
+        if len(self.pending) >= 512:
+            self.flush_traces()
+        return span_id
+
+    def flush_traces(self) -> None:
+        if not self.pending:
+            return
+        document = {
+            "resourceSpans": [
+                {
+                    "resource": self.resource_otlp,
+                    "scopeSpans": [{"scope": {"name": "otel_training"}, "spans": self.pending}],
+                }
+            ]
+        }
+        self.traces.write(json.dumps(document, separators=(",", ":")) + "\n")
+        self.pending = []
+
+    def observe_step(self, duration_ms: float) -> None:
+        for i, bound in enumerate(STEP_DURATION_BUCKETS_MS):
+            if duration_ms <= bound:
+                self.buckets[i] += 1
+                break
+        else:
+            self.buckets[-1] += 1
+        self.count += 1
+        self.sum += duration_ms
+
+    def export(self, time_ns: int) -> None:
+        def gauge(name, points):
+            return {"name": name, "unit": "", "gauge": {"dataPoints": points}}
+
+        def point(value, attributes=()):
+            p = {"timeUnixNano": str(time_ns), "asDouble": value}
+            if attributes:
+                p["attributes"] = [_kv(k, v) for k, v in attributes]
+            return p
+
+        metrics = [
+            {
+                "name": MEGATRON_TRAINING_STEP_DURATION_MS,
+                "unit": "ms",
+                "histogram": {
+                    "dataPoints": [
+                        {
+                            "startTimeUnixNano": str(self.start_ns),
+                            "timeUnixNano": str(time_ns),
+                            "count": str(self.count),
+                            "sum": self.sum,
+                            "bucketCounts": [str(c) for c in self.buckets],
+                            "explicitBounds": list(STEP_DURATION_BUCKETS_MS),
+                        }
+                    ],
+                    "aggregationTemporality": 2,
+                },
+            }
+        ]
+        metrics += [gauge(name, [point(value)]) for name, value in self.gauges.items()]
+        for name in (
+            MEGATRON_TRAINING_SKIPPED_ITERS,
+            MEGATRON_TRAINING_NONFINITE_VALUES,
+        ):
+            total = self.skipped if name == MEGATRON_TRAINING_SKIPPED_ITERS else self.nonfinite
+            if total:
+                attrs = (
+                    [_kv(MEGATRON_TRAINING_METRIC, MEGATRON_TRAINING_LOSS)]
+                    if name == MEGATRON_TRAINING_NONFINITE_VALUES
+                    else []
+                )
+                metrics.append(
+                    {
+                        "name": name,
+                        "sum": {
+                            "dataPoints": [
+                                {
+                                    "startTimeUnixNano": str(self.start_ns),
+                                    "timeUnixNano": str(time_ns),
+                                    "asInt": str(total),
+                                    "attributes": attrs,
+                                }
+                            ],
+                            "aggregationTemporality": 2,
+                            "isMonotonic": True,
+                        },
+                    }
+                )
+        by_family: dict[str, list] = {}
+        for (family, attributes), value in self.tensors.items():
+            by_family.setdefault(family, []).append(point(value, attributes))
+        metrics += [gauge(family, points) for family, points in by_family.items()]
+        document = {
+            "resourceMetrics": [
+                {
+                    "resource": self.resource_otlp,
+                    "scopeMetrics": [{"scope": {"name": "otel_training"}, "metrics": metrics}],
+                }
+            ]
+        }
+        self.metrics.write(json.dumps(document, separators=(",", ":")) + "\n")
+
+    def log(self, step: int, steps: int, duration_s: float) -> None:
+        r = self.random
+        progress = step / steps
+        warmup = min(1.0, step / 200)
+        lr = 3e-4 * warmup * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        loss = 2.0 + 8.0 * math.exp(-step / 800) + 0.05 * r.gauss(0, 1)
+        if 7_000 <= step < 7_030:
+            loss += 1.5 * math.exp(-(step - 7_000) / 10)  # a loss spike
+        tokens_per_s = 4 * 8192 / duration_s * (1 + 0.01 * r.gauss(0, 1))
+        self.gauges = {
+            MEGATRON_TRAINING_LOSS: loss,
+            MEGATRON_TRAINING_LEARNING_RATE: lr,
+            MEGATRON_TRAINING_GRAD_NORM: abs(
+                0.3 + 2.0 * math.exp(-step / 500) + 0.05 * r.gauss(0, 1)
+            ),
+            MEGATRON_TRAINING_TOKENS_PER_SEC: tokens_per_s,
+            MEGATRON_TRAINING_THROUGHPUT_TFLOPS: tokens_per_s * 6 * 7e9 / 1e12,
+            MEGATRON_TRAINING_MEMORY_ALLOCATED_GB: 61.5
+            + 0.3 * math.sin(step / 300)
+            + 0.1 * self.rank,
+        }
+
+    def tensor_metrics(self, step: int) -> None:
+        r = self.random
+        decay = math.exp(-step / 2_000)
+        for layer in range(self.layers):
+            name = f"decoder.layers.{layer}"
+            depth = layer / max(self.layers - 1, 1)
+            key = ((MEGATRON_TRAINING_LAYER, name),)
+            self.tensors[(MEGATRON_TRAINING_TENSOR_GRAD_NORM, key)] = (
+                (0.05 + 0.4 * decay) * (1.5 - depth) * (1 + 0.1 * r.gauss(0, 1))
+            )
+            self.tensors[(MEGATRON_TRAINING_TENSOR_PARAM_NORM, key)] = (
+                40 + 10 * depth + step / 1_000
+            )
+            self.tensors[(MEGATRON_TRAINING_TENSOR_ACTIVATION_RMS, key)] = 1 + 2 * depth * (
+                1 - decay
+            )
+            for statistic in ROUTER_STATISTICS:
+                attrs = (
+                    (MEGATRON_TRAINING_LAYER, name),
+                    (MEGATRON_TRAINING_ROUTER_STATISTIC, statistic),
+                )
+                base = {"max_over_mean": 1.2, "coefficient_of_variation": 0.2, "dead_fraction": 0.0}
+                self.tensors[(MEGATRON_TRAINING_TENSOR_ROUTER_BALANCE, attrs)] = (
+                    base[statistic] + 0.5 * decay * depth + 0.02 * abs(r.gauss(0, 1))
+                )
+            self.tensors[(MEGATRON_TRAINING_TENSOR_ROUTER_ENTROPY, key)] = (
+                0.95 - 0.2 * decay * depth
+            )
+        for family in (MEGATRON_TRAINING_TENSOR_GRAD_NORM, MEGATRON_TRAINING_TENSOR_PARAM_NORM):
+            self.tensors[(family, ((MEGATRON_TRAINING_LAYER, "global"),))] = sum(
+                v for (f, a), v in self.tensors.items() if f == family and a[0][1] != "global"
+            )
+
+    def close(self) -> None:
+        self.flush_traces()
+        for handle in (self.metrics, self.spans, self.traces):
+            handle.close()
+
+
+def generate(directory: Path, steps: int, ranks: int, layers: int, step_s: float) -> None:
+    """Writes the files of the run (see the module docstring)."""
+    run_id = "bench" + "0" * 27
+    writers = [_Rank(directory, r, ranks, run_id, layers) for r in range(ranks)]
+    t0 = 1_796_000_000 * 10**9
+    startup_ns = int(45e9)
+    common = random.Random(1234)
+    for w in writers:
+        w.start_ns = t0
+        w.root = w.span_id()
+        skew = int(w.random.uniform(-2e6, 2e6))  # clocks of the hosts a few ms apart
+        w.skew = skew
+        startup = w.span(MEGATRON_STARTUP, t0 + skew, t0 + startup_ns + skew, w.root)
+        w.span(
+            MEGATRON_CHECKPOINT_LOAD,
+            t0 + int(20e9) + skew,
+            t0 + int(40e9) + skew,
+            startup,
+            {MEGATRON_CHECKPOINT_TYPE: "global", MEGATRON_ITERATION: 0},
+        )
+    now = t0 + startup_ns
+    next_export = t0 + int(EXPORT_INTERVAL_S * 1e9)
+    for step in range(1, steps + 1):
+        base = step_s * math.exp(0.05 * common.gauss(0, 1))
+        end = now + int(base * 1e9)
+        for w in writers:
+            duration = base * (1.03 if w.rank == 5 else 1.0)  # rank 5 a bit slower inside
+            start_ns, end_ns = now + w.skew, end + w.skew
+            iteration = w.span(
+                MEGATRON_TRAIN_ITERATION, start_ns, end_ns, w.root, {MEGATRON_ITERATION: step}
+            )
+            split = start_ns + int((end_ns - start_ns) * 0.82)
+            w.span(
+                FORWARD_BACKWARD,
+                start_ns,
+                split,
+                iteration,
+                {MEGATRON_ITERATION: step},
+            )
+            w.span(
+                OPTIMIZER,
+                split,
+                end_ns - 1000,
+                iteration,
+                {MEGATRON_ITERATION: step},
+            )
+            w.observe_step(duration * 1e3)
+            if step % LOG_INTERVAL == 0:
+                w.log(step, steps, duration)
+            if step % TENSOR_INTERVAL == 0:
+                w.tensor_metrics(step)
+            if step in (3_000, 3_001):
+                w.skipped += 1
+            if step == 7_000:
+                w.nonfinite += 1
+        now = end
+        for interval, name, length_s in (
+            (EVAL_INTERVAL, MEGATRON_EVALUATE, 20.0),
+            (CHECKPOINT_INTERVAL, MEGATRON_CHECKPOINT_SAVE, 30.0),
+        ):
+            if step % interval == 0:
+                stop = now + int(length_s * 1e9)
+                for w in writers:
+                    attributes = {MEGATRON_ITERATION: step}
+                    if name == MEGATRON_CHECKPOINT_SAVE:
+                        attributes.update(
+                            {
+                                MEGATRON_CHECKPOINT_TYPE: "global",
+                                MEGATRON_CHECKPOINT_STRATEGY: "sync",
+                                MEGATRON_CHECKPOINT_PATH: f"/ckpt/iter_{step:07d}",
+                                MEGATRON_CHECKPOINT_SIZE: 14 * 2**30 // len(writers),
+                            }
+                        )
+                    w.span(name, now + w.skew, stop + w.skew, w.root, attributes)
+                now = stop
+        while next_export <= now:
+            for w in writers:
+                w.export(next_export + w.skew)
+            next_export += int(EXPORT_INTERVAL_S * 1e9)
+    for w in writers:
+        w.span(MEGATRON_TRAIN, t0 + w.skew, now + w.skew, None, span_id=w.root)
+        w.export(now + w.skew)
+        w.close()
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--step-s", type=float, default=1.2, help="mean step time, seconds")
+    parser.add_argument("--keep", action="store_true", help="keep the generated directory")
+    parser.add_argument("--reuse", type=Path, help="a directory kept by --keep: read it again")
+    args = parser.parse_args(argv)
+    directory = args.reuse or Path(tempfile.mkdtemp(prefix="otel-training-bench-report-"))
+    keep = args.keep or args.reuse is not None
+    try:
+        started = time.perf_counter()
+        if args.reuse is None:
+            generate(directory, args.steps, args.ranks, args.layers, args.step_s)
+        generated_s = time.perf_counter() - started
+        input_bytes = _size(directory)
+        print(
+            f"run: {args.steps:,} steps, {args.ranks} ranks, {args.layers} layers, exports every "
+            f"{EXPORT_INTERVAL_S:g} s; {input_bytes / 2**20:,.0f} MiB of files in "
+            f"{len(list(directory.iterdir()))} files (generated in {generated_s:.1f} s)"
+        )
+        started = time.perf_counter()
+        run = load_run(directory)
+        load_s = time.perf_counter() - started
+        started = time.perf_counter()
+        page = build_report(run)
+        report_s = time.perf_counter() - started
+        started = time.perf_counter()
+        trace_path = write_chrome_trace(run, directory / "trace.json")
+        trace_s = time.perf_counter() - started
+        trace_bytes = trace_path.stat().st_size
+        trace_path.unlink()
+        html_bytes = len(page.encode("utf-8"))
+        print(f"load_run:           {load_s:6.2f} s  ({input_bytes / 2**20 / load_s:,.0f} MiB/s)")
+        print(f"build_report:       {report_s:6.2f} s  -> HTML {html_bytes / 2**20:.1f} MiB")
+        print(f"report end to end:  {load_s + report_s:6.2f} s")
+        print(
+            f"write_chrome_trace: {trace_s:6.2f} s  -> trace {trace_bytes / 2**20:.1f} MiB "
+            f"({len(run.spans):,} spans)"
+        )
+        print(f"HTML / input: {html_bytes / input_bytes:.4f}; notes: {len(run.notes)}")
+        if keep:
+            print(f"kept: {directory}")
+    finally:
+        if not keep:
+            shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

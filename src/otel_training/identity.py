@@ -1,0 +1,164 @@
+"""Where this process sits in the training job: rank, node, job and run, from launchers.
+
+Read from the variables torchrun, SLURM and Kubernetes set (see :class:`RankIdentity`), by
+:mod:`otel_training.config` (the only reader of the environment) through an
+:class:`otel_training._env.EnvReader`.
+
+**The run id** (``dl.run.id``) is shared by every rank of a run without any communication:
+
+1. ``OTEL_PYTHON_TRAINING_RUN_ID``, else Megatron-LM's ``MEGATRON_OTEL_RUN_ID``, else NeMo
+   Lens' ``NEMO_LENS_RUN_ID``;
+2. torchrun's rendezvous id (``TORCHELASTIC_RUN_ID``, set by ``--rdzv-id`` or
+   ``--standalone``);
+3. the SLURM job and step (``slurm-{SLURM_JOB_ID}.{SLURM_STEP_ID}``);
+4. under torchrun without a rendezvous id (``TORCHELASTIC_RUN_ID=none``, its default):
+   derived from the torchrun agent, the parent of every worker of a node, as
+   ``{agent start time as YYYYmmdd-HHMMSS}-{hash of host, agent pid and start}``, so all
+   ranks of a node agree (ranks on other nodes do not: give multi-node jobs a ``--rdzv-id``);
+5. otherwise one id per process, ``{start time as YYYYmmdd-HHMMSS}-{6 random hex digits}``,
+   kept by forked children and by a second ``configure()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+
+from otel_training import environment_variables as ev
+from otel_training._env import EnvReader
+
+__all__ = ["RankIdentity", "read_identity"]
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    """Where this process sits in the training job, from launcher variables.
+
+    Sources, first match wins: torchrun (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+    ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``TORCHELASTIC_RUN_ID``), SLURM (``SLURM_PROCID``,
+    ``SLURM_LOCALID``, ``SLURM_NTASKS``, ``SLURM_NODEID``, ``SLURM_JOB_ID``), Kubernetes
+    (``JOB_COMPLETION_INDEX`` or ``PET_NODE_RANK`` for the node rank, ``HOSTNAME`` for the pod).
+    A single process without a launcher is rank 0 of 1. ``run_id`` is never empty (see the
+    module docstring for how it is chosen).
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    launcher: str = "none"
+    job_id: str | None = None
+    run_id: str | None = None
+    k8s_pod_name: str | None = None
+    k8s_namespace: str | None = None
+
+
+def read_identity(env: EnvReader) -> RankIdentity:
+    """The identity the variables of ``env`` describe. Never raises."""
+    given_run = env.first(
+        ev.OTEL_PYTHON_TRAINING_RUN_ID, ev.MEGATRON_OTEL_RUN_ID, ev.NEMO_LENS_RUN_ID
+    )[1]
+    k8s = env.raw("KUBERNETES_SERVICE_HOST") is not None
+    k8s_fields = {
+        "k8s_pod_name": env.raw("HOSTNAME") if k8s else None,
+        "k8s_namespace": env.raw("POD_NAMESPACE") if k8s else None,
+    }
+    slurm_job = env.raw("SLURM_JOB_ID")
+    slurm_run = None
+    if slurm_job is not None:
+        step = env.raw("SLURM_STEP_ID")
+        slurm_run = f"slurm-{slurm_job}" + (f".{step}" if step is not None else "")
+    node_from_k8s = env.non_negative_int("JOB_COMPLETION_INDEX") if k8s else None
+    if node_from_k8s is None and k8s:
+        node_from_k8s = env.non_negative_int("PET_NODE_RANK")
+
+    rank = env.non_negative_int("RANK")
+    world_size = env.non_negative_int("WORLD_SIZE")
+    if rank is not None and world_size:
+        elastic_raw = env.raw("TORCHELASTIC_RUN_ID")
+        elastic_run = elastic_raw if elastic_raw and elastic_raw.lower() != "none" else None
+        agent_run = _agent_run_id() if elastic_raw is not None and elastic_run is None else None
+        local_rank = env.non_negative_int("LOCAL_RANK")
+        node_rank = env.non_negative_int("GROUP_RANK")
+        if node_rank is None:
+            node_rank = env.non_negative_int("NODE_RANK")
+        if node_rank is None:
+            node_rank = node_from_k8s
+        if node_rank is None and slurm_job is not None:
+            node_rank = env.non_negative_int("SLURM_NODEID")
+        launcher = "torchrun" if elastic_raw else "env"
+        if k8s and launcher == "env":
+            launcher = "kubernetes"
+        return RankIdentity(
+            rank=rank,
+            local_rank=local_rank if local_rank is not None else 0,
+            world_size=world_size,
+            local_world_size=env.non_negative_int("LOCAL_WORLD_SIZE") or 1,
+            node_rank=node_rank or 0,
+            launcher=launcher,
+            job_id=slurm_job or elastic_run,
+            run_id=given_run or elastic_run or slurm_run or agent_run or process_run_id(),
+            **k8s_fields,
+        )
+
+    slurm_rank = env.non_negative_int("SLURM_PROCID")
+    slurm_world = env.non_negative_int("SLURM_NTASKS")
+    if slurm_job is not None and slurm_rank is not None and slurm_world:
+        per_node = env.raw("SLURM_NTASKS_PER_NODE")
+        local_world = int(per_node) if per_node is not None and per_node.isdigit() else None
+        return RankIdentity(
+            rank=slurm_rank,
+            local_rank=env.non_negative_int("SLURM_LOCALID") or 0,
+            world_size=slurm_world,
+            local_world_size=local_world or 1,
+            node_rank=env.non_negative_int("SLURM_NODEID") or 0,
+            launcher="slurm",
+            job_id=slurm_job,
+            run_id=given_run or slurm_run or process_run_id(),
+            **k8s_fields,
+        )
+    return RankIdentity(
+        node_rank=node_from_k8s or 0,
+        launcher="kubernetes" if k8s else "none",
+        job_id=slurm_job,
+        run_id=given_run or slurm_run or process_run_id(),
+        **k8s_fields,
+    )
+
+
+_process_run_id: str | None = None
+
+
+def process_run_id() -> str:
+    """This process's own run id (rule 5 of the module docstring), made on first use and
+    inherited by forked children."""
+    global _process_run_id
+    if _process_run_id is None:
+        _process_run_id = f"{_stamp(time.time())}-{secrets.token_hex(3)}"
+    return _process_run_id
+
+
+def _stamp(seconds: float) -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(seconds))
+
+
+def _agent_run_id() -> str | None:
+    """Rule 4: an id from the parent process (the torchrun agent) that every worker of the
+    node computes alike; ``None`` where ``/proc`` does not tell the parent's start."""
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        start_ticks = int(fields[19])  # field 22 of proc(5), after pid and comm
+        with open("/proc/stat", "rb") as stat:
+            boot = next(int(line.split()[1]) for line in stat if line.startswith(b"btime"))
+        started = boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    digest = hashlib.sha256(f"{socket.gethostname()}:{parent}:{start_ticks}".encode()).hexdigest()
+    return f"{_stamp(started)}-{digest[:6]}"

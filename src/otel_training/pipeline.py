@@ -1,0 +1,513 @@
+"""Building one pipeline from settings: the resource, the readers and exporters of each signal,
+the span processors, and where they write.
+
+:func:`build` is what ``otel_training.configure()`` runs; it does not touch any global. Every
+exporter is wrapped in an :mod:`otel_training.exporters` guard; the embedded default's files are
+opened in this run's directory (:mod:`otel_training.files`); OTLP exporters get every setting
+explicitly, so that the SDK never re-reads the environment behind ``config.py``'s back.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.metrics import (
+    Counter,
+    Histogram,
+    MeterProvider,
+    ObservableCounter,
+    ObservableGauge,
+    ObservableUpDownCounter,
+    UpDownCounter,
+)
+from opentelemetry.sdk.metrics import _Gauge as SdkGauge
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    ConsoleMetricExporter,
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.metrics.view import View
+from opentelemetry.sdk.resources import (
+    TELEMETRY_SDK_LANGUAGE,
+    TELEMETRY_SDK_NAME,
+    TELEMETRY_SDK_VERSION,
+    Resource,
+)
+from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import sampling as sampling_sdk
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.version import __version__ as _SDK_VERSION
+from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE_ID, SERVICE_NAME
+
+from otel_training import config, device_metrics, files, limits
+from otel_training import views as _views
+from otel_training.exporters import SafeMetricExporter, SafeSpanExporter
+from otel_training.ids import ProcessLocalIdGenerator
+from otel_training.processors import span_mirrors
+from otel_training.processors.nvtx import NvtxSpanProcessor
+from otel_training.processors.truncation import TruncatingSpanProcessor
+from otel_training.resource import identity_attributes
+
+__all__ = ["INSTRUMENTATION_NAME", "Pipeline", "build", "silence_sdk_header_warnings"]
+
+_logger = logging.getLogger("otel_training")
+
+INSTRUMENTATION_NAME = "otel_training"
+
+
+@dataclass
+class Pipeline:
+    """What :func:`build` made: the providers, where they export, and what to close.
+
+    Attributes:
+        meter_provider: The SDK ``MeterProvider``, or a no-op one.
+        tracer_provider: The SDK ``TracerProvider``, or a no-op one.
+        destination: One line saying where telemetry goes (never a secret).
+        output_dir: Absolute path of this run's directory of the embedded default, or None.
+        nvtx: The NVTX processor when a tool is attached (NVTX-only phases use its domain).
+        truncation: The processor that ends open spans at shutdown (None when no-op).
+        files: Streams opened for the exporters, to close after shutdown.
+    """
+
+    meter_provider: metrics_api.MeterProvider
+    tracer_provider: trace_api.TracerProvider
+    destination: str
+    output_dir: str | None = None
+    nvtx: NvtxSpanProcessor | None = None
+    truncation: TruncatingSpanProcessor | None = None
+    files: list[TextIO] = field(default_factory=list)
+
+
+def _with_default(base: str) -> list[str]:
+    """``base``, then the default output directory if that is another."""
+    return [base] if base == config.DEFAULT_OUTPUT_DIR else [base, config.DEFAULT_OUTPUT_DIR]
+
+
+class _Outputs:
+    """The embedded default's files of one pipeline: each in this run's directory
+    (:mod:`otel_training.files`), opened without following symlinks, with a fallback."""
+
+    def __init__(self, settings: config.Settings) -> None:
+        self._settings = settings
+        self._run_dirs: dict[str, str | OSError] = {}
+        self.files: list[TextIO] = []
+        self.run_dir: str | None = None
+
+    def _run_dir(self, base: str) -> str:
+        found = self._run_dirs.get(base)
+        if found is None:
+            try:
+                found = files.run_directory(base, self._settings.identity.run_id or "run")
+            except OSError as error:
+                found = error
+            self._run_dirs[base] = found
+        if isinstance(found, OSError):
+            raise found
+        return found
+
+    def open(self, signal_name: str, base: str | None = None) -> tuple[TextIO | None, str | None]:
+        """This rank's file of ``signal_name`` (``{signal}-rank{R}.jsonl``) in the run's
+        directory inside ``base`` (a directory the user named: no fallback), else inside the
+        output directory, falling back to the default one, then to no file; each failure
+        logs one warning. Never raises."""
+        bases = [base] if base is not None else _with_default(self._settings.output_dir)
+        file_name = f"{signal_name}-rank{self._settings.identity.rank}.jsonl"
+        for i, candidate in enumerate(bases):
+            path = os.path.join(candidate, file_name)
+            try:
+                directory = self._run_dir(candidate)
+                path = os.path.join(directory, file_name)
+                stream = files.open_append(path)
+            except OSError as error:
+                why = "a symlink is there" if error.errno == errno.ELOOP else error
+                _logger.warning(
+                    "otel-training cannot write %s to %s (%s); %s.",
+                    signal_name,
+                    path,
+                    why,
+                    "trying the default directory"
+                    if i + 1 < len(bases)
+                    else f"{signal_name} are not written to a file",
+                )
+                continue
+            self.files.append(stream)
+            if base is None and self.run_dir is None:
+                self.run_dir = directory
+            return stream, path
+        return None, None
+
+
+def build(
+    settings: config.Settings,
+    *,
+    service_name: str | None,
+    resource_attributes: Mapping[str, object],
+    user_views: list[View],
+    step_duration_buckets_ms: Sequence[float] | None,
+    extra_readers: list[MetricReader],
+    extra_processors: list[SpanProcessor],
+) -> Pipeline:
+    identity = settings.identity
+    if settings.sdk_disabled or not settings.export_ranks.exports(identity):
+        why = (
+            "disabled by OTEL_SDK_DISABLED"
+            if settings.sdk_disabled
+            else f"none from rank {identity.rank} "
+            f"(OTEL_PYTHON_TRAINING_EXPORT_RANKS={settings.export_ranks})"
+        )
+        return Pipeline(
+            metrics_api.NoOpMeterProvider(), trace_api.NoOpTracerProvider(), f"telemetry: {why}"
+        )
+
+    resource = _resource(settings, service_name, resource_attributes)
+    outputs = _Outputs(settings)
+    readers: list[MetricReader] = list(extra_readers)
+    metric_targets: list[str] = []
+    for name in settings.metrics_exporters:
+        reader, target = _metric_reader(name, settings, outputs)
+        if reader is not None:
+            readers.append(reader)
+            metric_targets.append(target)
+    truncation = TruncatingSpanProcessor()
+    # Open spans are tracked first; NVTX ranges and span JSON lines come before the batches.
+    mirrors, mirror_targets = span_mirrors(settings, outputs.open)
+    processors: list[SpanProcessor] = [truncation, *mirrors, *extra_processors]
+    trace_targets: list[str] = []
+    for name in settings.traces_exporters:
+        exporter, target, local = _span_exporter(name, settings, outputs)
+        if exporter is not None:
+            processors.append(_batch_processor(exporter, settings, local))
+            trace_targets.append(target)
+
+    meter_provider = MeterProvider(
+        metric_readers=readers,
+        resource=resource,
+        views=_views.default_views(
+            step_duration_buckets_ms or settings.step_duration_buckets_ms, user_views
+        ),
+        shutdown_on_exit=False,
+    )
+    # hw.gpu.* of this process's GPUs where NVML is; read on the reader's thread, never here.
+    device_metrics.observe_devices(meter_provider.get_meter(INSTRUMENTATION_NAME), identity)
+    tracer_provider = TracerProvider(
+        resource=resource,
+        sampler=_sampler(settings),
+        id_generator=ProcessLocalIdGenerator(),
+        # Values are cut at export, where the cut can say so (otel_training.limits); the
+        # other limits are the SDK's, from the environment.
+        span_limits=SpanLimits(
+            max_attribute_length=SpanLimits.UNSET, max_span_attribute_length=SpanLimits.UNSET
+        ),
+        shutdown_on_exit=False,
+    )
+    for processor in processors:
+        tracer_provider.add_span_processor(processor)
+    return Pipeline(
+        meter_provider,
+        tracer_provider,
+        _describe(metric_targets, trace_targets + mirror_targets),
+        output_dir=outputs.run_dir,
+        nvtx=next((p for p in mirrors if isinstance(p, NvtxSpanProcessor)), None),
+        truncation=truncation,
+        files=outputs.files,
+    )
+
+
+def _unknown_service() -> str:
+    executable = os.path.basename(sys.executable or "") or "python"
+    return f"unknown_service:{executable}"
+
+
+def _resource(
+    settings: config.Settings, service_name: str | None, extra: Mapping[str, object]
+) -> Resource:
+    """The resource, built here alone (not by ``Resource.create()``, which would parse
+    ``OTEL_RESOURCE_ATTRIBUTES`` from ``os.environ`` a second time).
+
+    Precedence, lowest first: the SDK's attributes, the detected rank identity,
+    ``service_name``, ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME``, then the
+    attributes passed in code. A ``service.instance.id`` given for a whole job or pod gets
+    ``-rank{R}`` appended when the job has several ranks, so ranks stay distinct series.
+    Every value follows the string rule of :mod:`otel_training.limits`.
+    """
+    attributes: dict[str, Any] = {
+        TELEMETRY_SDK_LANGUAGE: "python",
+        TELEMETRY_SDK_NAME: "opentelemetry",
+        TELEMETRY_SDK_VERSION: _SDK_VERSION,
+        SERVICE_NAME: _unknown_service(),
+    }
+    identity = settings.identity
+    attributes.update(identity_attributes(identity))
+    detected_instance = attributes[SERVICE_INSTANCE_ID]
+    if service_name:
+        attributes[SERVICE_NAME] = service_name
+    attributes.update(settings.resource_attributes)
+    if settings.service_name:
+        attributes[SERVICE_NAME] = settings.service_name
+    attributes.update(extra)
+    instance = attributes.get(SERVICE_INSTANCE_ID)
+    suffix = f"-rank{identity.rank}"
+    if (
+        identity.world_size > 1
+        and instance != detected_instance
+        and not str(instance).endswith(suffix)
+    ):
+        attributes[SERVICE_INSTANCE_ID] = f"{instance}{suffix}"
+    limit = settings.span_limits.value_length
+    return Resource(
+        {
+            limits.safe_text(key, limits.MAX_NAME_LENGTH): limits.bounded_value(value, limit)
+            for key, value in attributes.items()
+            if value is not None
+        }
+    )
+
+
+def _temporality(preference: str) -> dict[type, AggregationTemporality]:
+    cumulative = AggregationTemporality.CUMULATIVE
+    delta = AggregationTemporality.DELTA
+    table = {
+        Counter: cumulative,
+        UpDownCounter: cumulative,
+        Histogram: cumulative,
+        ObservableCounter: cumulative,
+        ObservableUpDownCounter: cumulative,
+        ObservableGauge: cumulative,
+        SdkGauge: cumulative,
+    }
+    if preference == "delta":
+        table.update({Counter: delta, Histogram: delta, ObservableCounter: delta})
+    elif preference == "lowmemory":
+        table.update({Counter: delta, Histogram: delta})
+    return table
+
+
+def _otlp_target(otlp: config.OtlpSettings, signal_name: str) -> str:
+    protocol = "OTLP/gRPC" if otlp.protocol == "grpc" else "OTLP/HTTP"
+    return f"{protocol} {otlp.shown_endpoint or _default_endpoint(otlp, signal_name)}"
+
+
+def _otlp_kwargs(otlp: config.OtlpSettings, signal_name: str) -> dict:
+    """Constructor arguments shared by the OTLP exporters of both protocols and signals."""
+    if otlp.protocol == "grpc":
+        from grpc import Compression
+
+        compression = Compression.Gzip if otlp.compression == "gzip" else Compression.NoCompression
+    else:
+        from opentelemetry.exporter.otlp.proto.http import Compression
+
+        compression = Compression(otlp.compression)
+    # Explicit values throughout: given None, the SDK's exporters would read the raw
+    # environment again and undo what config.py rejected.
+    return {
+        "endpoint": otlp.endpoint or _default_endpoint(otlp, signal_name),
+        "headers": dict(otlp.headers) or (_NO_HEADERS if otlp.protocol == "grpc" else None),
+        "timeout": otlp.timeout_s,
+        "compression": compression,
+    }
+
+
+class _NoHeaders(tuple):
+    """An empty header sequence that is truthy, so the gRPC exporter does not fall back to
+    reading OTEL_EXPORTER_OTLP_HEADERS itself."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_NO_HEADERS = _NoHeaders()
+
+
+def _pin_http_headers(exporter: Any, otlp: config.OtlpSettings) -> None:
+    """The OTLP/HTTP exporter always merges ``OTEL_EXPORTER_OTLP_*HEADERS`` from
+    ``os.environ`` into its headers; keep only its own protocol headers and ours, so that
+    ``configure(environ=...)`` governs them and an entry config.py refused stays refused."""
+    client = getattr(exporter, "_client", None)
+    headers = getattr(client, "_headers", None)
+    if not isinstance(headers, dict):
+        return
+    kept = {
+        key: value
+        for key, value in headers.items()
+        if key.lower() in ("user-agent", "content-type", "content-encoding")
+    }
+    kept.update(otlp.headers)
+    client._headers = kept
+
+
+class _SdkHeaderWarningFilter(logging.Filter):
+    """Drops the SDK's own warning about a malformed header entry: it shows the entry, which
+    may hold a secret, and repeats the warning config.py gave already."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Header format invalid")
+
+
+_header_filter = _SdkHeaderWarningFilter()
+
+
+def silence_sdk_header_warnings() -> None:
+    """Installs the filter of :class:`_SdkHeaderWarningFilter` once."""
+    logger = logging.getLogger("opentelemetry.util.re")
+    if _header_filter not in logger.filters:
+        logger.addFilter(_header_filter)
+
+
+def _default_endpoint(otlp: config.OtlpSettings, signal_name: str) -> str:
+    if otlp.protocol == "grpc":
+        return "http://localhost:4317"
+    return f"http://localhost:4318/v1/{signal_name}"
+
+
+def _metric_reader(
+    name: str, settings: config.Settings, outputs: _Outputs
+) -> tuple[MetricReader | None, str]:
+    temporality = _temporality(settings.temporality_preference)
+    otlp = settings.metrics_otlp
+    exporter: MetricExporter
+    interval_ms = settings.metric_export_interval_ms
+    if name == "none":
+        return None, "nowhere"
+    if name == "prometheus":
+        return _prometheus_reader(settings)
+    if name == "otlp":
+        if otlp.protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        exporter = OTLPMetricExporter(
+            preferred_temporality=temporality, **_otlp_kwargs(otlp, "metrics")
+        )
+        if otlp.protocol != "grpc":
+            _pin_http_headers(exporter, otlp)
+        target = _otlp_target(otlp, "metrics")
+    elif name == "console":
+        exporter = ConsoleMetricExporter(preferred_temporality=temporality)
+        target = "the console"
+    else:  # otlp_json_file
+        from opentelemetry.exporter.otlp.json.file import FileMetricExporter
+
+        stream, path = outputs.open("metrics")
+        if stream is None:
+            return None, "nowhere"
+        exporter = FileMetricExporter(stream=stream, preferred_temporality=temporality)
+        target = f"OTLP-JSON file {path}"
+        interval_ms = settings.file_metric_export_interval_ms
+    reader = PeriodicExportingMetricReader(
+        SafeMetricExporter(exporter, limits=settings.span_limits),
+        export_interval_millis=interval_ms,
+        export_timeout_millis=min(settings.metric_export_timeout_ms, interval_ms),
+    )
+    return reader, target
+
+
+def _prometheus_reader(settings: config.Settings) -> tuple[MetricReader | None, str]:
+    try:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import start_http_server
+    except ImportError:
+        _logger.warning(
+            "OTEL_METRICS_EXPORTER=prometheus needs opentelemetry-exporter-prometheus: "
+            "pip install 'otel-training[prometheus]'. Metrics are not exported there."
+        )
+        return None, "nowhere"
+    host = settings.prometheus_host
+    port = settings.prometheus_port_of_rank()
+    try:
+        start_http_server(port=port, addr=host)
+    except OSError as error:
+        _logger.warning(
+            "otel-training cannot serve Prometheus metrics on %s:%d (OTEL_EXPORTER_PROMETHEUS_PORT"
+            "=%d + LOCAL_RANK=%d): %s. Metrics of this rank are not exported there.",
+            host,
+            port,
+            settings.prometheus_port,
+            settings.identity.local_rank,
+            error,
+        )
+        return None, "nowhere"
+    return PrometheusMetricReader(), f"Prometheus http://{host}:{port}/metrics"
+
+
+def _span_exporter(
+    name: str, settings: config.Settings, outputs: _Outputs
+) -> tuple[SpanExporter | None, str, bool]:
+    """(exporter wrapped in SafeSpanExporter or None, target, whether it is a local file)."""
+    otlp = settings.traces_otlp
+    if name == "none":
+        return None, "nowhere", False
+    if name == "otlp":
+        if otlp.protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        exporter: SpanExporter = OTLPSpanExporter(**_otlp_kwargs(otlp, "traces"))
+        if otlp.protocol != "grpc":
+            _pin_http_headers(exporter, otlp)
+        safe = SafeSpanExporter(exporter, limits=settings.span_limits, timeout_s=otlp.timeout_s)
+        return safe, _otlp_target(otlp, "traces"), False
+    if name == "console":
+        console = SafeSpanExporter(ConsoleSpanExporter(), limits=settings.span_limits)
+        return console, "the console", True
+    from opentelemetry.exporter.otlp.json.file import FileSpanExporter
+
+    stream, path = outputs.open("traces")
+    if stream is None:
+        return None, "nowhere", True
+    safe = SafeSpanExporter(
+        FileSpanExporter(stream=stream),
+        limits=settings.span_limits,
+        max_request_bytes=files.LINE_BUDGET_BYTES,  # one line per request: under 1 MiB
+    )
+    return safe, f"OTLP-JSON file {path}", True
+
+
+def _batch_processor(exporter: SpanExporter, settings: config.Settings, local: bool):
+    """A ``BatchSpanProcessor`` with ``OTEL_BSP_*`` where given, else the SDK's defaults over
+    OTLP and, for a local file, a queue that takes bursts and a delay of one second."""
+    queue = settings.bsp_max_queue_size or (
+        config.DEFAULT_FILE_BSP_MAX_QUEUE_SIZE if local else config.DEFAULT_BSP_MAX_QUEUE_SIZE
+    )
+    batch = settings.bsp_max_export_batch_size or (
+        config.DEFAULT_FILE_BSP_MAX_EXPORT_BATCH_SIZE
+        if local
+        else config.DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE
+    )
+    delay = settings.bsp_schedule_delay_ms or (
+        config.DEFAULT_FILE_BSP_SCHEDULE_DELAY_MS if local else config.DEFAULT_BSP_SCHEDULE_DELAY_MS
+    )
+    return BatchSpanProcessor(
+        exporter,
+        max_queue_size=queue,
+        schedule_delay_millis=delay,
+        max_export_batch_size=min(batch, queue),
+        export_timeout_millis=settings.bsp_export_timeout_ms,
+    )
+
+
+def _sampler(settings: config.Settings) -> sampling_sdk.Sampler:
+    ratio = sampling_sdk.TraceIdRatioBased(settings.sampler_arg)
+    return {
+        "always_on": sampling_sdk.ALWAYS_ON,
+        "always_off": sampling_sdk.ALWAYS_OFF,
+        "traceidratio": ratio,
+        "parentbased_always_on": sampling_sdk.ParentBased(sampling_sdk.ALWAYS_ON),
+        "parentbased_always_off": sampling_sdk.ParentBased(sampling_sdk.ALWAYS_OFF),
+        "parentbased_traceidratio": sampling_sdk.ParentBased(ratio),
+    }[settings.sampler]
+
+
+def _describe(metric_targets: list[str], trace_targets: list[str]) -> str:
+    metrics_part = ", ".join(metric_targets) or "nowhere"
+    traces_part = ", ".join(trace_targets) or "nowhere"
+    return f"telemetry: metrics to {metrics_part}; traces to {traces_part}"

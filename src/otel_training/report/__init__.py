@@ -1,0 +1,49 @@
+"""Reports from the embedded default's files: an offline HTML report and a Perfetto trace.
+
+Usage::
+
+    from otel_training import report
+
+    run = report.load_run(report.find_run_directory("otel-training-telemetry"))
+    report.write_report(run, "report.html")        # needs the report extra (plotly, jinja2)
+    report.write_chrome_trace(run, "trace.json")   # Perfetto UI, chrome://tracing
+
+Importing this package imports neither plotly nor jinja2; :func:`write_report` does.
+"""
+
+from otel_training.report.chrome_trace import build_chrome_trace, write_chrome_trace
+from otel_training.report.html import REPORT_HINT, build_report, write_report
+from otel_training.report.quantiles import histogram_quantile, quantiles_over_time
+from otel_training.report.reader import load_run
+from otel_training.report.run import (
+    TRUNCATED_ATTRIBUTE,
+    CounterSeries,
+    FileStats,
+    GaugeSeries,
+    HistogramSeries,
+    RankTelemetry,
+    Run,
+    Span,
+)
+from otel_training.report.rundir import RunNotFoundError, find_run_directory
+
+__all__ = [
+    "REPORT_HINT",
+    "TRUNCATED_ATTRIBUTE",
+    "CounterSeries",
+    "FileStats",
+    "GaugeSeries",
+    "HistogramSeries",
+    "RankTelemetry",
+    "Run",
+    "RunNotFoundError",
+    "Span",
+    "build_chrome_trace",
+    "build_report",
+    "find_run_directory",
+    "histogram_quantile",
+    "load_run",
+    "quantiles_over_time",
+    "write_chrome_trace",
+    "write_report",
+]

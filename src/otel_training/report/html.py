@@ -1,0 +1,379 @@
+"""The report: one self-contained HTML page of a run, built with plotly and jinja2.
+
+plotly.js is inlined once (the bundle ``include_plotlyjs=True`` would inline, from
+``plotly.offline.get_plotlyjs``) and every figure's data is inlined as JSON, so the file opens
+offline and requests nothing. Needs the ``report`` extra (plotly, jinja2); both are imported
+only when a report is built, so ``otel-training trace`` and ``import otel_training`` do not
+need them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from otel_training.report._nogc import no_gc
+from otel_training.report.run import Run
+from otel_training.report.summary import Summary, summarize
+
+__all__ = ["REPORT_HINT", "build_report", "write_report"]
+
+REPORT_HINT = "otel-training report needs plotly and jinja2: pip install 'otel-training[report]'"
+
+_PLOT_CONFIG = {
+    "displaylogo": False,
+    "displayModeBar": "hover",
+    "responsive": True,
+    "modeBarButtonsToRemove": ["lasso2d", "select2d"],
+}
+
+
+@dataclass
+class _Tile:
+    label: str
+    value: str
+    detail: str = ""
+    bad: bool = False
+
+
+@dataclass
+class _Section:
+    id: str
+    title: str
+    lead: str = ""
+    plots: list[dict[str, Any]] = field(default_factory=list)
+    empty: str = ""
+    wide: bool = False
+
+
+def _require_libraries():
+    try:
+        import jinja2
+        import plotly.io
+        import plotly.offline
+    except ModuleNotFoundError as error:
+        raise ModuleNotFoundError(f"{REPORT_HINT} ({error})") from error
+    return jinja2, plotly
+
+
+def format_value(value: float | None) -> str:
+    """A value for a person: 4 significant digits, thousands separators from 10,000, an
+    exponent below 0.001. Never raises."""
+    if value is None:
+        return "–"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    magnitude = abs(value)
+    if magnitude >= 1e4:
+        return f"{value:,.0f}"
+    if magnitude and magnitude < 1e-3:
+        return f"{value:.3e}"
+    return f"{value:.4g}"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, s = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {s:02d} s"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _iso(ns_or_s: float | None, scale: float = 1e9) -> str:
+    if ns_or_s is None:
+        return "–"
+    moment = _dt.datetime.fromtimestamp(ns_or_s / scale, tz=_dt.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _rank_cells(values: dict[int, float], ranks: list[int]) -> tuple[list[str], list[str]]:
+    if len(ranks) <= 8:
+        return [f"rank {r}" for r in ranks], [format_value(values.get(r)) for r in ranks]
+    present = sorted(values.values())
+    middle = present[len(present) // 2] if present else None
+    return ["min", "median", "max"], [
+        format_value(present[0] if present else None),
+        format_value(middle),
+        format_value(present[-1] if present else None),
+    ]
+
+
+def _tiles(summary: Summary) -> list[_Tile]:
+    by_name = {row.name: row for row in summary.metrics}
+
+    def first(name: str) -> float | None:
+        row = by_name.get(name)
+        return row.by_rank[min(row.by_rank)] if row and row.by_rank else None
+
+    from otel_training.semconv.metrics import (
+        MEGATRON_TRAINING_LOSS,
+        MEGATRON_TRAINING_THROUGHPUT_TFLOPS,
+        MEGATRON_TRAINING_TOKENS_PER_SEC,
+    )
+
+    ranks = summary.ranks
+    tiles = [
+        _Tile(
+            "steps",
+            format_value(summary.steps) if summary.steps is not None else "–",
+            f"from {summary.steps_source}" if summary.steps_source else "",
+        ),
+        _Tile("duration", _duration(summary.duration_s), f"from {_iso(summary.start_ns)}"),
+        _Tile(
+            "ranks",
+            f"{len(ranks)}" + (f" of {summary.world_size}" if summary.world_size else ""),
+            ", ".join(summary.hosts[:3]) + (" …" if len(summary.hosts) > 3 else ""),
+        ),
+        _Tile(
+            "last loss",
+            format_value(first(MEGATRON_TRAINING_LOSS)),
+            "rank " + str(min(ranks)) if ranks else "",
+        ),
+        _Tile("tokens/s", format_value(first(MEGATRON_TRAINING_TOKENS_PER_SEC)), "last value"),
+        _Tile(
+            "TFLOP/s per GPU",
+            format_value(first(MEGATRON_TRAINING_THROUGHPUT_TFLOPS)),
+            "last value",
+        ),
+    ]
+    q = summary.step_duration_quantiles_ms
+    tiles.append(
+        _Tile(
+            "step time p50",
+            f"{format_value(q[0.5])} ms" if 0.5 in q else "–",
+            f"p99 {format_value(q[0.99])} ms" if 0.99 in q else "",
+        )
+    )
+    nonfinite = sum(summary.nonfinite.values())
+    tiles.append(
+        _Tile("non-finite values", format_value(nonfinite), "NaN or Inf passed", nonfinite > 0)
+    )
+    tiles.append(
+        _Tile(
+            "skipped iterations",
+            format_value(summary.skipped_iters),
+            "most of any rank",
+            summary.skipped_iters > 0,
+        )
+    )
+    return tiles
+
+
+def _plot_html(plot, plotly) -> dict[str, Any]:
+    html = plotly.io.to_html(
+        plot.figure,
+        full_html=False,
+        include_plotlyjs=False,
+        div_id=plot.id,
+        config=_PLOT_CONFIG,
+        default_width="100%",
+        default_height=f"{plot.figure.layout.height or 300}px",
+        validate=False,
+    )
+    return {
+        "id": plot.id,
+        "title": plot.title,
+        "caption": plot.caption,
+        "points": plot.points,
+        "html": html,
+    }
+
+
+def build_report(run: Run) -> str:
+    """The report page of ``run`` as a string.
+
+    Sections: summary (run id, service, ranks, world size, steps, duration, files, the eight
+    Megatron-LM metrics' last values, non-finite values, skipped iterations), training curves,
+    step duration quantiles and histogram, per-layer tensor heatmaps, the timeline of phases,
+    the files read. Anything missing is said in the page instead.
+
+    Raises:
+        ModuleNotFoundError: when plotly or jinja2 is not installed (the ``report`` extra).
+    """
+    jinja2, plotly = _require_libraries()
+    with no_gc():
+        return _build(run, jinja2, plotly)
+
+
+def _build(run: Run, jinja2, plotly) -> str:
+    import markupsafe
+
+    from otel_training.report import figures
+
+    axis = figures.XAxis(run)
+    summary = summarize(run, axis.clocks)
+    curves, missing_curves = figures.curve_plots(run, axis)
+    step_plots = figures.step_duration_plots(run, axis)
+    heatmaps = figures.tensor_heatmaps(run, axis)
+    timeline, _ = figures.timeline_plot(run)
+    axis_lead = (
+        f"x axis: optimizer step, from {axis.source} (a value is placed at the step reached "
+        "when it was exported)."
+        if axis.is_steps
+        else "x axis: seconds since the run's first record (no step count was recorded: "
+        "record <code>step_duration_ms</code> each step, or turn on iteration spans)."
+    )
+    sections = [
+        _Section(
+            "curves",
+            "Training curves",
+            axis_lead,
+            [_plot_html(p, plotly) for p in curves],
+            (
+                "Not recorded: "
+                + ", ".join(missing_curves)
+                + "."
+                + (
+                    " Memory is recorded on CUDA devices only."
+                    if "Memory allocated" in missing_curves
+                    else ""
+                )
+            )
+            if missing_curves
+            else "",
+        ),
+        _Section(
+            "step-duration",
+            "Step duration",
+            "",
+            [_plot_html(p, plotly) for p in step_plots],
+            "" if step_plots else "No <code>megatron.training.step_duration_ms</code> point.",
+        ),
+        _Section(
+            "tensors",
+            "Tensor metrics per layer",
+            "Per-layer statistics of the tensor observer, layers in model order. " + axis_lead
+            if heatmaps
+            else "",
+            [_plot_html(p, plotly) for p in heatmaps],
+            ""
+            if heatmaps
+            else "No per-layer tensor metric in this run (see "
+            "<code>OTEL_PYTHON_TRAINING_TENSOR_METRICS</code> and docs/tensor-metrics.md).",
+        ),
+        _Section(
+            "timeline",
+            "Timeline",
+            "",
+            [_plot_html(timeline, plotly)] if timeline is not None else [],
+            "" if timeline is not None else "No span in this run.",
+            wide=True,
+        ),
+    ]
+    plots = [p for s in sections for p in s.plots]
+    metric_headers: list[str] = []
+    metric_rows = []
+    for row in summary.metrics:
+        metric_headers, cells = _rank_cells(row.by_rank, summary.ranks)
+        metric_rows.append({"name": row.name, "unit": row.unit, "what": row.what, "cells": cells})
+    facts = [
+        ("run id", summary.run_id),
+        ("service", summary.service_name or "–"),
+        ("ranks", ", ".join(str(r) for r in summary.ranks) or "–"),
+        ("world size", str(summary.world_size) if summary.world_size else "–"),
+        ("hosts", ", ".join(summary.hosts) or "–"),
+        ("started", _iso(summary.start_ns)),
+        ("directory", str(run.directory)),
+    ]
+    files = []
+    for f in run.files:
+        problems = []
+        if f.error:
+            problems.append(f.error)
+        if f.torn_last_line:
+            problems.append("last line cut")
+        if f.bad_lines:
+            problems.append(f"{f.bad_lines} unreadable lines")
+        if f.skipped:
+            problems.append(f.skipped)
+        files.append(
+            {
+                "name": f.path.name,
+                "rank": f.rank,
+                "size": _size(f.size_bytes),
+                "lines": "–" if f.skipped else f"{f.lines:,}",
+                "notes": ", ".join(problems) or "–",
+                "modified": _iso(f.mtime_s, 1.0),
+            }
+        )
+    subtitle = " · ".join(
+        part
+        for part in (
+            summary.service_name,
+            f"{len(summary.ranks)} rank{'s' if len(summary.ranks) != 1 else ''}",
+            f"{format_value(summary.steps)} steps" if summary.steps is not None else None,
+            _duration(summary.duration_s) if summary.duration_s is not None else None,
+            _iso(summary.start_ns) if summary.start_ns is not None else None,
+        )
+        if part
+    )
+    notes = list(run.notes)
+    if any(p.downsampled for p in [*curves, *step_plots, *heatmaps]) or (
+        timeline is not None and timeline.downsampled
+    ):
+        notes.append(
+            "Long series were downsampled to keep this page small: curves keep each bucket's "
+            "lowest and highest point, heatmaps the last value per column, the timeline merges "
+            "runs of one span name (captions say which). The files have every point."
+        )
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("otel_training.report", "templates"),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        keep_trailing_newline=True,
+    )
+    template = environment.get_template("report.html.j2")
+    return template.render(
+        version=_version(),
+        summary=summary,
+        subtitle=subtitle,
+        notes=notes,
+        tiles=_tiles(summary),
+        metric_table={"headers": metric_headers, "rows": metric_rows},
+        nonfinite=[(k, format_value(v)) for k, v in sorted(summary.nonfinite.items())],
+        facts=facts,
+        sections=sections,
+        files=files,
+        directory=str(run.directory),
+        plots=plots,
+        plotly_js=markupsafe.Markup(plotly.offline.get_plotlyjs()) if plots else "",
+        built_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("otel-training")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "unknown"
+
+
+def write_report(run: Run, path: str | os.PathLike) -> Path:
+    """Writes :func:`build_report` of ``run`` to ``path`` (UTF-8).
+
+    Returns:
+        The absolute path written.
+
+    Raises:
+        ModuleNotFoundError: when plotly or jinja2 is not installed.
+        OSError: when the file cannot be written.
+    """
+    page = build_report(run)
+    path = Path(path).absolute()
+    path.write_text(page, encoding="utf-8")
+    return path

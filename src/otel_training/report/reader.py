@@ -1,0 +1,699 @@
+"""Reads a run directory of the embedded default into a :class:`~otel_training.report.run.Run`.
+
+Metrics and traces files hold one OTLP/JSON document per line (an
+``ExportMetricsServiceRequest`` or ``ExportTraceServiceRequest``, as the collector's
+``otlpjsonfile`` receiver reads them: ids in hex, 64-bit integers as strings); span files hold
+the start and end lines of ``docs/spans.md``. The reader is tolerant: a missing file, a torn
+last line (a killed run, a full disk, a run still writing), a line of the wrong shape, a run
+still in progress, lines of older runs appended to the same files (the flat layout) each give a
+note on the run, never an exception. The documents are decoded with :mod:`json` directly (the
+OTLP/JSON mapping of ``opentelemetry-proto``), which is several times faster than parsing them
+into protobuf messages.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from otel_training.report._nogc import no_gc
+from otel_training.report.run import (
+    Attributes,
+    CounterSeries,
+    FileStats,
+    GaugeSeries,
+    HistogramSeries,
+    RankTelemetry,
+    Run,
+    Span,
+)
+from otel_training.report.rundir import RunFile, run_files
+from otel_training.semconv.attributes import DL_RANK, DL_RUN_ID, DL_WORLD_SIZE
+
+__all__ = ["load_run"]
+
+IN_PROGRESS_S = 60.0
+"""Files modified less than this many seconds ago, with spans still open, mean a run that is
+probably still in progress."""
+
+_STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
+_STATUS_NAMES = {"STATUS_CODE_UNSET": "UNSET", "STATUS_CODE_OK": "OK", "STATUS_CODE_ERROR": "ERROR"}
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+class _Torn(Exception):
+    """A line that is not a whole JSON document."""
+
+
+try:  # orjson (the report extra) parses these lines about twice as fast as json
+    import orjson as _orjson
+except ModuleNotFoundError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+
+def _loads(raw: bytes) -> Any:
+    """One JSON document; raises :class:`_Torn` when ``raw`` is not one."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(raw)
+        except ValueError:
+            pass  # retried with json, which also reads bare NaN and Infinity
+    try:
+        return json.loads(raw)
+    except ValueError as error:
+        raise _Torn from error
+
+
+def _any_value(value: dict[str, Any]) -> Any:
+    """An OTLP/JSON ``AnyValue`` as a Python value."""
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "doubleValue" in value:
+        return _double(value["doubleValue"])
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "arrayValue" in value:
+        return [_any_value(v) for v in value["arrayValue"].get("values", ())]
+    if "kvlistValue" in value:
+        return _attributes(value["kvlistValue"].get("values", ()))
+    if "bytesValue" in value:
+        return value["bytesValue"]
+    return None
+
+
+def _attributes(pairs: Any) -> dict[str, Any]:
+    return {kv["key"]: _any_value(kv.get("value", {})) for kv in pairs or ()}
+
+
+def _point_attributes(pairs: Any) -> Attributes:
+    if not pairs:
+        return ()
+    return tuple(sorted((kv["key"], _hashable(_any_value(kv.get("value", {})))) for kv in pairs))
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
+
+
+def _double(value: Any) -> float:
+    if isinstance(value, str):
+        return _NON_FINITE[value] if value in _NON_FINITE else float(value)
+    return float(value)
+
+
+def _number(point: dict[str, Any]) -> float | None:
+    if "asDouble" in point:
+        return _double(point["asDouble"])
+    if "asInt" in point:
+        return float(int(point["asInt"]))
+    return None
+
+
+def _temporality(value: Any) -> str:
+    return "delta" if value in (1, "AGGREGATION_TEMPORALITY_DELTA") else "cumulative"
+
+
+def _status(status: Any) -> tuple[str, str | None]:
+    if not isinstance(status, dict):
+        return "UNSET", None
+    code = status.get("code", 0)
+    name = _STATUS_CODES.get(code) if isinstance(code, int) else _STATUS_NAMES.get(code)
+    return name or "UNSET", status.get("message") or None
+
+
+def _hex_id(value: Any) -> str | None:
+    return value.lower() if isinstance(value, str) and value else None
+
+
+class _Part:
+    """What one file holds for one run id."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, RankTelemetry] = {}
+        self.spans: dict[tuple[str, str], Span] = {}
+
+    def rank(self, rank: int) -> RankTelemetry:
+        telemetry = self.ranks.get(rank)
+        if telemetry is None:
+            telemetry = self.ranks[rank] = RankTelemetry(rank)
+        return telemetry
+
+
+class _FileReader:
+    """Decodes one file into a :class:`_Part` per run id (a process of its own may run it)."""
+
+    def __init__(self, file: RunFile) -> None:
+        self.file = file
+        self.parts: dict[str | None, _Part] = {}
+        # Previous raw point of each cumulative counter/histogram: (start_ns, raw values).
+        self.previous: dict[int, tuple[int, Any]] = {}
+        self._time_text = ""
+        self._time_ns = 0
+        # Per (rank telemetry, gauge): the raw attributes and series of each point position.
+        self._gauge_cache: dict[tuple[int, str], list[tuple[Any, GaugeSeries]]] = {}
+
+    def part(self, run_id: Any) -> _Part:
+        key = None if run_id is None else str(run_id)
+        part = self.parts.get(key)
+        if part is None:
+            part = self.parts[key] = _Part()
+        return part
+
+    def time_ns(self, text: Any) -> int:
+        # The points of one export share one time: convert it once.
+        if text != self._time_text:
+            self._time_text, self._time_ns = text, int(text)
+        return self._time_ns
+
+    def read(self) -> FileStats:
+        file = self.file
+        stats = FileStats(file.path, file.signal, file.rank)
+        decode = {
+            "metrics": self.metrics_line,
+            "traces": self.traces_line,
+            "spans": self.spans_line,
+        }.get(file.signal)
+        try:
+            status = file.path.stat()
+            stats.size_bytes, stats.mtime_s = status.st_size, status.st_mtime
+            with open(file.path, "rb") as handle:
+                for raw, last in _lines_with_last(handle):
+                    if not raw.strip():
+                        continue
+                    stats.lines += 1
+                    if decode is None:  # logs: counted, not read (yet)
+                        continue
+                    try:
+                        decode(_loads(raw), file.rank)
+                    except _Torn:
+                        if last:
+                            stats.torn_last_line = True
+                        else:
+                            stats.bad_lines += 1
+                    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+                        stats.bad_lines += 1
+        except OSError as error:
+            stats.error = f"{type(error).__name__}: {error.strerror or error}"
+        return stats
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    def metrics_line(self, document: dict[str, Any], file_rank: int) -> None:
+        for resource_metrics in document["resourceMetrics"]:
+            resource = _attributes(resource_metrics.get("resource", {}).get("attributes"))
+            part = self.part(resource.get(DL_RUN_ID))
+            rank_value = resource.get(DL_RANK)
+            telemetry = part.rank(rank_value if isinstance(rank_value, int) else file_rank)
+            telemetry.resource = resource
+            for scope_metrics in resource_metrics.get("scopeMetrics", ()):
+                for metric in scope_metrics.get("metrics", ()):
+                    self.metric(telemetry, metric)
+
+    def metric(self, telemetry: RankTelemetry, metric: dict) -> None:
+        name = metric["name"]
+        if "gauge" in metric:
+            self.gauge_points(telemetry, name, metric["gauge"].get("dataPoints", ()))
+        elif "sum" in metric:
+            data = metric["sum"]
+            points = data.get("dataPoints", ())
+            if data.get("isMonotonic"):
+                temporality = _temporality(data.get("aggregationTemporality"))
+                self.counter_points(telemetry, name, temporality, points)
+            else:  # an up-down counter reads like a gauge
+                self.gauge_points(telemetry, name, points)
+        elif "histogram" in metric:
+            data = metric["histogram"]
+            temporality = _temporality(data.get("aggregationTemporality"))
+            for point in data.get("dataPoints", ()):
+                self.histogram_point(telemetry, name, temporality, point)
+
+    def gauge_points(self, telemetry: RankTelemetry, name: str, points: Any) -> None:
+        # The hot loop of a long run (every layer's tensor gauges at every export). Exports
+        # repeat the same attribute sets in the same order, so the raw attribute list of each
+        # position is compared (in C) with the previous export's before any key is built.
+        gauges = telemetry.gauges
+        cache = self._gauge_cache.get((id(telemetry), name))
+        if cache is None:
+            cache = self._gauge_cache[(id(telemetry), name)] = []
+        time_text, time_ns = None, 0
+        low = high = None
+        for i, point in enumerate(points):
+            value = point.get("asDouble")
+            if value is None or value.__class__ is str:
+                value = _number(point)
+                if value is None:
+                    continue
+            pairs = point.get("attributes")
+            if i < len(cache) and cache[i][0] == pairs:
+                series = cache[i][1]
+            else:
+                attributes = _point_attributes(pairs)
+                series = gauges.get((name, attributes))
+                if series is None:
+                    series = gauges[(name, attributes)] = GaugeSeries(name, attributes)
+                if i < len(cache):
+                    cache[i] = (pairs, series)
+                else:
+                    cache.append((pairs, series))
+            text = point["timeUnixNano"]
+            if text != time_text:
+                time_text, time_ns = text, int(text)
+                if low is None or time_ns < low:
+                    low = time_ns
+                if high is None or time_ns > high:
+                    high = time_ns
+            series.times_ns.append(time_ns)
+            series.values.append(value)
+        if low is not None:
+            telemetry.see(low)
+            telemetry.see(high)
+
+    def counter_points(
+        self, telemetry: RankTelemetry, name: str, temporality: str, points: Any
+    ) -> None:
+        for point in points:
+            value = _number(point)
+            if value is None:
+                continue
+            attributes = _point_attributes(point.get("attributes"))
+            series = telemetry.counters.get((name, attributes))
+            if series is None:
+                series = CounterSeries(name, attributes, temporality)
+                telemetry.counters[(name, attributes)] = series
+            time_ns = self.time_ns(point["timeUnixNano"])
+            start_ns = int(point.get("startTimeUnixNano", 0))
+            delta = value
+            if temporality == "cumulative":
+                previous = self.previous.get(id(series))
+                if previous is not None and previous[0] == start_ns and value >= previous[1]:
+                    delta = value - previous[1]
+                self.previous[id(series)] = (start_ns, value)
+            series.times_ns.append(time_ns)
+            series.totals.append(series.total + delta)
+            telemetry.see(time_ns)
+
+    def histogram_point(
+        self, telemetry: RankTelemetry, name: str, temporality: str, point: dict
+    ) -> None:
+        bounds = tuple(float(b) for b in point.get("explicitBounds", ()))
+        buckets = [int(c) for c in point.get("bucketCounts", ())]
+        if len(buckets) != len(bounds) + 1:
+            if buckets or bounds:
+                raise ValueError("bucketCounts must have len(explicitBounds) + 1 entries")
+            buckets = [0]
+        count = int(point.get("count", sum(buckets)))
+        total = _double(point.get("sum", 0.0))
+        attributes = _point_attributes(point.get("attributes"))
+        key = (name, attributes, bounds)
+        series = telemetry.histograms.get(key)
+        if series is None:
+            series = telemetry.histograms[key] = HistogramSeries(
+                name, attributes, bounds, temporality, cumulative_buckets=[0] * len(buckets)
+            )
+        time_ns = self.time_ns(point["timeUnixNano"])
+        start_ns = int(point.get("startTimeUnixNano", 0))
+        delta_buckets, delta_count, delta_sum = buckets, count, total
+        if temporality == "cumulative":
+            previous = self.previous.get(id(series))
+            if previous is not None and previous[0] == start_ns:
+                _, (p_buckets, p_count, p_sum) = previous
+                if count >= p_count and all(b >= p for b, p in zip(buckets, p_buckets)):
+                    delta_buckets = [b - p for b, p in zip(buckets, p_buckets)]
+                    delta_count, delta_sum = count - p_count, total - p_sum
+            self.previous[id(series)] = (start_ns, (buckets, count, total))
+        series.times_ns.append(time_ns)
+        series.delta_counts.append(delta_count)
+        series.delta_sums.append(delta_sum)
+        series.delta_buckets.append(delta_buckets)
+        previous_count = series.cumulative_counts[-1] if series.cumulative_counts else 0
+        previous_sum = series.cumulative_sums[-1] if series.cumulative_sums else 0.0
+        series.cumulative_counts.append(previous_count + delta_count)
+        series.cumulative_sums.append(previous_sum + delta_sum)
+        series.cumulative_buckets = [
+            a + b for a, b in zip(series.cumulative_buckets, delta_buckets)
+        ]
+        if delta_count:
+            low, high = point.get("min"), point.get("max")
+            if low is not None:
+                series.min = _double(low) if series.min is None else min(series.min, _double(low))
+            if high is not None:
+                series.max = _double(high) if series.max is None else max(series.max, _double(high))
+        telemetry.see(time_ns)
+
+    # -- spans ------------------------------------------------------------------------------
+
+    def traces_line(self, document: dict[str, Any], file_rank: int) -> None:
+        for resource_spans in document["resourceSpans"]:
+            resource = _attributes(resource_spans.get("resource", {}).get("attributes"))
+            part = self.part(resource.get(DL_RUN_ID))
+            rank_value = resource.get(DL_RANK)
+            rank = rank_value if isinstance(rank_value, int) else file_rank
+            telemetry = part.rank(rank)
+            if not telemetry.resource:
+                telemetry.resource = resource
+            for scope_spans in resource_spans.get("scopeSpans", ()):
+                for item in scope_spans.get("spans", ()):
+                    span = _otlp_span(rank, item)
+                    telemetry.see(span.start_ns)
+                    if span.end_ns is not None:
+                        telemetry.see(span.end_ns)
+                    _merge_span(part.spans, span)
+
+    def spans_line(self, record: dict[str, Any], file_rank: int) -> None:
+        kind = record["record"]
+        if kind not in ("span_start", "span_end"):
+            raise ValueError(f"unknown record {kind!r}")
+        resource = record.get("resource") or {}
+        part = self.part(resource.get(DL_RUN_ID))
+        rank_value = record.get("rank")
+        rank = rank_value if isinstance(rank_value, int) else file_rank
+        telemetry = part.rank(rank)
+        if not telemetry.resource and resource:
+            telemetry.resource = dict(resource)
+        trace_id, span_id = _hex_id(record["trace_id"]), _hex_id(record["span_id"])
+        start_ns = int(record["start_time_ns"])
+        telemetry.see(start_ns)
+        key = (trace_id or "", span_id or "")
+        span = part.spans.get(key)
+        if span is None:
+            span = part.spans[key] = Span(
+                rank=rank,
+                name=record["name"],
+                trace_id=key[0],
+                span_id=key[1],
+                parent_span_id=_hex_id(record.get("parent_span_id")),
+                start_ns=start_ns,
+                attributes=dict(record.get("attributes") or {}),
+            )
+        if kind == "span_end":
+            span.end_ns = int(record["end_time_ns"])
+            span.status = str(record.get("status") or "UNSET")
+            span.status_description = record.get("status_description")
+            span.attributes = dict(record.get("attributes") or {})
+            span.events = list(record.get("events") or ())
+            telemetry.see(span.end_ns)
+
+
+def _otlp_span(rank: int, item: dict) -> Span:
+    start_ns = int(item["startTimeUnixNano"])
+    status, description = _status(item.get("status"))
+    return Span(
+        rank=rank,
+        name=item["name"],
+        trace_id=_hex_id(item["traceId"]) or "",
+        span_id=_hex_id(item["spanId"]) or "",
+        parent_span_id=_hex_id(item.get("parentSpanId")),
+        start_ns=start_ns,
+        end_ns=int(item["endTimeUnixNano"]) if item.get("endTimeUnixNano") else None,
+        status=status,
+        status_description=description,
+        attributes=_attributes(item.get("attributes")),
+        events=[
+            {
+                "name": event.get("name", ""),
+                "time_ns": int(event.get("timeUnixNano", start_ns)),
+                "attributes": _attributes(event.get("attributes")),
+            }
+            for event in item.get("events", ())
+        ],
+        source="traces",
+    )
+
+
+def _merge_span(spans: dict[tuple[str, str], Span], span: Span) -> None:
+    """Adds an OTLP-exported span to the spans known from the JSON lines."""
+    key = (span.trace_id, span.span_id)
+    known = spans.get(key)
+    if known is None:
+        spans[key] = span
+    elif known.end_ns is None and span.end_ns is not None:
+        # The JSON lines have its start only (their end line was lost): complete it.
+        known.end_ns, known.status = span.end_ns, span.status
+        known.status_description = span.status_description
+        known.attributes = {**known.attributes, **span.attributes}
+        known.events = span.events
+        known.source = "spans+traces"
+    elif known.source == "spans":
+        known.source = "spans+traces"
+
+
+def _read_file(file: RunFile) -> tuple[FileStats, dict[str | None, _Part]]:
+    """Reads one file; the unit of work of a worker process."""
+    reader = _FileReader(file)
+    return reader.read(), reader.parts
+
+
+def _lines_with_last(handle) -> Iterator[tuple[bytes, bool]]:
+    """Each line of a binary file with whether it is the last one (one line of look-ahead)."""
+    previous = None
+    for line in handle:
+        if previous is not None:
+            yield previous, False
+        previous = line
+    if previous is not None:
+        # A last line without its newline was cut while it was written.
+        yield previous, True
+
+
+PARALLEL_BYTES = 64 * 2**20
+"""From this many bytes of files, :func:`load_run` reads files in worker processes."""
+
+
+def _read_all(files: list[RunFile], workers: int) -> list[tuple[FileStats, dict]]:
+    if workers <= 1 or len(files) <= 1:
+        return [_read_file(file) for file in files]
+    import concurrent.futures
+    import multiprocessing
+    import threading
+
+    # fork is quick and safe while this process has no other thread; spawn otherwise.
+    single = threading.active_count() == 1
+    method = "fork" if single and "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+    # Largest first, so that the longest file does not start last.
+    order = sorted(range(len(files)), key=lambda i: -_size_of(files[i].path))
+    results: list[Any] = [None] * len(files)
+    try:
+        with concurrent.futures.ProcessPoolExecutor(
+            max_workers=min(workers, len(files)),
+            mp_context=multiprocessing.get_context(method),
+        ) as pool:
+            futures = {pool.submit(_read_file, files[i]): i for i in order}
+            for future in concurrent.futures.as_completed(futures):
+                results[futures[future]] = future.result()
+    except (OSError, RuntimeError, concurrent.futures.process.BrokenProcessPool):
+        # No processes here (a sandbox, a broken pool): read them in this one.
+        return [_read_file(file) for file in files]
+    return results
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _needs_traces(rank: int, spans_stats: dict[int, FileStats], open_ranks: set[int]) -> bool:
+    """The OTLP-JSON traces of ``rank`` are read when its span lines are absent or
+    incomplete (unreadable, cut, or with spans that never ended)."""
+    stats = spans_stats.get(rank)
+    if stats is None or stats.error or stats.torn_last_line or stats.bad_lines or not stats.lines:
+        return True
+    return rank in open_ranks
+
+
+def load_run(
+    directory: str | os.PathLike, *, now_s: float | None = None, workers: int | None = None
+) -> Run:
+    """Reads every rank file of a run directory.
+
+    Span JSON lines are preferred; a rank's OTLP-JSON traces file is read where its span lines
+    are absent or incomplete, and completes them (an end that the lines lack) or stands in for
+    them. Lines of several runs in the same files (older versions appended every run to one
+    set of files) are told apart by the resource's ``dl.run.id``: the run seen last is kept and
+    the others are named in a note.
+
+    Args:
+        directory: A run directory (see :func:`otel_training.report.find_run_directory`).
+        now_s: The time to judge "still in progress" against, seconds since the Unix epoch
+            (default: now).
+        workers: Processes that read files side by side; default: the CPU count when the
+            files hold more than :data:`PARALLEL_BYTES`, else 1 (this process).
+
+    Returns:
+        The run, with a note for each thing that was missing or odd. Never raises: an unreadable
+        file or directory is a note (``Run.is_empty`` tells when nothing at all was read).
+    """
+    directory = Path(directory)
+    files = run_files(directory)
+    if workers is None:
+        total = sum(_size_of(f.path) for f in files)
+        workers = (os.cpu_count() or 1) if total > PARALLEL_BYTES else 1
+    with no_gc():
+        return _load(directory, files, workers, time.time() if now_s is None else now_s)
+
+
+def _load(directory: Path, files: list[RunFile], workers: int, now_s: float) -> Run:
+    first = [f for f in files if f.signal != "traces"]
+    results = dict(zip(first, _read_all(first, workers)))
+    spans_stats = {f.rank: results[f][0] for f in first if f.signal == "spans"}
+    open_ranks = {
+        span.rank
+        for f in first
+        if f.signal == "spans"
+        for part in results[f][1].values()
+        for span in part.spans.values()
+        if span.end_ns is None
+    }
+    traces = [
+        f for f in files if f.signal == "traces" and _needs_traces(f.rank, spans_stats, open_ranks)
+    ]
+    results.update(zip(traces, _read_all(traces, workers)))
+    merged: dict[str | None, _Part] = {}
+    stats = []
+    for file in files:  # sorted by signal: metrics, spans before traces
+        if file not in results:
+            skipped = FileStats(file.path, file.signal, file.rank, size_bytes=_size_of(file.path))
+            skipped.skipped = "not needed: the span lines of this rank are complete"
+            stats.append(skipped)
+            continue
+        file_stats, parts = results[file]
+        stats.append(file_stats)
+        for run_id, part in parts.items():
+            target = merged.setdefault(run_id, _Part())
+            for rank, telemetry in part.ranks.items():
+                _merge_rank(target.rank(rank), telemetry, file.signal)
+            if file.signal == "traces":
+                for span in part.spans.values():
+                    _merge_span(target.spans, span)
+            else:
+                target.spans.update(part.spans)
+    run = Run(directory=directory, files=stats)
+    chosen = _choose_run(merged)
+    if chosen in merged:
+        part = merged[chosen]
+        run.run_id = chosen
+        run.ranks = part.ranks
+        run.spans = sorted(part.spans.values(), key=operator.attrgetter("start_ns", "rank"))
+    run.other_run_ids = sorted(k for k in merged if k is not None and k != run.run_id)
+    for file in stats:  # a rank with files but nothing readable still counts as a rank
+        if file.rank not in run.ranks and not run.other_run_ids:
+            run.ranks[file.rank] = RankTelemetry(file.rank)
+    run.ranks = dict(sorted(run.ranks.items()))
+    run.notes = _notes(run, now_s)
+    return run
+
+
+def _merge_rank(target: RankTelemetry, source: RankTelemetry, signal: str) -> None:
+    target.gauges.update(source.gauges)
+    target.counters.update(source.counters)
+    target.histograms.update(source.histograms)
+    if source.resource and (signal == "metrics" or not target.resource):
+        target.resource = source.resource
+    for time_ns in (source.first_ns, source.last_ns):
+        if time_ns is not None:
+            target.see(time_ns)
+
+
+def _choose_run(parts: dict[str | None, _Part]) -> str | None:
+    """The run id seen last; ``None`` when no line named one (then those lines are the run)."""
+    best_key, best_time = None, None
+    for key, part in parts.items():
+        if key is None:
+            continue
+        last = max((r.last_ns for r in part.ranks.values() if r.last_ns is not None), default=0)
+        if best_time is None or last > best_time:
+            best_key, best_time = key, last
+    return best_key
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _rank_list(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+def _notes(run: Run, now_s: float) -> list[str]:
+    notes: list[str] = []
+    if not run.files:
+        notes.append(f"{run.directory} holds no *-rank*.jsonl file.")
+        return notes
+    by_signal: dict[str, set[int]] = {}
+    for file in run.files:
+        by_signal.setdefault(file.signal, set()).add(file.rank)
+        name = file.path.name
+        if file.error:
+            notes.append(f"{name} could not be read ({file.error}).")
+        if file.torn_last_line:
+            notes.append(
+                f"{name}: the last line is cut (a killed run, a full disk, or a run still "
+                "writing it) and was skipped."
+            )
+        if file.bad_lines:
+            notes.append(f"{name}: {_plural(file.bad_lines, 'line')} not readable, skipped.")
+    ranks = sorted(run.ranks)
+    for signal, what in (("metrics", "curves"), ("spans", "timeline")):
+        have = by_signal.get(signal, set())
+        if signal == "spans":
+            have = have | by_signal.get("traces", set())
+        missing = [r for r in ranks if r not in have]
+        if not have:
+            notes.append(
+                f"No {signal} file ({signal}-rank*.jsonl"
+                + (" or traces-rank*.jsonl" if signal == "spans" else "")
+                + f"): the {what} are empty."
+            )
+        elif missing:
+            notes.append(f"No {signal} file for rank {_rank_list(missing)}.")
+    world_size = run.resource.get(DL_WORLD_SIZE)
+    if isinstance(world_size, int) and world_size > len(ranks) and ranks:
+        notes.append(
+            f"World size {world_size}, files of {_plural(len(ranks), 'rank')} only "
+            f"({_rank_list(ranks)}): the other ranks wrote elsewhere or did not export "
+            "(OTEL_PYTHON_TRAINING_EXPORT_RANKS)."
+        )
+    if run.other_run_ids:
+        notes.append(
+            f"These files also hold {_plural(len(run.other_run_ids), 'other run')} "
+            f"({', '.join(run.other_run_ids[:5])}{'...' if len(run.other_run_ids) > 5 else ''}), "
+            f"appended to the same files; only run {run.run_id} (the latest) is shown."
+        )
+    open_spans = [s for s in run.spans if s.open]
+    if open_spans:
+        names = sorted({s.name for s in open_spans})
+        notes.append(
+            f"{_plural(len(open_spans), 'span')} never ended ({', '.join(names[:4])}"
+            f"{'...' if len(names) > 4 else ''}; ranks "
+            f"{_rank_list(sorted({s.rank for s in open_spans}))}): shown open until the last "
+            "time seen on their rank."
+        )
+    ended_at_exit = [s for s in run.spans if s.truncated and not s.open]
+    if ended_at_exit:
+        notes.append(
+            f"{_plural(len(ended_at_exit), 'span')} were still open at exit or SIGTERM and were "
+            "ended then (truncated)."
+        )
+    newest = max((f.mtime_s for f in run.files), default=0.0)
+    if open_spans and now_s - newest < IN_PROGRESS_S:
+        notes.append(
+            f"The files were written {max(now_s - newest, 0.0):.0f} s ago and spans are still "
+            "open: the run is probably still in progress; this shows what is on disk now."
+        )
+    if run.is_empty:
+        notes.append("No metric point and no span could be read: the run is empty.")
+    return notes

@@ -1,0 +1,109 @@
+"""Helpers for tests that start real ``torchrun`` jobs (``python -m torch.distributed.run``) of
+two CPU processes on gloo, bound to 127.0.0.1, and read what each rank wrote to the embedded
+default's files."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from otlp_receiver import free_port
+
+
+def require_gloo() -> None:
+    """Skips the test without torch.distributed's gloo backend; fails it under ``CI=true``."""
+    try:
+        import torch.distributed as dist
+    except ModuleNotFoundError:
+        message = "torch is not installed"
+    else:
+        if dist.is_available() and dist.is_gloo_available():
+            return
+        message = "torch.distributed with gloo is not available"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def torchrun_args(
+    log_dir: Path, *command: str, nproc: int = 2, module: bool = False
+) -> Sequence[str]:
+    """Arguments of ``python -m torch.distributed.run`` for ``nproc`` ranks on this machine
+    (a free port on 127.0.0.1, as a user types ``torchrun --nproc_per_node=N``), each rank's
+    stdout written to ``log_dir`` (read it with `rank_stdout`). ``module``: ``command`` starts
+    with a module name (``torchrun -m``) rather than a script path."""
+    return [
+        f"--nproc_per_node={nproc}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        f"--log-dir={log_dir}",
+        "--redirects=1",
+        *(["-m"] if module else []),
+        *command,
+    ]
+
+
+def rank_stdout(log_dir: Path, local_rank: int) -> str:
+    """What ``local_rank`` printed to stdout in the one job that wrote ``log_dir``."""
+    (path,) = log_dir.glob(f"*/attempt_*/{local_rank}/stdout.log")
+    return path.read_text()
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Variables for a torchrun job: one thread per rank (two ranks share two cores)."""
+    return {"OMP_NUM_THREADS": "1", **extra}
+
+
+@dataclass(frozen=True)
+class RankMetrics:
+    """The last metrics snapshot one rank wrote: its Resource and its points by metric name.
+
+    Attributes:
+        resource: resource attributes (``dl.rank``, ``dl.run.id``, ...).
+        gauges: last value of each gauge or sum, by metric name.
+        histograms: ``(count, sum)`` of each histogram, by metric name.
+    """
+
+    resource: dict[str, Any]
+    gauges: dict[str, float]
+    histograms: dict[str, tuple[int, float]]
+
+
+def metric_files(root: Path) -> list[Path]:
+    """Every ``metrics-rank*.jsonl`` under ``root`` once (a ``latest`` link is not counted
+    twice), sorted."""
+    return sorted({p.resolve() for p in root.rglob("metrics-rank*.jsonl")})
+
+
+def last_metrics(path: Path) -> RankMetrics:
+    """Reads the last line of an embedded-default metrics file (cumulative: it holds the run)."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+
+    from otel_training.testing import parse_otlp_json
+
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    request = parse_otlp_json(lines[-1], ExportMetricsServiceRequest())
+    resource: dict[str, Any] = {}
+    gauges: dict[str, float] = {}
+    histograms: dict[str, tuple[int, float]] = {}
+    for rm in request.resource_metrics:
+        for kv in rm.resource.attributes:
+            kind = kv.value.WhichOneof("value")
+            resource[kv.key] = getattr(kv.value, kind)
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                data = metric.WhichOneof("data")
+                points = getattr(metric, data).data_points
+                if data == "histogram":
+                    histograms[metric.name] = (points[0].count, points[0].sum)
+                elif data in ("gauge", "sum") and len(points) == 1 and not points[0].attributes:
+                    point = points[0]
+                    kind = point.WhichOneof("value")
+                    gauges[metric.name] = float(getattr(point, kind))
+    return RankMetrics(resource, gauges, histograms)

@@ -1,0 +1,210 @@
+"""The report of a real demo run, opened from file:// in a real headless Chromium: no script
+error, every plot drawn with data points, no request made by the page, and a screenshot."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("plotly")
+
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--hide-scrollbars",
+    "--virtual-time-budget=15000",
+]
+DEMO = [
+    "demo", "--steps", "40", "--log-interval", "4", "--layers", "2", "--d-model", "32",
+    "--heads", "2", "--seq-len", "32", "--batch-size", "4", "--moe", "--experts", "4",
+    "--eval-interval", "20", "--checkpoint-interval", "20", "--max-data-bytes", "200000",
+    "--tensor-metrics", "grad_norm:2,param_norm:2,activation_rms:2,router:2",
+    "--device", "cpu", "--quiet",
+]  # fmt: skip
+
+
+def _chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        message = "chromium is not installed (Debian's chromium package)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def _env(**more: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env.update(more)
+    return env
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    """A real demo run (several metric exports, all span groups, tensor metrics), reported
+    with the real command."""
+    base = tmp_path_factory.mktemp("report-browser")
+    env = _env(
+        OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(base / "telemetry"),
+        OTEL_METRIC_EXPORT_INTERVAL="200",
+        OTEL_PYTHON_TRAINING_SPAN_GROUPS="all",
+        OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM="false",
+    )
+    demo = subprocess.run(
+        [sys.executable, "-m", "otel_training.cli", *DEMO],
+        env=env, cwd=base, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    output = base / "report.html"
+    made = subprocess.run(
+        [sys.executable, "-m", "otel_training.cli", "report", "-o", str(output)],
+        env=env, cwd=base, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert str(output) in made.stdout
+    return output
+
+
+class _Rendered(HTMLParser):
+    """Per plot container: the data points plotly drew (markers and bars, line vertices,
+    heatmap images); and the script-error box."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plots: dict[str, dict[str, int]] = {}
+        self.current: str | None = None
+        self.depth = 0
+        self.errors_hidden: bool | None = None
+        self.error_lines = 0
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if attrs.get("id") == "script-errors":
+            self.errors_hidden = "hidden" in attrs
+        if "script-error" in (attrs.get("class") or "").split():
+            self.error_lines += 1
+        if tag == "div" and "data-plot" in attrs and self.current is None:
+            self.current, self.depth = attrs["data-plot"], 0
+            self.plots[self.current] = {"expected": int(attrs["data-points"]), "points": 0,
+                                        "vertices": 0, "images": 0, "svg": 0}  # fmt: skip
+        if self.current is None:
+            return
+        if tag == "div":
+            self.depth += 1
+        counts = self.plots[self.current]
+        classes = (attrs.get("class") or "").split()
+        if tag == "svg" and "main-svg" in classes:
+            counts["svg"] += 1
+        if tag in ("path", "g") and "point" in classes:  # a marker path, a bar's group
+            counts["points"] += 1
+        if tag == "path" and "js-line" in classes:
+            d = attrs.get("d") or ""
+            counts["vertices"] += d.count("M") + d.count("L")
+        if tag == "image":
+            counts["images"] += 1
+
+    def handle_startendtag(self, tag, attrs):
+        self.handle_starttag(tag, attrs)
+        if tag == "div":
+            self.handle_endtag(tag)
+
+    def handle_endtag(self, tag):
+        if self.current is not None and tag == "div":
+            self.depth -= 1
+            if self.depth == 0:
+                self.current = None
+
+
+def _browse(url: str, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+    profile = tmp / f"profile-{len(list(tmp.glob('profile-*')))}"
+    return subprocess.run(
+        [_chromium(), *FLAGS, f"--user-data-dir={profile}", *extra, url],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+
+
+def _page_requests(net_log: Path) -> list[str]:
+    """URLs of the requests that a page (not the browser itself) started, from a net log."""
+    log = json.loads(net_log.read_text())
+    start_job = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
+    urls = []
+    for event in log["events"]:
+        params = event.get("params") or {}
+        if event["type"] != start_job or "url" not in params:  # the end of a job has no URL
+            continue
+        if params.get("initiator") != "not an origin":  # the browser's own: "not an origin"
+            urls.append(params["url"])
+    return urls
+
+
+def test_the_report_renders_without_errors_and_every_plot_has_points(report, tmp_path):
+    """Loaded from file://, the page reports no script error and each plot has drawn points."""
+    result = _browse(report.as_uri(), tmp_path, "--dump-dom")
+    assert result.returncode == 0, result.stderr[-2000:]
+    dom = _Rendered()
+    dom.feed(result.stdout)
+    assert dom.errors_hidden is True and dom.error_lines == 0
+    names = set(dom.plots)
+    for metric in ("loss", "learning_rate", "grad_norm", "tokens_per_sec", "throughput_tflops"):
+        assert f"plot-curve-megatron.training.{metric}" in names
+    assert {
+        "plot-step-duration-quantiles",
+        "plot-step-duration-histogram",
+        "plot-timeline",
+    } <= names
+    heatmaps = [n for n in names if n.startswith("plot-heatmap-")]
+    assert len(heatmaps) >= 6  # grad, param, activation RMS, 3 router statistics, entropy
+    for name, counts in dom.plots.items():
+        assert counts["expected"] > 0, name
+        assert counts["svg"] >= 1, f"{name} was not drawn"
+        drawn = counts["points"] + counts["vertices"] + counts["images"]
+        assert drawn > 0, f"{name} has no data point in the DOM: {counts}"
+        if name.startswith("plot-heatmap-"):
+            assert counts["images"] >= 1
+        if name in ("plot-step-duration-histogram", "plot-timeline"):
+            assert counts["points"] == counts["expected"]  # one bar per bucket / span
+
+
+def test_the_page_requests_nothing(report, tmp_path):
+    """The report page starts no request in the net log, where a fetching probe page shows one."""
+    net_log = tmp_path / "report-net.json"
+    result = _browse(report.as_uri(), tmp_path, "--dump-dom", f"--log-net-log={net_log}")
+    assert result.returncode == 0
+    assert _page_requests(net_log) == []
+    probe = tmp_path / "probe.html"
+    probe.write_text('<!DOCTYPE html><img src="http://127.0.0.1:9/probe.png">')
+    probe_log = tmp_path / "probe-net.json"
+    _browse(probe.as_uri(), tmp_path, "--dump-dom", f"--log-net-log={probe_log}")
+    assert _page_requests(probe_log) == ["http://127.0.0.1:9/probe.png"]
+
+
+def test_a_screenshot_of_the_report(report, tmp_path_factory):
+    """A full-width screenshot of the page is written (a PNG of the window's size)."""
+    shot = report.parent / "report.png"
+    result = _browse(
+        report.as_uri(), report.parent, "--window-size=1400,3000", f"--screenshot={shot}"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    header = shot.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", header[16:24])
+    assert (width, height) == (1400, 3000)
+    print(f"screenshot: {shot} ({shot.stat().st_size:,} bytes, {width}x{height})")

@@ -1,0 +1,93 @@
+"""The report and trace subcommands of the otel-training command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_HERE = Path(__file__).resolve().parent
+if str(_HERE) not in sys.path:  # import the helper whatever pytest's import mode is
+    sys.path.insert(0, str(_HERE))
+
+from report_files import span_lines, write_lines, write_real_metrics  # noqa: E402
+
+from otel_training import cli  # noqa: E402
+from otel_training.semconv.spans import MEGATRON_TRAIN  # noqa: E402
+
+T0 = 1_796_000_000 * 10**9
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """An output directory holding one run directory (the embedded default's layout)."""
+    directory = tmp_path / "out" / "run-1"
+    directory.mkdir(parents=True)
+    write_real_metrics(
+        directory / "metrics-rank0.jsonl", [{"step_duration_ms": [50.0, 60.0], "loss": 2.0}] * 3
+    )
+    write_lines(
+        directory / "spans-rank0.jsonl", span_lines(MEGATRON_TRAIN, "1" * 16, None, T0, T0 + 10**9)
+    )
+    return directory
+
+
+def test_report_writes_the_page_and_says_where(run_dir, tmp_path, capsys):
+    """``report DIR --output FILE``: exit 0, the absolute path and a file:// URL printed."""
+    output = tmp_path / "r.html"
+    assert cli.main(["report", str(run_dir.parent), "--output", str(output)]) == 0
+    out = capsys.readouterr().out
+    assert str(output.absolute()) in out and output.absolute().as_uri() in out
+    assert output.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_trace_writes_the_trace_and_says_how_to_open_it(run_dir, tmp_path, capsys):
+    """``trace DIR --output FILE``: exit 0, a trace-event file, Perfetto named."""
+    output = tmp_path / "t.json"
+    assert cli.main(["trace", str(run_dir), "-o", str(output)]) == 0
+    assert "ui.perfetto.dev" in capsys.readouterr().out
+    events = json.loads(output.read_text())["traceEvents"]
+    assert [e["name"] for e in events if e["ph"] == "X"] == [MEGATRON_TRAIN]
+
+
+def test_the_default_directory_is_the_environment_output_dir(
+    run_dir, tmp_path, monkeypatch, capsys
+):
+    """Without DIR, OTEL_PYTHON_TRAINING_OUTPUT_DIR is read (its newest run)."""
+    monkeypatch.setenv("OTEL_PYTHON_TRAINING_OUTPUT_DIR", str(run_dir.parent))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["trace"]) == 0
+    assert (tmp_path / "trace.json").is_file()
+
+
+@pytest.mark.parametrize("command", ["report", "trace"])
+def test_no_run_is_exit_2_with_one_line(command, tmp_path, capsys):
+    """No run found: exit status 2 and one line on stderr, no traceback."""
+    assert cli.main([command, str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no run found" in err and "Traceback" not in err
+
+
+def test_notes_go_to_stderr(run_dir, tmp_path, capsys):
+    """Notes on the files (here: a torn last line) are printed on stderr, the run still reported."""
+    with open(run_dir / "metrics-rank0.jsonl", "a") as handle:
+        handle.write('{"resourceMetrics": [')
+    assert cli.main(["trace", str(run_dir), "-o", str(tmp_path / "t.json")]) == 0
+    assert "note: metrics-rank0.jsonl: the last line is cut" in capsys.readouterr().err
+
+
+def test_trace_needs_neither_torch_nor_plotly(run_dir, tmp_path):
+    """The trace command imports neither torch nor plotly (nor jinja2)."""
+    code = (
+        "import sys; from otel_training import cli; "
+        f"status = cli.main(['trace', {str(run_dir)!r}, '-o', {str(tmp_path / 't.json')!r}]); "
+        "print(sorted(m for m in ('torch', 'plotly', 'jinja2') if m in sys.modules), status)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[] 0"

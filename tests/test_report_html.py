@@ -1,0 +1,383 @@
+"""report.html, report.figures, report.summary: the page and its plots from real and
+hand-written run files."""
+
+from __future__ import annotations
+
+import math
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+_HERE = Path(__file__).resolve().parent
+if str(_HERE) not in sys.path:  # import the helper whatever pytest's import mode is
+    sys.path.insert(0, str(_HERE))
+
+from report_files import (  # noqa: E402
+    gauge,
+    metrics_line,
+    span_lines,
+    span_record,
+    write_lines,
+    write_real_metrics,
+)
+
+pytest.importorskip("plotly")
+
+from otel_training.report import (  # noqa: E402
+    build_report,
+    figures,  # noqa: E402
+    load_run,
+    write_report,
+)
+from otel_training.report.run import TRUNCATED_ATTRIBUTE  # noqa: E402
+from otel_training.report.summary import summarize  # noqa: E402
+from otel_training.semconv.attributes import (  # noqa: E402
+    MEGATRON_TRAINING_LAYER,
+    MEGATRON_TRAINING_METRIC,
+    MEGATRON_TRAINING_ROUTER_STATISTIC,
+)
+from otel_training.semconv.metrics import (  # noqa: E402
+    MEGATRON_TRAINING_LOSS,
+    MEGATRON_TRAINING_NONFINITE_VALUES,
+    MEGATRON_TRAINING_TENSOR_GRAD_NORM,
+    MEGATRON_TRAINING_TENSOR_ROUTER_BALANCE,
+)
+from otel_training.semconv.spans import (  # noqa: E402
+    MEGATRON_CHECKPOINT_SAVE,
+    MEGATRON_EVALUATE,
+    MEGATRON_TRAIN,
+    MEGATRON_TRAIN_ITERATION,
+)
+
+T0 = 1_796_000_000 * 10**9
+S = 10**9
+
+
+class _Page(HTMLParser):
+    """Scripts, external references and plot containers of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.script_sources: list[str] = []
+        self.external: list[str] = []
+        self.plots: dict[str, int] = {}
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "script" and attrs.get("src"):
+            self.script_sources.append(attrs["src"])
+        for key in ("src", "href"):
+            value = attrs.get(key) or ""
+            if value and not value.startswith("#"):
+                self.external.append(value)
+        if "data-plot" in attrs:
+            self.plots[attrs["data-plot"]] = int(attrs["data-points"])
+
+
+def _parse(page: str) -> _Page:
+    parser = _Page()
+    parser.feed(page)
+    return parser
+
+
+def _real_run(directory: Path, ranks=(0, 1)) -> None:
+    """Two ranks: real SDK metric exports (cumulative) and span lines with iterations."""
+    for rank in ranks:
+        batches = [
+            {
+                "step_duration_ms": [100.0 + 5 * i + rank, 120.0],
+                "loss": 4.0 - 0.3 * i,
+                "learning_rate": 1e-3 * (i + 1),
+                "grad_norm": 1.0 / (i + 1),
+                "tokens_per_sec": 1000.0 + i,
+                "throughput_tflops": 0.1,
+                "memory_allocated_gb": 2.0,
+                "skipped_iters": 1 if i == 2 else None,
+            }
+            for i in range(6)
+        ]
+        batches[3]["loss"] = math.nan  # counted by megatron.training.nonfinite_values
+        write_real_metrics(
+            directory / f"metrics-rank{rank}.jsonl", batches, rank=rank, world_size=2
+        )
+        lines = []
+        root = f"{rank + 1:02x}" + "0" * 14
+        lines += span_lines(MEGATRON_TRAIN, root, None, T0, T0 + 60 * S, rank=rank)
+        for step in range(1, 11):
+            lines += span_lines(
+                MEGATRON_TRAIN_ITERATION,
+                f"{rank + 1:02x}{step:014x}",
+                root,
+                T0 + step * S,
+                T0 + step * S + S // 2,
+                rank=rank,
+                attributes={"megatron.iteration": step},
+            )
+        lines += span_lines(
+            MEGATRON_EVALUATE,
+            f"{rank + 1:02x}" + "e" * 14,
+            root,
+            T0 + 20 * S,
+            T0 + 22 * S,
+            rank=rank,
+            status="ERROR",
+        )
+        write_lines(directory / f"spans-rank{rank}.jsonl", lines)
+
+
+def test_the_page_is_self_contained_and_every_plot_has_points(tmp_path):
+    """Nothing is fetched (plotly.js inlined once) and every plot container holds points."""
+    _real_run(tmp_path)
+    page = build_report(load_run(tmp_path))
+    parsed = _parse(page)
+    assert parsed.script_sources == [] and parsed.external == []
+    assert page.count("plotly.js v") >= 1 and page.count("Plotly.newPlot") == len(parsed.plots)
+    assert parsed.plots and all(points > 0 for points in parsed.plots.values())
+    expected = {
+        "plot-curve-megatron.training.loss",
+        "plot-curve-megatron.training.learning_rate",
+        "plot-curve-megatron.training.grad_norm",
+        "plot-curve-megatron.training.tokens_per_sec",
+        "plot-curve-megatron.training.throughput_tflops",
+        "plot-curve-megatron.training.memory_allocated_gb",
+        "plot-step-duration-quantiles",
+        "plot-step-duration-histogram",
+        "plot-step-duration-by-rank",
+        "plot-timeline",
+    }
+    assert expected <= set(parsed.plots)
+
+
+def test_the_summary_has_the_run_and_the_last_values(tmp_path):
+    """Run id, ranks, steps, the eight metrics' last values, non-finite and skipped counts."""
+    _real_run(tmp_path)
+    run = load_run(tmp_path)
+    summary = summarize(run)
+    assert summary.run_id == run.run_id and summary.ranks == [0, 1] and summary.world_size == 2
+    assert summary.steps == 10 and summary.steps_source.startswith("iteration spans")
+    rows = {row.name: row for row in summary.metrics}
+    assert len(rows) == 8
+    assert rows[MEGATRON_TRAINING_LOSS].by_rank == {0: pytest.approx(2.5), 1: pytest.approx(2.5)}
+    assert rows["megatron.training.skipped_iters"].by_rank == {0: 1, 1: 1}
+    assert summary.nonfinite == {MEGATRON_TRAINING_LOSS: 2}  # one NaN on each rank
+    assert summary.skipped_iters == 1
+    assert set(summary.step_duration_quantiles_ms) == {0.5, 0.9, 0.99}
+    page = build_report(run)
+    assert run.run_id in page
+    assert "non-finite values (NaN, Inf) passed for" in page
+
+
+def test_steps_come_from_the_step_duration_count_without_iteration_spans(tmp_path):
+    """Without iteration spans the x axis counts the step-duration observations."""
+    write_real_metrics(
+        tmp_path / "metrics-rank0.jsonl",
+        [
+            {"step_duration_ms": [10.0] * 5, "loss": 3.0},
+            {"step_duration_ms": [10.0] * 5, "loss": 2.0},
+        ],
+    )
+    run = load_run(tmp_path)
+    axis = figures.XAxis(run)
+    assert axis.is_steps and "step_duration_ms" in axis.source
+    plots, _ = figures.curve_plots(run, axis)
+    loss = next(p for p in plots if p.id.endswith(MEGATRON_TRAINING_LOSS))
+    assert list(loss.figure.data[0].x)[:2] == [5, 10]
+
+
+def test_without_any_step_count_the_curves_are_over_time(tmp_path):
+    """Gauges alone (no histogram, no iteration span): seconds since the run's start."""
+    write_lines(
+        tmp_path / "metrics-rank0.jsonl",
+        [
+            metrics_line(0, [gauge(MEGATRON_TRAINING_LOSS, [(T0 + t * S, 5.0 - t, {})])])
+            for t in range(3)
+        ],
+    )
+    run = load_run(tmp_path)
+    axis = figures.XAxis(run)
+    assert not axis.is_steps
+    plots, missing = figures.curve_plots(run, axis)
+    assert [p.title for p in plots] == ["Loss"] and "Learning rate" in missing
+    assert list(plots[0].figure.data[0].x) == [0.0, 1.0, 2.0]
+    assert "time since start" in build_report(run)
+
+
+def test_many_ranks_are_drawn_as_a_median_and_a_band(tmp_path):
+    """Beyond eight ranks the curve is the median over ranks with a min-max band."""
+    for rank in range(12):
+        write_lines(
+            tmp_path / f"metrics-rank{rank}.jsonl",
+            [
+                metrics_line(
+                    rank,
+                    [gauge(MEGATRON_TRAINING_LOSS, [(T0 + t * S, 3.0 + rank - t * 0.1, {})])],
+                    world_size=12,
+                )
+                for t in range(5)
+            ],
+        )
+    run = load_run(tmp_path)
+    plots, _ = figures.curve_plots(run, figures.XAxis(run))
+    names = [trace.name for trace in plots[0].figure.data]
+    assert names == ["max", "min to max", "median"]
+    medians = list(plots[0].figure.data[2].y)
+    assert medians[0] == pytest.approx((3.0 + 5 + 3.0 + 6) / 2)  # ranks 5 and 6 of 0..11
+
+
+def test_long_series_are_downsampled_and_the_page_says_so(tmp_path):
+    """A 20,000-point gauge is cut to the budget, its spike kept, and a note says so."""
+    values = [1.0 + (t % 7) * 0.01 for t in range(20_000)]
+    values[12_345] = 40.0
+    points = [(T0 + t * S, v, {}) for t, v in enumerate(values)]
+    write_lines(
+        tmp_path / "metrics-rank0.jsonl",
+        [metrics_line(0, [gauge(MEGATRON_TRAINING_LOSS, points)], world_size=1)],
+    )
+    run = load_run(tmp_path)
+    plots, _ = figures.curve_plots(run, figures.XAxis(run))
+    assert plots[0].downsampled and plots[0].points < 20_000 // 2
+    assert 40.0 in list(plots[0].figure.data[0].y)
+    assert "Long series were downsampled" in build_report(run)
+
+
+def test_heatmaps_order_layers_naturally_and_split_router_statistics(tmp_path):
+    """Layers in model order without ``global``; one heatmap per router statistic, in order."""
+    points = []
+    for layer in ("decoder.layers.10", "decoder.layers.2", "decoder.layers.1", "global"):
+        points += [(T0 + t * S, float(t), {MEGATRON_TRAINING_LAYER: layer}) for t in range(3)]
+    balance = [
+        (
+            T0 + t * S,
+            1.5,
+            {MEGATRON_TRAINING_LAYER: "decoder.layers.0", MEGATRON_TRAINING_ROUTER_STATISTIC: stat},
+        )
+        for t in range(3)
+        for stat in ("dead_fraction", "max_over_mean", "coefficient_of_variation")
+    ]
+    write_lines(
+        tmp_path / "metrics-rank0.jsonl",
+        [
+            metrics_line(
+                0,
+                [
+                    gauge(MEGATRON_TRAINING_TENSOR_GRAD_NORM, points),
+                    gauge(MEGATRON_TRAINING_TENSOR_ROUTER_BALANCE, balance),
+                ],
+            )
+        ],
+    )
+    run = load_run(tmp_path)
+    heatmaps = figures.tensor_heatmaps(run, figures.XAxis(run))
+    grad = heatmaps[0]
+    assert list(grad.figure.data[0].y) == [
+        "decoder.layers.1",
+        "decoder.layers.2",
+        "decoder.layers.10",
+    ]
+    assert grad.points == 9
+    assert [h.title.split(": ")[-1] for h in heatmaps[1:]] == [
+        "max_over_mean",
+        "coefficient_of_variation",
+        "dead_fraction",
+    ]
+
+
+def test_the_timeline_marks_failed_and_truncated_spans(tmp_path):
+    """Failed spans are outlined in red, truncated and open ones hatched."""
+    lines = [
+        *span_lines(
+            MEGATRON_TRAIN, "1" * 16, None, T0, T0 + 10 * S, attributes={TRUNCATED_ATTRIBUTE: True}
+        ),
+        *span_lines(MEGATRON_EVALUATE, "2" * 16, "1" * 16, T0 + S, T0 + 2 * S, status="ERROR"),
+        span_record("span_start", MEGATRON_CHECKPOINT_SAVE, "3" * 16, "1" * 16, T0 + 3 * S),
+    ]
+    write_lines(tmp_path / "spans-rank0.jsonl", lines)
+    plot, reduction = figures.timeline_plot(load_run(tmp_path))
+    assert reduction is None and plot.points == 3
+    bars = {}
+    for trace in plot.figure.data:
+        for text, line, pattern in zip(
+            trace.hovertext, trace.marker.line.color, trace.marker.pattern.shape
+        ):
+            bars[text.split("</b>")[0].removeprefix("<b>")] = (line, pattern)
+    assert bars[MEGATRON_EVALUATE] == (figures.ERROR_COLOR, "")
+    assert bars[MEGATRON_TRAIN][1] == "/" and bars[MEGATRON_CHECKPOINT_SAVE][1] == "/"
+
+
+def test_a_long_timeline_merges_runs_of_one_span_name(tmp_path):
+    """Thousands of iterations become a few bars (per run between other phases), with counts."""
+    root = "f" * 16
+    lines = span_lines(MEGATRON_TRAIN, root, None, T0, T0 + 5000 * S)
+    for i in range(1, 4001):
+        lines += span_lines(
+            MEGATRON_TRAIN_ITERATION,
+            f"{i:016x}",
+            root,
+            T0 + i * S,
+            T0 + i * S + S // 2,
+            attributes={"megatron.iteration": i},
+        )
+        if i == 2000:
+            lines += span_lines(
+                MEGATRON_CHECKPOINT_SAVE,
+                "c" * 16,
+                root,
+                T0 + i * S + S // 2,
+                T0 + i * S + 900_000_000,
+            )
+    write_lines(tmp_path / "spans-rank0.jsonl", lines)
+    plot, reduction = figures.timeline_plot(load_run(tmp_path), max_bars=500)
+    assert "merged" in reduction
+    texts = [t for trace in plot.figure.data for t in trace.hovertext]
+    merged = [t for t in texts if "× 2,000" in t]
+    assert len(merged) == 2 and any("iterations 1–2,000" in t for t in merged)
+    assert plot.points == 4  # the run, two blocks of iterations, the checkpoint
+
+
+def test_an_empty_run_still_gives_a_page(tmp_path):
+    """No file at all: a small page with the note and no plot (and no plotly.js)."""
+    path = write_report(load_run(tmp_path), tmp_path / "report.html")
+    page = path.read_text()
+    assert "holds no *-rank*.jsonl file" in page
+    assert _parse(page).plots == {} and "plotly.js v" not in page
+    assert path.stat().st_size < 100_000
+
+
+def test_notes_of_damaged_files_reach_the_page(tmp_path):
+    """A torn last line and a missing signal are said at the top of the page."""
+    good = metrics_line(0, [gauge(MEGATRON_TRAINING_LOSS, [(T0, 1.0, {})])])
+    write_lines(tmp_path / "metrics-rank0.jsonl", [good], torn_tail=good[:40])
+    page = build_report(load_run(tmp_path))
+    assert "the last line is cut" in page and "No spans file" in page
+
+
+def test_nonfinite_counts_by_metric(tmp_path):
+    """megatron.training.nonfinite_values is summed over ranks per metric name."""
+    from report_files import counter
+
+    for rank in (0, 1):
+        write_lines(
+            tmp_path / f"metrics-rank{rank}.jsonl",
+            [
+                metrics_line(
+                    rank,
+                    [
+                        counter(
+                            MEGATRON_TRAINING_NONFINITE_VALUES,
+                            [
+                                (
+                                    T0,
+                                    T0 + S,
+                                    2 + rank,
+                                    {MEGATRON_TRAINING_METRIC: MEGATRON_TRAINING_LOSS},
+                                )
+                            ],
+                            "cumulative",
+                        )
+                    ],
+                )
+            ],
+        )
+    assert summarize(load_run(tmp_path)).nonfinite == {MEGATRON_TRAINING_LOSS: 5}
