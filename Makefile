@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test lint bench bench-spans bench-tensor bench-overhead gpu-check bench-bad-day \
-	bench-report semconv clean
+	bench-report bench-integrations semconv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ bench-bad-day: setup
 # A synthetic 10,000-step 8-rank run (about 1 GB in a temporary directory, removed after).
 bench-report: setup
 	$(PY) bench/report.py
+
+# The Lightning and Hugging Face callbacks against the same training without them.
+bench-integrations: setup
+	$(PY) bench/integrations.py
 
 semconv: setup
 	$(PY) scripts/generate_semconv.py

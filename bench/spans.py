@@ -6,7 +6,8 @@ Prints, from one run, the cost per iteration of an empty ``with`` block of:
   ``per_step``, the NVTX processor (when a tool is attached), the JSON lines processor and a
   ``BatchSpanProcessor`` exporting to a no-op exporter: what ``configure()`` installs;
 - ``bare_sdk``: ``tracer.start_as_current_span("megatron.train.iteration", attributes=...)``
-  on a plain SDK ``TracerProvider`` with a ``BatchSpanProcessor`` to the same no-op exporter;
+  with the same attributes (``megatron.iteration``, ``is_goodput_span``) on a plain SDK
+  ``TracerProvider`` with a ``BatchSpanProcessor`` to the same no-op exporter;
 - ``aidot``: aidot-training-telemetry 1.1.2's ``timed_span(SpanName.ITERATION)`` (its README's
   ``training_iteration()`` no longer exists) with its file, logger (its default: formatted
   lines on stdout, which goes to a file here as in a batch job), NVTX and OTLP traces
@@ -14,7 +15,13 @@ Prints, from one run, the cost per iteration of an empty ``with`` block of:
   (``build/bench-aidot-venv``, created with ``python -m venv`` and ``pip install`` when
   missing), apart from ours, in a subprocess that also times ``bare_sdk`` there.
 
-and the ratios otel_training/bare_sdk (target <= 1.5) and otel_training/aidot (target <= 0.1).
+- ``with_log_lines``: ours with a ``LogSpanProcessor`` writing a key=value line per span to a
+  file, the sink aidot's logger backend adds (like for like with ``aidot``);
+- ``nvtx_only``: ``with layer("forward"):`` in a group mirrored to NVTX only (a push/pop range,
+  no span), against ``bare_nvtx``: ``nvtx.start_range``/``nvtx.end_range`` in the same domain;
+
+and the ratios otel_training/bare_sdk (target <= 1.5) and otel_training/aidot (target <= 0.1),
+with_log_lines/aidot, and the NVTX-only cost (target <= 2 us with a tool attached).
 Rounds alternate between the variants so that drift hits all alike, and each round ends with a
 flush of the variant's own processors inside the timed region, so that background work (the
 JSON writer, the batch exporter) is paid by the variant that caused it. Each round is timed
@@ -175,30 +182,48 @@ def _per_iteration(start_ns: int, cpu_ns: int, n: int) -> tuple[float, float]:
 
 def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> dict:
     """Per-round costs (us per iteration) of each variant, the rounds interleaved."""
+    import logging
+
+    import nvtx
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
     import otel_training
+    from otel_training.log_format import KeyValueFormatter, LogSpanProcessor
 
     class NoOpExporter(SpanExporter):
         def export(self, spans):
             return SpanExportResult.SUCCESS
 
+    # aidot's logger backend formats a line per span; ours writes them only with a
+    # LogSpanProcessor, enabled for the "with log lines" rounds (like for like) and off else.
+    span_log = logging.getLogger("bench.spans")
+    span_log.propagate = False
+    handler = logging.FileHandler(os.path.join(directory, "ours-log-lines.log"))
+    handler.setFormatter(KeyValueFormatter())
+    span_log.addHandler(handler)
+    span_log.setLevel(logging.CRITICAL)
     telemetry = otel_training.configure(
         environ={
             "OTEL_METRICS_EXPORTER": "none",
             "OTEL_TRACES_EXPORTER": "none",
-            "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "per_step",
+            "OTEL_LOGS_EXPORTER": "none",
+            "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "per_step,layer",
+            "OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS": "layer",
             "OTEL_PYTHON_TRAINING_JSONLOG_DIR": directory,
             "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM": "false",
         },
-        span_processors=[BatchSpanProcessor(NoOpExporter())],
+        span_processors=[
+            LogSpanProcessor(span_log, starts=False),
+            BatchSpanProcessor(NoOpExporter()),
+        ],
         set_global=False,
     )
     sdk = TracerProvider()
     sdk.add_span_processor(BatchSpanProcessor(NoOpExporter()))
     tracer = sdk.get_tracer("bench")
     training_iteration = otel_training.training_iteration
+    layer = otel_training.layer
 
     def ours(n: int) -> tuple[float, float]:
         start, cpu = time.perf_counter_ns(), time.process_time_ns()
@@ -208,11 +233,34 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
         telemetry.force_flush()  # the background work of these spans counts too
         return _per_iteration(start, cpu, n)
 
+    def ours_logged(n: int) -> tuple[float, float]:
+        span_log.setLevel(logging.INFO)
+        try:
+            return ours(n)
+        finally:
+            span_log.setLevel(logging.CRITICAL)
+            handler.flush()
+
+    def nvtx_only(n: int) -> tuple[float, float]:
+        start, cpu = time.perf_counter_ns(), time.process_time_ns()
+        for _ in range(n):
+            with layer("forward", layer_number=1):
+                pass
+        return _per_iteration(start, cpu, n)
+
+    def bare_nvtx(n: int) -> tuple[float, float]:
+        start, cpu = time.perf_counter_ns(), time.process_time_ns()
+        for _ in range(n):
+            rid = nvtx.start_range(message="megatron.layer.forward", domain="otel_training")
+            nvtx.end_range(rid)
+        return _per_iteration(start, cpu, n)
+
     def bare(n: int) -> tuple[float, float]:
         start, cpu = time.perf_counter_ns(), time.process_time_ns()
         for i in range(n):
-            with tracer.start_as_current_span(
-                "megatron.train.iteration", attributes={"megatron.iteration": i}
+            with tracer.start_as_current_span(  # the attributes ours carries (Megatron-LM's)
+                "megatron.train.iteration",
+                attributes={"megatron.iteration": i, "is_goodput_span": True},
             ):
                 pass
         sdk.force_flush()
@@ -223,14 +271,21 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
         python = ensure_aidot_venv()
         if python is not None:
             aidot = AidotWorker(python, iterations, directory)
-    ours(max(10, iterations // 10))
-    bare(max(10, iterations // 10))
-    result: dict = {"destination": telemetry.destination, "otel_training": [], "bare_sdk": []}
+    variants = {
+        "otel_training": ours,
+        "bare_sdk": bare,
+        "with_log_lines": ours_logged,
+        "nvtx_only": nvtx_only,
+        "bare_nvtx": bare_nvtx,
+    }
+    for run in variants.values():
+        run(max(10, iterations // 10))
+    result: dict = {"destination": telemetry.destination, **{key: [] for key in variants}}
     if aidot is not None:
         result.update(aidot=[], aidot_bare_sdk=[])
     for _ in range(rounds):
-        result["otel_training"].append(ours(iterations))
-        result["bare_sdk"].append(bare(iterations))
+        for key, run in variants.items():
+            result[key].append(run(iterations))
         if aidot is not None:
             result["aidot"].append(aidot.round("aidot", iterations))
             result["aidot_bare_sdk"].append(aidot.round("bare", iterations))
@@ -264,7 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     def paired(a: str, b: str, which: int) -> float:
         return statistics.median(x[which] / y[which] for x, y in zip(result[a], result[b]))
 
-    rows = [("otel_training", "training_iteration"), ("bare_sdk", "span + BSP")]
+    rows = [
+        ("otel_training", "training_iteration"),
+        ("with_log_lines", "+ a log line a span (aidot's)"),
+        ("bare_sdk", "span + BSP"),
+        ("nvtx_only", "layer(), NVTX-only group"),
+        ("bare_nvtx", "nvtx.start_range/end_range"),
+    ]
     if "aidot" in result:
         rows += [("aidot", "timed_span(ITERATION)"), ("aidot_bare_sdk", "span + BSP, aidot's venv")]
     print(f"NVTX mode: {nvtx_mode()}")
@@ -273,12 +334,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {'variant':16s} {'':27s} {'wall us/it':>10s} {'CPU us/it':>10s}")
     for key, label in rows:
         print(f"  {key:16s} {label:27s} {median(key, 0):10.2f} {median(key, 1):10.2f}")
-    ratios = [("bare_sdk", "1.5")] + ([("aidot", "0.1")] if "aidot" in result else [])
-    for other, target in ratios:
+    ratios = [("otel_training", "bare_sdk", "1.5")]
+    if "aidot" in result:
+        ratios += [
+            ("otel_training", "aidot", "0.1"),
+            ("with_log_lines", "aidot", "0.1, like for like"),
+        ]
+    for ours_key, other, target in ratios:
         print(
-            f"ratio otel_training / {other:8s} wall {paired('otel_training', other, 0):6.3f}"
-            f"  CPU {paired('otel_training', other, 1):6.3f}  (target <= {target})"
+            f"ratio {ours_key} / {other:8s} wall {paired(ours_key, other, 0):6.3f}"
+            f"  CPU {paired(ours_key, other, 1):6.3f}  (target <= {target})"
         )
+    print(
+        f"NVTX-only phase: {median('nvtx_only', 0):.2f} us wall ({median('nvtx_only', 1):.2f} "
+        f"us CPU), bare nvtx.start_range/end_range {median('bare_nvtx', 0):.2f} us "
+        "(target: NVTX-only <= 2 us with a tool attached)"
+    )
     print("(ratios: medians of the per-round ratios; CPU time counts every thread of the process)")
     if args.nvtx_injection and not os.environ.get("NVTX_INJECTION64_PATH"):
         env = dict(os.environ)

@@ -404,3 +404,115 @@ def test_service_name_and_resource_attributes_come_from_the_mapping(caplog):
     assert settings.service_name == "svc"
     assert dict(settings.resource_attributes) == {"a": "1", "b": "x y"}
     assert len(warnings) == 1 and "entry 3" in warnings[0]
+
+
+# -- Megatron-LM's and NeMo Lens' variables --------------------------------------------------
+
+
+def test_megatron_and_lens_span_groups_are_aliases_below_ours(caplog):
+    """MEGATRON_OTEL_SPAN_GROUPS, else NEMO_LENS_SPAN_GROUPS, when ours is unset."""
+    per_step = config.SPAN_GROUP_PRESETS["per_step"]
+    assert load(caplog, MEGATRON_OTEL_SPAN_GROUPS="per_step")[0].span_groups == per_step
+    assert load(caplog, NEMO_LENS_SPAN_GROUPS="per_step")[0].span_groups == per_step
+    settings, _ = load(
+        caplog,
+        OTEL_PYTHON_TRAINING_SPAN_GROUPS="none",
+        MEGATRON_OTEL_SPAN_GROUPS="all",
+        NEMO_LENS_SPAN_GROUPS="all",
+    )
+    assert settings.span_groups == frozenset()
+    both, _ = load(caplog, MEGATRON_OTEL_SPAN_GROUPS="job", NEMO_LENS_SPAN_GROUPS="all")
+    assert both.span_groups == {"job"}
+
+
+def test_profiling_is_all_and_old_group_names_warn_once(caplog):
+    """Megatron-LM's profiling preset is all; our names from before warn and still work."""
+    assert (
+        load(caplog, OTEL_PYTHON_TRAINING_SPAN_GROUPS="profiling")[0].span_groups
+        == (config.SPAN_GROUP_PRESETS["all"])
+    )
+    settings, warnings = load(caplog, OTEL_PYTHON_TRAINING_SPAN_GROUPS="iteration,run")
+    assert settings.span_groups == {"step", "job"}
+    assert len(warnings) == 2 and "now called 'step'" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("env", "exporting"),
+    [
+        ({"MEGATRON_OTEL_EXPORT_STRATEGY": "single_rank"}, [3]),
+        ({"MEGATRON_OTEL_EXPORT_STRATEGY": "single_rank", "MEGATRON_OTEL_EXPORT_RANK": "1"}, [1]),
+        ({"NEMO_LENS_EXPORT_STRATEGY": "single_rank", "NEMO_LENS_EXPORT_RANK": "0"}, [0]),
+        ({"MEGATRON_OTEL_EXPORT_STRATEGY": "all_ranks"}, [0, 1, 2, 3]),
+        ({"MEGATRON_OTEL_EXPORT_STRATEGY": "first_rank_per_node"}, [0, 2]),
+        ({"MEGATRON_OTEL_EXPORT_STRATEGY": "sampled", "MEGATRON_OTEL_EXPORT_SAMPLE_RATE": "0"}, []),
+        ({"MEGATRON_OTEL_EXPORT_STRATEGY": "sampled"}, [0, 1, 2, 3]),
+        ({"OTEL_PYTHON_TRAINING_EXPORT_RANKS": "0",
+          "MEGATRON_OTEL_EXPORT_STRATEGY": "single_rank"}, [0]),
+    ],
+)  # fmt: skip
+def test_megatron_export_strategies_choose_ranks_as_megatron_does(caplog, env, exporting):
+    """single_rank (default the last rank), all_ranks, first_rank_per_node, sampled; ours wins."""
+    chosen = []
+    for rank in range(4):
+        settings, _ = load(caplog, RANK=str(rank), LOCAL_RANK=str(rank % 2), WORLD_SIZE="4", **env)
+        if settings.export_ranks.exports(settings.identity):
+            chosen.append(rank)
+    assert chosen == exporting
+
+
+def test_sampled_ranks_are_chosen_by_nemo_lens_rule_and_stable():
+    """sampled:RATE picks ranks by md5 of the rank, as NeMo Lens does: stable, near the rate."""
+    import hashlib
+
+    def lens(rank: int, rate: float) -> bool:
+        digest = hashlib.md5(str(rank).encode()).hexdigest()
+        return (int(digest, 16) % 10000) / 10000.0 < rate
+
+    policy = config.ExportRanks("sampled", rate=0.25)
+    chosen = [
+        r for r in range(1000) if policy.exports(config.RankIdentity(rank=r, world_size=1000))
+    ]
+    assert chosen == [r for r in range(1000) if lens(r, 0.25)]
+    assert 200 < len(chosen) < 300
+
+
+def test_a_bad_export_strategy_warns_once_and_every_rank_exports(caplog):
+    """An unknown strategy is one warning and the default (all ranks)."""
+    settings, warnings = load(caplog, MEGATRON_OTEL_EXPORT_STRATEGY="some_ranks")
+    assert settings.export_ranks.policy == "all" and len(warnings) == 1
+
+
+def test_nvtx_only_groups_and_trace_segments(caplog):
+    """fine is the fine-grained groups; names add up; the segment length is a whole number."""
+    settings, _ = load(caplog, OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS="fine")
+    assert settings.nvtx_only_groups == {
+        "microbatch",
+        "layer",
+        "communication",
+        "activation_offload",
+    }
+    assert load(caplog, OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS="layer")[0].nvtx_only_groups == {
+        "layer"
+    }
+    assert load(caplog)[0].nvtx_only_groups == frozenset()
+    assert (
+        load(caplog, OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS="50")[0].trace_segment_iterations
+        == 50
+    )
+    bad, warnings = load(caplog, OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS="0")
+    assert bad.trace_segment_iterations == config.DEFAULT_TRACE_SEGMENT_ITERATIONS
+    assert len(warnings) == 1
+
+
+def test_megatron_and_lens_run_ids(caplog):
+    """OTEL_PYTHON_TRAINING_RUN_ID, else MEGATRON_OTEL_RUN_ID, else NEMO_LENS_RUN_ID."""
+    assert load(caplog, NEMO_LENS_RUN_ID="lens")[0].identity.run_id == "lens"
+    assert (
+        load(caplog, MEGATRON_OTEL_RUN_ID="mg", NEMO_LENS_RUN_ID="lens")[0].identity.run_id == "mg"
+    )
+    assert (
+        load(caplog, OTEL_PYTHON_TRAINING_RUN_ID="ours", MEGATRON_OTEL_RUN_ID="mg")[
+            0
+        ].identity.run_id
+        == "ours"
+    )

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import otel_training
+import otel_training.testing
 from otel_training.processors import NvtxSpanProcessor, nvtx
 from otel_training.semconv import spans as names
 
@@ -305,3 +307,59 @@ def test_an_unusable_nvtx_switch_warns_once_and_keeps_nvtx_on(caplog):
     assert len(caplog.records) == 1
     assert config.load({"NVTX_DISABLE": "1"}).nvtx is False
     assert config.load({"OTEL_PYTHON_TRAINING_NVTX_DOMAIN": "job7"}).nvtx_domain == "job7"
+
+
+def test_nvtx_only_groups_give_push_pop_ranges_and_no_spans(record):
+    """With OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS=fine, layer and micro-batch phases are
+    push/pop ranges with the group's category (nested on their thread), and no span; the
+    iteration around them is still a span with its start/end range."""
+    records = record(
+        """
+import otel_training as ot
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+exporter = InMemorySpanExporter()
+telemetry = ot.configure(span_processors=[SimpleSpanProcessor(exporter)])
+with ot.training_iteration(iteration=1):
+    for _ in range(3):
+        with ot.microbatch("forward"):
+            with ot.layer("forward", layer_number=1):
+                with ot.layer("mlp", layer_number=1):
+                    pass
+telemetry.shutdown()
+assert [s.name for s in exporter.get_finished_spans()] == ["megatron.train.iteration"]
+""",
+        OTEL_PYTHON_TRAINING_SPAN_GROUPS="step,microbatch,layer",
+        OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS="fine",
+    )
+    categories = {(r["domain"], r["category"]): r["name"] for r in records if r["op"] == "category"}
+    pushes = [r for r in records if r["op"] == "push"]
+    assert [r["message"] for r in pushes] == [
+        names.MEGATRON_MICROBATCH_FORWARD,
+        names.MEGATRON_LAYER_FORWARD,
+        names.MEGATRON_LAYER_MLP,
+    ] * 3
+    assert [categories[(r["domain"], r["category"])] for r in pushes[:3]] == [
+        "microbatch",
+        "layer",
+        "layer",
+    ]
+    stack = 0
+    for r in records:  # balanced and nested on one thread
+        stack += {"push": 1, "pop": -1}.get(r["op"], 0)
+        assert stack >= 0
+    assert stack == 0 and len(pushes) == 9
+    (only,) = nvtx_injection.ranges(records)
+    assert only.message == names.MEGATRON_TRAIN_ITERATION
+
+
+def test_nvtx_only_phases_without_a_tool_are_the_shared_no_op():
+    """Without an NVTX tool attached an NVTX-only phase is the shared no-op: nothing made."""
+    otel_training.testing.configure_in_memory(
+        {
+            "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "all",
+            "OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS": "layer",
+        }
+    )
+    assert otel_training.layer("forward", layer_number=1) is otel_training.spans.NOOP_PHASE
+    assert otel_training.microbatch("forward") is not otel_training.spans.NOOP_PHASE

@@ -10,12 +10,15 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from otel_training.semconv.spans import SPANS
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yaml"
@@ -41,8 +44,12 @@ PROMOTED = {
     "host.name",
     "service.instance.id",
 }
-#: Grafana's built-in variables that the dashboard may use.
-GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range", "__all"}
+#: Grafana's built-in variables that the dashboard may use (__from and __to in data links).
+GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range", "__all", "__from", "__to"}
+#: Panels of counters that a healthy run never creates: they read 0 instead of "No data".
+ZERO_WHEN_ABSENT = {"Skipped iterations", "Non-finite values"}
+#: Panels of the checkpoint durations (megatron.checkpoint.duration).
+CHECKPOINT_PANELS = {"Checkpoint duration", "Checkpoint duration per rank"}
 #: Metric names on the dashboard that the registry does not declare yet: tensor metrics still
 #: being built (tests/integration/test_prometheus.py lists their panels as pending).
 PENDING_PREFIX = "megatron_training_tensor_"
@@ -348,7 +355,7 @@ def test_offline_directory_is_mounted_where_the_collector_reads(compose, collect
         for name, config in collector["receivers"].items()
         if name.split("/")[0] in ("otlp_json_file", "otlpjsonfile")
     }
-    by_signal = {"metrics": [], "traces": []}
+    by_signal = {"metrics": [], "traces": [], "logs": []}
     for name, config in receivers.items():
         assert config.get("start_at") == "beginning", name
         for pattern in config["include"]:
@@ -359,7 +366,7 @@ def test_offline_directory_is_mounted_where_the_collector_reads(compose, collect
                     assert regex.fullmatch(f"run42/{signal}-rank17.jsonl"), pattern
                     files.append(name)
     assert all(len(set(names)) == 1 for names in by_signal.values()), by_signal
-    assert by_signal["metrics"] != by_signal["traces"]
+    assert len({names[0] for names in by_signal.values()}) == 3, by_signal
 
 
 def _glob_regex(pattern: str) -> re.Pattern[str]:
@@ -398,6 +405,7 @@ def test_every_pipeline_has_receivers_and_exporters(collector):
     """Each pipeline has receivers and exporters and is of a known signal."""
     pipelines = collector["service"]["pipelines"]
     assert {"metrics", "traces", "metrics/offline", "traces/offline"} <= set(pipelines)
+    assert {"logs", "logs/offline"} <= set(pipelines)
     for name, config in pipelines.items():
         assert name.split("/")[0] in ("metrics", "traces", "logs"), name
         assert config.get("receivers") and config.get("exporters"), name
@@ -426,6 +434,22 @@ def _duration_s(text: str) -> float:
     parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
     assert parts and "".join(n + u for n, u in parts) == text, text
     return sum(float(n) * units[u] for n, u in parts)
+
+
+def test_logs_pipelines_take_otlp_and_the_files_to_the_debug_exporter(collector):
+    """Logs arrive over OTLP (the live path) and from logs-rank*.jsonl (the offline path),
+    pass memory_limiter and batch, and end at an exporter defined in the file."""
+    pipelines = collector["service"]["pipelines"]
+    live, offline = pipelines["logs"], pipelines["logs/offline"]
+    assert live["receivers"] == ["otlp"]
+    (receiver,) = offline["receivers"]
+    assert receiver.split("/")[0] == "otlp_json_file"
+    assert any("logs-rank*.jsonl" in p for p in collector["receivers"][receiver]["include"])
+    for pipeline in (live, offline):
+        assert pipeline["processors"] == ["memory_limiter", "batch"]
+        assert pipeline["exporters"] and all(
+            e in collector["exporters"] for e in pipeline["exporters"]
+        )
 
 
 def test_exporters_use_current_component_names(collector):
@@ -689,3 +713,157 @@ def test_the_hardware_compose_overlay_wires_the_overlay_and_the_host_filesystem(
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- the dashboard: zero counters, checkpoints, links to Jaeger -----------------------------------
+
+
+def _panel(dashboard: dict[str, Any], title: str) -> dict[str, Any]:
+    (panel,) = [p for p in _panels(dashboard) if p.get("title") == title]
+    return panel
+
+
+def test_counters_a_healthy_run_never_creates_read_zero(dashboard):
+    """Skipped-iteration and non-finite panels fall back to `or on() vector(0)` after the query."""
+    for title in ZERO_WHEN_ABSENT:
+        (target,) = _panel(dashboard, title)["targets"]
+        query, fallback = re.fullmatch(r"(.+\))\s+or on\(\)\s+(.+)", target["expr"], re.S).groups()
+        assert re.fullmatch(
+            r'vector\(0\)|label_replace\(vector\(0\), "\w+", "\w+", "", ""\)', fallback
+        )
+        assert _metric_names(query) and not _metric_names(fallback), title
+        assert query.startswith("sum"), f"{title}: one aggregated series, or vector(0) never hides"
+
+
+def test_checkpoint_panels_chart_the_checkpoint_histogram_by_operation(dashboard):
+    """The checkpoint panels read megatron.checkpoint.duration in seconds, split by operation."""
+    (metric,) = [m for m in _registry_metrics() if m["name"] == "megatron.checkpoint.duration"]
+    assert (metric["instrument"], metric["unit"]) == ("histogram", "s")
+    series = set(_prometheus_series(metric["name"], "histogram", "s"))
+    operation = _prometheus_label(metric["attributes"][0]["ref"])
+    for title in CHECKPOINT_PANELS:
+        panel = _panel(dashboard, title)
+        assert panel["fieldConfig"]["defaults"]["unit"] == "s", title
+        for target in panel["targets"]:
+            expr = target["expr"]
+            assert _metric_names(expr) <= series and _metric_names(expr), (title, expr)
+            assert all(operation in by for by in re.findall(r"by \(([^)]*)\)", expr)), expr
+            assert f"{{{{{operation}}}}}" in target["legendFormat"], title
+
+
+def _link_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        p for p in _panels(dashboard) if p.get("fieldConfig", {}).get("defaults", {}).get("links")
+    ]
+
+
+def _kept_labels(expr: str) -> set[str] | None:
+    """The labels every series of `expr` keeps: None (all) for a bare selector, else those
+    that every `by (...)` clause keeps."""
+    if re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*\{[^}]*\}", expr.strip()):
+        return None
+    clauses = [set(re.split(r",\s*", by)) for by in re.findall(r"by \(([^)]*)\)", expr)]
+    assert clauses, f"neither a bare selector nor an aggregation by labels: {expr}"
+    return set.intersection(*clauses)
+
+
+_LINK_VARIABLE = re.compile(r"\$\{(__field\.labels\.(\w+)|__from|__to|(\w+)):?(\w*)\}")
+
+#: What a data link is rendered with in these tests: field labels, and the dashboard's range.
+_SAMPLE_LABELS = {
+    "job": "my-pretraining run/1&x",
+    "dl_rank": "17",
+    "megatron_checkpoint_operation": "save",
+}
+_FROM_MS, _TO_MS = 1_700_000_000_000, 1_700_003_600_000
+
+
+def _render_link(url: str, variables: dict[str, Any]) -> str:
+    """`url` as Grafana renders a data link: labels percent-encoded (the format the link names),
+    ${var:raw} verbatim, $__from and $__to in epoch milliseconds."""
+
+    def one(match: re.Match[str]) -> str:
+        whole, label, variable, fmt = match.groups()
+        if whole == "__from":
+            return str(_FROM_MS)
+        if whole == "__to":
+            return str(_TO_MS)
+        value = _SAMPLE_LABELS[label] if label else variables[variable]["query"]
+        assert fmt in ("percentencode", "raw"), f"say how ${{{whole}}} is encoded"
+        return urllib.parse.quote(value, safe="") if fmt == "percentencode" else value
+
+    return _LINK_VARIABLE.sub(one, url)
+
+
+def test_per_rank_panels_link_to_the_ranks_traces_in_jaeger(dashboard):
+    """Every per-rank panel links to Jaeger with labels that each of its queries keeps."""
+    per_rank = {
+        p["title"]
+        for p in _panels(dashboard)
+        if any("{{dl_rank}}" in t.get("legendFormat", "") for t in p.get("targets", []))
+    }
+    linked = {p["title"] for p in _link_panels(dashboard)}
+    assert per_rank == linked
+    assert {"Loss", "Step time per rank", "Checkpoint duration per rank"} <= linked
+    for panel in _link_panels(dashboard):
+        labels = {
+            m.group(2)
+            for link in panel["fieldConfig"]["defaults"]["links"]
+            for m in _LINK_VARIABLE.finditer(link["url"])
+            if m.group(2)
+        }
+        assert {"job", "dl_rank"} <= labels, panel["title"]
+        for target in panel["targets"]:
+            kept = _kept_labels(target["expr"])
+            assert kept is None or labels <= kept, (panel["title"], labels, kept)
+
+
+def test_jaeger_links_open_a_trace_search_for_the_service_and_rank(compose, dashboard):
+    """Explore and Jaeger UI links search the series' service, dl.rank and the time range."""
+    jaeger_uid = next(d for d in _yaml(DATASOURCES)["datasources"] if d["type"] == "jaeger")["uid"]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    service, rank = _SAMPLE_LABELS["job"], _SAMPLE_LABELS["dl_rank"]
+    for panel in _link_panels(dashboard):
+        title = panel["title"]
+        operation = None
+        if title in CHECKPOINT_PANELS:
+            operation = f"megatron.checkpoint.{_SAMPLE_LABELS['megatron_checkpoint_operation']}"
+            assert operation in SPANS
+        links = panel["fieldConfig"]["defaults"]["links"]
+        assert len(links) == 2 and all(link["targetBlank"] and link["title"] for link in links)
+        explore, ui = (
+            urllib.parse.urlsplit(_render_link(link["url"], variables)) for link in links
+        )
+
+        assert explore.path == "/explore" and not explore.netloc, title
+        params = urllib.parse.parse_qs(explore.query, strict_parsing=True)
+        assert params["schemaVersion"] == ["1"]
+        (pane,) = json.loads(params["panes"][0]).values()
+        assert pane["datasource"] == jaeger_uid
+        assert pane["range"] == {"from": str(_FROM_MS), "to": str(_TO_MS)}
+        (query,) = pane["queries"]
+        assert query["datasource"] == {"type": "jaeger", "uid": jaeger_uid}
+        assert query["queryType"] == "search" and query["service"] == service
+        assert query["tags"] == f"dl.rank={rank}"  # logfmt, as Grafana's Jaeger search takes it
+        assert query.get("operation") == operation, title
+
+        base = urllib.parse.urlsplit(variables["jaeger_url"]["query"])
+        assert (ui.scheme, ui.netloc, ui.path) == (base.scheme, base.netloc, "/search"), title
+        params = urllib.parse.parse_qs(ui.query, strict_parsing=True)
+        assert params["service"] == [service]
+        assert json.loads(params["tags"][0]) == {"dl.rank": rank}  # JSON, as the Jaeger UI's URL
+        assert params["lookback"] == ["custom"]
+        assert params["start"] == [str(_FROM_MS * 1000)] and params["end"] == [str(_TO_MS * 1000)]
+        assert params.get("operation") == ([operation] if operation else None), title
+
+
+def test_jaeger_ui_address_is_a_variable_defaulting_to_the_compose_port(compose, dashboard):
+    """The Jaeger UI address is a textbox variable defaulting to the port compose publishes."""
+    variable = next(v for v in dashboard["templating"]["list"] if v["name"] == "jaeger_url")
+    assert variable["type"] == "textbox"
+    assert variable["query"] == variable["current"]["value"]
+    address = urllib.parse.urlsplit(variable["query"])
+    published = [
+        _defaults(str(port)).rsplit(":", 2) for port in compose["services"]["jaeger"]["ports"]
+    ]
+    assert [address.hostname, str(address.port), "16686"] in published

@@ -1,4 +1,5 @@
-"""Step-duration buckets that fit real step times (case A10), and their overrides."""
+"""Step-duration and checkpoint-duration buckets that fit real times (case A10), and their
+overrides."""
 
 from __future__ import annotations
 
@@ -83,3 +84,25 @@ def test_bad_boundaries_raise_in_the_constructor():
     """Explicit configuration raises on unsorted bounds (constructors raise, hot paths don't)."""
     with pytest.raises(ValueError):
         views.step_duration_view([10, 5])
+
+
+def test_checkpoint_buckets_span_one_second_to_one_hour():
+    """The checkpoint-duration bounds start at 1 s, end at 1 h and increase strictly."""
+    bounds = views.CHECKPOINT_DURATION_BUCKETS_S
+    assert bounds[0] == 1 and bounds[-1] == 3600
+    assert all(a < b for a, b in zip(bounds, bounds[1:]))
+
+
+def test_checkpoint_view_replaced_by_a_user_view():
+    """A user view for megatron.checkpoint.duration replaces its default view, not the step one."""
+    name = "megatron.checkpoint.duration"
+    user = View(
+        instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(boundaries=(10,))
+    )
+    installed = views.default_views(user_views=[user])
+    assert [getattr(v, "_instrument_name", None) for v in installed] == [name, NAME]
+    memory = testing.configure_in_memory(views=[user])
+    with otel_training.checkpoint_save("/ckpt"):
+        pass
+    ((_, point),) = memory.points(name)
+    assert tuple(point.explicit_bounds) == (10,)

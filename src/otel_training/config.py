@@ -36,6 +36,7 @@ from otel_training.semconv.spans import (
 
 __all__ = [
     "ExportRanks",
+    "LogsSettings",
     "OtlpSettings",
     "RankIdentity",
     "Settings",
@@ -64,6 +65,18 @@ DEFAULT_BSP_MAX_EXPORT_BATCH_SIZE: Final = 512
 DEFAULT_FILE_BSP_SCHEDULE_DELAY_MS: Final = 1_000.0
 DEFAULT_FILE_BSP_MAX_QUEUE_SIZE: Final = 131_072
 DEFAULT_FILE_BSP_MAX_EXPORT_BATCH_SIZE: Final = 4_096
+#: Batch log record processor settings when OTEL_BLRP_* are unset: the SDK's defaults.
+DEFAULT_BLRP_SCHEDULE_DELAY_MS: Final = 1_000.0
+DEFAULT_BLRP_EXPORT_TIMEOUT_MS: Final = 30_000.0
+DEFAULT_BLRP_MAX_QUEUE_SIZE: Final = 2048
+DEFAULT_BLRP_MAX_EXPORT_BATCH_SIZE: Final = 512
+#: The embedded default's logs file when OTEL_BLRP_MAX_QUEUE_SIZE / _MAX_EXPORT_BATCH_SIZE are
+#: unset: a local file takes bursts (20,000 records logged in a tight loop lose none).
+DEFAULT_FILE_BLRP_MAX_QUEUE_SIZE: Final = 65_536
+DEFAULT_FILE_BLRP_MAX_EXPORT_BATCH_SIZE: Final = 4_096
+#: Attributes kept of one log record when neither OTEL_LOGRECORD_ATTRIBUTE_COUNT_LIMIT nor
+#: OTEL_ATTRIBUTE_COUNT_LIMIT is set (the SDK's default).
+DEFAULT_LOG_ATTRIBUTE_COUNT: Final = 128
 #: Port of the first local rank's Prometheus endpoint when OTEL_EXPORTER_PROMETHEUS_PORT is
 #: unset; local rank L serves PORT + L.
 DEFAULT_PROMETHEUS_PORT: Final = 9464
@@ -125,21 +138,27 @@ STANDARD_VARIABLES: Final = (
     "OTEL_RESOURCE_ATTRIBUTES",
     "OTEL_METRICS_EXPORTER",
     "OTEL_TRACES_EXPORTER",
+    "OTEL_LOGS_EXPORTER",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
     "OTEL_EXPORTER_OTLP_PROTOCOL",
     "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
     "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL",
     "OTEL_EXPORTER_OTLP_HEADERS",
     "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
     "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
     "OTEL_EXPORTER_OTLP_TIMEOUT",
     "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
     "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+    "OTEL_EXPORTER_OTLP_LOGS_TIMEOUT",
     "OTEL_EXPORTER_OTLP_COMPRESSION",
     "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION",
     "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+    "OTEL_EXPORTER_OTLP_LOGS_COMPRESSION",
     "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
     "OTEL_METRIC_EXPORT_INTERVAL",
     "OTEL_METRIC_EXPORT_TIMEOUT",
@@ -147,6 +166,13 @@ STANDARD_VARIABLES: Final = (
     "OTEL_BSP_EXPORT_TIMEOUT",
     "OTEL_BSP_MAX_QUEUE_SIZE",
     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+    "OTEL_BLRP_SCHEDULE_DELAY",
+    "OTEL_BLRP_EXPORT_TIMEOUT",
+    "OTEL_BLRP_MAX_QUEUE_SIZE",
+    "OTEL_BLRP_MAX_EXPORT_BATCH_SIZE",
+    "OTEL_LOGRECORD_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+    "OTEL_LOGRECORD_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_ATTRIBUTE_COUNT_LIMIT",
     "OTEL_TRACES_SAMPLER",
     "OTEL_TRACES_SAMPLER_ARG",
     "OTEL_EXPORTER_PROMETHEUS_HOST",
@@ -224,6 +250,41 @@ class ExportRanks:
         return self.policy
 
 
+def _default_otlp() -> OtlpSettings:
+    return OtlpSettings(None, "grpc", {}, DEFAULT_OTLP_TIMEOUT_S, "none")
+
+
+@dataclass(frozen=True)
+class LogsSettings:
+    """The logs signal's settings (``OTEL_LOGS_EXPORTER``, ``OTEL_EXPORTER_OTLP_LOGS_*``,
+    ``OTEL_BLRP_*``, ``OTEL_PYTHON_TRAINING_LOGGING``); see ``docs/logs.md``.
+
+    Attributes:
+        exporters: Exporter names: ``otlp``, ``console``, ``none`` or the embedded default
+            ``otlp_json_file`` (``logs-rank{R}.jsonl`` in the run's directory).
+        otlp: OTLP settings of the logs signal.
+        schedule_delay_ms: Batch log record processor delay between exports, in ms.
+        export_timeout_ms: Its export timeout, in ms (the SDK does not use it yet).
+        max_queue_size: Records it holds, more are dropped; ``None`` when
+            ``OTEL_BLRP_MAX_QUEUE_SIZE`` is unset (2,048 over OTLP, 65,536 for the file).
+        max_export_batch_size: Records per export (at most the queue size); ``None`` when
+            unset (512 over OTLP, 4,096 for the file).
+        attribute_count: Attributes kept per record (``OTEL_LOGRECORD_ATTRIBUTE_COUNT_LIMIT``,
+            else ``OTEL_ATTRIBUTE_COUNT_LIMIT``, else 128).
+        bridge_root_logger: ``OTEL_PYTHON_TRAINING_LOGGING``: ``configure()`` adds the
+            logging bridge to the root logger.
+    """
+
+    exporters: tuple[str, ...] = ("otlp_json_file",)
+    otlp: OtlpSettings = field(default_factory=_default_otlp)
+    schedule_delay_ms: float = DEFAULT_BLRP_SCHEDULE_DELAY_MS
+    export_timeout_ms: float = DEFAULT_BLRP_EXPORT_TIMEOUT_MS
+    max_queue_size: int | None = None
+    max_export_batch_size: int | None = None
+    attribute_count: int = DEFAULT_LOG_ATTRIBUTE_COUNT
+    bridge_root_logger: bool = False
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything otel-training takes from the environment, parsed and validated."""
@@ -250,6 +311,7 @@ class Settings:
     bsp_max_export_batch_size: int | None = None
     span_limits: Limits = field(default_factory=Limits)
     log_limits: Limits = field(default_factory=Limits)
+    logs: LogsSettings = field(default_factory=LogsSettings)
     sampler: str = "parentbased_always_on"
     sampler_arg: float = 1.0
     prometheus_host: str = "localhost"
@@ -274,13 +336,16 @@ class Settings:
     @property
     def shutdown_timeout_s(self) -> float:
         """Upper bound for shutdown in seconds: the longest OTLP timeout of the signals that
-        export by OTLP (signals shut down side by side), else 15 s for local exporters (a full
-        queue of the traces file, 131,072 spans, takes a few seconds to encode)."""
+        export by OTLP (metrics, traces and logs shut down side by side), else 15 s for local
+        exporters (a full queue of the traces file, 131,072 spans, takes a few seconds to
+        encode)."""
         timeouts = []
         if "otlp" in self.metrics_exporters:
             timeouts.append(self.metrics_otlp.timeout_s)
         if "otlp" in self.traces_exporters:
             timeouts.append(self.traces_otlp.timeout_s)
+        if "otlp" in self.logs.exporters:
+            timeouts.append(self.logs.otlp.timeout_s)
         return max(timeouts) if timeouts else LOCAL_SHUTDOWN_TIMEOUT_S
 
     def prometheus_port_of_rank(self) -> int:
@@ -419,6 +484,15 @@ class _Parser(EnvReader):
         names = [part.strip().lower() for part in raw.split(",") if part.strip()]
         known = EXPORTER_NAMES | extra
         unknown = [n for n in names if n not in known]
+        kept = tuple(dict.fromkeys(n for n in names if n in known))
+        if not kept:  # one warning, as for any unusable value
+            self.reject(
+                name,
+                raw,
+                ",".join(fallback),
+                f"names no known exporter (known: {', '.join(sorted(known))})",
+            )
+            return fallback
         if unknown:
             self.warn(
                 "%s names unknown exporter(s) %s; known: %s.",
@@ -426,10 +500,6 @@ class _Parser(EnvReader):
                 ", ".join(unknown),
                 ", ".join(sorted(known)),
             )
-        kept = tuple(dict.fromkeys(n for n in names if n in known))
-        if not kept:
-            self.reject(name, raw, fallback, "names no known exporter")
-            return fallback
         if "none" in kept:
             return ("none",)
         return kept
@@ -786,6 +856,59 @@ class _Parser(EnvReader):
             return None
         return tuple(schedule.items())
 
+    def _logs(self) -> LogsSettings:
+        """The logs signal: its exporters (``otlp`` when a logs endpoint is set, as for the
+        other signals), OTLP settings, batch processor and attribute count."""
+        otlp = self._otlp("logs")
+        exporters = self._exporters("OTEL_LOGS_EXPORTER", otlp.endpoint is not None, frozenset())
+        queue = batch = None
+        if self.raw("OTEL_BLRP_MAX_QUEUE_SIZE") is not None:
+            queue = self.positive_int("OTEL_BLRP_MAX_QUEUE_SIZE", DEFAULT_BLRP_MAX_QUEUE_SIZE)
+        if self.raw("OTEL_BLRP_MAX_EXPORT_BATCH_SIZE") is not None:
+            batch = self.positive_int(
+                "OTEL_BLRP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BLRP_MAX_EXPORT_BATCH_SIZE
+            )
+        if queue is not None and batch is not None and batch > queue:
+            self.warn(
+                "OTEL_BLRP_MAX_EXPORT_BATCH_SIZE (%d) is larger than OTEL_BLRP_MAX_QUEUE_SIZE "
+                "(%d); using %d.",
+                batch,
+                queue,
+                queue,
+            )
+            batch = queue
+        count_name, count_raw = self.first(
+            "OTEL_LOGRECORD_ATTRIBUTE_COUNT_LIMIT", "OTEL_ATTRIBUTE_COUNT_LIMIT"
+        )
+        count = DEFAULT_LOG_ATTRIBUTE_COUNT
+        if count_raw is not None:
+            if count_raw.isdigit() and int(count_raw) <= MAX_VALUE_LENGTH_LIMIT:
+                count = int(count_raw)
+            else:
+                self.reject(
+                    count_name,
+                    count_raw,
+                    DEFAULT_LOG_ATTRIBUTE_COUNT,
+                    f"is not a whole number between 0 and {MAX_VALUE_LENGTH_LIMIT}",
+                )
+        return LogsSettings(
+            exporters=exporters,
+            otlp=otlp,
+            schedule_delay_ms=self.positive(
+                "OTEL_BLRP_SCHEDULE_DELAY",
+                DEFAULT_BLRP_SCHEDULE_DELAY_MS,
+                minimum=MIN_BSP_SCHEDULE_DELAY_MS,
+                maximum=MAX_INTERVAL_MS,
+            ),
+            export_timeout_ms=self.positive(
+                "OTEL_BLRP_EXPORT_TIMEOUT", DEFAULT_BLRP_EXPORT_TIMEOUT_MS, maximum=MAX_INTERVAL_MS
+            ),
+            max_queue_size=queue,
+            max_export_batch_size=batch,
+            attribute_count=count,
+            bridge_root_logger=self.boolean(ev.OTEL_PYTHON_TRAINING_LOGGING, False),
+        )
+
     def _optional_positive(
         self, name: str, default: float, *, minimum: float | None = None
     ) -> float | None:
@@ -886,6 +1009,7 @@ class _Parser(EnvReader):
             log_limits=Limits(
                 value_length=self._value_length("OTEL_LOGRECORD_ATTRIBUTE_VALUE_LENGTH_LIMIT")
             ),
+            logs=self._logs(),
             service_name=self.raw("OTEL_SERVICE_NAME"),
             resource_attributes=self._resource_attributes(),
             sampler=sampler,

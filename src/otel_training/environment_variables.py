@@ -14,10 +14,10 @@ OTEL_PYTHON_TRAINING_OUTPUT_DIR: Final = "OTEL_PYTHON_TRAINING_OUTPUT_DIR"
 """Directory of the embedded default exporter (OTLP-JSON lines, one file per rank and signal).
 
 Used when no exporter is configured and no OTLP endpoint is set, or when an
-``OTEL_{METRICS,TRACES}_EXPORTER`` names ``otlp_json_file``. Files are
-``metrics-rank{RANK}.jsonl`` and ``traces-rank{RANK}.jsonl``, in the format the collector's
-``otlpjsonfile`` receiver reads back. Default: ``otel-training-telemetry`` in the working
-directory.
+``OTEL_{METRICS,TRACES,LOGS}_EXPORTER`` names ``otlp_json_file``. Files are
+``metrics-rank{RANK}.jsonl``, ``traces-rank{RANK}.jsonl`` and ``logs-rank{RANK}.jsonl``, in
+the format the collector's ``otlpjsonfile`` receiver reads back. Default:
+``otel-training-telemetry`` in the working directory.
 """
 
 OTEL_PYTHON_TRAINING_EXPORT_RANKS: Final = "OTEL_PYTHON_TRAINING_EXPORT_RANKS"
@@ -91,9 +91,19 @@ used: :data:`otel_training.tensor.DEFAULT_SCHEDULE`
 (``grad_norm:10,param_norm:10,activation_rms:10,router:10``).
 """
 
+OTEL_PYTHON_TRAINING_LOGGING: Final = "OTEL_PYTHON_TRAINING_LOGGING"
+"""Boolean, default ``false``: ``configure()`` adds the logging bridge
+(:func:`otel_training.logging_handler`) to the root logger, so that every ``logging`` record
+that reaches the root logger is also exported as an OpenTelemetry log record by
+``OTEL_LOGS_EXPORTER``, with the rank's resource and, inside a sampled span, its trace and span
+ids. Records still need to pass their logger's level (``logging.basicConfig(level=...)``).
+``false`` removes the bridge that an earlier ``configure()`` added. See ``docs/logs.md``.
+"""
+
 __all__ = [
     "OTEL_PYTHON_TRAINING_EXPORT_RANKS",
     "OTEL_PYTHON_TRAINING_JSONLOG_DIR",
+    "OTEL_PYTHON_TRAINING_LOGGING",
     "OTEL_PYTHON_TRAINING_NVTX",
     "OTEL_PYTHON_TRAINING_NVTX_DOMAIN",
     "OTEL_PYTHON_TRAINING_OUTPUT_DIR",

@@ -1,4 +1,5 @@
-"""Exporters that guard what they hand on: ``SafeSpanExporter`` and ``SafeMetricExporter``.
+"""Exporters that guard what they hand on: ``SafeSpanExporter``, ``SafeMetricExporter`` and
+``SafeLogRecordExporter``.
 
 ``configure()`` wraps every exporter it builds (OTLP, console, the embedded OTLP-JSON files) in
 one of these. Each one, on the exporting thread (the batch processor's or the metric reader's,
@@ -19,12 +20,15 @@ None of them raises from ``export``.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
 
+from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -33,6 +37,7 @@ from otel_training import limits as _limits
 
 __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
+    "SafeLogRecordExporter",
     "SafeMetricExporter",
     "SafeSpanExporter",
 ]
@@ -173,6 +178,83 @@ class SafeSpanExporter(SpanExporter):
 
     def shutdown(self) -> None:
         if os.getpid() == self._pid:
+            self._exporter.shutdown()
+
+
+class SafeLogRecordExporter(LogRecordExporter):
+    """Hands log records to ``exporter`` bounded, encodable, in requests under the size limit.
+
+    Bodies, attribute keys and values, severity texts, event names and scope names follow
+    the string rule of :mod:`otel_training.limits` (``bounded_log_record``); a batch is split
+    in order into requests under ``max_request_bytes`` of worst-case size
+    (``limits.log_record_cost``), and a request the receiver refuses quickly
+    is sent again in halves while ``timeout_s`` lasts. A forked child exports nothing.
+
+    Args:
+        exporter: The exporter to delegate to (OTLP, console, the OTLP-JSON file).
+        limits: The string rule's limits for logs (``OTEL_LOGRECORD_ATTRIBUTE_VALUE_LENGTH_LIMIT``).
+        max_request_bytes: Largest worst-case request size, in bytes.
+        timeout_s: Export timeout in seconds: how long refused batches may be retried split.
+
+    ``export`` runs on the batch processor's thread and never raises.
+    """
+
+    def __init__(
+        self,
+        exporter: LogRecordExporter,
+        *,
+        limits: _limits.Limits = _limits.DEFAULT_LIMITS,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._exporter = exporter
+        self._limits = limits
+        self._max_request_bytes = max_request_bytes
+        self._timeout_s = timeout_s
+        self._pid = os.getpid()
+        try:
+            self._shutdown_takes_timeout = (
+                "timeout_millis" in inspect.signature(exporter.shutdown).parameters
+            )
+        except (TypeError, ValueError):
+            self._shutdown_takes_timeout = False
+        _relax_grpc_retries(exporter)
+
+    @property
+    def exporter(self) -> LogRecordExporter:
+        """The wrapped exporter."""
+        return self._exporter
+
+    def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
+        if os.getpid() != self._pid:
+            return LogRecordExportResult.SUCCESS
+        try:
+            bounded = [_limits.bounded_log_record(record, self._limits) for record in batch]
+            send = _Splitter(
+                self._exporter.export,
+                _limits.log_record_cost,
+                LogRecordExportResult.SUCCESS,
+                self._timeout_s,
+            )
+            ok = True
+            for run in _chunks(bounded, _limits.log_record_cost, self._max_request_bytes):
+                ok = send(run) and ok
+        except Exception:
+            _logger.warning("otel-training: a log export failed", exc_info=True)
+            return LogRecordExportResult.FAILURE
+        return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return os.getpid() != self._pid or self._exporter.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        """Shuts the wrapped exporter down (with ``timeout_millis`` where it takes one, as the
+        OTLP/gRPC one does). Does nothing in a forked child."""
+        if os.getpid() != self._pid:
+            return
+        if self._shutdown_takes_timeout:
+            self._exporter.shutdown(timeout_millis=timeout_millis)
+        else:
             self._exporter.shutdown()
 
 

@@ -25,8 +25,10 @@ a batch, a line or a request:
 4. **Any number.** Integers outside int64 (all OTLP carries) become floats; sequences keep at
    most :data:`MAX_SEQUENCE_LENGTH` items.
 
-:func:`bounded_span` applies rules 1-4 to a finished span on an exporter's thread, never on
-the training thread. Nothing here raises.
+:func:`bounded_span` applies rules 1-4 to a finished span, :func:`bounded_log_record` to a
+log record (its body and attribute values may also be bytes, maps and nested lists:
+:func:`bounded_any`), on an exporter's thread, never on the training thread. Nothing here
+raises.
 """
 
 from __future__ import annotations
@@ -44,13 +46,18 @@ __all__ = [
     "DEFAULT_VALUE_LENGTH",
     "MAX_NAME_LENGTH",
     "MAX_SEQUENCE_LENGTH",
+    "MAX_VALUE_DEPTH",
     "RECORD_BUDGET_BYTES",
     "Limits",
+    "any_cost",
+    "bounded_any",
     "bounded_attributes",
+    "bounded_log_record",
     "bounded_span",
     "bounded_value",
     "cut_marker",
     "json_cost",
+    "log_record_cost",
     "safe_text",
 ]
 
@@ -473,3 +480,254 @@ def finite_or_text(value: float) -> float | str:
     if math.isnan(value):
         return "NaN"
     return "Infinity" if value > 0 else "-Infinity"
+
+
+# -- log records ----------------------------------------------------------------------------
+
+#: Levels of nesting kept of a log body or attribute value (maps and lists in maps...); a
+#: deeper value is written as its bounded ``str()``.
+MAX_VALUE_DEPTH: Final = 8
+
+
+def bounded_any(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH, _depth: int = 0) -> Any:
+    """A log body or log attribute value (OTLP ``AnyValue``: also bytes, maps and nested
+    lists) after rules 1, 2 and 4: strings escaped and cut, bytes cut (ending with the
+    marker's bytes), integers beyond int64 as floats, maps and lists cut to
+    :data:`MAX_SEQUENCE_LENGTH` items and :data:`MAX_VALUE_DEPTH` levels, map keys as names;
+    anything else as its bounded ``str()``. Never raises."""
+    kind = type(value)
+    if value is None or kind is bool or kind is float:
+        return value
+    if kind is str:
+        return value if _is_clean(value, limit) else safe_text(value, limit)
+    if kind is int:
+        return value if _INT64_MIN <= value <= _INT64_MAX else float(value)
+    if kind is bytes:
+        if limit is None or len(value) <= limit:
+            return value
+        marker = cut_marker(len(value) - limit).encode("ascii")
+        if limit <= len(marker) + 8:
+            return value[:limit]
+        keep = limit - len(marker)
+        return value[:keep] + cut_marker(len(value) - keep).encode("ascii")
+    if _depth >= MAX_VALUE_DEPTH:
+        return safe_text(value, limit)
+    try:
+        if isinstance(value, Mapping):
+            items = list(value.items())[:MAX_SEQUENCE_LENGTH]
+            return {
+                safe_text(k, MAX_NAME_LENGTH): bounded_any(v, limit, _depth + 1) for k, v in items
+            }
+        if isinstance(value, (list, tuple)):
+            return tuple(bounded_any(v, limit, _depth + 1) for v in value[:MAX_SEQUENCE_LENGTH])
+        if isinstance(value, (bool, int, float)):  # numpy scalars and other subclasses
+            return bounded_value(value, limit)
+    except Exception:  # a container that changed or misbehaved under us
+        pass
+    return safe_text(value, limit)
+
+
+def _any_needs_work(value: Any, limit: int | None, depth: int = 0) -> bool:
+    kind = type(value)
+    if value is None or kind is bool or kind is float:
+        return False
+    if kind is str:
+        return not _is_clean(value, limit)
+    if kind is int:
+        return not _INT64_MIN <= value <= _INT64_MAX
+    if kind is bytes:
+        return limit is not None and len(value) > limit
+    if depth >= MAX_VALUE_DEPTH:
+        return True
+    if kind is tuple or kind is list:
+        return len(value) > MAX_SEQUENCE_LENGTH or any(
+            _any_needs_work(v, limit, depth + 1) for v in value
+        )
+    if kind is dict:
+        return len(value) > MAX_SEQUENCE_LENGTH or any(
+            type(k) is not str
+            or not _is_clean(k, MAX_NAME_LENGTH)
+            or _any_needs_work(v, limit, depth + 1)
+            for k, v in value.items()
+        )
+    return True
+
+
+def any_cost(value: Any) -> int:
+    """An upper bound of the bytes ``value`` (an ``AnyValue``) takes as OTLP/JSON, in the
+    unit of rule 3 (:func:`json_cost`); maps cost their keys and :data:`_ENTRY_COST` per
+    entry, bytes their base64."""
+    kind = type(value)
+    if kind is str:
+        return json_cost(value)
+    if kind is bytes:
+        return 4 * (len(value) + 2) // 3 + 2
+    if kind is tuple or kind is list:
+        return 2 + sum(any_cost(v) + 1 for v in value)
+    if kind is dict:
+        return 2 + sum(json_cost(k) + _ENTRY_COST + any_cost(v) for k, v in value.items())
+    return 24
+
+
+def log_record_cost(record: Any) -> int:
+    """Worst-case JSON bytes of a ``ReadableLogRecord``'s strings and values (rule 3's
+    measure); ids, times and the resource are not counted (a few hundred bytes)."""
+    log_record = record.log_record
+    cost = 300 + any_cost(log_record.body)
+    attributes = log_record.attributes
+    if attributes:
+        cost += 2 + sum(
+            json_cost(k) + _ENTRY_COST + any_cost(v) for k, v in _plain(attributes).items()
+        )
+    for text in (log_record.severity_text, getattr(log_record, "event_name", None)):
+        if text:
+            cost += json_cost(text) if type(text) is str else 24
+    return cost
+
+
+def bounded_log_record(record: Any, limits: Limits = DEFAULT_LIMITS) -> Any:
+    """A ``ReadableLogRecord`` after rules 1-4 (body, attribute keys and values, severity
+    text, event name and the scope's name), as a new record when anything changed, else the
+    same object. Runs on an exporter's thread; never raises (a record that cannot even be
+    read is returned as it is)."""
+    try:
+        return _bounded_log_record(record, limits)
+    except Exception:
+        return record
+
+
+def _bounded_log_record(record: Any, limits: Limits) -> Any:
+    import copy
+    import dataclasses
+
+    from opentelemetry.attributes import BoundedAttributes
+
+    limit = limits.value_length
+    log_record = record.log_record
+    body = log_record.body
+    attributes = _plain(log_record.attributes or {})
+    severity_text = log_record.severity_text
+    event_name = getattr(log_record, "event_name", None)
+    scope = record.instrumentation_scope
+    changed = (
+        _any_needs_work(body, limit)
+        or any(
+            type(k) is not str or not _is_clean(k, MAX_NAME_LENGTH) or _any_needs_work(v, limit)
+            for k, v in attributes.items()
+        )
+        or (severity_text is not None and not _is_clean_name(severity_text))
+        or (event_name is not None and not _is_clean_name(event_name))
+    )
+    scope_changed = scope is not None and not _is_clean_name(scope.name)
+    budget = limits.record_budget_bytes
+    if not changed and not scope_changed:
+        primitive = type(body) in (str, int, float, bool, type(None)) and all(
+            type(v) in (str, int, float, bool) for v in attributes.values()
+        )
+        if (
+            primitive
+            and limit is not None
+            and (len(attributes) + 2) * (6 * limit + 64) + 400 <= budget
+        ):
+            return record
+        if log_record_cost(record) <= budget:
+            return record
+    body = bounded_any(body, limit)
+    cleaned = {safe_text(k, MAX_NAME_LENGTH): bounded_any(v, limit) for k, v in attributes.items()}
+    if severity_text is not None:
+        severity_text = safe_text(severity_text, MAX_NAME_LENGTH)
+    if event_name is not None:
+        event_name = safe_text(event_name, MAX_NAME_LENGTH)
+    body, cleaned = _fit_log_record(body, cleaned, budget)
+    dropped = getattr(log_record.attributes, "dropped", 0)
+    new_attributes = BoundedAttributes(maxlen=None, attributes=cleaned, immutable=True)
+    new_attributes.dropped = dropped
+    new_record = copy.copy(log_record)
+    new_record.body = body
+    new_record.attributes = new_attributes
+    new_record.severity_text = severity_text
+    if event_name is not None:
+        new_record.event_name = event_name
+    changes: dict[str, Any] = {"log_record": new_record}
+    if scope_changed:
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        changes["instrumentation_scope"] = InstrumentationScope(
+            safe_text(scope.name, MAX_NAME_LENGTH),
+            scope.version,
+            scope.schema_url,
+            scope.attributes,
+        )
+    return dataclasses.replace(record, **changes)
+
+
+def _is_clean_name(value: Any) -> bool:
+    return type(value) is str and _is_clean(value, MAX_NAME_LENGTH)
+
+
+def _fit_log_record(body: Any, attributes: dict[str, Any], budget: int) -> tuple[Any, dict]:
+    """Cuts the longest strings of a log record's body and attributes alike (water-filling)
+    until its worst-case cost fits ``budget``; a record that does not fit even then (very
+    many values) keeps the attributes that fit, in order, and its body as bounded text."""
+
+    def cost() -> int:
+        return (
+            300
+            + any_cost(body)
+            + 2
+            + sum(json_cost(k) + _ENTRY_COST + any_cost(v) for k, v in attributes.items())
+        )
+
+    if cost() <= budget:
+        return body, attributes
+    lengths: list[int] = []
+    _any_string_lengths(body, lengths)
+    for value in attributes.values():
+        _any_string_lengths(value, lengths)
+    # What the record costs with every string empty: keys, numbers, quotes, structure.
+    fixed = (
+        300
+        + any_cost(_cut_any(body, 0))
+        + 2
+        + sum(json_cost(k) + _ENTRY_COST + any_cost(_cut_any(v, 0)) for k, v in attributes.items())
+    )
+    cap = max(_MIN_CUT, _water_level(lengths, max(0, budget - fixed) // 6))
+    body = _cut_any(body, cap)
+    attributes = {k: _cut_any(v, cap) for k, v in attributes.items()}
+    if cost() <= budget:
+        return body, attributes
+    kept: dict[str, Any] = {}
+    used = 300
+    for key, value in attributes.items():
+        entry = json_cost(key) + _ENTRY_COST + any_cost(value)
+        if used + entry > budget // 2:
+            break
+        kept[key] = value
+        used += entry
+    attributes = kept
+    text = body if type(body) is str else safe_text(body, None)
+    body = _cut(text, max(_MIN_CUT, (budget - used) // 6 - 8)) if len(text) > _MIN_CUT else text
+    return body, attributes
+
+
+def _any_string_lengths(value: Any, out: list[int]) -> None:
+    kind = type(value)
+    if kind is str:
+        out.append(len(value))
+    elif kind is tuple or kind is list:
+        for v in value:
+            _any_string_lengths(v, out)
+    elif kind is dict:
+        for v in value.values():
+            _any_string_lengths(v, out)
+
+
+def _cut_any(value: Any, cap: int) -> Any:
+    kind = type(value)
+    if kind is str:
+        return _cut(value, cap) if len(value) > cap else value
+    if kind is tuple or kind is list:
+        return tuple(_cut_any(v, cap) for v in value)
+    if kind is dict:
+        return {k: _cut_any(v, cap) for k, v in value.items()}
+    return value

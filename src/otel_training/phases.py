@@ -13,6 +13,7 @@ thread and never raises.
 from __future__ import annotations
 
 import collections
+import contextvars
 import functools
 import logging
 import os
@@ -76,7 +77,16 @@ _NOT_ROUTED = frozenset({"load_checkpoint"})
 
 
 class _State:
-    __slots__ = ("telemetry", "tracer", "meter", "groups", "nvtx_only", "nvtx", "segments")
+    __slots__ = (
+        "telemetry",
+        "tracer",
+        "meter",
+        "groups",
+        "nvtx_only",
+        "nvtx",
+        "segments",
+        "open",
+    )
 
     def __init__(self) -> None:
         self.telemetry: setup.Telemetry | None = None
@@ -86,6 +96,8 @@ class _State:
         self.nvtx_only: frozenset[str] = frozenset()
         self.nvtx: dict[str, NvtxPhase] | None = None  # None: no NVTX tool, NVTX-only is off
         self.segments: TraceSegments | None = None
+        #: The pipeline's open spans (``OpenSpans.spans``): truncated at shutdown.
+        self.open: dict = {}
 
 
 _state = _State()
@@ -128,6 +140,8 @@ def _refresh(telemetry: setup.Telemetry) -> _State:
         state.nvtx_only = settings.nvtx_only_groups & state.groups
         nvtx = telemetry.nvtx
         state.nvtx = {} if nvtx is not None and nvtx.active else None
+        if telemetry.open_spans is not None:
+            state.open = telemetry.open_spans.spans
         if recording:
             sampler = getattr(telemetry.tracer_provider, "sampler", None)
             if sampler is not None:
@@ -137,6 +151,7 @@ def _refresh(telemetry: setup.Telemetry) -> _State:
                     settings.trace_segment_iterations,
                     sampler,
                     segment_spans="job" in state.groups,
+                    open_spans=state.open,
                 )
                 telemetry.before_shutdown.append(state.segments.close)
         _state = state
@@ -232,6 +247,7 @@ class Phase:
                 context = self._segment_context(state.segments, None)
             span = state.tracer.start_span(self._name, context, attributes=attributes)
             self._span = span
+            state.open[span] = True
             self._token = _attach(_set_span_in_context(span))
         except Exception:
             _warn_once("start", "could not start the span %s", self._name)
@@ -258,6 +274,7 @@ class Phase:
         self._token = None
         try:
             _detach(token)
+            self._state.open.pop(span, None)
             if getattr(span, "end_time", None) is None:  # not ended by a truncating shutdown
                 span.end()
         except Exception:
@@ -311,6 +328,7 @@ class Phase:
                 attributes = self._clean(attributes)
             span = state.tracer.start_span(self._name, context, attributes=attributes)
             self._span = span
+            state.open[span] = True
             if self._role == RUN and segments is not None:
                 segments.run_span = span
             if make_current:
@@ -352,8 +370,10 @@ class Phase:
 
     def _end(self, span: trace_api.Span) -> None:
         state = self._state
-        if self._role == RUN and state is not None and state.segments is not None:
-            state.segments.close()
+        if state is not None:
+            state.open.pop(span, None)
+            if self._role == RUN and state.segments is not None:
+                state.segments.close()
         pending = self._pending
         try:
             if pending:
@@ -574,6 +594,45 @@ def _nvtx_phase(state: _State, name: str, group: str) -> Phase:
     return found
 
 
+# The state of a SpanRecorder built on its own providers, while it makes a phase.
+bound_state: contextvars.ContextVar[_State | None] = contextvars.ContextVar(
+    "otel_training_bound_span_state", default=None
+)
+
+
+def state_for(
+    tracer_provider: trace_api.TracerProvider | None,
+    meter_provider: Any,
+    groups: frozenset[str] | None,
+) -> _State:
+    """A state of its own for :class:`otel_training.SpanRecorder`: the given providers (the
+    configured pipeline's where one is missing) and span groups (the pipeline's, else the
+    environment's). No trace segments, no NVTX-only phases."""
+    from otel_training import config
+    from otel_training.pipeline import INSTRUMENTATION_NAME
+
+    configured = None
+    if tracer_provider is None or meter_provider is None:
+        configured = configured_state()
+    state = _State()
+    if tracer_provider is None:
+        state.tracer = configured.tracer
+        recording = bool(configured.groups)
+    else:
+        state.tracer = tracer_provider.get_tracer(INSTRUMENTATION_NAME)
+        recording = not isinstance(tracer_provider, trace_api.NoOpTracerProvider)
+    state.meter = (
+        configured.meter
+        if meter_provider is None
+        else meter_provider.get_meter(INSTRUMENTATION_NAME)
+    )
+    if groups is None:
+        telemetry = setup._current
+        groups = (telemetry.settings if telemetry is not None else config.load()).span_groups
+    state.groups = groups if recording else frozenset()
+    return state
+
+
 def make(
     name: str,
     group: str,
@@ -586,20 +645,22 @@ def make(
 ) -> Phase:
     """A phase, or the shared no-op when its group is disabled (a set lookup), or its cached
     NVTX range when the group is mirrored to NVTX only."""
-    telemetry = setup._current
-    if telemetry is None:  # not configured yet: decide when the phase starts
-        return Phase(
-            name,
-            group,
-            attributes,
-            record_step_duration,
-            iteration=iteration,
-            role=role,
-            outer=outer,
-        )
-    state = _state
-    if state.telemetry is not telemetry:
-        state = _refresh(telemetry)
+    state = bound_state.get()
+    if state is None:
+        telemetry = setup._current
+        if telemetry is None:  # not configured yet: decide when the phase starts
+            return Phase(
+                name,
+                group,
+                attributes,
+                record_step_duration,
+                iteration=iteration,
+                role=role,
+                outer=outer,
+            )
+        state = _state
+        if state.telemetry is not telemetry:
+            state = _refresh(telemetry)
     if group not in state.groups:
         if not record_step_duration:
             return NOOP_PHASE if outer is None else outer

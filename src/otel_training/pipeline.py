@@ -1,5 +1,5 @@
 """Building one pipeline from settings: the resource, the readers and exporters of each signal,
-the span processors, and where they write.
+the span processors, the logger provider, and where they write.
 
 :func:`build` is what ``otel_training.configure()`` runs; it does not touch any global. Every
 exporter is wrapped in an :mod:`otel_training.exporters` guard; the embedded default's files are
@@ -17,8 +17,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from opentelemetry import _logs as logs_api
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
+from opentelemetry.sdk._logs import LoggerProvider, LogRecordLimits, LogRecordProcessor
+from opentelemetry.sdk._logs.export import (
+    BatchLogRecordProcessor,
+    ConsoleLogRecordExporter,
+    LogRecordExporter,
+)
 from opentelemetry.sdk.metrics import (
     Counter,
     Histogram,
@@ -51,11 +58,12 @@ from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE
 
 from otel_training import config, device_metrics, files, limits
 from otel_training import views as _views
-from otel_training.exporters import SafeMetricExporter, SafeSpanExporter
+from otel_training.exporters import SafeLogRecordExporter, SafeMetricExporter, SafeSpanExporter
 from otel_training.ids import ProcessLocalIdGenerator
-from otel_training.processors import span_mirrors
+from otel_training.open_spans import OpenSpans
+from otel_training.processors import CheckpointMetricsSpanProcessor, span_mirrors
+from otel_training.processors.exception_logs import ExceptionLogSpanProcessor
 from otel_training.processors.nvtx import NvtxSpanProcessor
-from otel_training.processors.truncation import TruncatingSpanProcessor
 from otel_training.resource import identity_attributes
 
 __all__ = ["INSTRUMENTATION_NAME", "Pipeline", "build", "silence_sdk_header_warnings"]
@@ -75,8 +83,10 @@ class Pipeline:
         destination: One line saying where telemetry goes (never a secret).
         output_dir: Absolute path of this run's directory of the embedded default, or None.
         nvtx: The NVTX processor when a tool is attached (NVTX-only phases use its domain).
-        truncation: The processor that ends open spans at shutdown (None when no-op).
+        open_spans: The spans its phases hold open, ended as truncated at shutdown.
         files: Streams opened for the exporters, to close after shutdown.
+        logger_provider: The SDK ``LoggerProvider``, or a no-op one when no log exporter
+            and no extra log processor is configured.
     """
 
     meter_provider: metrics_api.MeterProvider
@@ -84,8 +94,9 @@ class Pipeline:
     destination: str
     output_dir: str | None = None
     nvtx: NvtxSpanProcessor | None = None
-    truncation: TruncatingSpanProcessor | None = None
+    open_spans: OpenSpans | None = None
     files: list[TextIO] = field(default_factory=list)
+    logger_provider: logs_api.LoggerProvider = field(default_factory=logs_api.NoOpLoggerProvider)
 
 
 def _with_default(base: str) -> list[str]:
@@ -156,6 +167,7 @@ def build(
     step_duration_buckets_ms: Sequence[float] | None,
     extra_readers: list[MetricReader],
     extra_processors: list[SpanProcessor],
+    extra_log_processors: Sequence[LogRecordProcessor] = (),
 ) -> Pipeline:
     identity = settings.identity
     if settings.sdk_disabled or not settings.export_ranks.exports(identity):
@@ -178,17 +190,7 @@ def build(
         if reader is not None:
             readers.append(reader)
             metric_targets.append(target)
-    truncation = TruncatingSpanProcessor()
-    # Open spans are tracked first; NVTX ranges and span JSON lines come before the batches.
-    mirrors, mirror_targets = span_mirrors(settings, outputs.open)
-    processors: list[SpanProcessor] = [truncation, *mirrors, *extra_processors]
-    trace_targets: list[str] = []
-    for name in settings.traces_exporters:
-        exporter, target, local = _span_exporter(name, settings, outputs)
-        if exporter is not None:
-            processors.append(_batch_processor(exporter, settings, local))
-            trace_targets.append(target)
-
+    # Before the span processors: checkpoint spans record their durations on its meter.
     meter_provider = MeterProvider(
         metric_readers=readers,
         resource=resource,
@@ -199,6 +201,28 @@ def build(
     )
     # hw.gpu.* of this process's GPUs where NVML is; read on the reader's thread, never here.
     device_metrics.observe_devices(meter_provider.get_meter(INSTRUMENTATION_NAME), identity)
+    # NVTX ranges and span JSON lines come before the batches.
+    mirrors, mirror_targets = span_mirrors(settings, outputs.open)
+    checkpoint_metrics = CheckpointMetricsSpanProcessor(
+        meter_provider.get_meter(INSTRUMENTATION_NAME)
+    )
+    processors: list[SpanProcessor] = [*mirrors, checkpoint_metrics, *extra_processors]
+    trace_targets: list[str] = []
+    for name in settings.traces_exporters:
+        exporter, target, local = _span_exporter(name, settings, outputs)
+        if exporter is not None:
+            processors.append(_batch_processor(exporter, settings, local))
+            trace_targets.append(target)
+
+    log_processors: list[LogRecordProcessor] = list(extra_log_processors)
+    log_targets: list[str] = []
+    for name in settings.logs.exporters:
+        log_exporter, target = _log_exporter(name, settings, outputs)
+        if log_exporter is not None:
+            local = name in ("otlp_json_file", "console")
+            log_processors.append(_log_batch_processor(log_exporter, settings, local))
+            log_targets.append(target)
+
     tracer_provider = TracerProvider(
         resource=resource,
         sampler=_sampler(settings),
@@ -210,16 +234,24 @@ def build(
         ),
         shutdown_on_exit=False,
     )
+    logger_provider: logs_api.LoggerProvider = logs_api.NoOpLoggerProvider()
+    if log_processors:
+        logger_provider = _logger_provider(settings, resource, meter_provider, log_processors)
+        # Exceptions recorded on spans also as ERROR log records (docs/logs.md).
+        processors.append(
+            ExceptionLogSpanProcessor(logger_provider.get_logger(INSTRUMENTATION_NAME))
+        )
     for processor in processors:
         tracer_provider.add_span_processor(processor)
     return Pipeline(
         meter_provider,
         tracer_provider,
-        _describe(metric_targets, trace_targets + mirror_targets),
+        _describe(metric_targets, trace_targets + mirror_targets, log_targets),
         output_dir=outputs.run_dir,
         nvtx=next((p for p in mirrors if isinstance(p, NvtxSpanProcessor)), None),
-        truncation=truncation,
+        open_spans=OpenSpans(),
         files=outputs.files,
+        logger_provider=logger_provider,
     )
 
 
@@ -495,6 +527,91 @@ def _batch_processor(exporter: SpanExporter, settings: config.Settings, local: b
     )
 
 
+def _log_exporter(
+    name: str, settings: config.Settings, outputs: _Outputs
+) -> tuple[LogRecordExporter | None, str]:
+    """(exporter of ``OTEL_LOGS_EXPORTER`` entry ``name`` wrapped in SafeLogRecordExporter, or
+    None; target)."""
+    otlp = settings.logs.otlp
+    limits = settings.log_limits
+    if name == "none":
+        return None, "nowhere"
+    if name == "otlp":
+        if otlp.protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+        exporter: LogRecordExporter = OTLPLogExporter(**_otlp_kwargs(otlp, "logs"))
+        if otlp.protocol != "grpc":
+            _pin_http_headers(exporter, otlp)
+        safe = SafeLogRecordExporter(exporter, limits=limits, timeout_s=otlp.timeout_s)
+        return safe, _otlp_target(otlp, "logs")
+    if name == "console":
+        return SafeLogRecordExporter(ConsoleLogRecordExporter(), limits=limits), "the console"
+    from opentelemetry.exporter.otlp.json.file._log_exporter import FileLogExporter
+
+    stream, path = outputs.open("logs")
+    if stream is None:
+        return None, "nowhere"
+    safe = SafeLogRecordExporter(
+        FileLogExporter(stream=stream),
+        limits=limits,
+        max_request_bytes=files.LINE_BUDGET_BYTES,  # one line per request: under 1 MiB
+    )
+    return safe, f"OTLP-JSON file {path}"
+
+
+def _log_batch_processor(
+    exporter: LogRecordExporter, settings: config.Settings, local: bool
+) -> BatchLogRecordProcessor:
+    """A ``BatchLogRecordProcessor`` with ``OTEL_BLRP_*`` where given, else the SDK's
+    defaults over OTLP and, for a local file, a queue that takes bursts."""
+    logs = settings.logs
+    queue = logs.max_queue_size or (
+        config.DEFAULT_FILE_BLRP_MAX_QUEUE_SIZE if local else config.DEFAULT_BLRP_MAX_QUEUE_SIZE
+    )
+    batch = logs.max_export_batch_size or (
+        config.DEFAULT_FILE_BLRP_MAX_EXPORT_BATCH_SIZE
+        if local
+        else config.DEFAULT_BLRP_MAX_EXPORT_BATCH_SIZE
+    )
+    return BatchLogRecordProcessor(
+        exporter,
+        schedule_delay_millis=logs.schedule_delay_ms,
+        max_export_batch_size=min(batch, queue),
+        export_timeout_millis=logs.export_timeout_ms,
+        max_queue_size=queue,
+    )
+
+
+def _logger_provider(
+    settings: config.Settings,
+    resource: Resource,
+    meter_provider: metrics_api.MeterProvider,
+    processors: Sequence[LogRecordProcessor],
+) -> LoggerProvider:
+    """The pipeline's ``LoggerProvider``: the same resource as the other signals, the
+    attribute count of ``OTEL_LOGRECORD_ATTRIBUTE_COUNT_LIMIT``, no value-length cut of its
+    own (values are cut at export, where the cut can say so: otel_training.limits), every
+    limit given explicitly so that the SDK does not read the environment (it raises on a bad
+    value there)."""
+    count = settings.logs.attribute_count
+    provider = LoggerProvider(
+        resource=resource,
+        shutdown_on_exit=False,
+        meter_provider=meter_provider,
+        log_record_limits=LogRecordLimits(
+            max_attributes=count,
+            max_attribute_length=LogRecordLimits.UNSET,
+            max_log_record_attributes=count,
+            max_log_record_attribute_length=LogRecordLimits.UNSET,
+        ),
+    )
+    for processor in processors:
+        provider.add_log_record_processor(processor)
+    return provider
+
+
 def _sampler(settings: config.Settings) -> sampling_sdk.Sampler:
     ratio = sampling_sdk.TraceIdRatioBased(settings.sampler_arg)
     return {
@@ -507,7 +624,10 @@ def _sampler(settings: config.Settings) -> sampling_sdk.Sampler:
     }[settings.sampler]
 
 
-def _describe(metric_targets: list[str], trace_targets: list[str]) -> str:
+def _describe(
+    metric_targets: list[str], trace_targets: list[str], log_targets: Sequence[str] = ()
+) -> str:
     metrics_part = ", ".join(metric_targets) or "nowhere"
     traces_part = ", ".join(trace_targets) or "nowhere"
-    return f"telemetry: metrics to {metrics_part}; traces to {traces_part}"
+    logs_part = ", ".join(log_targets) or "nowhere"
+    return f"telemetry: metrics to {metrics_part}; traces to {traces_part}; logs to {logs_part}"

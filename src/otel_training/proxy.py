@@ -11,6 +11,9 @@ under the run's identity, and nothing is lost to a stopped pipeline.
 - :class:`ProxyTracerProvider` hands out :class:`ProxyTracer`\\ s, which start each span on the
   current pipeline's tracer. Other attributes (``add_span_processor``, ``force_flush``,
   ``resource``...) are those of the current SDK ``TracerProvider``.
+- :class:`ProxyLoggerProvider` hands out :class:`ProxyLogger`\\ s, which emit each log
+  record on the current pipeline's logger of the same name (``otel_training.get_logger()`` and
+  the OpenTelemetry logs global).
 - :class:`ProxyMeterProvider` hands out :class:`ProxyMeter`\\ s, whose instruments are the
   API's proxy instruments, rebound to the current pipeline's meter at every ``configure()``.
   ``record_training_metrics`` looks through a proxy meter to its current real meter, so the
@@ -27,25 +30,37 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from opentelemetry import _logs as logs_api
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 from opentelemetry.metrics._internal import instrument as api_instrument
 
-__all__ = ["ProxyMeter", "ProxyMeterProvider", "ProxyTracer", "ProxyTracerProvider"]
+__all__ = [
+    "ProxyLogger",
+    "ProxyLoggerProvider",
+    "ProxyMeter",
+    "ProxyMeterProvider",
+    "ProxyTracer",
+    "ProxyTracerProvider",
+]
 
 # The current pipeline's providers, given by setup.py (which imports this module).
 _current_tracer_provider: Callable[[], trace_api.TracerProvider]
 _current_meter_provider: Callable[[], metrics_api.MeterProvider]
+_current_logger_provider: Callable[[], logs_api.LoggerProvider] = logs_api.NoOpLoggerProvider
 
 
 def bind(
     tracer_provider: Callable[[], trace_api.TracerProvider],
     meter_provider: Callable[[], metrics_api.MeterProvider],
+    logger_provider: Callable[[], logs_api.LoggerProvider] | None = None,
 ) -> None:
     """Tells the proxies where the current pipeline's providers are (called by setup.py)."""
-    global _current_tracer_provider, _current_meter_provider
+    global _current_tracer_provider, _current_meter_provider, _current_logger_provider
     _current_tracer_provider = tracer_provider
     _current_meter_provider = meter_provider
+    if logger_provider is not None:
+        _current_logger_provider = logger_provider
 
 
 class ProxyTracer(trace_api.Tracer):
@@ -88,6 +103,48 @@ class ProxyTracerProvider(trace_api.TracerProvider):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(_current_tracer_provider(), name)
+
+
+class ProxyLogger(logs_api.Logger):
+    """A logger that emits on the current pipeline's logger of the same name."""
+
+    def __init__(self, key: tuple[str, str | None, str | None, Any]) -> None:
+        name, version, schema_url, attributes = key
+        super().__init__(name, version, schema_url, attributes)
+        self._key = key
+        self._provider: logs_api.LoggerProvider | None = None
+        self._logger: logs_api.Logger | None = None
+
+    def _real(self) -> logs_api.Logger:
+        provider = _current_logger_provider()
+        logger = self._logger
+        if self._provider is not provider or logger is None:
+            name, version, schema_url, attributes = self._key
+            logger = provider.get_logger(name, version, schema_url, attributes)
+            self._provider, self._logger = provider, logger
+        return logger
+
+    def emit(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        self._real().emit(*args, **kwargs)
+
+    def enabled(self, *args: Any, **kwargs: Any) -> bool:  # type: ignore[override]
+        return self._real().enabled(*args, **kwargs)
+
+
+class ProxyLoggerProvider(logs_api.LoggerProvider):
+    """The global logger provider of a configured process (see the module docstring)."""
+
+    def get_logger(
+        self,
+        name: str,
+        version: str | None = None,
+        schema_url: str | None = None,
+        attributes: Any = None,
+    ) -> logs_api.Logger:
+        return ProxyLogger((name, version, schema_url, attributes))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_current_logger_provider(), name)
 
 
 class ProxyMeter(metrics_api.Meter):

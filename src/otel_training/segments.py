@@ -59,6 +59,8 @@ class TraceSegments:
         segment_spans: Whether this rank records its ``megatron.train.segment`` spans (span
             group ``job``); without them, phases start directly under the segment's shared
             parent, in the segment's trace still.
+        open_spans: The pipeline's open spans (:class:`otel_training.open_spans.OpenSpans`
+            ``.spans``), where segment spans are registered while open.
 
     Thread-safe: phases on several threads may start segments; one lock guards the switch.
     Never raises from :meth:`context_for` or :meth:`close`.
@@ -72,9 +74,11 @@ class TraceSegments:
         sampler: sampling_sdk.Sampler,
         *,
         segment_spans: bool = True,
+        open_spans: dict | None = None,
     ) -> None:
         self._tracer = tracer
         self._segment_spans = segment_spans
+        self._open_spans = {} if open_spans is None else open_spans
         self._run_id = run_id
         self._n = max(1, int(iterations_per_segment))
         self._sampler = sampler
@@ -104,11 +108,9 @@ class TraceSegments:
     def is_run_level(self, parent: trace_api.Span) -> bool:
         """True when a phase under ``parent`` belongs to the run itself (its parent is this
         rank's run span, or there is no span)."""
-        context = parent.get_span_context()
-        if not context.is_valid:
+        if parent is self.run_span or parent is trace_api.INVALID_SPAN:  # the common cases
             return True
-        run = self.run_span
-        return run is not None and context.span_id == run.get_span_context().span_id
+        return not parent.get_span_context().is_valid
 
     def context_for(self, iteration: int) -> context_api.Context | None:
         """The context holding this rank's segment span of ``iteration`` (started now if
@@ -145,6 +147,7 @@ class TraceSegments:
             self._segment, self._span, self._context = segment, None, None
             return
         self._segment, self._span = segment, span
+        self._open_spans[span] = True
         self._context = trace_api.set_span_in_context(span)
 
     def _end_open(self, now: int | None = None) -> None:
@@ -153,6 +156,7 @@ class TraceSegments:
             self._context = self._segment = None
             return
         self._previous = span.get_span_context()
+        self._open_spans.pop(span, None)
         try:
             if getattr(span, "end_time", None) is None:
                 span.end(end_time=now)

@@ -1,6 +1,8 @@
-"""``configure()``: MeterProvider and TracerProvider from the standard ``OTEL_*`` variables.
+"""``configure()``: MeterProvider, TracerProvider and LoggerProvider from the standard
+``OTEL_*`` variables.
 
-Exporters per signal (``OTEL_METRICS_EXPORTER``, ``OTEL_TRACES_EXPORTER``): ``otlp`` (gRPC or
+Exporters per signal (``OTEL_METRICS_EXPORTER``, ``OTEL_TRACES_EXPORTER``,
+``OTEL_LOGS_EXPORTER``): ``otlp`` (gRPC or
 http/protobuf per ``OTEL_EXPORTER_OTLP_PROTOCOL``), ``console``, ``none``, ``prometheus``
 (metrics only, a pull endpoint on ``OTEL_EXPORTER_PROMETHEUS_HOST`` and port
 ``OTEL_EXPORTER_PROMETHEUS_PORT`` + ``LOCAL_RANK``) and the embedded default ``otlp_json_file``:
@@ -9,8 +11,8 @@ OTLP-JSON lines, one file per rank and signal, in one directory per run inside
 endpoint set, the embedded default is used; one log line at configure says where telemetry goes.
 
 One pipeline at a time: a second ``configure()`` flushes and stops the pipeline it replaces,
-and everything obtained before (the OpenTelemetry globals, ``get_meter()``, ``get_tracer()``)
-records into the new one (:mod:`otel_training.proxy`).
+and everything obtained before (the OpenTelemetry globals, ``get_meter()``, ``get_tracer()``,
+``get_logger()``, ``logging_handler()``) records into the new one (:mod:`otel_training.proxy`).
 """
 
 from __future__ import annotations
@@ -23,18 +25,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TextIO
 
+from opentelemetry import _logs as logs_api
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
+from opentelemetry.sdk._logs import LogRecordProcessor
 from opentelemetry.sdk.metrics.export import (
     MetricReader,
 )
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.trace import SpanProcessor
 
-from otel_training import config, instruments, lifecycle, pipeline, proxy
+from otel_training import config, instruments, lifecycle, log_bridge, pipeline, proxy
+from otel_training.open_spans import OpenSpans
 from otel_training.pipeline import INSTRUMENTATION_NAME
 from otel_training.processors.nvtx import NvtxSpanProcessor
-from otel_training.processors.truncation import TruncatingSpanProcessor
 
 _logger = logging.getLogger("otel_training")
 
@@ -48,6 +52,7 @@ _retiring: list[threading.Thread] = []
 _globals_installed = False
 _TRACER_PROXY = proxy.ProxyTracerProvider()
 _METER_PROXY = proxy.ProxyMeterProvider()
+_LOGGER_PROXY = proxy.ProxyLoggerProvider()
 #: Added to every bound of a shutdown, in seconds: threads to join, files to close.
 _SHUTDOWN_SLACK_S = 0.5
 
@@ -65,6 +70,8 @@ class Telemetry:
         settings: The parsed environment.
         output_dir: Absolute path of this run's directory of the embedded default's files,
             or ``None`` when no file is written there.
+        logger_provider: The SDK ``LoggerProvider`` (or a no-op one when no logs are
+            exported).
     """
 
     meter_provider: metrics_api.MeterProvider
@@ -78,7 +85,8 @@ class Telemetry:
     #: Called, without arguments, when shutdown starts, before open spans are truncated (on a
     #: signal, after): the phases end their open trace segment here. Exceptions are logged.
     before_shutdown: list[Callable[[], object]] = field(default_factory=list, repr=False)
-    _truncation: TruncatingSpanProcessor | None = field(default=None, repr=False)
+    logger_provider: logs_api.LoggerProvider = field(default_factory=logs_api.NoOpLoggerProvider)
+    open_spans: OpenSpans | None = field(default=None, repr=False)
     _files: list[TextIO] = field(default_factory=list, repr=False)
     _shutdown_started: bool = field(default=False, repr=False)
     _shutdown_finished: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -97,7 +105,7 @@ class Telemetry:
     def shutdown(self, timeout_millis: float | None = None, *, reason: str | None = None) -> bool:
         """Ends the spans still open (marked truncated; with ``reason``, such as
         ``"SIGTERM"``, also status ERROR), then flushes and stops exporting, in order: deferred
-        values, metric readers and span processors side by side. Bounded by
+        values, then metric readers, span processors and log processors side by side. Bounded by
         ``timeout_millis`` (default: the export timeout) + 0.5 s even when the endpoint is
         dead: what has not finished by then is abandoned on daemon threads. Idempotent: a
         second caller waits for the first one's shutdown, as long. Never raises; returns
@@ -120,28 +128,34 @@ class Telemetry:
         _run_flush_hooks(timeout_s)
         _call(self.meter_provider, "force_flush", timeout_millis=timeout_s * 1000)
         _call(self.tracer_provider, "force_flush", timeout_millis=int(timeout_s * 1000))
+        # Logs last: the spans just flushed may have emitted exception records.
+        _call(self.logger_provider, "force_flush", timeout_millis=int(timeout_s * 1000))
 
     def _shutdown(self, timeout_s: float, reason: str | None) -> None:
+        deadline = time.monotonic() + timeout_s
         _run_flush_hooks(timeout_s)
         # At a normal shutdown the phases first end what they hold open (a trace segment),
         # then whatever is still open is truncated; on a signal everything open is truncated.
-        if reason is not None and self._truncation is not None:
-            self._truncation.truncate(reason)
+        if reason is not None and self.open_spans is not None:
+            self.open_spans.truncate(reason)
         for hook in list(self.before_shutdown):
             try:
                 hook()
             except Exception:
                 _logger.warning("otel-training: a shutdown hook failed", exc_info=True)
-        if reason is None and self._truncation is not None:
-            self._truncation.truncate(reason)
-        # Side by side, so that two dead endpoints cost one timeout, not two.
-        tracer_thread = threading.Thread(
-            target=_call, args=(self.tracer_provider, "shutdown"), daemon=True
-        )
-        tracer_thread.start()
+        if reason is None and self.open_spans is not None:
+            self.open_spans.truncate(reason)
+        # Side by side, so that three dead endpoints cost one timeout, not three.
+        threads = [
+            threading.Thread(target=_call, args=(provider, "shutdown"), daemon=True)
+            for provider in (self.tracer_provider, self.logger_provider)
+        ]
+        for thread in threads:
+            thread.start()
         _call(self.meter_provider, "shutdown", timeout_millis=timeout_s * 1000)
-        tracer_thread.join(timeout_s)
-        if not tracer_thread.is_alive():
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if not any(thread.is_alive() for thread in threads):
             for stream in self._files:
                 try:
                     stream.close()
@@ -199,8 +213,11 @@ def _run_flush_hooks(timeout_s: float) -> None:
 
 
 def _call(provider, method: str, **kwargs) -> None:
+    function = getattr(provider, method, None)
+    if function is None:  # a no-op provider of the API may have no force_flush or shutdown
+        return
     try:
-        getattr(provider, method)(**kwargs)
+        function(**kwargs)
     except Exception:
         _logger.warning("otel-training: %s failed", method, exc_info=True)
 
@@ -216,8 +233,10 @@ def configure(
     span_groups: Iterable[str] | None = None,
     set_global: bool = True,
     environ: Mapping[str, str] | None = None,
+    log_processors: Iterable[LogRecordProcessor] = (),
 ) -> Telemetry:
-    """Builds the MeterProvider and TracerProvider from the ``OTEL_*`` environment.
+    """Builds the MeterProvider, TracerProvider and LoggerProvider from the ``OTEL_*``
+    environment.
 
     A pipeline configured before is replaced: it is flushed and stopped on a background
     thread (bounded by its export timeout; its spans still open are ended as truncated), and
@@ -234,6 +253,9 @@ def configure(
             ``OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS`` and the built-in buckets.
         metric_readers: Extra readers (for example an ``InMemoryMetricReader`` in tests).
         span_processors: Extra span processors.
+        log_processors: Extra log record processors (for example a
+            ``SimpleLogRecordProcessor(InMemoryLogRecordExporter())`` in tests); with one, a
+            LoggerProvider is built even when ``OTEL_LOGS_EXPORTER=none``.
         span_groups: Span groups and presets that record phase spans (``per_step``,
             ``["default", "optimizer"]``...), overriding ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``.
         set_global: Install the OpenTelemetry globals (proxies that follow the configured
@@ -263,6 +285,7 @@ def configure(
             step_duration_buckets_ms=step_duration_buckets_ms,
             extra_readers=list(metric_readers),
             extra_processors=list(span_processors),
+            extra_log_processors=list(log_processors),
         )
         telemetry = Telemetry(
             built.meter_provider,
@@ -273,7 +296,8 @@ def configure(
             settings,
             output_dir=built.output_dir,
             nvtx=built.nvtx,
-            _truncation=built.truncation,
+            logger_provider=built.logger_provider,
+            open_spans=built.open_spans,
             _files=built.files,
         )
         previous = _current
@@ -286,6 +310,7 @@ def configure(
             lifecycle.install(_shutdown_all, on_sigterm=telemetry.settings.shutdown_on_sigterm)
         if previous is not None and previous is not telemetry and previous in _live:
             _retire(previous)
+        log_bridge.bridge_root_logger(settings.logs.bridge_root_logger)
     proxy.follow_all()
     _announce(telemetry.destination)
     return telemetry
@@ -304,6 +329,29 @@ def get_tracer(name: str = INSTRUMENTATION_NAME, version: str | None = None) -> 
     ``configure()``; configures from the environment on first use."""
     _telemetry()
     return _TRACER_PROXY.get_tracer(name, version)
+
+
+def get_logger(name: str = INSTRUMENTATION_NAME, version: str | None = None) -> logs_api.Logger:
+    """An OpenTelemetry logger that emits into the configured pipeline, now and after a later
+    ``configure()``; configures from the environment on first use. Its records carry the
+    rank's resource; a record emitted without explicit ids takes them from the current span
+    (the SDK's rule). Thread-safe; never raises on bad environment values."""
+    _telemetry()
+    return _LOGGER_PROXY.get_logger(name, version)
+
+
+def logging_handler(level: int = logging.NOTSET) -> logging.Handler:
+    """A ``logging`` handler that exports the records it handles as OpenTelemetry log records
+    of the configured pipeline (now and after a later ``configure()``), with the rank's
+    resource and, inside a sampled span, its trace and span ids
+    (:class:`otel_training.log_bridge.LoggingHandler`, ``docs/logs.md``)::
+
+        logging.getLogger("train").addHandler(otel_training.logging_handler())
+
+    Configures from the environment when nothing is configured yet. The handler never raises
+    into the code that logs."""
+    _telemetry()
+    return log_bridge.LoggingHandler(level)
 
 
 def shutdown(timeout_millis: float | None = None) -> bool:
@@ -337,7 +385,23 @@ def _telemetry() -> Telemetry:
         return _current
 
 
-proxy.bind(lambda: _telemetry().tracer_provider, lambda: _telemetry().meter_provider)
+proxy.bind(
+    lambda: _telemetry().tracer_provider,
+    lambda: _telemetry().meter_provider,
+    lambda: _telemetry().logger_provider,
+)
+
+
+def _bridged_provider() -> logs_api.LoggerProvider | None:
+    """The logger provider the logging bridge emits on: the configured pipeline's, unless it
+    is shutting down (then records go nowhere, without the SDK's warning per record)."""
+    telemetry = _current
+    if telemetry is None or telemetry._shutdown_started:
+        return None
+    return telemetry.logger_provider
+
+
+log_bridge.bind(_bridged_provider)
 
 
 def _install_globals() -> None:
@@ -349,6 +413,7 @@ def _install_globals() -> None:
     _globals_installed = True
     trace_api.set_tracer_provider(_TRACER_PROXY)
     metrics_api.set_meter_provider(_METER_PROXY)
+    logs_api.set_logger_provider(_LOGGER_PROXY)
     if trace_api.get_tracer_provider() is not _TRACER_PROXY:
         _logger.warning(
             "otel-training: another TracerProvider was installed as the OpenTelemetry global "
@@ -388,8 +453,9 @@ def _shutdown_all(reason: str | None = None) -> None:
 
 
 def _announce(destination: str) -> None:
-    """The one log line at configure; written to stderr when logging is not set up."""
-    if _logger.hasHandlers():
+    """The one log line at configure; written to stderr when logging is not set up (the
+    logging bridge does not count: it drops otel-training's own records)."""
+    if log_bridge.has_handlers_besides_bridge(_logger):
         _logger.info("otel-training %s", destination)
     else:
         print(f"otel-training {destination}", file=sys.stderr)

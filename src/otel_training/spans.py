@@ -59,11 +59,20 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
-from otel_training.config import CUSTOM_SPAN_GROUP, SPAN_GROUPS
-from otel_training.phases import NOOP_PHASE, RUN, Phase, _warn_once, enabled_groups, make
+from otel_training.config import CUSTOM_SPAN_GROUP, SPAN_GROUPS, span_groups_from_names
+from otel_training.phases import (
+    NOOP_PHASE,
+    RUN,
+    Phase,
+    _warn_once,
+    bound_state,
+    enabled_groups,
+    make,
+    state_for,
+)
 from otel_training.semconv.attributes import (
     IS_GOODPUT_SPAN,
     MEGATRON_CHECKPOINT_PATH,
@@ -477,17 +486,44 @@ class SpanRecorder:
     ``megatron.iteration`` attribute whose parent is the run goes to its trace segment. Every
     method never raises; a disabled group gives the shared no-op handle.
 
+    Args:
+        tracer_provider: Where the spans go; default: the tracer of the configured pipeline
+            (:func:`otel_training.configure`, from the environment on first use).
+        meter_provider: Where ``record_metrics`` and ``record_step_duration`` of the phases
+            record; default: the configured pipeline's meter.
+        span_groups: Presets and group names that record spans (as
+            ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``); default: the configured pipeline's groups,
+            else that variable's. With none of the three, the recorder follows the configured
+            pipeline (trace segments and NVTX-only groups included), even one configured
+            later; with a provider missing, the missing one is taken from the pipeline
+            configured now (configuring it from the environment if needed).
+
+    Raises:
+        ValueError: when ``span_groups`` names an unknown preset or group.
+
     Example::
 
         recorder = SpanRecorder()
-        run = recorder.start("megatron.train")
-        step = recorder.start("megatron.train.iteration", parent=run,
-                              attributes={"megatron.iteration": 1})
+        run = recorder.start_phase(training_run)
+        step = recorder.start_phase(training_iteration, iteration=1, parent=run)
         recorder.event(step, "loss_spike", {"loss": 9.1})
         recorder.stop(step)
         recorder.error(run, exc)   # if the run fails
         recorder.stop(run)
     """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+        span_groups: str | Iterable[str] | None = None,
+    ) -> None:
+        self._state = None
+        if tracer_provider is None and meter_provider is None and span_groups is None:
+            return
+        groups = None if span_groups is None else span_groups_from_names(span_groups)
+        self._state = state_for(tracer_provider, meter_provider, groups)
 
     def start(
         self,
@@ -497,8 +533,32 @@ class SpanRecorder:
         attributes: Mapping[str, Any] | None = None,
         parent: Phase | None = None,
     ) -> Phase:
-        """Starts a span and returns its handle (see :func:`phase` for ``group``)."""
-        handle = phase(name, group=group, **dict(attributes or {}))
+        """Starts a span named ``name`` and returns its handle (see :func:`phase` for
+        ``group``)."""
+        return self.start_phase(phase, name, group=group, parent=parent, **dict(attributes or {}))
+
+    def start_phase(
+        self,
+        phase_function: Callable[..., Phase],
+        /,
+        *args: Any,
+        parent: Phase | None = None,
+        **kwargs: Any,
+    ) -> Phase:
+        """Starts the phase that ``phase_function(*args, **kwargs)`` describes
+        (:func:`training_iteration`, :func:`optimizer_step`, :func:`checkpoint_save`...), with
+        this recorder's providers and groups, and returns its handle. The span names and groups
+        stay those of the phase functions."""
+        state = self._state
+        token = None if state is None else bound_state.set(state)
+        try:
+            handle = phase_function(*args, **kwargs)
+        except Exception:
+            _warn_once("start_phase", "could not make the phase %r", phase_function)
+            return NOOP_PHASE
+        finally:
+            if token is not None:
+                bound_state.reset(token)
         return handle.start(parent=parent)
 
     def stop(self, handle: Phase, attributes: Mapping[str, Any] | None = None) -> None:

@@ -16,13 +16,15 @@ from typing import Any, TypeVar
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
+from opentelemetry._logs import _internal as logs_internal
 from opentelemetry.metrics import _internal as metrics_internal
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
-from otel_training import instruments, setup, spans
+from otel_training import instruments, log_bridge, setup, spans
 from otel_training import phases as _phase
 
 __all__ = [
@@ -38,11 +40,13 @@ __all__ = [
 
 @dataclass
 class InMemoryTelemetry:
-    """A :class:`otel_training.setup.Telemetry` with an in-memory reader and span exporter."""
+    """A :class:`otel_training.setup.Telemetry` with an in-memory reader, span exporter and
+    log record exporter (``logs.get_finished_logs()``)."""
 
     telemetry: setup.Telemetry
     reader: InMemoryMetricReader
     spans: InMemorySpanExporter
+    logs: InMemoryLogRecordExporter | None = None
 
     @property
     def meter(self):
@@ -61,29 +65,34 @@ def configure_in_memory(
     step_duration_buckets_ms: Sequence[float] | None = None,
     set_global: bool = False,
 ) -> InMemoryTelemetry:
-    """``configure()`` with exporters ``none`` plus an in-memory reader and span exporter.
+    """``configure()`` with exporters ``none`` plus an in-memory reader, span exporter and
+    log record exporter (records are exported synchronously, as they are emitted).
 
     Args:
-        environ: Extra variables on top of ``OTEL_METRICS_EXPORTER=none`` and
-            ``OTEL_TRACES_EXPORTER=none`` (the process environment is not read).
+        environ: Extra variables on top of ``OTEL_METRICS_EXPORTER=none``,
+            ``OTEL_TRACES_EXPORTER=none`` and ``OTEL_LOGS_EXPORTER=none`` (the process
+            environment is not read).
     """
     env = {
         "OTEL_METRICS_EXPORTER": "none",
         "OTEL_TRACES_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
         "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM": "false",
     }
     env.update(environ or {})
     reader = InMemoryMetricReader()
     exporter = InMemorySpanExporter()
+    logs = InMemoryLogRecordExporter()
     telemetry = setup.configure(
         environ=env,
         views=views,
         step_duration_buckets_ms=step_duration_buckets_ms,
         metric_readers=[reader],
         span_processors=[SimpleSpanProcessor(exporter)],
+        log_processors=[SimpleLogRecordProcessor(logs)],
         set_global=set_global,
     )
-    return InMemoryTelemetry(telemetry, reader, exporter)
+    return InMemoryTelemetry(telemetry, reader, exporter, logs)
 
 
 def points(data: MetricsData | None, name: str | None = None) -> list[tuple[str, object]]:
@@ -123,7 +132,8 @@ def histogram_quantile(q: float, bounds: Sequence[float], bucket_counts: Sequenc
 
 def reset() -> None:
     """Shuts the configured pipeline down and resets otel-training's and the OpenTelemetry
-    API's globals (providers, set-once guards, proxies, caches, warned-once causes)."""
+    API's globals (providers, set-once guards, proxies, caches, warned-once causes, the root
+    logger's bridge)."""
     for telemetry in list(setup._live):
         telemetry.shutdown(timeout_millis=2_000)
     for thread in list(setup._retiring):
@@ -146,6 +156,11 @@ def reset() -> None:
     trace_api._TRACER_PROVIDER_SET_ONCE = Once()
     trace_api._TRACER_PROVIDER = None
     trace_api._PROXY_TRACER_PROVIDER = trace_api.ProxyTracerProvider()
+    logs_internal._LOGGER_PROVIDER_SET_ONCE = Once()
+    logs_internal._LOGGER_PROVIDER = None
+    logs_internal._PROXY_LOGGER_PROVIDER = logs_internal.ProxyLoggerProvider()
+    log_bridge.bridge_root_logger(False)
+    log_bridge._warned.clear()
     assert isinstance(metrics_api.get_meter_provider(), metrics_internal._ProxyMeterProvider)
 
 

@@ -7,17 +7,21 @@ loopback port with a temporary configuration and TSDB) scrapes, every second:
   ``OTEL_METRICS_EXPORTER=prometheus``), kept alive after training until its last values are
   scraped. The scrape job is named after the service and attaches the rank identity as target
   labels, as ``promote_resource_attributes`` in collector-config/prometheus.yaml does on the
-  compose path; the test checks those labels against the ``target_info`` the exporter writes;
+  compose path; the test checks those labels against the ``target_info`` the exporter writes.
+  It skips one iteration (an injected NaN) and saves checkpoints;
+- a shorter, healthy demo run (no skipped iteration, no non-finite value) for the panels of
+  counters that such a run never creates, which must read 0;
 - two small drivers for case A5, one with the temporality preference unset and one with
   ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta``.
 
 Then every PromQL expression of the dashboard runs with its template variables expanded as
 Grafana expands them, and must return data, except the panels listed in `GPU_ONLY` and
-`PENDING_TENSOR`.
+`PENDING_TENSOR`; the panels of `ZERO_WHEN_ABSENT` return 0 for the healthy run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -59,12 +63,24 @@ IDENTITY = {  # target labels of the demo's scrape job = its resource attributes
 }
 # About 5-10 s of training on one CPU core: Prometheus scrapes it several times while it runs.
 DEMO_STEPS = 500
+DEMO_CHECKPOINT_INTERVAL = 200  # checkpoints at steps 200 and 400 (megatron.checkpoint.duration)
 DEMO_ARGS = [
     "--steps", str(DEMO_STEPS), "--log-interval", "20", "--batch-size", "8", "--seq-len", "64",
     "--layers", "2", "--d-model", "64", "--heads", "2", "--max-data-bytes", "200000",
     "--inject-nonfinite-at", "100", "--device", "cpu", "--quiet", "--moe", "--experts", "4",
+    "--checkpoint-interval", str(DEMO_CHECKPOINT_INTERVAL),
     # every tensor metric, so that each series of the README table exists
     "--tensor-metrics", ",".join(f"{name}:10" for name in TENSOR_METRIC_NAMES),
+]  # fmt: skip
+
+#: The healthy run: another service, no injected NaN, no tensor metrics, two checkpoints.
+HEALTHY = "otel-training-demo-healthy"
+HEALTHY_IDENTITY = {**IDENTITY, "dl_job_id": "prometheus-test-healthy-job"}
+HEALTHY_STEPS = 60
+HEALTHY_ARGS = [
+    "--steps", str(HEALTHY_STEPS), "--log-interval", "20", "--batch-size", "8", "--seq-len", "64",
+    "--layers", "2", "--d-model", "64", "--heads", "2", "--max-data-bytes", "200000",
+    "--device", "cpu", "--quiet", "--checkpoint-interval", "30",
 ]  # fmt: skip
 
 #: Panels whose data only a GPU produces: title -> why.
@@ -74,9 +90,15 @@ GPU_ONLY = {
 #: Panels of tensor metrics not produced yet: title -> the metric the panel is drawn for. Empty:
 #: the demo (with --moe) produces every tensor metric the dashboard draws.
 PENDING_TENSOR: dict[str, str] = {}
+#: Panels of counters that a healthy run never creates: they read 0 there, not "No data".
+ZERO_WHEN_ABSENT = {"Skipped iterations", "Non-finite values"}
+#: Panels of megatron.checkpoint.duration.
+CHECKPOINT_PANELS = {"Checkpoint duration", "Checkpoint duration per rank"}
 
 STEP = "megatron_training_step_duration_ms_milliseconds"
 SKIPPED = "megatron_training_skipped_iters_total"
+NONFINITE = "megatron_training_nonfinite_values_total"
+CHECKPOINT = "megatron_checkpoint_duration_seconds"
 
 DEMO_DRIVER = r"""
 import sys
@@ -89,7 +111,7 @@ print("serving", flush=True)
 if sys.stdin.readline().strip() != "go":  # sent once Prometheus scrapes the endpoint
     sys.exit(0)
 result = train(config, telemetry.meter)
-print(f"trained {result.steps} {result.skipped_iters}", flush=True)
+print(f"trained {result.steps} {result.skipped_iters} {len(result.checkpoints)}", flush=True)
 for line in sys.stdin:  # stay alive until Prometheus has scraped the last values
     if line.strip() == "quit":
         break
@@ -183,7 +205,7 @@ def prometheus_binary() -> str:
 
 @pytest.fixture(scope="module")
 def ports() -> dict[str, int]:
-    return {"demo": free_port(), **{job: free_port() for job in A5_JOBS}}
+    return {"demo": free_port(), "healthy": free_port(), **{job: free_port() for job in A5_JOBS}}
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +217,12 @@ def prometheus(prometheus_binary, ports, tmp_path_factory) -> Iterator[Prometheu
                 "job_name": SERVICE,
                 "static_configs": [
                     {"targets": [f"127.0.0.1:{ports['demo']}"], "labels": dict(IDENTITY)}
+                ],
+            },
+            {
+                "job_name": HEALTHY,
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{ports['healthy']}"], "labels": HEALTHY_IDENTITY}
                 ],
             },
             *(
@@ -219,40 +247,50 @@ def _driver_env(port: int, output_dir: Path, **extra: str) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def demo(prometheus, ports, tmp_path_factory) -> Iterator[float]:
-    """Runs the demo until Prometheus has scraped its final values; yields that time."""
+@contextlib.contextmanager
+def _demo_run(
+    prometheus: PrometheusServer,
+    service: str,
+    identity: dict[str, str],
+    port: int,
+    args: list[str],
+    output_dir: Path,
+    expected: tuple[int, int, int],
+) -> Iterator[float]:
+    """Runs the demo as `service` until Prometheus has scraped its final values (steps,
+    skipped iterations, checkpoints saved: `expected`); yields that time."""
     attributes = ",".join(
         f"{label.replace('_', '.')}={value}"
-        for label, value in IDENTITY.items()
+        for label, value in identity.items()
         if label in ("dl_job_id", "dl_run_id")
     )
     driver = DriverProcess(
         DEMO_DRIVER,
         env=_driver_env(
-            ports["demo"],
-            tmp_path_factory.mktemp("demo"),
-            OTEL_RESOURCE_ATTRIBUTES=attributes,
+            port, output_dir, OTEL_RESOURCE_ATTRIBUTES=attributes, OTEL_SERVICE_NAME=service
         ),
-        args=DEMO_ARGS,
+        args=args,
     )
     try:
         driver.expect("serving", timeout_s=90)
         poll(
-            "the demo's endpoint scraped",
-            lambda: prometheus.targets_up().get(SERVICE) == 1.0,
+            f"the endpoint of {service} scraped",
+            lambda: prometheus.targets_up().get(service) == 1.0,
             timeout_s=30,
         )
         driver.send("go")
-        steps, skipped = map(int, driver.expect("trained", timeout_s=180).split()[1:])
-        assert (steps, skipped) == (DEMO_STEPS, 1), driver.output()
-        selector = f'{{job="{SERVICE}"}}'
+        trained = tuple(map(int, driver.expect("trained", timeout_s=180).split()[1:]))
+        assert trained == expected, driver.output()
+        steps, skipped, checkpoints = trained
+        selector = f'{{job="{service}"}}'
+        saves = f'{{job="{service}", megatron_checkpoint_operation="save"}}'
         try:
             poll(
-                "the demo's final values scraped",
+                f"the final values of {service} scraped",
                 lambda: (
-                    prometheus.value(f"{STEP}_count{selector}") == DEMO_STEPS
-                    and prometheus.value(f"{SKIPPED}{selector}") == 1
+                    prometheus.value(f"{STEP}_count{selector}") == steps
+                    and (prometheus.value(f"{SKIPPED}{selector}") or 0) == skipped
+                    and prometheus.value(f"{CHECKPOINT}_count{saves}") == checkpoints
                 ),
                 timeout_s=30,
             )
@@ -261,6 +299,37 @@ def demo(prometheus, ports, tmp_path_factory) -> Iterator[float]:
         yield time.time()
     finally:
         driver.close()
+
+
+@pytest.fixture(scope="module")
+def demo(prometheus, ports, tmp_path_factory) -> Iterator[float]:
+    """Runs the demo until Prometheus has scraped its final values; yields that time."""
+    with _demo_run(
+        prometheus,
+        SERVICE,
+        IDENTITY,
+        ports["demo"],
+        DEMO_ARGS,
+        tmp_path_factory.mktemp("demo"),
+        expected=(DEMO_STEPS, 1, DEMO_STEPS // DEMO_CHECKPOINT_INTERVAL),
+    ) as scraped_at:
+        yield scraped_at
+
+
+@pytest.fixture(scope="module")
+def healthy_demo(prometheus, ports, tmp_path_factory) -> Iterator[float]:
+    """Runs the healthy demo (no skipped iteration, no non-finite value, two checkpoints) until
+    Prometheus has scraped its final values; yields that time."""
+    with _demo_run(
+        prometheus,
+        HEALTHY,
+        HEALTHY_IDENTITY,
+        ports["healthy"],
+        HEALTHY_ARGS,
+        tmp_path_factory.mktemp("healthy"),
+        expected=(HEALTHY_STEPS, 0, 2),
+    ) as scraped_at:
+        yield scraped_at
 
 
 # -- the demo through Prometheus -----------------------------------------------------------------
@@ -350,6 +419,54 @@ def test_every_dashboard_query_returns_data(prometheus, demo, mode):
                 failures.append(f"{title} [{ref}]: no series named {name}")
     assert checked >= 10
     assert not failures, "\n".join(failures)
+
+
+def _panel_values(title: str, values: dict[str, Any], at: float, prometheus) -> list[tuple]:
+    """(labels, value) of every series that each query of the panel `title` returns."""
+    found = []
+    for panel_title, _, expr in _queries(_dashboard()):
+        if panel_title == title:
+            for sample in prometheus.query(grafana_render(expr, values), at=at):
+                found.append((sample["metric"], float(sample["value"][1])))
+    return found
+
+
+def _selection(service: str, identity: dict[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {v["name"]: "$__all" for v in _dashboard()["templating"]["list"]}
+    values.update(service=[service], job=[identity["dl_job_id"]], rank=[identity["dl_rank"]])
+    return values
+
+
+def test_counter_panels_read_zero_for_a_healthy_run(prometheus, demo, healthy_demo):
+    """A healthy run's counter panels read 0; the demo's real counts are not hidden."""
+    healthy = f'job="{HEALTHY}"'
+    assert not prometheus.series(f'{{__name__=~"{SKIPPED}|{NONFINITE}", {healthy}}}')
+    assert {p["title"] for p in _panels(_dashboard())} >= ZERO_WHEN_ABSENT
+    for title in ZERO_WHEN_ABSENT:
+        values = _panel_values(
+            title, _selection(HEALTHY, HEALTHY_IDENTITY), healthy_demo, prometheus
+        )
+        assert [value for _, value in values] == [0.0], (title, values)
+        counted = _panel_values(title, _selection(SERVICE, IDENTITY), demo, prometheus)
+        assert counted and all(value >= 1 for _, value in counted), (title, counted)
+
+
+def test_checkpoint_panels_chart_the_saves_of_each_run(prometheus, demo, healthy_demo):
+    """The checkpoint panels return each run's saves (traces not exported), by operation."""
+    for service, identity, at in (
+        (SERVICE, IDENTITY, demo),
+        (HEALTHY, HEALTHY_IDENTITY, healthy_demo),
+    ):
+        for title in CHECKPOINT_PANELS:
+            values = _panel_values(title, _selection(service, identity), at, prometheus)
+            assert values, (service, title)
+            for labels, value in values:
+                assert labels["megatron_checkpoint_operation"] == "save", labels
+                assert 0 < value < 300, (service, title, labels, value)
+        # The histogram's count is the number of saves, from the spans of a run whose traces
+        # are not exported (OTEL_TRACES_EXPORTER=none).
+        count = prometheus.value(f'sum({CHECKPOINT}_count{{job="{service}"}})')
+        assert count == (DEMO_STEPS // DEMO_CHECKPOINT_INTERVAL if service == SERVICE else 2)
 
 
 def test_excluded_panels_exist_and_stay_excluded_for_a_reason():

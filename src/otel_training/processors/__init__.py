@@ -1,11 +1,14 @@
-"""Span processors of otel-training: NVTX ranges and JSON lines, installed by ``configure()``.
+"""Span processors of otel-training: NVTX ranges, JSON lines and checkpoint durations, installed
+by ``configure()``.
 
 - :class:`NvtxSpanProcessor`: every span as an NVTX start/end range keyed by its span id, for
   Nsight Systems timelines.
 - :class:`JsonLogSpanProcessor`: one JSON object per line when a span starts and when it ends,
   one file per rank.
+- :class:`CheckpointMetricsSpanProcessor`: the duration of each checkpoint save and load span
+  on the histogram ``megatron.checkpoint.duration``, for backends that store no spans.
 
-Both run synchronously on the thread that starts or ends a span, never raise there, and flush
+All run synchronously on the thread that starts or ends a span, never raise there, and flush
 or close at the TracerProvider's shutdown.
 """
 
@@ -18,10 +21,16 @@ from typing import TextIO
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_training import config
+from otel_training.processors.checkpoint_metrics import CheckpointMetricsSpanProcessor
 from otel_training.processors.jsonlog import JsonLogSpanProcessor
 from otel_training.processors.nvtx import NvtxSpanProcessor
 
-__all__ = ["JsonLogSpanProcessor", "NvtxSpanProcessor", "span_mirrors"]
+__all__ = [
+    "CheckpointMetricsSpanProcessor",
+    "JsonLogSpanProcessor",
+    "NvtxSpanProcessor",
+    "span_mirrors",
+]
 
 _logger = logging.getLogger(__name__)
 

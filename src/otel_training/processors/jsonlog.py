@@ -331,11 +331,23 @@ class JsonLogSpanProcessor(SpanProcessor):
             return "".join(
                 (_START_RECORD, common, _ATTRIBUTES_KEY, encoded, self._identity(resource))
             )
-        span = _limits.bounded_span(item[1], self._limits)
-        start = span.start_time
+        span = item[1]
         kept = self._pending.pop(span.context.span_id, None)
         attributes = span.attributes
         current = attributes.copy() if attributes else {}
+        # The common end (attributes as bounded at the start, no events, links or status
+        # description) needs no second pass of the string rule; any other goes through it.
+        if (
+            kept is None
+            or getattr(span, "_events", True)
+            or getattr(span, "_links", True)
+            or span.status.description is not None
+            or (kept[1] or {}) != current
+        ):
+            span = _limits.bounded_span(span, self._limits)
+            attributes = span.attributes
+            current = attributes.copy() if attributes else {}
+        start = span.start_time
         if kept is None:
             common = self._common(span.name, span.context, span.parent, start)
             encoded = _encode_mapping(current, limit)

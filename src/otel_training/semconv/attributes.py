@@ -23,6 +23,7 @@ __all__ = [
     "DL_RUN_ID",
     "DL_WORLD_SIZE",
     "IS_GOODPUT_SPAN",
+    "MEGATRON_CHECKPOINT_OPERATION",
     "MEGATRON_CHECKPOINT_PATH",
     "MEGATRON_CHECKPOINT_SIZE",
     "MEGATRON_CHECKPOINT_STRATEGY",
@@ -141,6 +142,16 @@ Type: boolean. Span attribute. Stability: development. Examples: ``true``.
 
 Megatron-LM's name, without a namespace: set on the run, startup, model building, data loader
 building, checkpoint, first-iteration and iteration spans.
+"""
+
+
+MEGATRON_CHECKPOINT_OPERATION: Final = "megatron.checkpoint.operation"
+"""Whether a checkpoint operation saved or loaded a checkpoint.
+
+Type: enum (``"save"``, ``"load"``). Point attribute. Stability: development.
+
+A point attribute of megatron.checkpoint.duration with two values, so its cardinality is bounded.
+Not a span attribute: the span name already says which operation it is.
 """
 
 
@@ -356,6 +367,13 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             name=IS_GOODPUT_SPAN,
             type="boolean",
             brief="True on the spans that count towards a run's goodput (productive time).",
+            stability="development",
+            resource=False,
+        ),
+        MEGATRON_CHECKPOINT_OPERATION: AttributeSpec(
+            name=MEGATRON_CHECKPOINT_OPERATION,
+            type="enum",
+            brief="Whether a checkpoint operation saved or loaded a checkpoint.",
             stability="development",
             resource=False,
         ),

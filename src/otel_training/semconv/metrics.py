@@ -20,6 +20,7 @@ from opentelemetry.semconv._incubating.attributes.hw_attributes import HW_ID
 
 from otel_training.semconv.attributes import (
     DL_GPU_CLOCK_DOMAIN,
+    MEGATRON_CHECKPOINT_OPERATION,
     MEGATRON_TRAINING_LAYER,
     MEGATRON_TRAINING_METRIC,
     MEGATRON_TRAINING_ROUTER_EXPERT,
@@ -28,6 +29,7 @@ from otel_training.semconv.attributes import (
 
 __all__ = [
     "DL_GPU_CLOCK_SPEED",
+    "MEGATRON_CHECKPOINT_DURATION",
     "MEGATRON_TRAINING_GRAD_NORM",
     "MEGATRON_TRAINING_LEARNING_RATE",
     "MEGATRON_TRAINING_LOSS",
@@ -52,6 +54,7 @@ __all__ = [
     "METRICS",
     "MetricSpec",
     "create_dl_gpu_clock_speed",
+    "create_megatron_checkpoint_duration",
     "create_megatron_training_grad_norm",
     "create_megatron_training_learning_rate",
     "create_megatron_training_loss",
@@ -74,6 +77,7 @@ __all__ = [
     "create_megatron_training_throughput_tflops",
     "create_megatron_training_tokens_per_sec",
     "DL_GPU_CLOCK_DOMAIN",
+    "MEGATRON_CHECKPOINT_OPERATION",
     "MEGATRON_TRAINING_LAYER",
     "MEGATRON_TRAINING_METRIC",
     "MEGATRON_TRAINING_ROUTER_EXPERT",
@@ -128,6 +132,31 @@ def create_dl_gpu_clock_speed(meter: Meter) -> Gauge:
     """
     spec = METRICS[DL_GPU_CLOCK_SPEED]
     return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+MEGATRON_CHECKPOINT_DURATION: Final = "megatron.checkpoint.duration"
+"""Duration of a completed checkpoint save or load.
+
+Instrument: histogram. Unit as exported: ``"s"``; true unit: ``"s"``. Value type: double. Stability:
+development. Attributes: ``"megatron.checkpoint.operation"``.
+
+Seconds, exported with unit s. One point per checkpoint span that ends normally: the span's own
+duration (end time minus start time), so for an asynchronous save the time the training loop was
+blocked, not the background write. Not recorded: a span whose status is ERROR (the operation failed:
+the span and its exception event say so) and a span that was still open at shutdown
+(otel_training.span.truncated), whose end is the shutdown's. Only recorded spans are seen: the span
+group of the checkpoint span must be on and the sampler must sample it. Default buckets from 1 s to
+1 h (otel_training.views.CHECKPOINT_DURATION_BUCKETS_S).
+"""
+
+
+def create_megatron_checkpoint_duration(meter: Meter) -> Histogram:
+    """Create the histogram ``megatron.checkpoint.duration`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[MEGATRON_CHECKPOINT_DURATION]
+    return meter.create_histogram(spec.name, unit=spec.unit, description=spec.description)
 
 
 MEGATRON_TRAINING_GRAD_NORM: Final = "megatron.training.grad_norm"
@@ -592,6 +621,17 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
             value_type="double",
             stability="development",
             attributes=(HW_ID, DL_GPU_CLOCK_DOMAIN),
+            naming_exception=None,
+        ),
+        MEGATRON_CHECKPOINT_DURATION: MetricSpec(
+            name=MEGATRON_CHECKPOINT_DURATION,
+            instrument="histogram",
+            unit="s",
+            description="Duration of a completed checkpoint save or load.",
+            true_unit="s",
+            value_type="double",
+            stability="development",
+            attributes=(MEGATRON_CHECKPOINT_OPERATION,),
             naming_exception=None,
         ),
         MEGATRON_TRAINING_GRAD_NORM: MetricSpec(

@@ -1,0 +1,14 @@
+"""Callbacks that record a framework's training run with otel-training, one line each.
+
+- :class:`otel_training.integrations.lightning.OtelTrainingCallback` for PyTorch Lightning
+  (``lightning.pytorch`` or ``pytorch_lightning``): ``pip install 'otel-training[lightning]'``;
+- :class:`otel_training.integrations.transformers.OtelTrainingCallback` for the Hugging Face
+  ``Trainer``: ``pip install 'otel-training[transformers]'``.
+
+Importing this package imports neither framework; importing one of its modules imports that
+module's framework when it is installed, and building its callback without the framework raises
+``ModuleNotFoundError`` naming the extra to install. What they record, and what they cannot
+know: ``docs/integrations.md``.
+"""
+
+__all__: list[str] = []

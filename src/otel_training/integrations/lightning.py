@@ -1,0 +1,328 @@
+"""PyTorch Lightning: ``Trainer(callbacks=[OtelTrainingCallback()])``.
+
+Needs ``lightning`` (``pip install 'otel-training[lightning]'``); with only the older
+``pytorch_lightning`` package installed, the callback is a ``pytorch_lightning.Callback``
+instead. What it records and what it cannot know: ``docs/integrations.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from otel_training.integrations._recorder import (
+    FrameworkIdentity,
+    RunRecorder,
+    count_tokens,
+    guarded,
+    missing_framework,
+    validate_options,
+    warn_once,
+)
+
+try:
+    from lightning.pytorch import Callback
+except ImportError as _lightning_error:
+    try:
+        from pytorch_lightning import Callback
+    except ImportError:
+        Callback = None
+        _IMPORT_ERROR: ImportError | None = _lightning_error
+    else:
+        _IMPORT_ERROR = None
+else:
+    _IMPORT_ERROR = None
+
+__all__ = ["OtelTrainingCallback"]
+
+_Base: type = Callback if Callback is not None else object
+
+
+class OtelTrainingCallback(_Base):
+    """Records a Lightning ``fit``: ``Trainer(callbacks=[OtelTrainingCallback()])``.
+
+    What it records (definitions of the README's metric table):
+
+    - ``megatron.training.step_duration_ms``: one point per optimizer step, all micro-batches of
+      ``accumulate_grad_batches`` included, from the end of the previous step (or of the
+      validation or checkpoint save after it) to the end of this step's update, in ms;
+    - every ``log_every_n_steps`` optimizer steps, and for the steps left at the end of ``fit``:
+      ``loss``, the mean of the ``training_step`` losses of the interval's micro-batches on this
+      rank (Lightning's division by ``accumulate_grad_batches`` undone); ``grad_norm``, the
+      total norm that Lightning's clipping computed (only with ``gradient_clip_val`` and the
+      ``norm`` algorithm); ``learning_rate`` of the first parameter group in the last step;
+      ``tokens_per_sec`` over all ranks (with ``tokens_per_sample`` or ``tokens_per_batch``);
+      ``throughput_tflops`` per device (``flops_per_token``, else the module's
+      ``flops_per_batch`` attribute, Lightning's ``ThroughputMonitor`` convention);
+      ``memory_allocated_gb`` on CUDA; ``skipped_iters``, steps whose update did not run (AMP
+      overflow: the gradient scaler skipped ``optimizer.step()``);
+    - spans: the run (``on_fit_start`` to its end; an exception is recorded on it), each
+      iteration, the optimizer update (from ``on_before_optimizer_step``, clipping included),
+      each checkpoint save (``trainer.save_checkpoint``) and validation loop, per the span
+      groups of ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``;
+    - tensor metrics of the ``LightningModule`` through ``TensorObserver``, committed in
+      ``on_before_optimizer_step`` (gradients before clipping);
+    - the rank identity from the trainer (``global_rank``, ``local_rank``, ``world_size``,
+      ``node_rank``) in the Resource, when the callback configures the pipeline.
+
+    Values stay tensors until read off the training thread (``record_training_metrics``'
+    deferred path); hooks read no device value.
+
+    Args:
+        meter_provider: Where the metrics go; default: the pipeline that
+            :func:`otel_training.configure` builds from ``OTEL_*`` at ``fit`` start (or the one
+            already configured).
+        tracer_provider: Where the spans go; default: the same pipeline.
+        tensor_metrics: A ``TensorObserver`` schedule (``"grad_norm:10,param_norm:10"``, or
+            ``"none"``); default: ``OTEL_PYTHON_TRAINING_TENSOR_METRICS``, else the observer's.
+        tokens_per_sample: Tokens in one sample; tokens per micro-batch are the batch's leading
+            dimension times this.
+        tokens_per_batch: ``batch -> int``, the tokens of one micro-batch on this rank, called
+            in ``on_train_batch_start`` (a count from shapes reads no device value).
+        flops_per_token: Training FLOPs per token (forward and backward), for
+            ``throughput_tflops``.
+
+    Raises:
+        ModuleNotFoundError: when neither ``lightning`` nor ``pytorch_lightning`` is installed.
+        ValueError: on a malformed ``tensor_metrics`` schedule, both token arguments, or a
+            count that is not positive. The hooks never raise: a failure is logged once and
+            that record is skipped.
+    """
+
+    def __init__(
+        self,
+        *,
+        meter_provider: Any = None,
+        tracer_provider: Any = None,
+        tensor_metrics: str | None = None,
+        tokens_per_sample: int | None = None,
+        tokens_per_batch: Callable[[Any], int] | None = None,
+        flops_per_token: float | None = None,
+    ) -> None:
+        if Callback is None:
+            missing_framework("lightning", "lightning", _IMPORT_ERROR)
+        super().__init__()
+        validate_options(tensor_metrics, tokens_per_sample, tokens_per_batch, flops_per_token)
+        self._run = RunRecorder(
+            meter_provider=meter_provider,
+            tracer_provider=tracer_provider,
+            tensor_metrics=tensor_metrics,
+            flops_per_token=flops_per_token,
+        )
+        self._tokens_per_sample = tokens_per_sample
+        self._tokens_per_batch = tokens_per_batch
+        self._restore: list[Callable[[], None]] = []
+        self._batch_tokens: int | None = None
+        self._interval_flops = 0.0
+        self._world_size = 1
+        self._has_flops = False
+        self._last_global_step = 0
+        self._updated = False
+        self._grad_norm: Any = None
+        self._learning_rate: Any = None
+
+    # -- fit ------------------------------------------------------------------------------
+
+    @guarded
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """Starts the run: pipeline with the trainer's rank identity, run span, tensor
+        observer, and the taps on checkpoint saves, clipping and optimizer updates."""
+        identity = FrameworkIdentity(
+            rank=int(trainer.global_rank),
+            local_rank=int(trainer.local_rank),
+            world_size=int(trainer.world_size),
+            node_rank=int(trainer.node_rank),
+            local_world_size=int(getattr(trainer, "num_devices", 0)) or None,
+        )
+        device = getattr(trainer.strategy, "root_device", None)
+        self._run.start_run(identity, on_cuda=getattr(device, "type", None) == "cuda")
+        self._run.watch_model(pl_module)
+        self._last_global_step = int(trainer.global_step)
+        self._interval_flops = 0.0
+        self._world_size = identity.world_size
+        # Looked up once, as Lightning's ThroughputMonitor does: a missing attribute of an
+        # nn.Module costs an exception on every lookup.
+        self._has_flops = hasattr(pl_module, "flops_per_batch")
+        self._tap_checkpoint_saves(trainer)
+        self._tap_gradient_clipping(trainer)
+        self._tap_optimizer_updates(trainer)
+
+    @guarded
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        """Records the steps left since the last interval and ends the run."""
+        if self._run.steps_in_interval:
+            self._record_interval(trainer)
+        self._finish()
+
+    @guarded
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """Records ``exception`` on the run span and ends the run."""
+        self._run.fail_run(exception)
+        self._untap()
+
+    @guarded
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Removes the taps if the run ended without ``on_fit_end``."""
+        if stage == "fit":
+            self._finish()
+
+    def _finish(self) -> None:
+        self._run.end_run()
+        self._untap()
+
+    # -- steps ----------------------------------------------------------------------------
+
+    @guarded
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Opens the optimizer step at its first micro-batch and counts the batch's tokens."""
+        if not self._run.active:
+            return
+        if not self._run.in_step:
+            self._run.begin_step(int(trainer.global_step) + 1)
+            self._updated = False
+        tokens = count_tokens(batch, self._tokens_per_sample, self._tokens_per_batch)
+        self._batch_tokens = None if tokens is None else tokens * self._world_size
+        if self._has_flops:
+            flops = getattr(pl_module, "flops_per_batch", None)
+            if isinstance(flops, (int, float)) and not isinstance(flops, bool) and flops > 0:
+                self._interval_flops += float(flops)
+
+    @guarded
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        """Before clipping and the update: the learning rate the update uses, the tensor
+        observer's commit, the optimizer span."""
+        groups = getattr(optimizer, "param_groups", None)
+        if groups:
+            self._learning_rate = groups[0].get("lr")
+        self._run.begin_optimizer()
+
+    @guarded
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Counts the micro-batch; after the last one of a step, ends the step and, at the
+        logging interval, records the interval."""
+        if not self._run.active:
+            return
+        self._run.add_micro_batch(_loss_of(outputs), self._batch_tokens)
+        self._batch_tokens = None
+        global_step = int(trainer.global_step)
+        if global_step == self._last_global_step:
+            return  # accumulating
+        self._last_global_step = global_step
+        self._run.end_step(skipped=not self._updated)
+        every = int(getattr(trainer, "log_every_n_steps", 0) or 0)
+        if every and global_step % every == 0:
+            self._record_interval(trainer)
+
+    def _record_interval(self, trainer: Any) -> None:
+        automatic = getattr(trainer.lightning_module, "automatic_optimization", True)
+        scale = float(trainer.accumulate_grad_batches) if automatic else 1.0
+        self._run.record_interval(
+            loss_scale=scale,
+            grad_norm=self._grad_norm,
+            learning_rate=self._learning_rate,
+            flops_per_device=self._interval_flops or None,
+        )
+        self._grad_norm = None
+        self._interval_flops = 0.0
+
+    # -- validation -----------------------------------------------------------------------
+
+    @guarded
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        """Opens the validation loop's evaluation span."""
+        self._run.begin_evaluation(int(trainer.global_step))
+
+    @guarded
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        """Ends the evaluation span; the next step starts now."""
+        self._run.end_evaluation()
+
+    # -- taps -----------------------------------------------------------------------------
+
+    def _tap_checkpoint_saves(self, trainer: Any) -> None:
+        """Wraps ``trainer.save_checkpoint`` (what ``ModelCheckpoint`` calls) in a checkpoint
+        span; Lightning has no callback hook after a save."""
+        original = trainer.save_checkpoint
+        run = self._run
+        io_name = type(getattr(trainer.strategy, "checkpoint_io", None)).__name__.lower()
+        strategy = "async" if "async" in io_name else "sync"
+
+        def save_checkpoint(filepath: Any, *args: Any, **kwargs: Any) -> Any:
+            run.begin_checkpoint(os.fspath(filepath), int(trainer.global_step), strategy)
+            try:
+                return original(filepath, *args, **kwargs)
+            finally:
+                run.end_checkpoint()
+
+        trainer.save_checkpoint = save_checkpoint
+
+        def restore() -> None:
+            if trainer.__dict__.get("save_checkpoint") is save_checkpoint:
+                del trainer.save_checkpoint
+
+        self._restore.append(restore)
+
+    def _tap_gradient_clipping(self, trainer: Any) -> None:
+        """Keeps the total norm that Lightning's clipping by norm computes and drops.
+
+        Replaces the precision plugin's ``clip_grad_by_norm`` only where it is Lightning's own
+        (``torch.nn.utils.clip_grad_norm_`` over the optimizer's parameters): the same call,
+        with its return value kept. Plugins that clip otherwise (FSDP, DeepSpeed) are left
+        alone, and ``grad_norm`` is then not recorded.
+        """
+        plugin = getattr(trainer, "precision_plugin", None)
+        method = getattr(type(plugin), "clip_grad_by_norm", None)
+        if method is None or method.__qualname__ != "Precision.clip_grad_by_norm":
+            return
+        import torch
+
+        def clip_grad_by_norm(optimizer: Any, clip_val: float) -> None:
+            parameters = plugin.main_params(optimizer)
+            self._grad_norm = torch.nn.utils.clip_grad_norm_(parameters, clip_val)
+
+        plugin.clip_grad_by_norm = clip_grad_by_norm
+
+        def restore() -> None:
+            if plugin.__dict__.get("clip_grad_by_norm") is clip_grad_by_norm:
+                del plugin.clip_grad_by_norm
+
+        self._restore.append(restore)
+
+    def _tap_optimizer_updates(self, trainer: Any) -> None:
+        """A step post-hook on each optimizer: the update ran (a gradient scaler that finds
+        inf/NaN skips ``optimizer.step()``, and then the hook does not run)."""
+        for optimizer in getattr(trainer, "optimizers", ()) or ():
+            register = getattr(optimizer, "register_step_post_hook", None)
+            if register is None:
+                warn_once("post_hook", "otel-training: cannot see skipped optimizer steps")
+                continue
+            handle = register(self._after_update)
+            self._restore.append(handle.remove)
+
+    @guarded
+    def _after_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._updated = True
+        self._run.end_optimizer()
+
+    def _untap(self) -> None:
+        restore, self._restore = self._restore, []
+        for undo in reversed(restore):
+            try:
+                undo()
+            except Exception:
+                warn_once("untap", "otel-training: could not remove a tap", exc_info=True)
+
+
+def _loss_of(outputs: Any) -> Any:
+    """The loss in ``training_step``'s outputs as ``on_train_batch_end`` gets them (a tensor,
+    or the ``"loss"`` of a mapping), or ``None``."""
+    if isinstance(outputs, Mapping):
+        outputs = outputs.get("loss")
+    if outputs is None or getattr(outputs, "numel", None) is None:
+        return None
+    return outputs if outputs.numel() == 1 else None

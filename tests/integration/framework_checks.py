@@ -1,0 +1,127 @@
+"""What the framework-callback tests share: requiring a framework, and reading what arrived.
+
+Not a test module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+from collections.abc import Iterable, Sequence
+
+import pytest
+
+from otel_training.semconv.spans import (
+    MEGATRON_CHECKPOINT_SAVE,
+    MEGATRON_EVALUATE,
+    MEGATRON_TRAIN,
+    MEGATRON_TRAIN_FIRST_ITERATION,
+    MEGATRON_TRAIN_ITERATION,
+    MEGATRON_TRAIN_ITERATION_OPTIMIZER,
+    MEGATRON_TRAIN_SEGMENT,
+)
+
+STEP = "megatron.training.step_duration_ms"
+
+
+def require(module: str):
+    """Imports ``module``; skips the test without it, except under ``CI=true`` where the test
+    extra installs it and its absence is a failure."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        message = f"{module} is not installed (pip install -e '.[test]'): {error}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def collections_by_rank(receiver) -> dict[int, list[dict[str, list]]]:
+    """Per ``dl.rank``, the metric collections in time order, each ``{name: [points]}`` (the
+    points of one collection share its ``time_unix_nano``)."""
+    grouped: dict[int, dict[int, dict[str, list]]] = {}
+    for point in receiver.metrics():
+        rank = point.resource_attributes.get("dl.rank")
+        by_time = grouped.setdefault(rank, {})
+        by_time.setdefault(point.time_unix_nano, {}).setdefault(point.name, []).append(point)
+    return {rank: [found[t] for t in sorted(found)] for rank, found in grouped.items()}
+
+
+def by_step_count(collections: Sequence[dict[str, list]], name: str) -> dict[int, float]:
+    """``{optimizer steps recorded so far: value of the gauge or counter name}``, from each
+    collection that has both (the first collection of each step count)."""
+    found: dict[int, float] = {}
+    for collection in collections:
+        if STEP not in collection or name not in collection:
+            continue
+        steps = collection[STEP][0].count
+        points = [p for p in collection[name] if not p.attributes]
+        if points and steps not in found:
+            found[steps] = points[0].value
+    return found
+
+
+def last_collection(collections: Sequence[dict[str, list]]) -> dict[str, list]:
+    """The final collection (the one at shutdown)."""
+    return collections[-1]
+
+
+def l2(values: Iterable[float]) -> float:
+    """The L2 norm of norms: sqrt(sum(v^2))."""
+    return math.sqrt(math.fsum(v * v for v in values))
+
+
+def tensor_gauges(collection: dict[str, list], family: str) -> dict[str, float]:
+    """``{layer label: value}`` of the tensor-metric gauge ``family`` in one collection."""
+    points = collection.get(f"megatron.training.tensor.{family}", [])
+    return {p.attributes["megatron.training.layer"]: p.value for p in points}
+
+
+def rate_bounds(
+    tokens: float, before_ends: Sequence[float], after_ends: Sequence[float], first: int, last: int
+) -> tuple[float, float]:
+    """Bounds of tokens/s over the steps ``first..last`` (1-based), from timestamps taken by
+    probes just before and just after the callback's hook at each boundary: index 0 is the
+    start of the run, index i the end of step i. The callback's clock reads lie between."""
+    shortest = before_ends[last] - after_ends[first - 1]
+    longest = after_ends[last] - before_ends[first - 1]
+    return tokens / longest, tokens / shortest
+
+
+def named(spans: Sequence, name: str) -> list:
+    """The spans named ``name`` (a constant of ``otel_training.semconv.spans``)."""
+    return [s for s in spans if s.name == name]
+
+
+def runs(spans: Sequence) -> list:
+    """Each rank's run span (``megatron.train``)."""
+    return named(spans, MEGATRON_TRAIN)
+
+
+def iteration_spans(spans: Sequence) -> list:
+    """Each rank's iteration spans (``megatron.train.iteration``)."""
+    return named(spans, MEGATRON_TRAIN_ITERATION)
+
+
+def classify(spans: Sequence) -> dict[str, list]:
+    """One rank's spans by role, checking their places: the run; its trace segment (shared
+    parent, not exported); the first iteration wrapping iteration 1; iterations, evaluations
+    and saves in the segment; optimizer updates in their iterations. Every span has a role."""
+    (run,) = runs(spans)
+    (segment,) = named(spans, MEGATRON_TRAIN_SEGMENT)
+    (first,) = named(spans, MEGATRON_TRAIN_FIRST_ITERATION)
+    roles = {
+        "iterations": iteration_spans(spans),
+        "updates": named(spans, MEGATRON_TRAIN_ITERATION_OPTIMIZER),
+        "saves": named(spans, MEGATRON_CHECKPOINT_SAVE),
+        "evaluations": named(spans, MEGATRON_EVALUATE),
+    }
+    assert len(spans) == 3 + sum(len(v) for v in roles.values())
+    ids = {s.span_id for s in roles["iterations"]}
+    assert all(s.parent_span_id in ids for s in roles["updates"])
+    in_segment = [first, *roles["saves"], *roles["evaluations"]]
+    in_segment += [s for s in roles["iterations"] if s.parent_span_id != first.span_id]
+    assert all(s.parent_span_id == segment.span_id for s in in_segment)
+    assert [link[1] for link in segment.links] == [run.span_id]
+    return {"run": run, "segment": segment, "first": first, **roles}

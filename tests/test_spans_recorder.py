@@ -1,0 +1,111 @@
+"""SpanRecorder on providers of its own, and phases started through their phase functions."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import otel_training
+from otel_training import setup, spans, testing
+
+
+def _own_providers():
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    return exporter, tracer_provider, reader, MeterProvider(metric_readers=[reader])
+
+
+def test_start_phase_uses_the_phase_functions_names_and_parents():
+    """start_phase(training_iteration, ...) makes the same span as the phase function, nested."""
+    pipeline = testing.configure_in_memory({"OTEL_PYTHON_TRAINING_SPAN_GROUPS": "all"})
+    recorder = otel_training.SpanRecorder()
+    run = recorder.start_phase(otel_training.training_run)
+    step = recorder.start_phase(otel_training.training_iteration, iteration=3, parent=run)
+    update = recorder.start_phase(otel_training.optimizer_step, iteration=3, parent=step)
+    for handle in (update, step, run):
+        recorder.stop(handle)
+    with otel_training.training_iteration(iteration=3):
+        pass
+    finished = pipeline.spans.get_finished_spans()
+    by_name = {span.name: span for span in finished[:3]}
+    assert finished[-1].name == finished[1].name  # the phase function's own span name
+    assert dict(finished[1].attributes) == dict(finished[-1].attributes)
+    assert len(by_name) == 3
+    assert finished[0].parent.span_id == finished[1].context.span_id
+    assert finished[1].parent.span_id == finished[2].context.span_id
+
+
+def test_a_recorder_on_its_own_providers_sends_spans_there_with_the_given_groups():
+    """tracer_provider= and span_groups= route spans away from the configured pipeline."""
+    pipeline = testing.configure_in_memory({"OTEL_PYTHON_TRAINING_SPAN_GROUPS": "default"})
+    exporter, tracer_provider, _, meter_provider = _own_providers()
+    recorder = otel_training.SpanRecorder(
+        tracer_provider=tracer_provider, meter_provider=meter_provider, span_groups="all"
+    )
+    handle = recorder.start_phase(otel_training.optimizer_step, iteration=1)
+    assert handle is not spans.NOOP_PHASE
+    recorder.stop(handle)
+    assert len(exporter.get_finished_spans()) == 1
+    assert pipeline.spans.get_finished_spans() == ()
+    # The binding does not leak: the phase functions still follow the configured pipeline.
+    assert otel_training.optimizer_step(iteration=1) is spans.NOOP_PHASE
+
+
+def test_a_recorder_on_its_own_meter_records_step_durations_there():
+    """meter_provider= receives the step duration of a phase started by the recorder."""
+    testing.configure_in_memory({"OTEL_PYTHON_TRAINING_SPAN_GROUPS": "none"})
+    _, tracer_provider, reader, meter_provider = _own_providers()
+    recorder = otel_training.SpanRecorder(
+        tracer_provider=tracer_provider, meter_provider=meter_provider
+    )
+    handle = recorder.start_phase(
+        otel_training.training_iteration, iteration=1, record_step_duration=True
+    )
+    recorder.stop(handle)
+    points = testing.points(reader.get_metrics_data(), "megatron.training.step_duration_ms")
+    assert [p.count for _, p in points] == [1]
+
+
+def test_a_recorder_takes_the_configured_groups_when_none_are_given():
+    """Without span_groups=, a recorder on its own tracer records the configured groups only."""
+    testing.configure_in_memory({"OTEL_PYTHON_TRAINING_SPAN_GROUPS": "default"})
+    exporter, tracer_provider, _, _ = _own_providers()
+    recorder = otel_training.SpanRecorder(tracer_provider=tracer_provider)
+    assert recorder.start_phase(otel_training.optimizer_step) is spans.NOOP_PHASE
+    recorder.stop(recorder.start_phase(otel_training.training_run))
+    assert len(exporter.get_finished_spans()) == 1  # the run's group is in "default"
+
+
+def test_an_unknown_group_is_refused_at_construction():
+    """span_groups= naming no group raises ValueError when the recorder is built."""
+    with pytest.raises(ValueError, match="unknown span group"):
+        otel_training.SpanRecorder(span_groups="no_such_group")
+
+
+def test_start_phase_never_raises_on_a_bad_call():
+    """A phase function that raises gives the no-op handle and a warning, not an exception."""
+    setup.configure(environ={"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"})
+
+    def broken(**_):
+        raise RuntimeError("boom")
+
+    assert otel_training.SpanRecorder().start_phase(broken) is spans.NOOP_PHASE
+
+
+def test_a_recorder_on_both_providers_configures_nothing(monkeypatch):
+    """With tracer_provider= and meter_provider=, no pipeline is configured; the groups come
+    from OTEL_PYTHON_TRAINING_SPAN_GROUPS."""
+    monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
+    exporter, tracer_provider, _, meter_provider = _own_providers()
+    recorder = otel_training.SpanRecorder(
+        tracer_provider=tracer_provider, meter_provider=meter_provider
+    )
+    recorder.stop(recorder.start_phase(otel_training.optimizer_step, iteration=2))
+    assert setup.current() is None
+    assert len(exporter.get_finished_spans()) == 1
