@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench bench-spans bench-tensor bench-bad-day bench-report bench-integrations semconv clean
+.PHONY: setup demo test lint bench bench-spans bench-tensor bench-overhead gpu-check bench-bad-day \
+	bench-report bench-integrations semconv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +39,14 @@ bench-spans: setup
 
 bench-tensor: setup
 	$(PY) bench/tensor_metrics.py
+
+# All telemetry on vs OTEL_SDK_DISABLED=true on the demo's training step (needs gcc for NVTX).
+bench-overhead: setup
+	$(PY) bench/overhead.py
+
+# On a CUDA machine: sync-free tensor metrics and deferred reads, executor vs naive, NVML.
+gpu-check:
+	bash bench/gpu_check.sh
 
 # Shutdown bounds, 200 SIGTERMs, an 80,000-span burst and case A11, in real processes.
 bench-bad-day: setup

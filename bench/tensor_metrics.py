@@ -18,10 +18,12 @@ per-round ratios, so that a noisy neighbour on the machine hits all three alike)
 - **bare**: the arithmetic alone, one ``torch._foreach_norm`` over the same tensors, no
   bookkeeping and no host read.
 
-Targets (issue 4): naive / executor >= 1.2; executor / bare <= 1.5; one device-to-host copy per
-due step. With a CUDA device, the same comparison runs there with
+Targets (issue 12): naive / executor >= 1.3; executor / bare <= 1.25; one device-to-host copy
+per due step. With a CUDA device, the same comparison runs there with
 ``torch.cuda.set_sync_debug_mode("error")`` around the training step (forward, backward,
-commit): any device sync on the training thread raises. Target >= 20x against the naive loop.
+commit): any device sync on the training thread raises. Target >= 20x against the naive loop,
+with no due step dropped for copies still in flight (``bench/gpu_check.sh`` checks the same and
+more on a GPU machine).
 
 Run: ``.venv/bin/python bench/tensor_metrics.py`` (about 30 s on 2 CPU cores).
 """
@@ -186,8 +188,8 @@ def run_cpu(rounds: int, reps: int) -> bool:
         + ", ".join(f"{name} {value:.0f} us" for name, value in median_us.items())
     )
     print(
-        f"naive / executor = {naive_ratio:.2f}x (target >= 1.2)   "
-        f"executor / bare = {bare_ratio:.2f}x (target <= 1.5)"
+        f"naive / executor = {naive_ratio:.2f}x (target >= 1.3)   "
+        f"executor / bare = {bare_ratio:.2f}x (target <= 1.25)"
     )
     print(
         f"naive_cached / executor = {cached_ratio:.2f}x (the naive loop over a parameter list "
@@ -198,7 +200,7 @@ def run_cpu(rounds: int, reps: int) -> bool:
         f"naive {tensors} (.item() per tensor)"
     )
     print(f"(executor step + reading every family as a collection would: {finish_us:.0f} us)")
-    return naive_ratio >= 1.2 and bare_ratio <= 1.5 and copies == 1
+    return naive_ratio >= 1.3 and bare_ratio <= 1.25 and copies == 1
 
 
 def run_cuda(rounds: int, reps: int) -> bool:  # pragma: no cover - needs a GPU
@@ -223,12 +225,14 @@ def run_cuda(rounds: int, reps: int) -> bool:  # pragma: no cover - needs a GPU
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     observer.flush(10.0)
+    dropped = observer.executor.stats.dropped
     times = _rounds(
         {"executor": setup.executor, "naive": setup.naive, "bare": setup.bare},
         rounds,
         reps,
         torch.cuda.synchronize,
     )
+    dropped = observer.executor.stats.dropped - dropped  # skipped work is not saved time
     naive_ratio = statistics.median(n / e for n, e in zip(times["naive"], times["executor"]))
     bare_ratio = statistics.median(e / b for e, b in zip(times["executor"], times["bare"]))
     median_us = {name: statistics.median(values) * 1e6 for name, values in times.items()}
@@ -240,9 +244,9 @@ def run_cuda(rounds: int, reps: int) -> bool:  # pragma: no cover - needs a GPU
     )
     print(
         f"naive / executor = {naive_ratio:.1f}x (target >= 20)   "
-        f"executor / bare = {bare_ratio:.2f}x"
+        f"executor / bare = {bare_ratio:.2f}x   due steps dropped (copies in flight): {dropped}"
     )
-    return naive_ratio >= 20
+    return naive_ratio >= 20 and dropped == 0
 
 
 def main(argv: list[str] | None = None) -> int:

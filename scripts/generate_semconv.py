@@ -616,8 +616,10 @@ def render(
     templates_dir: Path,
     spans: Sequence[Span] = (),
     groups: SpanGroups | None = None,
+    external: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The generated modules: file name -> source text."""
+    """The generated modules: file name -> source text. ``external`` maps OpenTelemetry
+    attribute keys that metrics reference to the Python constants that hold them."""
     groups = groups or semconv_spans.load_span_groups()
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(templates_dir),
@@ -655,6 +657,11 @@ def render(
         "instrument_classes": sorted({instruments[m.instrument][0] for m in metrics} - {"Gauge"}),
         "uses_gauge": any(m.instrument == "gauge" for m in metrics),
         "metric_attribute_keys": [k for k in metric_attribute_keys if k in local_keys],
+        "metric_external_imports": sorted(
+            tuple((external or {})[k].rsplit(".", 1))
+            for k in metric_attribute_keys
+            if k not in local_keys
+        ),
         "attribute_exports": sorted(
             [constant_name(a.key) for a in attributes] + ["ATTRIBUTES", "AttributeSpec"],
             key=_import_sort_key,
@@ -702,7 +709,14 @@ def generate(
         raise RegistryError(violations)
     attributes, metrics = build_model(registry)
     groups = semconv_spans.load_span_groups()
-    return render(attributes, metrics, templates_dir, build_spans(registry, groups), groups)
+    return render(
+        attributes,
+        metrics,
+        templates_dir,
+        build_spans(registry, groups),
+        groups,
+        external_attributes(registry),
+    )
 
 
 def stale_files(generated: Mapping[str, str], output_dir: Path) -> list[str]:

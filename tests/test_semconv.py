@@ -180,9 +180,16 @@ def test_rank_identity_attributes_are_resource_attributes(registry):
 
 
 def test_external_references_resolve_to_opentelemetry_semconv(registry):
-    """Referenced OTel attributes (host, service, error.type) resolve to semconv constants."""
+    """Referenced OTel attributes (host, service, error.type, hw.id) resolve to semconv
+    constants."""
     external = gen.external_attributes(registry)
-    assert set(external) == {"host.name", "service.name", "service.instance.id", "error.type"}
+    assert set(external) == {
+        "host.name",
+        "service.name",
+        "service.instance.id",
+        "error.type",
+        "hw.id",
+    }
     for key, path in external.items():
         module, _, constant = path.rpartition(".")
         assert getattr(importlib.import_module(module), constant) == key

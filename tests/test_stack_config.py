@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yaml"
 CONFIG_DIR = ROOT / "collector-config"
 COLLECTOR = CONFIG_DIR / "collector.yaml"
+HARDWARE = CONFIG_DIR / "hardware.yaml"
+COMPOSE_HARDWARE = ROOT / "docker-compose.hardware.yaml"
 PROMETHEUS = CONFIG_DIR / "prometheus.yaml"
 DATASOURCES = CONFIG_DIR / "grafana" / "provisioning" / "datasources" / "otel-training.yaml"
 PROVIDERS = CONFIG_DIR / "grafana" / "provisioning" / "dashboards" / "otel-training.yaml"
@@ -62,6 +64,8 @@ WITHOUT_PANEL = {
     "megatron.training.tensor.logits_norm",
     "megatron.training.tensor.router_entropy",
     "megatron.training.tensor.router_expert_load",
+    # Device metrics: the node's view is DCGM's (hardware.yaml); queried in Explore.
+    "dl.gpu.clock.speed",
 }
 
 
@@ -171,7 +175,13 @@ def _registry_resource_attributes() -> set[str]:
     raise AssertionError("attribute group dl.training.resource not found in the registry")
 
 
-_UNIT_WORDS = {"ms": "milliseconds", "s": "seconds", "By": "bytes", "GiBy": "gibibytes"}
+_UNIT_WORDS = {
+    "ms": "milliseconds",
+    "s": "seconds",
+    "By": "bytes",
+    "GiBy": "gibibytes",
+    "Hz": "hertz",
+}
 
 
 def _prometheus_label(name: str) -> str:
@@ -595,7 +605,7 @@ def test_readme_naming_table_is_the_translated_registry():
     table = {}
     for line in README.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 2 and cells[0].startswith("`megatron."):
+        if len(cells) >= 2 and cells[0].startswith(("`megatron.", "`dl.")):
             table[re.findall(r"`([^`]+)`", cells[0])[0]] = re.findall(r"`([^`]+)`", cells[-1])
     assert table == _registry_series()
 
@@ -623,6 +633,86 @@ def test_collector_drops_unit_one_before_prometheus(collector):
     for name, pipeline in collector["service"]["pipelines"].items():
         if name.startswith("metrics"):
             assert "transform/unit_one" in pipeline["processors"], name
+
+
+# -- the optional hardware overlay (collector-config/hardware.yaml) ----------------------------
+
+
+def _merged(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """The collector's merge of two --config files: mappings merge key by key, the overlay's
+    other values win."""
+    merged = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+@pytest.fixture(scope="module")
+def hardware(collector) -> dict[str, Any]:
+    return _merged(collector, _yaml(HARDWARE))
+
+
+def test_the_hardware_overlay_is_off_in_the_default_stack(collector, compose):
+    """The default collector neither defines nor runs hostmetrics or the DCGM scrape."""
+    assert not {"hostmetrics", "prometheus/dcgm"} & set(collector["receivers"])
+    assert "metrics/hardware" not in collector["service"]["pipelines"]
+    assert _flag(compose["services"]["otel-collector"]["command"], "--config").endswith(
+        "/collector.yaml"
+    )
+
+
+def test_the_hardware_overlay_adds_hostmetrics_and_the_dcgm_scrape(hardware):
+    """Merged over collector.yaml: one more metrics pipeline, hostmetrics reading the host
+    through /hostfs and a scrape of dcgm-exporter on its port 9400, into Prometheus."""
+    pipeline = hardware["service"]["pipelines"]["metrics/hardware"]
+    assert pipeline["receivers"] == ["hostmetrics", "prometheus/dcgm"]
+    assert pipeline["exporters"] == ["otlp_http/prometheus"]
+    host = hardware["receivers"]["hostmetrics"]
+    assert host["root_path"] == "/hostfs"
+    assert {"cpu", "memory", "filesystem", "network"} <= set(host["scrapers"])
+    (scrape,) = hardware["receivers"]["prometheus/dcgm"]["config"]["scrape_configs"]
+    (target,) = scrape["static_configs"][0]["targets"]
+    assert target == "${env:DCGM_EXPORTER_ENDPOINT:-dcgm-exporter:9400}"
+    # The original pipelines are untouched by the merge.
+    assert {"metrics", "traces", "metrics/offline", "traces/offline"} <= set(
+        hardware["service"]["pipelines"]
+    )
+
+
+def test_the_merged_hardware_configuration_keeps_the_pipeline_rules(hardware):
+    """Every rule of the default configuration holds for the merged one."""
+    test_every_component_in_a_pipeline_is_defined(hardware)
+    test_every_pipeline_has_receivers_and_exporters(hardware)
+    test_processors_are_ordered_memory_limiter_first_batch_last(hardware)
+    test_collector_drops_unit_one_before_prometheus(hardware)
+
+
+def test_the_hardware_compose_overlay_wires_the_overlay_and_the_host_filesystem(compose):
+    """docker-compose.hardware.yaml passes both configurations, mounts hardware.yaml and the
+    host's filesystem read-only at hostmetrics' root_path, and checks both in its healthcheck;
+    it is valid against the compose spec."""
+    overlay = _yaml(COMPOSE_HARDWARE)["services"]["otel-collector"]
+    configs = [a.split("=", 1)[1] for a in overlay["command"] if a.startswith("--config=")]
+    base_config = _flag(compose["services"]["otel-collector"]["command"], "--config")
+    assert configs[0] == base_config and configs[1].endswith("/hardware.yaml")
+    mounts = {target: (source, ro) for source, target, ro in _mounts(overlay)}
+    assert mounts[configs[1]] == ("./collector-config/hardware.yaml", True)
+    assert mounts["/hostfs"] == ("/", True)
+    assert [a for a in overlay["healthcheck"]["test"] if a.startswith("--config=")] == [
+        f"--config={c}" for c in configs
+    ]
+    script = Path(sys.executable).with_name("check-jsonschema")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "check_jsonschema"]
+    result = subprocess.run(
+        [*command, "--builtin-schema", "vendor.compose-spec", str(COMPOSE_HARDWARE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 # -- the dashboard: zero counters, checkpoints, links to Jaeger -----------------------------------

@@ -87,3 +87,52 @@ def test_label_plan_sums_and_maxima_per_layer_then_global():
     assert plan.maxima(values).tolist() == [2.0, 3.0, 10.0]
     empty = LabelPlan([])
     assert empty.maxima(np.array([])).tolist() == [-math.inf]
+
+
+def test_a_flat_shard_reads_its_range_of_a_whole_tensor_or_the_range_itself():
+    """FlatShard(start, end) views [start, end) of the flattened tensor, takes a tensor of
+    end - start elements as it is, and refuses anything else."""
+    import torch
+
+    from otel_training.tensor import FlatShard
+
+    whole = torch.arange(12.0).reshape(3, 4)
+    shard = FlatShard(5, 9)
+    assert shard.local(whole).tolist() == [5.0, 6.0, 7.0, 8.0]
+    assert shard.local(whole).data_ptr() == whole[1, 1].data_ptr()  # a view, not a copy
+    assert shard.local(torch.ones(4)).tolist() == [1.0] * 4
+    assert shard.local(torch.ones(6)) is None
+    assert FlatShard(0, 0).local(whole).numel() == 0
+    with pytest.raises(ValueError):
+        FlatShard(3, 2)
+    site = Site("w", SiteKind.GRAD, None, (("dp", FlatShard(0, 4)), ("pp", Owned(0))))
+    assert site.reduce_axes == ("dp",) and site.flat_shard == FlatShard(0, 4)
+
+
+def test_an_observer_reads_only_the_flat_shard_of_parameters_and_main_grads():
+    """Without a process group a FlatShard site reports the norm of its range alone; the view
+    of a persistent main_grad is built once and follows writes into the buffer."""
+    import torch
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from torch import nn
+
+    from otel_training.tensor import FlatShard, TensorObserver
+
+    layer = nn.Linear(3, 4, bias=False)  # weight [4, 3]
+    buffer = torch.arange(12.0)
+    layer.weight.main_grad = buffer.view(4, 3)
+    observer = TensorObserver(
+        layer,
+        "grad_norm:1,param_norm:1",
+        meter=MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("flat"),
+        placements_of=lambda name, param: {"dp": FlatShard(2, 7)},
+    )
+    store = observer.executor.published
+    for scale in (1.0, 3.0):
+        buffer.mul_(scale)
+        observer.commit()
+        (grad,) = [v for _, v in store.observe("megatron.training.tensor.grad_norm")]
+        (weight,) = [v for _, v in store.observe("megatron.training.tensor.param_norm")]
+        assert grad == pytest.approx(float(buffer[2:7].norm()))
+        assert weight == pytest.approx(float(layer.weight.detach().reshape(-1)[2:7].norm()))

@@ -28,6 +28,7 @@ from otel_training.tensor import (  # noqa: E402
 )
 
 FAMILY = "megatron.training.tensor.activation_rms"
+GRAD_FAMILY = "megatron.training.tensor.grad_norm"
 
 
 class Block(nn.Module):
@@ -329,3 +330,129 @@ def test_gradients_kept_in_main_grad_are_read(meter):
     }
     total = 2.0 * sum(p.numel() for p in model.parameters()) ** 0.5
     assert values["global"] == pytest.approx(total)
+
+
+# -- modules that change after the observer was built ---------------------------------------
+
+
+class Wrapper(nn.Module):
+    """An adapter put in a layer's place (the layer lives on as ``.inner``)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.scale = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return self.inner(x) * self.scale
+
+
+def _replace(model):
+    model.blocks[1] = Block()
+
+
+def _append(model):
+    model.blocks.append(Block())
+
+
+def _insert(model):
+    model.blocks.insert(0, Block())
+
+
+def _delete(model):
+    del model.blocks[0]
+
+
+def _wrap(model):
+    model.blocks[0] = Wrapper(model.blocks[0])
+
+
+def _new_parameter(model):
+    model.blocks[1].mlp.weight = nn.Parameter(torch.randn(4, 4))
+
+
+def _layer_grad_norms(model) -> dict[str, float]:
+    squares: dict[str, float] = {}
+    for name, param in model.named_parameters():
+        layer = default_layer_of(canonical_name(name))
+        if layer is not None and param.grad is not None:
+            squares[layer] = squares.get(layer, 0.0) + float(param.grad.double().square().sum())
+    return {layer: value**0.5 for layer, value in squares.items()}
+
+
+@pytest.mark.parametrize(
+    "change", [_replace, _append, _insert, _delete, _wrap, _new_parameter], ids=lambda f: f.__name__
+)
+def test_a_model_changed_after_construction_is_followed(change, meter, caplog):
+    """After a layer is replaced, added, inserted, removed or wrapped, or a parameter replaced,
+    per-layer gradient norms and activation statistics cover exactly the layers the model has
+    now (no stale 0.0), and the global norm equals torch's clip_grad_norm_ total."""
+    torch.manual_seed(0)
+    model = Net(n=3)
+    observer = TensorObserver(model, "grad_norm:1,activation_rms:1", meter=meter)
+    store = observer.executor.published
+    x = torch.randn(5, 4)
+
+    def step() -> None:
+        observer.begin_step()
+        model(x).square().mean().backward()
+        observer.commit()
+
+    step()
+    model.zero_grad(set_to_none=True)
+    change(model)
+    with caplog.at_level(logging.INFO, logger="otel_training.tensor.observer"):
+        step()
+    grads = {a["megatron.training.layer"]: v for a, v in store.observe(GRAD_FAMILY)}
+    expected = _layer_grad_norms(model)
+    total = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"), 2.0))
+    assert grads.pop("global") == pytest.approx(total, rel=1e-5)
+    assert grads.keys() == expected.keys()
+    for layer, value in expected.items():
+        assert value > 0 and grads[layer] == pytest.approx(value, rel=1e-5), layer
+    layers = {a["megatron.training.layer"] for a, _ in store.observe(FAMILY)} - {"global"}
+    assert layers == set(expected)
+    assert sum("the model changed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_refresh_finds_changes_made_behind_pytorchs_back(meter):
+    """A module written straight into _modules is followed after refresh()."""
+    torch.manual_seed(0)
+    model = Net(n=2)
+    observer = TensorObserver(model, "grad_norm:1", meter=meter)
+    model.blocks._modules["1"] = Block()  # no registration hook, no size change
+    observer.refresh()
+    observer.begin_step()
+    model(torch.randn(3, 4)).sum().backward()
+    observer.commit()
+    values = {
+        a["megatron.training.layer"]: v for a, v in observer.executor.published.observe(GRAD_FAMILY)
+    }
+    total = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"), 2.0))
+    assert values["global"] == pytest.approx(total, rel=1e-5)
+
+
+def test_an_unchanged_model_is_not_searched_again(meter, monkeypatch):
+    """Building other modules elsewhere marks the watch, but the sites are kept as they are."""
+    model = Net(n=2)
+    observer = TensorObserver(model, "grad_norm:1,activation_rms:1", meter=meter)
+    handles = list(observer._handles)
+    nn.Linear(3, 3)  # any module anywhere goes through the registration hooks
+    observer.begin_step()
+    model(torch.randn(2, 4)).sum().backward()
+    observer.commit()
+    assert all(a is b for a, b in zip(observer._handles, handles, strict=True))
+    assert not observer._watch.changed()
+
+
+def test_a_disabled_sdk_makes_the_observer_inert():
+    """With a no-op meter (OTEL_SDK_DISABLED) no hook is installed and nothing is computed."""
+    from opentelemetry.metrics import NoOpMeter
+
+    model = Net()
+    observer = TensorObserver(model, "grad_norm:1,activation_rms:1", meter=NoOpMeter("off"))
+    assert not any(m._forward_hooks for m in model.modules())
+    assert observer.begin_step() is False
+    model(torch.randn(2, 4)).sum().backward()
+    observer.commit()
+    assert observer.executor.stats.due_steps == 0 and observer.step == 1

@@ -395,6 +395,16 @@ def _resolve_span_groups(
     return frozenset(groups), unknown, renamed, usable
 
 
+def cuda_visible_devices() -> tuple[str, ...] | None:
+    """The entries of ``CUDA_VISIBLE_DEVICES`` (indices, ``GPU-`` UUIDs or MIG names), from the
+    process's real environment, which the CUDA runtime reads; ``None`` when unset (every device
+    is visible). Never raises."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
 def span_groups_from_names(names: str | Iterable[str]) -> frozenset[str]:
     """The span groups that presets and group ``names`` enable together (as
     ``OTEL_PYTHON_TRAINING_SPAN_GROUPS`` reads them, for explicit configuration in code).

@@ -56,7 +56,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.sdk.version import __version__ as _SDK_VERSION
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE_ID, SERVICE_NAME
 
-from otel_training import config, files, limits
+from otel_training import config, device_metrics, files, limits
 from otel_training import views as _views
 from otel_training.exporters import SafeLogRecordExporter, SafeMetricExporter, SafeSpanExporter
 from otel_training.ids import ProcessLocalIdGenerator
@@ -199,6 +199,8 @@ def build(
         ),
         shutdown_on_exit=False,
     )
+    # hw.gpu.* of this process's GPUs where NVML is; read on the reader's thread, never here.
+    device_metrics.observe_devices(meter_provider.get_meter(INSTRUMENTATION_NAME), identity)
     # NVTX ranges and span JSON lines come before the batches.
     mirrors, mirror_targets = span_mirrors(settings, outputs.open)
     checkpoint_metrics = CheckpointMetricsSpanProcessor(

@@ -1,10 +1,12 @@
-"""Tensor metrics across two processes on gloo: replicated, sharded (manually and as DTensor,
-including an empty shard) and owned parameters, data-parallel activations and router logits.
+"""Tensor metrics across processes on gloo: replicated, sharded (manually and as DTensor,
+including an empty shard) and owned parameters, data-parallel activations and router logits;
+Megatron-LM's distributed-optimizer ranges (FlatShard), two pipeline stages, expert
+parallelism, and a 2 x 2 mesh of data- and tensor-parallel groups (tensor_ranks.py).
 
 Each rank builds the same model, holds its part of every sharded tensor, trains one step on
 its own batch and commits; its gauges must equal a direct torch computation on the whole
-tensors (which every rank can rebuild from the seed), identically on both ranks, and the
-executor must pack all collectives of the step into one ``all_reduce`` per (axis, op).
+tensors (which every rank can rebuild from the seed), identically on every rank, and the
+executor must pack all collectives of the step into one ``all_reduce`` per (axis, op) and round.
 
 Run as a script, this file is one rank: ``python test_tensor_distributed.py RANK WORLD PORT OUT``.
 """
@@ -215,13 +217,19 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:  # pragma: no c
 # -- the test --------------------------------------------------------------------------------
 
 
+def _require_gloo() -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        if os.environ.get("CI") == "true":
+            pytest.fail("torch.distributed with gloo is required under CI")
+        pytest.skip("torch.distributed with gloo is not available")
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory, repo_root):
     from otlp_receiver import free_port
 
-    torch = pytest.importorskip("torch")
-    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
+    _require_gloo()
     out = tmp_path_factory.mktemp("ranks")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -287,6 +295,82 @@ def test_collectives_of_all_metrics_are_packed_per_op(two_ranks):
 def test_one_host_copy_per_due_step_on_each_rank(two_ranks):
     """The step's values reach the host in one copy."""
     assert [(r["host_copies"], r["due_steps"]) for r in two_ranks] == [(1, 1), (1, 1)]
+
+
+# -- flat shards, pipeline stages, expert and tensor parallelism (tensor_ranks.py) -----------
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory, repo_root):
+    """flat, pipeline and ep on two ranks, tp_dp on four: {scenario: [result of each rank]}."""
+    import tensor_ranks
+
+    _require_gloo()
+    found: dict[str, list[dict]] = {}
+    for names, world in (("flat,pipeline,ep", 2), ("tp_dp", 4)):
+        ranks = tensor_ranks.launch(names, world, tmp_path_factory.mktemp("ranks"), repo_root)
+        for name in names.split(","):
+            found[name] = [rank[name] for rank in ranks]
+    return found
+
+
+def _assert_whole_tensor_values(results: list[dict]) -> None:
+    for rank, result in enumerate(results):
+        observed, expected = result["observed"], result["expected"]
+        missing = sorted(set(expected) - set(observed))
+        assert not missing, f"rank {rank} lacks {missing}"
+        for key, value in expected.items():
+            assert observed[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (rank, key)
+        assert result["failures"] == 0
+
+
+def _calls(result: dict) -> list[tuple[str, str]]:
+    return [(axis, op) for axis, op, _ in result["calls"]]
+
+
+def test_flat_shards_equal_the_unsharded_norms(scenarios):
+    """Distributed-optimizer ranges that cut parameters anywhere: both ranks report the norms
+    of the whole averaged gradients and parameters, and read nothing outside their range."""
+    results = scenarios["flat"]
+    assert results[0]["cut_parameters"]  # a range boundary falls inside a parameter
+    _assert_whole_tensor_values(results)  # grad_nonfinite is 0: the NaN garbage is not read
+    assert [_calls(r) for r in results] == [[("dp", "SUM")]] * 2
+
+
+def test_pipeline_stages_report_their_layers_and_the_whole_models_global(scenarios):
+    """Each stage reports its own layers; global covers both stages (the tied embedding
+    once), reduced over pp in one SUM and one MAX for all six metrics."""
+    results = scenarios["pipeline"]
+    _assert_whole_tensor_values(results)
+    layers = [
+        {key.split("|")[1] for key in r["observed"] if key.startswith("grad_norm|")}
+        for r in results
+    ]
+    assert layers == [
+        {"decoder.layers.0", "decoder.layers.1", "global"},
+        {"decoder.layers.2", "decoder.layers.3", "global"},
+    ]
+    globals_ = [{k: v for k, v in r["observed"].items() if k.endswith("|global")} for r in results]
+    assert globals_[0] == pytest.approx(globals_[1])
+    assert [sorted(_calls(r)) for r in results] == [[("pp", "MAX"), ("pp", "SUM")]] * 2
+
+
+def test_expert_parallel_layers_cover_every_ranks_experts(scenarios):
+    """Experts held by different ranks under the same names sum over ep; a parameter owned by
+    rank 0 counts once (rank 1's stale, even NaN, copy does not)."""
+    results = scenarios["ep"]
+    _assert_whole_tensor_values(results)
+    assert [_calls(r) for r in results] == [[("ep", "SUM")]] * 2
+
+
+def test_tensor_and_data_parallel_shards_reduce_in_two_stages(scenarios):
+    """On a 2 x 2 mesh, tensors split along tp, along dp and tp, and dp-sharded activations
+    give the whole-tensor values on all four ranks: round one packs every metric into one
+    collective per (axis, op), round two finishes the dp-and-tp tensors over tp."""
+    results = scenarios["tp_dp"]
+    _assert_whole_tensor_values(results)
+    for result in results:
+        assert _calls(result) == [("dp", "SUM"), ("tp", "SUM"), ("dp", "MAX"), ("tp", "SUM")]
 
 
 if __name__ == "__main__":  # one rank, started by the fixture above

@@ -7,6 +7,7 @@ definition/2 syntax) by ``scripts/generate_semconv.py``. Every name exists once,
 
 from otel_training.semconv.attributes import (
     ATTRIBUTES,
+    DL_GPU_CLOCK_DOMAIN,
     DL_JOB_ID,
     DL_LOCAL_RANK,
     DL_NODE_RANK,
@@ -34,6 +35,7 @@ from otel_training.semconv.attributes import (
     AttributeSpec,
 )
 from otel_training.semconv.metrics import (
+    DL_GPU_CLOCK_SPEED,
     MEGATRON_CHECKPOINT_DURATION,
     MEGATRON_TRAINING_GRAD_NORM,
     MEGATRON_TRAINING_LEARNING_RATE,
@@ -58,6 +60,7 @@ from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_TOKENS_PER_SEC,
     METRICS,
     MetricSpec,
+    create_dl_gpu_clock_speed,
     create_megatron_checkpoint_duration,
     create_megatron_training_grad_norm,
     create_megatron_training_learning_rate,
@@ -124,6 +127,8 @@ from otel_training.semconv.spans import (
 __all__ = [
     "ATTRIBUTES",
     "AttributeSpec",
+    "DL_GPU_CLOCK_DOMAIN",
+    "DL_GPU_CLOCK_SPEED",
     "DL_JOB_ID",
     "DL_LOCAL_RANK",
     "DL_NODE_RANK",
@@ -209,6 +214,7 @@ __all__ = [
     "SPAN_LEVELS",
     "SPAN_PRESET_ALIASES",
     "SpanSpec",
+    "create_dl_gpu_clock_speed",
     "create_megatron_checkpoint_duration",
     "create_megatron_training_grad_norm",
     "create_megatron_training_learning_rate",

@@ -15,6 +15,7 @@ from typing import Final
 
 __all__ = [
     "ATTRIBUTES",
+    "DL_GPU_CLOCK_DOMAIN",
     "DL_JOB_ID",
     "DL_LOCAL_RANK",
     "DL_NODE_RANK",
@@ -60,6 +61,16 @@ class AttributeSpec:
     brief: str
     stability: str
     resource: bool
+
+
+DL_GPU_CLOCK_DOMAIN: Final = "dl.gpu.clock.domain"
+"""Which clock of a GPU a value is.
+
+Type: enum (``"graphics"``, ``"sm"``, ``"memory"``). Point attribute. Stability: development.
+
+The clock domains of NVML's nvmlDeviceGetClockInfo (NVML_CLOCK_GRAPHICS, NVML_CLOCK_SM,
+NVML_CLOCK_MEM).
+"""
 
 
 DL_JOB_ID: Final = "dl.job.id"
@@ -303,6 +314,13 @@ ranks' spans of a segment are in one trace.
 
 ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
     {
+        DL_GPU_CLOCK_DOMAIN: AttributeSpec(
+            name=DL_GPU_CLOCK_DOMAIN,
+            type="enum",
+            brief="Which clock of a GPU a value is.",
+            stability="development",
+            resource=False,
+        ),
         DL_JOB_ID: AttributeSpec(
             name=DL_JOB_ID,
             type="string",

@@ -16,8 +16,10 @@ from typing import Final, Literal
 
 from opentelemetry.metrics import Counter, Histogram, Meter
 from opentelemetry.metrics import _Gauge as Gauge
+from opentelemetry.semconv._incubating.attributes.hw_attributes import HW_ID
 
 from otel_training.semconv.attributes import (
+    DL_GPU_CLOCK_DOMAIN,
     MEGATRON_CHECKPOINT_OPERATION,
     MEGATRON_TRAINING_LAYER,
     MEGATRON_TRAINING_METRIC,
@@ -26,6 +28,7 @@ from otel_training.semconv.attributes import (
 )
 
 __all__ = [
+    "DL_GPU_CLOCK_SPEED",
     "MEGATRON_CHECKPOINT_DURATION",
     "MEGATRON_TRAINING_GRAD_NORM",
     "MEGATRON_TRAINING_LEARNING_RATE",
@@ -50,6 +53,7 @@ __all__ = [
     "MEGATRON_TRAINING_TOKENS_PER_SEC",
     "METRICS",
     "MetricSpec",
+    "create_dl_gpu_clock_speed",
     "create_megatron_checkpoint_duration",
     "create_megatron_training_grad_norm",
     "create_megatron_training_learning_rate",
@@ -72,6 +76,7 @@ __all__ = [
     "create_megatron_training_tensor_update_ratio",
     "create_megatron_training_throughput_tflops",
     "create_megatron_training_tokens_per_sec",
+    "DL_GPU_CLOCK_DOMAIN",
     "MEGATRON_CHECKPOINT_OPERATION",
     "MEGATRON_TRAINING_LAYER",
     "MEGATRON_TRAINING_METRIC",
@@ -105,6 +110,28 @@ class MetricSpec:
     stability: str
     attributes: tuple[str, ...]
     naming_exception: str | None
+
+
+DL_GPU_CLOCK_SPEED: Final = "dl.gpu.clock.speed"
+"""Current clock speed of a GPU, per clock domain.
+
+Instrument: gauge. Unit as exported: ``"Hz"``; true unit: ``"Hz"``. Value type: double. Stability:
+development. Attributes: ``"hw.id"``, ``"dl.gpu.clock.domain"``.
+
+Read with NVML (nvmlDeviceGetClockInfo, in MHz, exported in Hz) on the metric reader's thread, at
+most once per sampling interval for every device metric. A GPU that throttles (power or thermal
+limits) shows a falling SM clock. The analogue of OpenTelemetry's hw.cpu.speed for GPUs, which
+OpenTelemetry does not define yet.
+"""
+
+
+def create_dl_gpu_clock_speed(meter: Meter) -> Gauge:
+    """Create the gauge ``dl.gpu.clock.speed`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[DL_GPU_CLOCK_SPEED]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
 
 
 MEGATRON_CHECKPOINT_DURATION: Final = "megatron.checkpoint.duration"
@@ -585,6 +612,17 @@ def create_megatron_training_tokens_per_sec(meter: Meter) -> Gauge:
 
 METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
     {
+        DL_GPU_CLOCK_SPEED: MetricSpec(
+            name=DL_GPU_CLOCK_SPEED,
+            instrument="gauge",
+            unit="Hz",
+            description="Current clock speed of a GPU, per clock domain.",
+            true_unit="Hz",
+            value_type="double",
+            stability="development",
+            attributes=(HW_ID, DL_GPU_CLOCK_DOMAIN),
+            naming_exception=None,
+        ),
         MEGATRON_CHECKPOINT_DURATION: MetricSpec(
             name=MEGATRON_CHECKPOINT_DURATION,
             instrument="histogram",

@@ -29,15 +29,16 @@ from otel_training.tensor.executor import (
     ProcessGroupAxes,
     PublishedValues,
     TensorMetricExecutor,
-    batched_norms,
 )
 from otel_training.tensor.gauges import TENSOR_FAMILIES, TensorMetricGauges, ValueSource
 from otel_training.tensor.metric import (
     GLOBAL,
+    PIPELINE_AXIS,
     Axes,
     CollectiveRequest,
     FamilyValues,
     Final,
+    FlatShard,
     LabelPlan,
     Owned,
     Placement,
@@ -54,6 +55,7 @@ from otel_training.tensor.metric import (
     layer_sort_key,
     to_device,
 )
+from otel_training.tensor.norms import batched_norms
 from otel_training.tensor.observer import (
     Schedule,
     TensorObserver,
@@ -66,6 +68,7 @@ __all__ = [
     "BUILTIN_METRICS",
     "DEFAULT_SCHEDULE",
     "GLOBAL",
+    "PIPELINE_AXIS",
     "ROUTER_STATISTICS",
     "TENSOR_FAMILIES",
     "Axes",
@@ -73,6 +76,7 @@ __all__ = [
     "ExecutorStats",
     "FamilyValues",
     "Final",
+    "FlatShard",
     "L2NormMetric",
     "LabelPlan",
     "MaxAbsMetric",

@@ -51,7 +51,6 @@ from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_TENSOR_UPDATE_RATIO,
 )
 from otel_training.tensor._ratelimit import RateLimitedLogger
-from otel_training.tensor.executor import batched_norms
 from otel_training.tensor.metric import (
     GLOBAL,
     Axes,
@@ -66,6 +65,7 @@ from otel_training.tensor.metric import (
     layer_sort_key,
     to_device,
 )
+from otel_training.tensor.norms import batched_norms
 
 __all__ = [
     "BUILTIN_METRICS",
@@ -94,11 +94,22 @@ DEFAULT_SCHEDULE: tuple[tuple[str, int], ...] = (
 ROUTER_STATISTICS: tuple[str, ...] = ("max_over_mean", "coefficient_of_variation", "dead_fraction")
 
 
+_vector_norm = torch.linalg.vector_norm
+_FLOAT32 = torch.float32
+
+
 def _l2(tensor: torch.Tensor) -> torch.Tensor:
     """``vector_norm`` accumulated in fp32 (``dtype=`` only when needed: it costs a little)."""
-    if tensor.dtype is torch.float32:
-        return torch.linalg.vector_norm(tensor)
-    return torch.linalg.vector_norm(tensor, dtype=torch.float32)
+    if tensor.dtype is _FLOAT32:
+        return _vector_norm(tensor)
+    return _vector_norm(tensor, dtype=_FLOAT32)
+
+
+def _kept(values: torch.Tensor, keep: torch.Tensor | None, width: int) -> torch.Tensor:
+    """``values[n * width]`` with the rows that ``keep[n]`` rejects set to 0 (for sums)."""
+    if keep is None:
+        return values
+    return (values.reshape(-1, width) * keep.reshape(-1, 1)).reshape(-1)
 
 
 def _per_layer(family: str, plan: LabelPlan, values: np.ndarray) -> FamilyValues:
@@ -110,7 +121,7 @@ class L2NormMetric(ShardedReductionMetric):
     """L2 norm per layer and in total: ``sqrt(sum_t sum_i t_i^2)`` over the layer's tensors.
 
     Device: one norm per tensor, ``torch._foreach_norm`` per device and dtype for parameters and
-    gradients (:func:`~otel_training.tensor.executor.batched_norms`), one
+    gradients (:func:`~otel_training.tensor.norms.batched_norms`), one
     ``torch.linalg.vector_norm`` per forward observation. Across ranks the squares are summed
     over each tensor's shard axes. Host: squares summed per layer, then the square root.
 
@@ -144,6 +155,13 @@ class L2NormMetric(ShardedReductionMetric):
             squares *= squares
         return [_per_layer(self.families[0], plan, np.sqrt(plan.sums(squares)))]
 
+    def global_partials(self, values, rows, keep, reduced):
+        squares = values if reduced else values.square()
+        return _kept(squares, keep, 1).sum().reshape(1)
+
+    def global_value(self, host: np.ndarray) -> float:
+        return math.sqrt(host[0])
+
 
 class NonFiniteCountMetric(ShardedReductionMetric):
     """Number of NaN and infinite elements per layer and in total: ``sum_t #{i : t_i not
@@ -171,6 +189,12 @@ class NonFiniteCountMetric(ShardedReductionMetric):
 
     def finish(self, host: np.ndarray, rows: Rows, plan: LabelPlan, reduced: bool):
         return [_per_layer(self.families[0], plan, plan.sums(host.astype(np.float64)))]
+
+    def global_partials(self, values, rows, keep, reduced):
+        return _kept(values, keep, 1).sum().reshape(1)
+
+    def global_value(self, host: np.ndarray) -> float:
+        return float(host[0])
 
 
 class UpdateRatioMetric(ShardedReductionMetric):
@@ -223,6 +247,14 @@ class UpdateRatioMetric(ShardedReductionMetric):
             ratios = np.sqrt(plan.sums(pairs[:, 0]) / plan.sums(pairs[:, 1]))
         return [_per_layer(self.families[0], plan, ratios)]
 
+    def global_partials(self, values, rows, keep, reduced):
+        squares = values if reduced else values.square()
+        return _kept(squares, keep, 2).reshape(-1, 2).sum(0)
+
+    def global_value(self, host: np.ndarray) -> float:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.sqrt(host[0] / host[1]))
+
 
 class RmsMetric(ShardedReductionMetric):
     """Root mean square per layer and in total: ``sqrt(sum_t sum_i t_i^2 / sum_t numel(t))``
@@ -241,9 +273,7 @@ class RmsMetric(ShardedReductionMetric):
         self.name, self.kinds, self.families = name, kinds, (family,)
 
     def prepare_forward(self, site: Site, tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.dtype is torch.float32:
-            return torch.linalg.vector_norm(tensor)
-        return torch.linalg.vector_norm(tensor, dtype=torch.float32)
+        return _l2(tensor)
 
     def device_partials(self, rows: Rows, axes: Axes) -> torch.Tensor:
         counts = to_device(torch.tensor(rows.counts, dtype=torch.float32), rows.values.device)
@@ -259,6 +289,20 @@ class RmsMetric(ShardedReductionMetric):
         with np.errstate(divide="ignore", invalid="ignore"):
             rms = np.sqrt(plan.sums(squares) / plan.sums(counts))
         return [_per_layer(self.families[0], plan, rms)]
+
+    def global_partials(self, values, rows, keep, reduced):
+        if reduced:
+            return _kept(values, keep, 2).reshape(-1, 2).sum(0)
+        if keep is None:
+            squares = values.square().sum()
+            return torch.stack([squares, torch.full_like(squares, float(sum(rows.counts)))])
+        counts = to_device(torch.tensor(rows.counts, dtype=torch.float32), values.device)
+        pairs = torch.stack([values.square(), counts], dim=1)
+        return _kept(pairs.reshape(-1), keep, 2).reshape(-1, 2).sum(0)
+
+    def global_value(self, host: np.ndarray) -> float:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.sqrt(host[0] / host[1]))
 
 
 class MaxAbsMetric(ShardedReductionMetric):
@@ -280,6 +324,15 @@ class MaxAbsMetric(ShardedReductionMetric):
 
     def finish(self, host: np.ndarray, rows: Rows, plan: LabelPlan, reduced: bool):
         return [_per_layer(self.families[0], plan, plan.maxima(host.astype(np.float64)))]
+
+    def global_partials(self, values, rows, keep, reduced):
+        if keep is not None:
+            values = torch.where(keep, values, -math.inf)
+        floor = torch.full((1,), -math.inf, dtype=values.dtype, device=values.device)
+        return torch.cat([values.reshape(-1), floor]).max().reshape(1)
+
+    def global_value(self, host: np.ndarray) -> float:
+        return float(host[0])
 
 
 _STATISTIC_ATTRIBUTES: dict[tuple[str, str], Mapping[str, str]] = {}

@@ -9,8 +9,9 @@ What it improves on Megatron-LM's executor (``megatron/training/tensor_metrics/c
   non-blocking copy into pinned memory, followed by a CUDA event; the values are published
   once the event has completed, which :meth:`TensorMetricExecutor.poll` checks without
   blocking. Megatron-LM copies every scalar with its own ``.item()`` (one device sync each).
-- Parameters and gradients are reduced with multi-tensor kernels (:func:`batched_norms`:
-  ``torch._foreach_norm`` per device and dtype) instead of one kernel per tensor.
+- Parameters and gradients are reduced with multi-tensor kernels
+  (:func:`~otel_training.tensor.norms.batched_norms`: ``torch._foreach_norm`` per device and
+  dtype) instead of one kernel per tensor.
 
 On CPU the same code runs synchronously: the copy is a host memcpy and the values are
 published before :meth:`~TensorMetricExecutor.run` returns. Process groups are passed in by
@@ -27,7 +28,6 @@ import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -50,61 +50,11 @@ __all__ = [
     "ProcessGroupAxes",
     "PublishedValues",
     "TensorMetricExecutor",
-    "batched_norms",
 ]
 
 _logger = logging.getLogger(__name__)
 _warn = RateLimitedLogger(_logger)
-
-
-def batched_norms(tensors: Sequence[torch.Tensor | None], ord: float = 2.0) -> torch.Tensor:
-    """Vector norms of many tensors with one multi-tensor kernel per (device, dtype).
-
-    Args:
-        tensors: The tensors; ``None`` and empty tensors give 0 (the norm of nothing; for
-            ``ord=inf``, the largest absolute value of nothing, as abs values are >= 0).
-        ord: 2 for the L2 norm, ``math.inf`` for the largest absolute value.
-
-    Returns:
-        ``norms[len(tensors)]`` fp32 on the device of the first tensor (empty when there is no
-        tensor). Queues device work only: never reads a value.
-    """
-    n = len(tensors)
-    first = tensors[0] if n else None
-    if (
-        first is not None
-        and (
-            # On CUDA one fused kernel needs one dtype; on CPU foreach loops over tensors anyway.
-            not first.is_cuda or all(t is not None and t.dtype is first.dtype for t in tensors)
-        )
-        and not any(t is None for t in tensors)
-    ):
-        # Fast path: one multi-tensor call, fp32 results. It raises for several devices (stack)
-        # and for an empty tensor with ord=inf; the grouped path below handles those.
-        try:
-            return torch.stack(torch._foreach_norm(tensors, ord, dtype=torch.float32))
-        except RuntimeError:
-            pass
-    first = next((t for t in tensors if t is not None), None)
-    if first is None:
-        return torch.zeros(n, dtype=torch.float32)
-    device = first.device
-    inf = ord == float("inf")
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for i, t in enumerate(tensors):
-        if t is not None and not (inf and t.numel() == 0):
-            groups.setdefault((t.device, t.dtype), []).append(i)
-    zero = torch.zeros((), dtype=torch.float32, device=device)
-    rows: list[torch.Tensor] = [zero] * n
-    for (group_device, group_dtype), indices in groups.items():
-        group = [tensors[i] for i in indices]
-        if group_dtype.itemsize > 4:  # float64: reduce natively, then narrow the results
-            norms = [n.float() for n in torch._foreach_norm(group, ord)]
-        else:
-            norms = torch._foreach_norm(group, ord, dtype=torch.float32)
-        for i, norm in zip(indices, norms):
-            rows[i] = norm if group_device == device else norm.to(device, non_blocking=True)
-    return torch.stack(rows)
+_DISTRIBUTED = torch.distributed.is_available()
 
 
 class ProcessGroupAxes:
@@ -130,8 +80,7 @@ class ProcessGroupAxes:
     def version(self) -> tuple[int, bool]:
         """Changes when an axis is added or ``torch.distributed`` gets initialised: metrics
         cache per-axis facts by it."""
-        dist = torch.distributed
-        return (self._version, dist.is_available() and dist.is_initialized())
+        return (self._version, _DISTRIBUTED and torch.distributed.is_initialized())
 
     def group(self, axis: str) -> Any:
         """The process group of ``axis`` (``None`` when not named)."""
@@ -142,8 +91,11 @@ class ProcessGroupAxes:
         if cached is not None:
             return cached
         group = self._groups.get(axis)
+        if group is None:  # until add() names it, the axis has one rank
+            self._cache[axis] = (0, 1)
+            return (0, 1)
         dist = torch.distributed
-        if group is None or not (dist.is_available() and dist.is_initialized()):
+        if not (_DISTRIBUTED and dist.is_initialized()):
             return (0, 1)
         value = (dist.get_rank(group), dist.get_world_size(group))
         self._cache[axis] = value
@@ -166,20 +118,20 @@ class ProcessGroupAxes:
 class PublishedValues:
     """The last published host values of every metric family: what observable gauges read.
 
-    Publishing replaces a whole mapping at once (one reference assignment), so :meth:`observe`
-    never waits and never sees half a step. Each family keeps the values of the last step that
-    produced it. A metric's host values are turned into labelled values (its ``finish``) on
-    the first read, so that work runs on the reader's thread. At most ``max_series`` values per
-    family are kept (the ``global`` value first, then layers in order); the rest are dropped
-    with one warning.
+    Publishing updates the mapping of sources in one ``dict.update`` (atomic under the GIL: the
+    keys are strings), so :meth:`observe` never waits and never sees half a publication. Each
+    family keeps the values of the last step that produced it. A metric's host values are
+    turned into labelled values (its ``finish``) on the first read, so that work runs on the
+    reader's thread. At most ``max_series`` values per family are kept (the ``global`` value
+    first, then layers in order); the rest are dropped with one warning.
     """
 
     def __init__(self, max_series: int = 1000) -> None:
         if max_series < 1:
             raise ValueError(f"max_series must be >= 1, got {max_series}")
         self.max_series = max_series
-        self._values: Mapping[str, Any] = MappingProxyType({})
-        self._steps: Mapping[str, int] = MappingProxyType({})
+        self._values: dict[str, Any] = {}
+        self._steps: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def publish(self, step: int, families: Iterable[FamilyValues]) -> None:
@@ -197,13 +149,9 @@ class PublishedValues:
     def _swap(self, step: int, update: Mapping[str, Any]) -> None:
         if not update:
             return
-        with self._lock:
-            values = dict(self._values)
-            values.update(update)
-            steps = dict(self._steps)
-            steps.update(dict.fromkeys(update, step))
-            self._values = MappingProxyType(values)
-            self._steps = MappingProxyType(steps)
+        with self._lock:  # writers in step order; readers never take it
+            self._values.update(update)
+            self._steps.update(dict.fromkeys(update, step))
 
     def observe(self, family: str) -> list[tuple[Mapping[str, str | int], float]]:
         """The current ``(attributes, value)`` pairs of ``family``. Never blocks; any thread."""
@@ -301,6 +249,7 @@ class TensorMetricExecutor:
         self._pending: collections.deque[_Pending] = collections.deque()
         self._lock = threading.Lock()
         self._pinned: dict[int, list[torch.Tensor]] = {}
+        self._ref = weakref.ref(self)
         self._remove_hook = None
         if flush_on_shutdown:
             ref = weakref.ref(self)
@@ -367,17 +316,21 @@ class TensorMetricExecutor:
                 (finals if type(out) is Final else active).append((metric, out))
         if not finals:
             return
+        late = [final.requests for _, final in finals if final.requests]
+        if late:  # e.g. the pipeline-wide global values: one collective per op for all
+            self._reduce(late)
         self.stats.due_steps += 1
-        device = finals[0][1].values.device
-        if all(final.values.device == device for _, final in finals):
-            self._copy(step, device, finals)
+        index = finals[0][1].values.get_device()  # an int: cheaper than comparing devices
+        if all(final.values.get_device() == index for _, final in finals):
+            self._copy(step, finals[0][1].values.device, finals)
         else:  # a model over several devices: one copy per device
             by_device: dict[torch.device, list[tuple[TensorMetric, Final]]] = {}
             for metric, final in finals:
                 by_device.setdefault(final.values.device, []).append((metric, final))
             for device, items in by_device.items():
                 self._copy(step, device, items)
-        self.poll()
+        if self._pending:
+            self.poll()
 
     def _failed(self, metric: TensorMetric, error: Exception) -> None:
         self.stats.failures += 1
@@ -412,10 +365,15 @@ class TensorMetricExecutor:
             self.stats.collectives += 1
 
     def _copy(self, step: int, device: torch.device, items) -> None:
-        values = [f.values if f.values.dim() == 1 else f.values.reshape(-1) for _, f in items]
-        if any(v.dtype is not torch.float32 for v in values):
-            values = [v.float() for v in values]
-        sized = [(metric, final, final.values.numel()) for metric, final in items]
+        values, sized = [], []
+        for metric, final in items:
+            value = final.values
+            if value.dim() != 1:
+                value = value.reshape(-1)
+            if value.dtype is not torch.float32:
+                value = value.float()
+            values.append(value)
+            sized.append((metric, final, value.numel()))
         self.stats.host_copies += 1
         if self._is_host(device):
             # Host memory already: the one copy gathers every value into a fresh buffer, and
@@ -504,8 +462,9 @@ class TensorMetricExecutor:
         # first read (the reader's thread), not here.
         results = []
         offset = 0
+        ref = self._ref
         for metric, final, size in items:
-            results.append(_HostResult(metric, final.finish, host[offset : offset + size], self))
+            results.append(_HostResult(metric, final.finish, host[offset : offset + size], ref))
             offset += size
         self.published.publish_results(step, results)
         self.stats.published += 1
@@ -518,9 +477,9 @@ class _HostResult:
 
     __slots__ = ("metric", "finish", "host", "executor", "_families")
 
-    def __init__(self, metric: TensorMetric, finish, host: np.ndarray, executor) -> None:
+    def __init__(self, metric: TensorMetric, finish, host: np.ndarray, executor_ref) -> None:
         self.metric, self.finish, self.host = metric, finish, host
-        self.executor = weakref.ref(executor)
+        self.executor = executor_ref
         self._families: dict[str, tuple[tuple[Mapping[str, str | int], ...], np.ndarray]] | None = (
             None
         )

@@ -16,9 +16,12 @@ The life of one metric in one due step:
 3. ``start(rows, axes)`` returns a :class:`Stage` of collective requests, or :class:`Final`.
    ``resume(state, reduced, axes)`` is called with the requests reduced **in place**, until it
    returns :class:`Final`. Metrics never call collectives themselves.
-4. :class:`Final` holds a 1-D device tensor (the values to copy to the host) and ``finish``, a
+4. :class:`Final` holds a 1-D device tensor (the values to copy to the host), ``finish``, a
    host-side function that turns those values, once copied, into labelled results
-   (:class:`FamilyValues`). ``finish`` runs on whichever thread publishes: never on the device.
+   (:class:`FamilyValues`), and optionally ``requests``: last collectives over views of those
+   values, which the executor packs across every metric of the step (the pipeline-stage
+   reduction of ``global`` values). ``finish`` runs on whichever thread publishes: never on
+   the device.
 
 :class:`ShardedReductionMetric` does steps 3 and 4 for every metric that reduces with one
 operation (sum or max) over the axes along which its tensors are sharded.
@@ -43,10 +46,12 @@ from otel_training.semconv.attributes import MEGATRON_TRAINING_LAYER
 
 __all__ = [
     "GLOBAL",
+    "PIPELINE_AXIS",
     "Axes",
     "CollectiveRequest",
     "FamilyValues",
     "Final",
+    "FlatShard",
     "LabelPlan",
     "Owned",
     "Placement",
@@ -66,6 +71,11 @@ __all__ = [
 
 #: The label of a value that covers every tensor of a metric.
 GLOBAL = "global"
+
+#: The process-group axis of pipeline stages. Stages hold different layers, so rows are never
+#: reduced over it; only each metric's ``global`` value is (every stage then reports the
+#: ``global`` of the whole model, and its own layers).
+PIPELINE_AXIS = "pp"
 
 ReduceOpName = Literal["sum", "max", "min"]
 
@@ -103,6 +113,40 @@ class Shard:
 
 
 @dataclass(frozen=True)
+class FlatShard:
+    """This rank's part of the tensor is the range ``[start, end)`` of its row-major flattening;
+    the ranges of the axis' ranks partition the tensor, and a range may begin or end anywhere
+    (the shards of Megatron-LM's distributed optimizer cut a flat buffer into equal pieces
+    whatever the parameter boundaries). Sums and maxima reduce over the axis, as for
+    :class:`Shard`; an empty range (``start == end``) contributes nothing.
+
+    The local tensor is either the whole tensor, of which only the range is read (Megatron-LM's
+    model parameters and ``main_grad`` views: every rank holds them whole, but only its range
+    of the gradient is reduced), or the range itself (``numel == end - start``).
+
+    Raises:
+        ValueError: when ``0 <= start <= end`` does not hold.
+    """
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.end:
+            raise ValueError(f"FlatShard needs 0 <= start <= end, got [{self.start}, {self.end})")
+
+    def local(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """The range of ``tensor``: a 1-D view, ``[end - start]``; ``None`` when ``tensor`` is
+        neither the whole tensor (numel >= end) nor the range (numel == end - start)."""
+        numel = tensor.numel()
+        if numel == self.end - self.start:
+            return tensor.reshape(-1)
+        if numel >= self.end:
+            return tensor.reshape(-1)[self.start : self.end]
+        return None
+
+
+@dataclass(frozen=True)
 class Owned:
     """Only the rank ``rank`` of the axis holds the authoritative tensor (an expert that lives on
     one rank, a master copy); the others' copies, if any, are ignored."""
@@ -110,7 +154,7 @@ class Owned:
     rank: int
 
 
-Placement = Replicate | Shard | Owned
+Placement = Replicate | Shard | FlatShard | Owned
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,8 +189,20 @@ class Site:
 
     @functools.cached_property
     def reduce_axes(self) -> tuple[str, ...]:
-        """The axes a sum or max over the whole tensor must reduce over, sorted."""
-        return tuple(sorted(a for a, p in self.placements if isinstance(p, (Shard, Owned))))
+        """The axes a sum or max over the whole tensor must reduce over, sorted (never
+        :data:`PIPELINE_AXIS`: stages hold different tensors)."""
+        return tuple(
+            sorted(
+                a
+                for a, p in self.placements
+                if isinstance(p, (Shard, FlatShard, Owned)) and a != PIPELINE_AXIS
+            )
+        )
+
+    @functools.cached_property
+    def flat_shard(self) -> FlatShard | None:
+        """The :class:`FlatShard` placement of the site, if any (at most one is supported)."""
+        return next((p for _, p in self.placements if isinstance(p, FlatShard)), None)
 
 
 class Axes(Protocol):
@@ -213,10 +269,17 @@ class FamilyValues(NamedTuple):
 class Final(NamedTuple):
     """The end of a metric's device work: ``values`` (1-D, fp32, on the device) go to the host
     in the executor's single copy, and ``finish(host_values)`` turns them, on the host, into
-    :class:`FamilyValues`. ``finish`` must not keep ``host_values`` (its memory is reused)."""
+    :class:`FamilyValues`. ``finish`` must not keep ``host_values`` (its memory is reused).
+
+    ``requests`` are reduced in place after every metric of the step has reached its
+    :class:`Final`, packed across metrics (one collective per axis, op, dtype and device), and
+    before the copy: their tensors must be views of ``values``. The pipeline-stage reduction of
+    ``global`` values uses them, so that all metrics share one ``all_reduce`` over the stages.
+    """
 
     values: torch.Tensor
     finish: Callable[[np.ndarray], Sequence[FamilyValues]]
+    requests: tuple[CollectiveRequest, ...] = ()
 
 
 class TensorMetric(abc.ABC):
@@ -234,9 +297,13 @@ class TensorMetric(abc.ABC):
     kinds: frozenset[SiteKind] = frozenset()
     families: tuple[str, ...] = ()
     #: Set when ``prepare(sites, tensors)`` is exactly
-    #: ``executor.batched_norms(tensors, batched_ord)``: the observer then computes the norms of
+    #: ``norms.batched_norms(tensors, batched_ord)``: the observer then computes the norms of
     #: all such metrics due in a step in one call (one multi-tensor kernel per device and dtype).
     batched_ord: float | None = None
+    #: Whether ``prepare_forward`` can be traced by ``torch.compile`` (torch operations on the
+    #: tensor only, no host reads, no Python side effects). Under compile, a metric that is not
+    #: traceable is skipped, with one warning saying that its values are unavailable.
+    traceable: bool = True
 
     def accepts(self, site: Site) -> bool:
         """Whether the metric reads ``site`` (default: its kind is one of ``kinds``)."""
@@ -308,7 +375,15 @@ class LabelPlan:
         attributes: Point attributes of each label, then of :data:`GLOBAL`.
     """
 
-    __slots__ = ("labels", "index", "in_layer", "attributes", "_sum_matrix", "_signatures")
+    __slots__ = (
+        "labels",
+        "index",
+        "in_layer",
+        "attributes",
+        "_sum_matrix",
+        "_signatures",
+        "_keep",
+    )
 
     def __init__(self, sites: Sequence[Site]) -> None:
         self.labels = sorted({s.layer for s in sites if s.layer is not None}, key=layer_sort_key)
@@ -324,7 +399,8 @@ class LabelPlan:
             layer_attributes(GLOBAL),
         )
         self._sum_matrix: np.ndarray | None = None
-        self._signatures: tuple[Any, list[tuple[str, ...]]] | None = None
+        self._signatures: tuple[Any, list[tuple[str, ...]], bool] | None = None
+        self._keep: tuple[Any, torch.Tensor | None] | None = None
 
     def sums(self, values: np.ndarray) -> np.ndarray:
         """``values[n]`` (one per row) summed per label, then in total: ``[len(labels) + 1]``."""
@@ -346,29 +422,62 @@ class LabelPlan:
 
     def signatures(self, sites: Sequence[Site], axes: Axes) -> list[tuple[str, ...]]:
         """Per row, the axes with more than one rank that its tensor is reduced over."""
+        return self._facts(sites, axes)[1]
+
+    def is_local(self, sites: Sequence[Site], axes: Axes) -> bool:
+        """Whether no row needs communication and there is one pipeline stage: the rows go to
+        the host as they are."""
+        return self._facts(sites, axes)[2]
+
+    def _facts(self, sites: Sequence[Site], axes: Axes) -> tuple[Any, list, bool]:
         key = (id(axes), getattr(axes, "version", None))
-        if self._signatures is None or self._signatures[0] != key or key[1] is None:
+        facts = self._signatures
+        if facts is None or facts[0] != key or key[1] is None:
             found = [tuple(a for a in s.reduce_axes if axes.size(a) > 1) for s in sites]
-            self._signatures = (key, found)
-        return self._signatures[1]
+            local = not any(found) and axes.size(PIPELINE_AXIS) <= 1
+            facts = self._signatures = (key, found, local)
+        return facts
+
+    def pipeline_keep(self, sites: Sequence[Site], axes: Axes) -> torch.Tensor | None:
+        """Per row, whether it counts toward the pipeline-wide ``global`` on this stage
+        (``bool[n]`` on the host): not when :class:`Owned` along :data:`PIPELINE_AXIS` by
+        another stage (a tied embedding held by the first and the last stage). ``None`` when
+        every row counts."""
+        key = (id(axes), getattr(axes, "version", None))
+        if self._keep is None or self._keep[0] != key or key[1] is None:
+            rank = axes.rank(PIPELINE_AXIS)
+            keep = [
+                not (isinstance(p := s.placement(PIPELINE_AXIS), Owned) and p.rank != rank)
+                for s in sites
+            ]
+            self._keep = (key, None if all(keep) else torch.tensor(keep, dtype=torch.bool))
+        return self._keep[1]
 
 
 class ShardedReductionMetric(TensorMetric):
     """A metric whose rows reduce with one operation (``op``) over every axis along which their
     tensors are sharded, then combine per layer on the host.
 
-    Subclasses implement ``finish(partials, rows, plan)``; they may override
+    Subclasses implement ``finish(host, rows, plan, reduced)``; they may override
     ``device_partials`` (for example, square norms into sums of squares before a sum). When no
     row needs communication (a single process, or only replicated tensors), the rows go to the
     host untouched and ``finish`` gets ``reduced=False``. Otherwise rows are grouped into runs
     with the same axes; each run is reduced over its first axis in stage 0, its second in stage
     1, and so on; rows :class:`Owned` by another rank contribute the identity of ``op``.
+
+    Under pipeline parallelism (an axis :data:`PIPELINE_AXIS` with more than one rank) a
+    subclass that implements ``global_partials`` and ``global_value`` also gets its ``global``
+    value reduced over the stages: ``global_partials`` condenses the step's (reduced) rows into
+    a few device values, the executor reduces those of every metric in one packed collective per
+    op, and ``global_value`` turns them into the value that replaces the stage's own ``global``.
+    Every stage must then run the metric, with empty rows where it has none of its sites.
     """
 
     op: ReduceOpName = "sum"
 
     def __init__(self) -> None:
         self._plans: dict[tuple[Site, ...], LabelPlan] = {}
+        self._last: tuple[tuple[Site, ...], LabelPlan] | None = None
 
     @property
     def identity(self) -> float:
@@ -386,22 +495,41 @@ class ShardedReductionMetric(TensorMetric):
     ) -> list[FamilyValues]:
         """Host side: ``host`` holds the (reduced when ``reduced``) rows, flattened."""
 
+    def global_partials(
+        self, values: torch.Tensor, rows: Rows, keep: torch.Tensor | None, reduced: bool
+    ) -> torch.Tensor | None:
+        """Device side, under pipeline parallelism: the step's rows condensed into ``[k]`` fp32
+        values that reduce over the stages with ``op`` (default ``None``: no pipeline-wide
+        ``global``). ``values`` are the rows (``reduced``: the reduced partials), ``keep[n]``
+        (or ``None`` for all) says which rows count toward ``global`` on this stage."""
+        return None
+
+    def global_value(self, host: np.ndarray) -> float:
+        """Host side: the pipeline-wide ``global`` value from the reduced ``global_partials``."""
+        raise NotImplementedError(f"{type(self).__name__} has no pipeline-wide global value")
+
     def label_plan(self, sites: tuple[Site, ...]) -> LabelPlan:
         """The cached :class:`LabelPlan` of ``sites`` (sites hash by identity: cheap)."""
+        last = self._last
+        if last is not None and last[0] is sites:  # the same sites as last step
+            return last[1]
         plan = self._plans.get(sites)
         if plan is None:
             if len(self._plans) > 64:
                 self._plans.clear()
             plan = self._plans[sites] = LabelPlan(sites)
+        self._last = (sites, plan)
         return plan
 
     def start(self, rows: Rows, axes: Axes) -> Stage | Final:
         plan = self.label_plan(rows.sites)
-        signatures = plan.signatures(rows.sites, axes)
-        if not any(signatures):
+        if plan.is_local(rows.sites, axes):
             return Final(
                 rows.values, functools.partial(self._finish, rows=rows, plan=plan, reduced=False)
             )
+        signatures = plan.signatures(rows.sites, axes)
+        if not any(signatures):
+            return self._final(rows.values, rows, plan, False, axes)
         partials = self.device_partials(rows, axes)
         width = partials.numel() // max(1, sum(rows.widths))
         offsets = np.concatenate(([0], np.cumsum(rows.widths))) * width
@@ -410,6 +538,7 @@ class ShardedReductionMetric(TensorMetric):
             for i, site in enumerate(rows.sites)
             for axis, placement in site.placements
             if isinstance(placement, Owned)
+            and axis != PIPELINE_AXIS
             and axes.size(axis) > 1
             and axes.rank(axis) != placement.rank
         ]
@@ -424,23 +553,54 @@ class ShardedReductionMetric(TensorMetric):
                 runs[-1] = (runs[-1][0], int(offsets[i + 1]), signature)
             else:
                 runs.append((int(offsets[i]), int(offsets[i + 1]), signature))
-        return self._stage(partials, runs, 0, rows, plan)
+        return self._stage(partials, runs, 0, rows, plan, axes)
 
     def resume(self, state: Any, reduced: Sequence[torch.Tensor], axes: Axes) -> Stage | Final:
         partials, runs, stage, rows, plan = state
-        return self._stage(partials, runs, stage + 1, rows, plan)
+        return self._stage(partials, runs, stage + 1, rows, plan, axes)
 
-    def _stage(self, partials, runs, stage, rows, plan) -> Stage | Final:
+    def _stage(self, partials, runs, stage, rows, plan, axes) -> Stage | Final:
         requests = tuple(
             CollectiveRequest(signature[stage], self.op, partials[begin:end])
             for begin, end, signature in runs
             if len(signature) > stage and end > begin
         )
         if not requests:
-            return Final(
-                partials, functools.partial(self._finish, rows=rows, plan=plan, reduced=True)
-            )
+            return self._final(partials, rows, plan, True, axes)
         return Stage(requests, (partials, runs, stage, rows, plan))
+
+    def _final(self, values, rows: Rows, plan: LabelPlan, reduced: bool, axes: Axes) -> Final:
+        if axes.size(PIPELINE_AXIS) > 1:
+            keep = plan.pipeline_keep(rows.sites, axes)
+            partial = self.global_partials(
+                values, rows, None if keep is None else to_device(keep, values.device), reduced
+            )
+            if partial is not None:
+                k = partial.numel()
+                values = torch.cat([values.reshape(-1).float(), partial.reshape(-1).float()])
+                finish = functools.partial(
+                    self._finish_pipeline, rows=rows, plan=plan, reduced=reduced, k=k
+                )
+                request = CollectiveRequest(PIPELINE_AXIS, self.op, values[values.numel() - k :])
+                return Final(values, finish, (request,))
+        return Final(values, functools.partial(self._finish, rows=rows, plan=plan, reduced=reduced))
 
     def _finish(self, host: np.ndarray, *, rows: Rows, plan: LabelPlan, reduced: bool):
         return self.finish(host, rows, plan, reduced)
+
+    def _finish_pipeline(self, host, *, rows: Rows, plan: LabelPlan, reduced: bool, k: int):
+        results = self.finish(host[: host.size - k], rows, plan, reduced)
+        value = self.global_value(host[host.size - k :].astype(np.float64))
+        global_attributes = layer_attributes(GLOBAL)
+        out = []
+        for fv in results:
+            values = np.array(fv.values, dtype=np.float64)
+            attributes = tuple(fv.attributes)
+            found = [i for i, a in enumerate(attributes) if a is global_attributes]
+            if found:
+                values[found] = value
+            else:  # no row on this stage: the pipeline-wide global alone
+                attributes = (*attributes, global_attributes)
+                values = np.append(values, value)
+            out.append(FamilyValues(fv.family, attributes, values))
+        return out

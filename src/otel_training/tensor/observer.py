@@ -13,11 +13,12 @@ Usage from a plain loop (see ``docs/tensor-metrics.md`` for Megatron-LM)::
         optimizer.step()
         optimizer.zero_grad()
 
-Sites are found once, at construction:
+Sites are found at construction, and again when the model changes:
 
 - parameters and gradients: ``model.named_parameters()`` (tied weights once), read at
   :meth:`~TensorObserver.commit`; DTensor parameters (FSDP2, tensor parallel) take their
-  placements and process groups from their device mesh;
+  placements and process groups from their device mesh; a :class:`FlatShard` placement (the
+  ranges of Megatron-LM's distributed optimizer) reads only this rank's range of the tensor;
 - residual stream: the output of each layer module (a module named ``...layers.N``,
   ``...blocks.N``, ``...h.N`` or ``...layer.N``);
 - activations: the outputs of the layer's direct sub-modules that are not normalisation layers
@@ -26,31 +27,39 @@ Sites are found once, at construction:
 - output logits: the output of the model (a tensor, ``.logits``, or the first tensor of a tuple).
 
 Forward hooks are installed only for the kinds some scheduled metric reads; each starts with one
-``ContextVar`` read and returns at once when no metric is due in the current step. Canonical names
-drop wrapper prefixes (``module.``, ``_orig_mod.``, ``_fsdp_wrapped_module.``,
-``_checkpoint_wrapped_module.``); layers are labelled ``decoder.layers.N`` (``encoder.layers.N``
-under an encoder), N plus the caller's ``layer_offset`` (pipeline stages).
+attribute read and returns at once when no metric is due in the current step (also under
+``torch.compile``, ``fullgraph=True`` included: no graph break; see
+:mod:`otel_training.tensor._forward`). Recomputed forwards of activation checkpointing are not
+observed twice. A layer replaced, added, removed or wrapped after construction is followed: the
+sites are found again before the next due step. Canonical names drop wrapper prefixes
+(``module.``, ``_orig_mod.``, ``_fsdp_wrapped_module.``, ``_checkpoint_wrapped_module.``);
+layers are labelled ``decoder.layers.N`` (``encoder.layers.N`` under an encoder), N plus the
+caller's ``layer_offset`` (pipeline stages).
 """
 
 from __future__ import annotations
 
-import contextvars
+import functools
 import logging
+import operator
 import re
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 import torch
-from opentelemetry.metrics import Meter
+from opentelemetry.metrics import Meter, NoOpMeter
 from torch import nn
 
 from otel_training import config
+from otel_training.tensor._forward import Gate, first_tensor, make_hook
 from otel_training.tensor._ratelimit import RateLimitedLogger
 from otel_training.tensor.definitions import DEFAULT_SCHEDULE, build_metric
-from otel_training.tensor.executor import TensorMetricExecutor, batched_norms
+from otel_training.tensor.executor import TensorMetricExecutor
 from otel_training.tensor.gauges import TensorMetricGauges
 from otel_training.tensor.metric import (
+    PIPELINE_AXIS,
+    FlatShard,
     Placement,
     Replicate,
     Rows,
@@ -59,6 +68,7 @@ from otel_training.tensor.metric import (
     SiteKind,
     TensorMetric,
 )
+from otel_training.tensor.norms import norm_list
 
 try:
     from torch.distributed.tensor import DTensor
@@ -81,10 +91,10 @@ _warn = RateLimitedLogger(_logger)
 
 Schedule = str | Mapping[str | TensorMetric, int] | Iterable[tuple[str | TensorMetric, int]]
 
-_EMPTY: Mapping[int, _StepScope] = MappingProxyType({})
-_SCOPES: contextvars.ContextVar[Mapping[int, _StepScope]] = contextvars.ContextVar(
-    "otel_training_tensor_scopes", default=_EMPTY
-)
+_GRAD = operator.attrgetter("grad")
+_NO_WORK: dict[int, tuple] = {}  # the work of a step with no forward metric due (never filled)
+_graph_task_id = torch._C._current_graph_task_id  # in_backward(), inlined on the hot path
+_IS_NONE = functools.partial(operator.is_, None)
 
 _WRAPPERS = re.compile(
     r"(?:^|\.)(?:module|_orig_mod|_fsdp_wrapped_module|_checkpoint_wrapped_module|_forward_module)"
@@ -134,97 +144,194 @@ def parse_schedule(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(pairs)
 
 
+class _Local:
+    """What a commit-time site reads of its tensor: this rank's range of a :class:`FlatShard`
+    and/or the local piece of a DTensor. The range of a persistent tensor (the parameter, or
+    Megatron-LM's ``main_grad`` view of its gradient buffer) is a view built once and reused
+    while the tensor keeps its storage; a fresh ``.grad`` is sliced each time."""
+
+    __slots__ = ("name", "shard", "dtensor", "_base", "_pointer", "_view")
+
+    def __init__(self, name: str, shard: FlatShard | None, dtensor: bool) -> None:
+        self.name, self.shard, self.dtensor = name, shard, dtensor
+        self._base: torch.Tensor | None = None
+        self._pointer = 0
+        self._view: torch.Tensor | None = None
+
+    def __call__(self, tensor: torch.Tensor | None, persistent: bool) -> torch.Tensor | None:
+        if tensor is None:
+            return None
+        if self.dtensor and DTensor is not None and isinstance(tensor, DTensor):
+            tensor = tensor.to_local()
+        shard = self.shard
+        if shard is None:
+            return tensor
+        if persistent and tensor is self._base and tensor.data_ptr() == self._pointer:
+            return self._view
+        view = shard.local(tensor)
+        if view is None:
+            _warn.warning(
+                ("flat_shard", self.name),
+                "tensor observer: %s has %d elements, neither the whole tensor nor the range "
+                "[%d, %d) of its FlatShard; it counts 0 in this step.",
+                self.name,
+                tensor.numel(),
+                shard.start,
+                shard.end,
+            )
+            return None
+        if persistent:
+            self._base, self._pointer, self._view = tensor, tensor.data_ptr(), view
+        return view
+
+
 class _Slot:
-    __slots__ = ("index", "metric", "interval", "commit_kinds", "sites", "params", "is_dtensor")
+    __slots__ = (
+        "index",
+        "metric",
+        "interval",
+        "commit_kinds",
+        "sites",
+        "params",
+        "static",
+        "local",
+        "forward_sites",
+        "widths",
+        "complete",
+    )
 
     def __init__(self, index: int, metric: TensorMetric, interval: int) -> None:
         self.index, self.metric, self.interval = index, metric, interval
         self.commit_kinds: tuple[SiteKind, ...] = ()
         self.sites: tuple[Site, ...] = ()
         self.params: list[nn.Parameter] = []
-        self.is_dtensor = False
+        #: The tensors of a parameter-only slot whose sites read whole tensors: the same list
+        #: every step (no per-step work).
+        self.static: list[torch.Tensor] | None = None
+        #: ``(row, _Local)`` for the rows that read a part of their tensor.
+        self.local: tuple[tuple[int, _Local], ...] = ()
+        #: Forward sites the metric reads (0 for commit-time metrics).
+        self.forward_sites = 0
+        #: ``(1,) * len(sites)``: the widths of one value per row.
+        self.widths: tuple[int, ...] = ()
+        #: Whether the tensors of the last commit held no ``None`` for certain.
+        self.complete = False
 
 
 class _StepScope:
-    """The forward observations of one step; what hooks see through the ContextVar."""
+    """The forward observations of one step: what hooks (eagerly) and the compiled graph's
+    ``record_observation`` (under torch.compile) add to, between ``begin_step`` and ``commit``."""
 
-    __slots__ = ("step", "due", "forward_due", "tables", "entries", "_work")
+    __slots__ = ("step", "due", "began", "forward", "entries", "work", "sites", "extend", "warn")
 
-    def __init__(self, step: int, due: frozenset[int], forward_due: bool, tables) -> None:
-        self.step, self.due, self.forward_due = step, due, forward_due
-        self.tables = tables  # (sites, site_slots, slots): shared with the observer
-        self.entries: dict[int, tuple[list[Site], list[torch.Tensor], list[int]]] = {}
-        self._work: dict[int, list] = {}
-
-    def _work_for(self, index: int) -> list:
-        _, site_slots, slots = self.tables
-        work = []
-        for slot_index in site_slots[index]:
-            if slot_index in self.due:
-                entry = self.entries.get(slot_index)
-                if entry is None:
-                    entry = self.entries[slot_index] = ([], [], [])
-                work.append((slots[slot_index].metric, *entry))
-        self._work[index] = work
-        return work
+    def __init__(
+        self,
+        step: int,
+        due: frozenset[int],
+        began: bool,
+        forward: tuple[int, ...],
+        work: dict[int, tuple],
+        sites: list[Site],
+        extend: Callable[[dict, tuple[int, ...], int], tuple],
+        warn: Callable[[Site, TensorMetric, Exception], None],
+    ) -> None:
+        self.step, self.due, self.began, self.forward = step, due, began, forward
+        self.entries: dict[int, tuple[list[Site], list[torch.Tensor], list[int]]] = {
+            slot: ([], [], []) for slot in forward
+        }
+        self.work, self.sites, self.extend, self.warn = work, sites, extend, warn
 
     def observe(self, indices: Sequence[int], output: Any) -> None:
-        tensor = output if type(output) is torch.Tensor else _first_tensor(output)
-        if tensor is None or not tensor.is_floating_point() or torch.compiler.is_compiling():
-            return
-        if DTensor is not None and isinstance(tensor, DTensor):
-            tensor = tensor.to_local()
+        """Reduces ``output`` with every due metric of the sites ``indices`` (eager path)."""
+        if type(output) is torch.Tensor:
+            tensor = output
+        else:
+            tensor = first_tensor(output)
+            if tensor is None:
+                return
+            if DTensor is not None and isinstance(tensor, DTensor):
+                tensor = tensor.to_local()
+        if not tensor.is_floating_point() or _graph_task_id() != -1:  # -1: not in backward
+            return  # in backward: activation checkpointing recomputes an observed forward
         tensor = tensor.detach()
         numel = tensor.numel()
-        sites = self.tables[0]
+        work, entries = self.work, self.entries
         for index in indices:
-            work = self._work.get(index)
-            if work is None:
-                work = self._work_for(index)
-            site = sites[index]
-            for metric, entry_sites, entry_values, entry_counts in work:
+            items = work.get(index)
+            if items is None:  # a site added after the step began (observe())
+                items = self.extend(work, self.forward, index)
+            for slot, metric, site in items:
                 try:
                     value = metric.prepare_forward(site, tensor)
                 except Exception as error:
-                    _warn.warning(
-                        ("prepare", id(self.tables), metric.name, type(error)),
-                        "tensor metric %s could not observe %s: %r",
-                        metric.name,
-                        site.name,
-                        error,
-                    )
+                    self.warn(site, metric, error)
                     continue
-                entry_sites.append(site)
-                entry_values.append(value)
-                entry_counts.append(numel)
+                sites, values, counts = entries[slot]
+                sites.append(site)
+                values.append(value)
+                counts.append(numel)
+
+    def record(self, slot: int, index: int, value: torch.Tensor, numel: int) -> None:
+        """Adds one value reduced inside a compiled graph (``record_observation``)."""
+        entry = self.entries.get(slot)
+        if entry is not None and 0 <= index < len(self.sites):
+            entry[0].append(self.sites[index])
+            entry[1].append(value)
+            entry[2].append(numel)
 
 
-def _first_tensor(output: Any) -> torch.Tensor | None:
-    if isinstance(output, torch.Tensor):
-        candidate = output
-    elif isinstance(output, (tuple, list)):
-        candidate = next((o for o in output if isinstance(o, torch.Tensor)), None)
-    elif isinstance(output, Mapping):
-        candidate = output.get("logits")
-    else:
-        candidate = getattr(output, "logits", None)
-    return candidate if isinstance(candidate, torch.Tensor) else None
+class _StructureWatch:
+    """Notices when a model changes after the observer found its sites.
+
+    Assigning a module or parameter anywhere (``model.layers[3] = ...``, ``add_module``,
+    ``register_parameter``, a wrapper put in a layer's place) goes through PyTorch's global
+    registration hooks, which mark the watch dirty; insertions and deletions that bypass them
+    (``ModuleList.insert``, ``del model.layers[3]``) change the size of a ``_modules`` or
+    ``_parameters`` mapping of the model, which :meth:`changed` compares. Both are cheap: one
+    flag, and one ``len`` per mapping, per due step.
+    """
+
+    def __init__(self) -> None:
+        self.dirty = False
+        self._mappings: list[Mapping] = []
+        self._sizes: tuple[int, ...] = ()
+        ref = weakref.ref(self)
+
+        def mark(*_: Any) -> None:
+            watch = ref()
+            if watch is not None:
+                watch.dirty = True
+
+        registry = nn.modules.module
+        self._handles = [
+            registry.register_module_module_registration_hook(mark),
+            registry.register_module_parameter_registration_hook(mark),
+        ]
+        weakref.finalize(self, _remove_all, self._handles)
+
+    def snapshot(self, models: Sequence[nn.Module]) -> None:
+        """Remembers the structure of ``models`` as it is now."""
+        mappings: list[Mapping] = []
+        for model in models:
+            for module in model.modules():
+                mappings.append(module._modules)
+                mappings.append(module._parameters)
+        self._mappings = mappings
+        self._sizes = tuple(map(len, mappings))
+        self.dirty = False
+
+    def changed(self) -> bool:
+        """Whether the structure may have changed since the last :meth:`snapshot`."""
+        return self.dirty or tuple(map(len, self._mappings)) != self._sizes
+
+    def close(self) -> None:
+        """Stops watching (removes the global registration hooks)."""
+        _remove_all(self._handles)
 
 
-def _make_hook(observer_id: int, indices: tuple[int, ...]) -> Callable[..., None]:
-    get = _SCOPES.get
-
-    def hook(module: nn.Module, args: Any, output: Any) -> None:
-        scope = get().get(observer_id)
-        if scope is None or not scope.forward_due:
-            return None
-        try:
-            scope.observe(indices, output)
-        except Exception as error:  # a hook never breaks the forward pass
-            _warn.warning(("hook", type(error)), "tensor observer hook failed: %r", error)
-        return None
-
-    return hook
+def _remove_all(handles: list) -> None:
+    while handles:
+        handles.pop().remove()
 
 
 class TensorObserver:
@@ -236,14 +343,19 @@ class TensorObserver:
             :class:`~otel_training.tensor.metric.TensorMetric`, interval in optimizer steps).
             ``None``: ``OTEL_PYTHON_TRAINING_TENSOR_METRICS``, else :data:`DEFAULT_SCHEDULE`.
             A metric is due at step s when ``s % interval == 0``.
-        meter: Where the observable gauges go; default ``otel_training.get_meter()``.
-        process_groups: Axis name -> process group, for reductions over ranks.
+        meter: Where the observable gauges go; default ``otel_training.get_meter()``. With a
+            no-op meter (``OTEL_SDK_DISABLED=true``) the observer is inert: no hook is
+            installed and ``begin_step``/``commit`` return at once.
+        process_groups: Axis name -> process group, for reductions over ranks. The axis
+            :data:`~otel_training.tensor.PIPELINE_AXIS` (``"pp"``) names the pipeline stages:
+            each stage reports its own layers and the ``global`` value of the whole model.
         executor: An executor to share (default: a new one with ``process_groups``).
         activation_placements: Placements of forward tensors (activations, residual stream,
             logits, router logits) per axis, e.g. ``{"dp": Shard(0)}`` to combine the
             statistics of all data-parallel ranks; default: this rank's tensors only.
         placements_of: ``(canonical_name, parameter) -> {axis: placement}`` for parameters that
-            are sharded without being DTensors (Megatron-LM tensor parallelism).
+            are sharded without being DTensors (Megatron-LM tensor parallelism, the
+            :class:`~otel_training.tensor.FlatShard` ranges of its distributed optimizer).
         layer_of: ``canonical_name -> layer label or None``; default :func:`default_layer_of`.
         layer_offset: Added to layer numbers (the first layer of this pipeline stage).
         router_top_k: Experts per token for router sites; default: the router's parent
@@ -289,17 +401,27 @@ class TensorObserver:
         ]
         self._step = 0
         self._scope: _StepScope | None = None
-        self._token: contextvars.Token | None = None
-        self._sites: list[Site] = []
+        self._gate = Gate()
+        self._sites: list[Site] = []  # forward sites, in the order found
         self._site_slots: list[tuple[int, ...]] = []
         self._site_index: dict[tuple[str, SiteKind], int] = {}
+        self._work: dict[tuple[int, ...], dict[int, tuple]] = {}
+        self._intervals = tuple((slot.index, slot.interval) for slot in self._slots)
+        self._due_sets: dict[tuple[int, ...], tuple[frozenset[int], tuple[int, ...]]] = {}
         self._handles: list[Any] = []
-        self._find_commit_sites()
-        self._install_hooks()
+        self._structure: tuple = ()  # the model's structure when the sites were found
+        self._device = torch.device("cpu")
         if meter is None:
             from otel_training.setup import get_meter
 
             meter = get_meter()
+        self._inert = isinstance(meter, NoOpMeter)
+        self._watch: _StructureWatch | None = None
+        if self._inert:
+            self._remove_source: Callable[[], None] = lambda: None
+            return
+        self._watch = _StructureWatch()
+        self._find_sites()
         self._gauges = TensorMetricGauges.for_meter(meter)
         self._remove_source = self._gauges.add_source(self.executor.published)
 
@@ -347,6 +469,19 @@ class TensorObserver:
 
     # -- sites ----------------------------------------------------------------------------
 
+    def _find_sites(self) -> None:
+        """Finds every site of the model as it is now, and (re)installs the forward hooks."""
+        self._watch.snapshot(self._models)
+        self._structure = self._fingerprint()
+        self._find_commit_sites()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._install_hooks()
+        for slot in self._slots:
+            if not slot.commit_kinds:
+                slot.forward_sites = sum(slot.index in s for s in self._site_slots)
+
     def _named_parameters(self):
         seen: set[int] = set()
         for model in self._models:
@@ -369,7 +504,12 @@ class TensorObserver:
             return tuple(placements)
         if self._placements_of is not None:
             mapping = self._placements_of(name, param) or {}
-            return tuple(sorted((a, p) for a, p in mapping.items() if not isinstance(p, Replicate)))
+            found = tuple(
+                sorted((a, p) for a, p in mapping.items() if not isinstance(p, Replicate))
+            )
+            if sum(isinstance(p, FlatShard) for _, p in found) > 1:
+                raise ValueError("more than one FlatShard placement")
+            return found
         return ()
 
     def _find_commit_sites(self) -> None:
@@ -381,23 +521,36 @@ class TensorObserver:
                 _logger.warning("tensor observer: skipping %s: %s", name, error)
                 continue
             params.append((name, param, placements))
-        # Rows with the same reduction axes side by side: fewer, larger collective requests.
-        params.sort(key=lambda item: tuple(a for a, p in item[2]))
+        if params:
+            self._device = params[0][1].device
+        # Rows with the same reduction axes side by side: fewer, larger collective requests;
+        # then by dtype: one fused multi-tensor kernel per run of one dtype on CUDA.
+        params.sort(
+            key=lambda item: (
+                tuple(a for a, p in item[2] if a != PIPELINE_AXIS),
+                str(item[1].dtype),
+            )
+        )
         for slot in self._slots:
             kinds = tuple(k for k in (SiteKind.PARAMETER, SiteKind.GRAD) if k in slot.metric.kinds)
             if not kinds:
                 continue
-            sites, chosen = [], []
+            sites, chosen, local = [], [], []
             for kind in kinds:
                 for name, param, placements in params:
                     if kind is SiteKind.GRAD and not param.requires_grad:
                         continue
                     site = Site(name, kind, self._layer_of(name), placements)
-                    if slot.metric.accepts(site):
-                        sites.append(site)
-                        chosen.append(param)
+                    if not slot.metric.accepts(site):
+                        continue
+                    is_dtensor = DTensor is not None and isinstance(param, DTensor)
+                    if site.flat_shard is not None or is_dtensor:
+                        local.append((len(sites), _Local(name, site.flat_shard, is_dtensor)))
+                    sites.append(site)
+                    chosen.append(param)
             slot.commit_kinds, slot.sites, slot.params = kinds, tuple(sites), chosen
-            slot.is_dtensor = DTensor is not None and any(isinstance(p, DTensor) for p in chosen)
+            slot.local, slot.widths = tuple(local), (1,) * len(sites)
+            slot.static = list(chosen) if kinds == (SiteKind.PARAMETER,) and not local else None
 
     def _forward_site(self, name: str, kind: SiteKind, top_k: int = 1) -> int:
         key = (name, kind)
@@ -417,14 +570,20 @@ class TensorObserver:
         wanted = {k for slot in self._slots for k in slot.metric.kinds if not k.at_commit}
         if not wanted:
             return
+        on_error = self._hook_failed
+        axes = self.executor.axes
+        # The output of an earlier pipeline stage is hidden states, not logits.
+        last_stage = axes.rank(PIPELINE_AXIS) == axes.size(PIPELINE_AXIS) - 1
         for model in self._models:
+            # Logits: the output of the last model chunk of the last stage.
+            logits = SiteKind.LOGITS in wanted and last_stage and model is self._models[-1]
             modules = {canonical_name(n): m for n, m in model.named_modules()}
             for name, module in modules.items():
                 found: list[int] = []
                 last = name.rsplit(".", 1)[-1]
                 layer = self._layer_of(name) if name else None
                 parent_name = name.rsplit(".", 1)[0] if "." in name else ""
-                if SiteKind.LOGITS in wanted and name == "":
+                if logits and name == "":
                     found.append(self._forward_site("output", SiteKind.LOGITS))
                 if SiteKind.RESIDUAL in wanted and _LAYER.search(name) and _is_layer(name):
                     found.append(self._forward_site(name, SiteKind.RESIDUAL))
@@ -444,14 +603,89 @@ class TensorObserver:
                     top_k = self._router_top_k or _top_k_of(modules.get(parent_name))
                     found.append(self._forward_site(name, SiteKind.ROUTER, top_k))
                 if found:
-                    handle = module.register_forward_hook(_make_hook(id(self), tuple(found)))
-                    self._handles.append(handle)
+                    hook = make_hook(self._gate, tuple(found), on_error)
+                    self._handles.append(module.register_forward_hook(hook))
+
+    @staticmethod
+    def _hook_failed(error: Exception) -> None:
+        _warn.warning(("hook", type(error)), "tensor observer hook failed: %r", error)
+
+    def _refresh_if_changed(self) -> None:
+        """Finds the sites again when the model changed (checked before due steps)."""
+        watch = self._watch
+        if watch is None or not watch.changed():
+            return
+        fingerprint = self._fingerprint()
+        if fingerprint == self._structure:  # something else changed (another model was built)
+            watch.snapshot(self._models)
+            return
+        before = self._commit_tensor_ids()
+        self._find_sites()
+        after = self._commit_tensor_ids()
+        self._work.clear()
+        _logger.info(
+            "tensor observer: the model changed after the observer was built "
+            "(%d tensor sites added, %d removed); following it.",
+            len(after - before),
+            len(before - after),
+        )
+
+    def _fingerprint(self) -> tuple:
+        """The model's structure: every module and parameter by name and identity."""
+        return tuple(
+            (name, id(item))
+            for model in self._models
+            for named in (model.named_modules(), model.named_parameters())
+            for name, item in named
+        )
+
+    def _commit_tensor_ids(self) -> set[tuple[str, SiteKind, int]]:
+        return {
+            (site.name, site.kind, id(param))
+            for slot in self._slots
+            for site, param in zip(slot.sites, slot.params)
+        }
+
+    def refresh(self) -> None:
+        """Finds the sites of the model again now (the observer also does this by itself
+        before a due step when it notices a change: a module or parameter assigned, inserted
+        or removed). For changes made behind PyTorch's back, such as writing to a module's
+        ``_modules`` mapping directly. Never raises."""
+        if self._watch is None:
+            return
+        try:
+            self._watch.dirty = True
+            self._refresh_if_changed()
+        except Exception as error:
+            _warn.warning(("refresh", id(self), type(error)), "tensor observer: %r", error)
 
     @property
     def sites(self) -> tuple[Site, ...]:
         """Every site found: the forward sites, then each commit-time metric's sites."""
         commit = tuple(site for slot in self._slots for site in slot.sites)
         return (*self._sites, *commit)
+
+    def _work_for(self, forward: tuple[int, ...]) -> dict[int, tuple]:
+        """Forward site index -> ``((slot, metric, site), ...)`` of the due forward slots
+        ``forward``; one dict per set of due slots, reused (the compiled graph guards on it)."""
+        work = self._work.get(forward)
+        if work is None:
+            if len(self._work) > 64:
+                self._work.clear()
+            work = self._work[forward] = {}
+            for index in range(len(self._sites)):
+                self._site_work(work, forward, index)
+        return work
+
+    def _site_work(self, work: dict, forward: tuple[int, ...], index: int) -> tuple:
+        site = self._sites[index]
+        items = tuple(
+            (slot, self._slots[slot].metric, site)
+            for slot in self._site_slots[index]
+            if slot in forward
+        )
+        work[index] = items
+        return items
 
     # -- the training loop ------------------------------------------------------------------
 
@@ -460,24 +694,59 @@ class TensorObserver:
         forward pass. Forward hooks observe until :meth:`commit` only if a metric reading them
         is due. Also publishes device results that have completed (without waiting).
         Returns whether any metric is due. Never raises."""
+        if self._inert:
+            self._step = self._step + 1 if step is None else int(step)
+            return False
+        return self._begin(step, began=True)
+
+    def _begin(self, step: int | None, began: bool) -> bool:
         try:
             if self.executor.pending:
                 self.executor.poll()
             if self._scope is not None:
                 self._end_scope()
             self._step = self._step + 1 if step is None else int(step)
-            due = frozenset(s.index for s in self._slots if self._step % s.interval == 0)
-            forward_due = any(not self._slots[i].commit_kinds for i in due)
-            tables = (self._sites, self._site_slots, self._slots)
-            self._scope = _StepScope(self._step, due, forward_due, tables)
-            if forward_due:
-                scopes = dict(_SCOPES.get())  # never mutated once set: a copy per step
-                scopes[id(self)] = self._scope
-                self._token = _SCOPES.set(scopes)
+            due, forward = self._due(self._step)
+            if due:
+                self._refresh_if_changed()
+            work = self._work_for(forward) if forward else _NO_WORK
+            scope = _StepScope(
+                self._step,
+                due,
+                began,
+                forward,
+                work,
+                self._sites,
+                self._site_work,
+                self._forward_failed,
+            )
+            self._scope = scope
+            if forward:
+                gate = self._gate
+                gate.work, gate.scope, gate.forward_due = work, scope, True
             return bool(due)
         except Exception as error:
             _warn.warning(("begin_step", id(self), type(error)), "tensor observer: %r", error)
             return False
+
+    def _due(self, step: int) -> tuple[frozenset[int], tuple[int, ...]]:
+        """The slots due at ``step``, and those of them that read forward sites (cached per
+        set of due slots)."""
+        key = tuple(i for i, interval in self._intervals if step % interval == 0)
+        found = self._due_sets.get(key)
+        if found is None:
+            forward = tuple(i for i in key if not self._slots[i].commit_kinds)
+            found = self._due_sets[key] = (frozenset(key), forward)
+        return found
+
+    def _forward_failed(self, site: Site, metric: TensorMetric, error: Exception) -> None:
+        _warn.warning(
+            ("prepare", id(self), metric.name, type(error)),
+            "tensor metric %s could not observe %s: %r",
+            metric.name,
+            site.name,
+            error,
+        )
 
     def observe(
         self, name: str, kind: SiteKind | str, tensor: torch.Tensor, top_k: int = 1
@@ -486,7 +755,7 @@ class TensorObserver:
         tensors no module outputs (Megatron-LM's tensor-observation callbacks, router logits
         computed inside a module). Between :meth:`begin_step` and :meth:`commit`; never raises."""
         scope = self._scope
-        if scope is None or not scope.forward_due:
+        if scope is None or not self._gate.forward_due:
             return
         try:
             index = self._forward_site(canonical_name(name), SiteKind(kind), top_k)
@@ -500,13 +769,17 @@ class TensorObserver:
         kernels), hands them and the step's forward observations to the executor, and ends the
         step's observation scope. Queues device work only (no host read on CUDA); never raises.
         Without a :meth:`begin_step` since the last commit, the step advances by one."""
+        if self._inert:
+            return
         try:
             if self._scope is None:
-                self.begin_step()
+                self._begin(None, began=False)
             scope = self._scope
             self._end_scope()
             if scope is not None:
                 self._commit(scope)
+                if scope.forward or self._gate.untraceable:
+                    self._check_forward(scope)
         except Exception as error:
             _warn.warning(
                 ("commit", id(self), type(error)), "tensor observer: %r", error, exc_info=True
@@ -514,96 +787,156 @@ class TensorObserver:
 
     def _commit(self, scope: _StepScope) -> None:
         rows_by_slot: dict[int, Rows] = {}
+        # Every stage must run every due metric under pipeline parallelism (collectives).
+        pipeline = self.executor.axes.size(PIPELINE_AXIS) > 1
         # Metrics whose commit-time prepare is batched_norms(tensors, ord) share one call per ord:
         # one multi-tensor kernel per (device, dtype) over all their tensors, whatever the metric.
         batched: dict[float, list[tuple[_Slot, list]]] = {}
-        with torch.no_grad():
+        # One gather for the step: the 0-d values of every such row and of scalar forward
+        # observations go into one torch.stack; each metric's rows are a view of it.
+        scalars: list[torch.Tensor] = []
+        spans: list[tuple[_Slot, int, int, tuple[Site, ...], tuple[int, ...]]] = []
+        due = scope.due
+        grad_enabled = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)  # parameter norms are no part of autograd
+        try:
             for slot in self._slots:
-                if not slot.metric.wants_commit(slot.index in scope.due):
+                metric = slot.metric
+                if not metric.wants_commit(slot.index in due):
                     continue
+                rows = None
                 if not slot.commit_kinds:
-                    rows = self._forward_rows(slot, scope)
+                    entry = scope.entries.get(slot.index)
+                    if entry and entry[0]:
+                        sites, values, counts = entry
+                        if all(v.dim() == 0 for v in values):
+                            begin = len(scalars)
+                            scalars += values
+                            spans.append((slot, begin, len(scalars), tuple(sites), tuple(counts)))
+                            continue
+                        rows = Rows(
+                            tuple(sites),
+                            torch.cat([v.reshape(-1) for v in values]),
+                            tuple(v.numel() for v in values),
+                            tuple(counts),
+                        )
                 elif not slot.sites:
-                    continue
-                elif slot.metric.batched_ord is not None:
-                    batched.setdefault(slot.metric.batched_ord, []).append(
+                    pass
+                elif metric.batched_ord is not None:
+                    batched.setdefault(metric.batched_ord, []).append(
                         (slot, self._commit_tensors(slot))
                     )
                     continue
                 else:
-                    rows = self._rows(
-                        slot, slot.metric.prepare(slot.sites, self._commit_tensors(slot))
-                    )
+                    values = metric.prepare(slot.sites, self._commit_tensors(slot))
+                    rows = self._rows(slot, values) if values.numel() else None
+                if rows is None and pipeline:
+                    rows = self._empty_rows()
                 if rows is not None:
                     rows_by_slot[slot.index] = rows
             for ord, items in batched.items():
-                if len(items) == 1:
-                    slot, tensors = items[0]
-                    rows_by_slot[slot.index] = self._rows(slot, batched_norms(tensors, ord))
-                    continue
-                norms = batched_norms([t for _, tensors in items for t in tensors], ord)
-                begin = 0
-                for slot, tensors in items:
-                    end = begin + len(tensors)
-                    rows_by_slot[slot.index] = self._rows(slot, norms[begin:end])
+                tensors = items[0][1] if len(items) == 1 else sum((t for _, t in items), [])
+                complete = all(slot.complete for slot, _ in items)  # no None among them
+                norms = norm_list(tensors, ord, has_none=False if complete else None)
+                if len(norms) != len(tensors):  # no tensor at all (no gradient yet): zeros
+                    zeros = torch.zeros(len(tensors), dtype=torch.float32, device=self._device)
+                    norms = list(zeros.unbind())
+                begin = len(scalars)
+                scalars += norms
+                for slot, slot_tensors in items:
+                    end = begin + len(slot_tensors)
+                    spans.append((slot, begin, end, slot.sites, ()))
                     begin = end
+            if scalars:
+                try:
+                    stacked = torch.stack(scalars)
+                except RuntimeError:  # a model over several devices
+                    stacked = torch.stack([v.to(self._device, non_blocking=True) for v in scalars])
+                for slot, begin, end, sites, counts in spans:
+                    widths = slot.widths if not counts else (1,) * len(sites)
+                    rows_by_slot[slot.index] = Rows(sites, stacked[begin:end], widths, counts)
+        finally:
+            torch._C._set_grad_enabled(grad_enabled)
         if rows_by_slot:
             work = [(self._slots[i].metric, rows_by_slot[i]) for i in sorted(rows_by_slot)]
             self.executor.run(scope.step, work)
 
+    def _empty_rows(self) -> Rows:
+        return Rows((), torch.zeros(0, dtype=torch.float32, device=self._device), (), ())
+
     @staticmethod
     def _commit_tensors(slot: _Slot) -> list[torch.Tensor | None]:
+        """The tensors the slot's sites read now; sets ``slot.complete`` when none is ``None``
+        for certain (a parameter without gradient is ``None``)."""
+        if slot.static is not None:
+            slot.complete = True
+            return slot.static
+        kinds = slot.commit_kinds
         tensors: list[torch.Tensor | None]
-        if slot.commit_kinds == (SiteKind.PARAMETER,):
-            tensors = slot.params  # type: ignore[assignment]
-        elif slot.commit_kinds == (SiteKind.GRAD,):
-            tensors = [p.grad for p in slot.params]
+        persistent: list[bool] | bool
+        if kinds == (SiteKind.GRAD,):
+            tensors, persistent = list(map(_GRAD, slot.params)), False
+        elif kinds == (SiteKind.PARAMETER,):
+            tensors, persistent = list(slot.params), True
         else:
             tensors = [
                 p if site.kind is SiteKind.PARAMETER else p.grad
                 for site, p in zip(slot.sites, slot.params)
             ]
-        if any(t is None for t in tensors):  # Megatron-LM keeps gradients in .main_grad
-            tensors = [
-                getattr(p, "main_grad", None) if t is None and site.kind is SiteKind.GRAD else t
-                for t, site, p in zip(tensors, slot.sites, slot.params)
-            ]
-        if slot.is_dtensor:
-            tensors = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+            persistent = [site.kind is SiteKind.PARAMETER for site in slot.sites]
+        complete = not any(map(_IS_NONE, tensors))
+        if not complete:  # Megatron-LM keeps gradients in .main_grad
+            if not isinstance(persistent, list):
+                persistent = [persistent] * len(tensors)
+            for i, (t, site, p) in enumerate(zip(tensors, slot.sites, slot.params)):
+                if t is None and site.kind is SiteKind.GRAD:
+                    tensors[i] = getattr(p, "main_grad", None)
+                    persistent[i] = True  # a view of the persistent gradient buffer
+        for i, local in slot.local:
+            keep = persistent if isinstance(persistent, bool) else persistent[i]
+            tensors[i] = local(tensors[i], keep)
+        slot.complete = complete and not slot.local  # an adapter may give None
         return tensors
 
     @staticmethod
-    def _rows(slot: _Slot, values: torch.Tensor) -> Rows | None:
+    def _rows(slot: _Slot, values: torch.Tensor) -> Rows:
         n = len(slot.sites)
-        if values.numel() == 0 or n == 0:
-            return None
+        if values.dim() != 1:
+            values = values.reshape(-1)
         width = values.numel() // n
-        return Rows(slot.sites, values if values.dim() == 1 else values.reshape(-1), (width,) * n)
+        widths = slot.widths if width == 1 else (width,) * n
+        return Rows(slot.sites, values, widths)
 
-    @staticmethod
-    def _forward_rows(slot: _Slot, scope: _StepScope) -> Rows | None:
-        entry = scope.entries.get(slot.index)
-        if not entry:
-            return None
-        sites, values, counts = entry
-        if all(v.dim() == 0 for v in values):
-            stacked = torch.stack(values)
-            widths = (1,) * len(values)
-        else:
-            stacked = torch.cat([v.reshape(-1) for v in values])
-            widths = tuple(v.numel() for v in values)
-        return Rows(tuple(sites), stacked, widths, tuple(counts))
+    def _check_forward(self, scope: _StepScope) -> None:
+        """Says when a due forward metric saw nothing: never silently absent values."""
+        gate = self._gate
+        untraceable, gate.untraceable = gate.untraceable, False
+        for index in scope.due:
+            slot = self._slots[index]
+            if slot.commit_kinds:
+                continue
+            if untraceable and not slot.metric.traceable:
+                _warn.warning(
+                    ("untraceable", id(self), slot.metric.name),
+                    "tensor metric %s is not traceable (TensorMetric.traceable is False): its "
+                    "values are unavailable while the model runs under torch.compile.",
+                    slot.metric.name,
+                )
+            entry = scope.entries.get(index)
+            if scope.began and slot.forward_sites and not (entry and entry[0]):
+                _warn.warning(
+                    ("unobserved", id(self), slot.metric.name),
+                    "tensor metric %s was due at step %d but saw no tensor: run the step's "
+                    "forward passes between begin_step() and commit(); a model compiled (and "
+                    "run) before the observer was built does not call its hooks.",
+                    slot.metric.name,
+                    scope.step,
+                )
 
     def _end_scope(self) -> None:
-        token = self._token
-        self._scope, self._token = None, None
-        if token is not None:
-            try:
-                _SCOPES.reset(token)
-            except ValueError:  # set in another context: drop only this observer's scope
-                scopes = dict(_SCOPES.get())
-                scopes.pop(id(self), None)
-                _SCOPES.set(scopes)
+        gate = self._gate
+        gate.forward_due, gate.scope = False, None
+        self._scope = None
 
     @property
     def step(self) -> int:
@@ -621,6 +954,8 @@ class TensorObserver:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._watch is not None:
+            self._watch.close()
         self._remove_source()
         self.executor.close()
 
