@@ -87,7 +87,7 @@ config = TelemetryConfig(
 Provider.set_provider(config)  # its logger backend logs to stdout: a file here, as in a job
 
 sdk = TracerProvider()
-sdk.add_span_processor(BatchSpanProcessor(NoOpExporter()))
+sdk.add_span_processor(BatchSpanProcessor(NoOpExporter(), max_queue_size=max(2048, iterations)))
 tracer = sdk.get_tracer("bench")
 
 def flush_aidot():
@@ -184,6 +184,10 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
     """Per-round costs (us per iteration) of each variant, the rounds interleaved."""
     import logging
 
+    # Room for a whole round in every batch processor: a span dropped on a full queue costs
+    # less than one exported, which would favour whichever variant dropped more.
+    queue = max(2048, iterations)
+
     import nvtx
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -215,12 +219,12 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
         },
         span_processors=[
             LogSpanProcessor(span_log, starts=False),
-            BatchSpanProcessor(NoOpExporter()),
+            BatchSpanProcessor(NoOpExporter(), max_queue_size=queue),
         ],
         set_global=False,
     )
     sdk = TracerProvider()
-    sdk.add_span_processor(BatchSpanProcessor(NoOpExporter()))
+    sdk.add_span_processor(BatchSpanProcessor(NoOpExporter(), max_queue_size=queue))
     tracer = sdk.get_tracer("bench")
     training_iteration = otel_training.training_iteration
     layer = otel_training.layer

@@ -4,8 +4,9 @@ collectives that are the identity without other ranks (two ranks: tests/integrat
 from __future__ import annotations
 
 import pytest
+from support import import_or_unavailable
 
-torch = pytest.importorskip("torch")
+torch = import_or_unavailable("torch")
 
 from otel_training.demo import TrainResult  # noqa: E402
 from otel_training.demo.data import ByteCorpus  # noqa: E402

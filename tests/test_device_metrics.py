@@ -19,6 +19,7 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.semconv._incubating.metrics import hw_metrics
+from support import import_or_unavailable
 
 from otel_training import device_metrics
 from otel_training.config import RankIdentity
@@ -143,7 +144,7 @@ def test_devices_are_read_on_the_readers_thread_not_the_training_thread():
 def test_without_a_gpu_the_instruments_are_absent_with_one_info_line(caplog):
     """NVML is there as a package but finds no driver or GPU (this machine): no hw.* point,
     one info line for the process, however many pipelines and collections."""
-    pytest.importorskip("pynvml")
+    import_or_unavailable("pynvml")
     device_metrics._said.clear()
     with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
         for _ in range(2):
@@ -212,7 +213,7 @@ def test_the_devices_of_one_rank_per_gpu_are_its_own(monkeypatch):
 
 def test_a_real_nvml_read_where_a_gpu_is():
     """On a machine with an NVIDIA GPU, NVML's readings are in range and exported."""
-    nvml = pytest.importorskip("pynvml")
+    nvml = import_or_unavailable("pynvml")
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as error:

@@ -182,6 +182,7 @@ def test_phases_take_anything_and_every_span_and_line_decodes(
     )
     try:
         with make(name, dict(attributes)) as phase:
+            jsonlog.force_flush()  # the start line is written while the span is open
             phase.set_attributes(later)
             phase.add_event(event[0], event[1])
             if fail:

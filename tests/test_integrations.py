@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import import_or_unavailable
 
 from otel_training.integrations import _recorder
 
@@ -83,7 +84,7 @@ def test_bad_arguments_are_refused_at_construction(kwargs, error):
 
 def test_tokens_come_from_the_batch_shape_or_the_given_function():
     """tokens_per_sample multiplies the batch's leading dimension; tokens_per_batch is called."""
-    torch = pytest.importorskip("torch")
+    torch = import_or_unavailable("torch")
     batch = {"input_ids": torch.zeros(3, 7, dtype=torch.long), "mask": torch.ones(3, 7)}
     assert _recorder.count_tokens(batch, 7, None) == 21
     assert _recorder.count_tokens([(batch["input_ids"],)], 5, None) == 15

@@ -38,7 +38,7 @@ def _provider(path: Path, **kwargs) -> tuple[TracerProvider, JsonLogSpanProcesso
     return provider, processor
 
 
-def test_each_span_writes_a_start_line_and_an_end_line_field_by_field(tmp_path):
+def test_a_span_open_when_the_writer_runs_gets_a_start_line_and_an_end_line(tmp_path):
     """Start and end lines carry name, ids, times, duration, status, attributes, events, rank."""
     path = tmp_path / "spans" / "spans-rank5.jsonl"
     provider, processor = _provider(path)
@@ -47,6 +47,7 @@ def test_each_span_writes_a_start_line_and_an_end_line_field_by_field(tmp_path):
         with tracer.start_as_current_span(
             "megatron.checkpoint.save", attributes={"megatron.iteration": 200}
         ) as save:
+            assert processor.force_flush()  # the writer runs: both spans are open
             save.set_attribute("megatron.checkpoint.size", 1024)
             save.add_event("staged", {"shards": 3})
             save.set_status(Status(StatusCode.OK))
@@ -80,6 +81,35 @@ def test_each_span_writes_a_start_line_and_an_end_line_field_by_field(tmp_path):
     for line in lines:
         assert line["rank"] == 5
         assert line["resource"] == {"service.name": "test", "dl.rank": 5, "dl.world_size": 8}
+
+
+def test_a_span_that_ends_before_the_writer_runs_gets_one_line_with_all_of_it(tmp_path):
+    """A span started and ended within one batch of the writer has only its end line, which
+    carries what a start line would (ids, parent, start time, attributes); a span still open
+    then gets its start line."""
+    path = tmp_path / "spans.jsonl"
+    provider, processor = _provider(path, flush_interval_s=3600)
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("megatron.train") as run:
+        for step in (1, 2):
+            with tracer.start_as_current_span(
+                "megatron.train.iteration", attributes={"megatron.iteration": step}
+            ) as it:
+                it.set_attribute("megatron.skipped", False)
+        assert processor.force_flush()
+    provider.shutdown()
+    lines = _strict(path.read_text())
+    assert [(line["record"], line["name"]) for line in lines] == [
+        ("span_start", "megatron.train"),
+        ("span_end", "megatron.train.iteration"),
+        ("span_end", "megatron.train.iteration"),
+        ("span_end", "megatron.train"),
+    ]
+    first = lines[1]
+    assert first["parent_span_id"] == f"{run.get_span_context().span_id:016x}"
+    assert first["attributes"] == {"megatron.iteration": 1, "megatron.skipped": False}
+    assert first["start_time_ns"] < first["end_time_ns"]
+    assert lines[0]["span_id"] == lines[-1]["span_id"]
 
 
 def test_an_exception_event_carries_type_message_and_stack(tmp_path):
@@ -116,9 +146,10 @@ def test_a_span_that_hangs_leaves_its_start_line_on_disk(tmp_path):
 def test_non_finite_numbers_are_written_as_strings_so_the_json_is_strict(tmp_path):
     """NaN and infinities become "NaN", "Infinity", "-Infinity"; every line is strict JSON."""
     path = tmp_path / "spans.jsonl"
-    provider, _ = _provider(path)
+    provider, processor = _provider(path)
     attributes = {"loss": math.nan, "up": math.inf, "down": -math.inf, "many": (1.0, math.nan)}
     with provider.get_tracer("t").start_as_current_span("s", attributes=attributes) as span:
+        assert processor.force_flush()  # the start line is written while the span is open
         span.add_event("spike", {"grad_norm": math.inf})
     provider.shutdown()
     start, end = _strict(path.read_text())
@@ -158,11 +189,11 @@ def test_shutdown_flushes_everything_and_later_spans_are_ignored(tmp_path):
     processor.shutdown()
     processor.shutdown()
     lines = _strict(path.read_text())
-    assert len(lines) == 1000
-    assert [line["attributes"]["i"] for line in lines[1::2]] == list(range(500))
+    assert {line["record"] for line in lines} == {"span_end"}  # each ended in the one batch
+    assert [line["attributes"]["i"] for line in lines] == list(range(500))
     with tracer.start_as_current_span("late"):
         pass
-    assert len(path.read_text().splitlines()) == 1000
+    assert len(path.read_text().splitlines()) == 500
 
 
 def test_force_flush_writes_what_was_queued(tmp_path):
@@ -172,7 +203,7 @@ def test_force_flush_writes_what_was_queued(tmp_path):
     with provider.get_tracer("t").start_as_current_span("s"):
         pass
     assert processor.force_flush(5_000)
-    assert len(path.read_text().splitlines()) == 2
+    assert [line["record"] for line in _strict(path.read_text())] == ["span_end"]
     provider.shutdown()
 
 
@@ -206,7 +237,7 @@ def test_a_forked_child_writes_no_line(tmp_path):
         pass
     provider.shutdown()
     assert os.waitstatus_to_exitcode(status) == 0  # the child queued nothing
-    assert [line["name"] for line in _strict(path.read_text())] == ["parent", "parent"]
+    assert [line["name"] for line in _strict(path.read_text())] == ["parent"]
 
 
 # -- configure() ----------------------------------------------------------------------------
@@ -226,10 +257,7 @@ def test_configure_writes_span_lines_per_rank_beside_the_embedded_default(tmp_pa
     assert path.parent.parent == out
     assert f"span JSON lines {path}" in telemetry.destination
     lines = _strict(path.read_text())
-    assert [(line["record"], line["rank"]) for line in lines] == [
-        ("span_start", 3),
-        ("span_end", 3),
-    ]
+    assert [(line["record"], line["rank"]) for line in lines] == [("span_end", 3)]
     assert lines[0]["resource"]["dl.world_size"] == 4
 
 

@@ -93,11 +93,11 @@ def test_every_span_is_one_complete_event_with_its_times(two_ranks, tmp_path):
     path = write_chrome_trace(load_run(run_dir), tmp_path / "trace.json")
     trace = _strict(path)
     assert trace["displayTimeUnit"] == "ms"
-    starts = {r["span_id"]: r for r in records if r["record"] == "span_start"}
+    spans = {r["span_id"]: r for r in records}  # a span's last line: its end when it ended
     ends = {r["span_id"]: r for r in records if r["record"] == "span_end"}
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert len(slices) == len(starts) == len({e["args"]["span_id"] for e in slices})
-    assert {e["args"]["span_id"] for e in slices} == set(starts)
+    assert len(slices) == len(spans) == len({e["args"]["span_id"] for e in slices})
+    assert {e["args"]["span_id"] for e in slices} == set(spans)
     t0 = min(r["start_time_ns"] for r in records)
     assert trace["otherData"]["ts0_unix_ns"] == t0
     last_by_rank = {}
@@ -105,7 +105,7 @@ def test_every_span_is_one_complete_event_with_its_times(two_ranks, tmp_path):
         last = max(r["start_time_ns"], r.get("end_time_ns") or 0)
         last_by_rank[r["rank"]] = max(last_by_rank.get(r["rank"], 0), last)
     for event in slices:
-        start = starts[event["args"]["span_id"]]
+        start = spans[event["args"]["span_id"]]  # name, rank, start and parent on both lines
         assert event["name"] == start["name"]
         assert event["pid"] == start["rank"] + 1
         assert event["ts"] == pytest.approx((start["start_time_ns"] - t0) / 1000, abs=1e-3)
@@ -159,10 +159,8 @@ def test_one_process_per_rank_and_strictly_nested_threads(two_ranks):
             assert event["ts"] + event["dur"] <= parent["ts"] + parent["dur"] + 1e-3
             nested_children += 1
     # Children of spans in the files (the run and segment spans' shared parents are in none).
-    span_ids = {r["span_id"] for r in records}
-    iterations_and_children = sum(
-        1 for r in records if r["record"] == "span_start" and r["parent_span_id"] in span_ids
-    )
+    spans = {r["span_id"]: r for r in records}
+    iterations_and_children = sum(1 for r in spans.values() if r["parent_span_id"] in spans)
     assert nested_children >= iterations_and_children - 2  # all but the failed/hung oddities
     by_thread = {}
     for event in slices:

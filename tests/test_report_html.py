@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from support import import_or_unavailable
 
 _HERE = Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:  # import the helper whatever pytest's import mode is
@@ -23,7 +24,7 @@ from report_files import (  # noqa: E402
     write_real_metrics,
 )
 
-pytest.importorskip("plotly")
+import_or_unavailable("plotly")
 
 from otel_training.report import (  # noqa: E402
     build_report,

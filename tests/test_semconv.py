@@ -522,6 +522,23 @@ MEGATRON_SPAN_ATTRIBUTES = {
     "is_goodput_span",
 }
 
+# The Resource attributes Megatron-LM sets (megatron/training/global_vars.py:
+# build_telemetry_resource_attrs) under the dl. names shared with NeMo Lens.
+MEGATRON_RESOURCE_ATTRIBUTES = {
+    "dl.local_rank",
+    "dl.tensor_parallel.size",
+    "dl.pipeline_parallel.size",
+    "dl.data_parallel.size",
+}
+
+
+def test_resource_attributes_are_megatron_lms_and_in_the_resource_group(registry):
+    """Megatron-LM's dl. Resource attributes are declared, in the training resource group."""
+    keys = {a["key"] for a in registry.attributes}
+    assert MEGATRON_RESOURCE_ATTRIBUTES <= keys
+    (group,) = [g for g in registry.attribute_groups if g["id"] == "dl.training.resource"]
+    assert MEGATRON_RESOURCE_ATTRIBUTES <= {a["ref"] for a in group["attributes"]}
+
 
 def test_spans_are_megatron_lms_with_their_groups(registry):
     """The registry's spans are Megatron-LM's (and ours in its scheme), each in Megatron-LM's

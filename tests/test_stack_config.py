@@ -168,10 +168,16 @@ def _registry_metrics() -> list[dict[str, Any]]:
 
 
 def _registry_resource_attributes() -> set[str]:
+    """The rank identity of the registry's resource group: its attributes that are not opt-in
+    (the parallel layout is the same on every rank and stays in target_info)."""
     for path in sorted(REGISTRY_DIR.glob("*.yaml")):
         for group in _yaml(path).get("attribute_groups") or []:
             if group["id"] == "dl.training.resource":
-                return {a.get("ref") or a["key"] for a in group["attributes"]}
+                return {
+                    a.get("ref") or a["key"]
+                    for a in group["attributes"]
+                    if a.get("requirement_level") != "opt_in"
+                }
     raise AssertionError("attribute group dl.training.resource not found in the registry")
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from support import import_or_unavailable
 
-torch = pytest.importorskip("torch")
+torch = import_or_unavailable("torch")
 
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402

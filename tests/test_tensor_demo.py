@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from support import import_or_unavailable
 
-torch = pytest.importorskip("torch")
+torch = import_or_unavailable("torch")
 
 from otel_training import testing  # noqa: E402
 from otel_training.demo import DemoConfig, train  # noqa: E402

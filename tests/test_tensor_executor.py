@@ -8,8 +8,9 @@ import math
 import threading
 
 import pytest
+from support import import_or_unavailable
 
-torch = pytest.importorskip("torch")
+torch = import_or_unavailable("torch")
 
 import numpy as np  # noqa: E402
 from opentelemetry.sdk.metrics.export import (  # noqa: E402

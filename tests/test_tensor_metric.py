@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from support import import_or_unavailable
 
-pytest.importorskip("torch")
+import_or_unavailable("torch")
 
 import numpy as np  # noqa: E402
 

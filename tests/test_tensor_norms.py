@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from support import import_or_unavailable
 
-torch = pytest.importorskip("torch")
+torch = import_or_unavailable("torch")
 
 from otel_training.tensor.norms import batched_norms, norm_list  # noqa: E402
 

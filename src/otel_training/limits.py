@@ -58,6 +58,7 @@ __all__ = [
     "cut_marker",
     "json_cost",
     "log_record_cost",
+    "plain",
     "safe_text",
 ]
 
@@ -179,19 +180,28 @@ def bounded_value(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH) -> Any:
     return safe_text(value, limit)
 
 
-def _plain(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+def plain(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
     """The dict inside the SDK's ``BoundedAttributes`` (whose ``items()`` goes through a lock
     and ``__getitem__`` per key), else the mapping itself."""
     inner = getattr(mapping, "_dict", None)
     return inner if type(inner) is dict else mapping
 
 
+#: Attribute keys found clean before: a run uses few keys, and each is checked once.
+_CLEAN_KEYS: set[str] = set()
+_MAX_CLEAN_KEYS = 4096
+
+
 def _needs_work(attributes: Mapping[str, Any] | None, limit: int | None) -> bool:
     if not attributes:
         return False
-    for key, value in _plain(attributes).items():
-        if type(key) is not str or not _is_clean(key, MAX_NAME_LENGTH):
-            return True
+    clean_keys = _CLEAN_KEYS
+    for key, value in plain(attributes).items():
+        if key not in clean_keys:
+            if type(key) is not str or not _is_clean(key, MAX_NAME_LENGTH):
+                return True
+            if len(clean_keys) < _MAX_CLEAN_KEYS:
+                clean_keys.add(key)
         kind = type(value)
         if kind is str:
             if not _is_clean(value, limit):
@@ -238,7 +248,7 @@ def _attributes_cost(attributes: Mapping[str, Any] | None) -> int:
     if not attributes:
         return 2
     cost = 2
-    for key, value in _plain(attributes).items():  # json_cost inlined: runs for every span
+    for key, value in plain(attributes).items():  # json_cost inlined: runs for every span
         if type(key) is str and key.isascii() and key.isprintable():
             cost += len(key) + 2 + _ENTRY_COST
         else:
@@ -577,7 +587,7 @@ def log_record_cost(record: Any) -> int:
     attributes = log_record.attributes
     if attributes:
         cost += 2 + sum(
-            json_cost(k) + _ENTRY_COST + any_cost(v) for k, v in _plain(attributes).items()
+            json_cost(k) + _ENTRY_COST + any_cost(v) for k, v in plain(attributes).items()
         )
     for text in (log_record.severity_text, getattr(log_record, "event_name", None)):
         if text:
@@ -605,7 +615,7 @@ def _bounded_log_record(record: Any, limits: Limits) -> Any:
     limit = limits.value_length
     log_record = record.log_record
     body = log_record.body
-    attributes = _plain(log_record.attributes or {})
+    attributes = plain(log_record.attributes or {})
     severity_text = log_record.severity_text
     event_name = getattr(log_record, "event_name", None)
     scope = record.instrumentation_scope

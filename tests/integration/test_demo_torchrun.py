@@ -21,6 +21,7 @@ from rank_jobs import (
     require_gloo,
     torchrun_args,
 )
+from support import import_or_unavailable
 
 P = "megatron.training."
 STEPS, BATCH, SEQ, LAYERS, D_MODEL = 6, 4, 32, 1, 32
@@ -46,7 +47,7 @@ class Job:
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, repo_root) -> Job:
-    pytest.importorskip("torch")
+    import_or_unavailable("torch")
     require_gloo()
     root = tmp_path_factory.mktemp("demo2")
     output, checkpoints, logs = root / "telemetry", root / "checkpoints", root / "logs"

@@ -7,8 +7,9 @@ import math
 
 import pytest
 from rank_jobs import child_env, last_metrics, metric_files, require_gloo, torchrun_args
+from support import import_or_unavailable
 
-pytest.importorskip("torch")
+import_or_unavailable("torch")
 
 P = "megatron.training."
 SMALL = ["--grad-accum", "2", "--batch-size", "2", "--seq-len", "16", "--max-data-bytes", "200000"]

@@ -13,9 +13,10 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from support import import_or_unavailable
 
-pytest.importorskip("torch")
-pytest.importorskip("plotly")
+import_or_unavailable("torch")
+import_or_unavailable("plotly")
 
 FLAGS = [
     "--headless",

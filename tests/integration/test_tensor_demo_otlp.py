@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import import_or_unavailable
 
-pytest.importorskip("torch")
+import_or_unavailable("torch")
 
 DEMO = [
     "demo", "--moe", "--steps", "6", "--batch-size", "4", "--seq-len", "16", "--layers", "2",

@@ -1,8 +1,11 @@
-"""``JsonLogSpanProcessor``: one JSON object per line when a span starts and when it ends.
+"""``JsonLogSpanProcessor``: one JSON object per line when a span ends, and when it starts if
+it is still open when the writer runs.
 
 Written for the people who look at the files on the node after a job went wrong: a job hung
-inside a checkpoint save leaves the save's ``span_start`` line on disk, with no matching
-``span_end``. One file per rank (``spans-rank{RANK}.jsonl`` when set up by ``configure()``).
+inside a checkpoint save leaves the save's ``span_start`` line on disk (within the flush
+interval), with no matching ``span_end``. A span that starts and ends within one write of the
+writer has only its ``span_end`` line, which carries all its start line would. One file per
+rank (``spans-rank{RANK}.jsonl`` when set up by ``configure()``).
 The schema, with a sample line, is in ``docs/spans.md``; in short, every line has ``record``
 (``span_start`` or ``span_end``), ``name``, ``trace_id``, ``span_id``, ``parent_span_id``,
 ``start_time_ns``, ``attributes``, ``rank`` and ``resource`` (the rank identity), and
@@ -118,7 +121,8 @@ def _scalar(value: Any) -> bool | int | float | None:
 
 
 class JsonLogSpanProcessor(SpanProcessor):
-    """Writes a JSON line when each span starts and when it ends, to one file.
+    """Writes a JSON line when each span ends, and one when it starts if it is still open when
+    the writer runs (a span ended by then has only its end line), to one file.
 
     Args:
         path: The file; appended to (never through a symlink planted at the path; after a
@@ -191,16 +195,21 @@ class JsonLogSpanProcessor(SpanProcessor):
             return
         try:
             # Values, not the span: the live span (and all it holds) is not kept for the writer.
-            attributes = span.attributes
+            try:  # the SDK's fields, as its properties return them (without their wrappers)
+                name, context, parent = span._name, span._context, span._parent
+                start, attributes, resource = span._start_time, span._attributes, span._resource
+            except AttributeError:  # another Span implementation
+                name, context, parent = span.name, span.context, span.parent
+                start, attributes, resource = span.start_time, span.attributes, span.resource
             queue.append(
                 (
                     _START,
-                    span.name,
-                    span.context,
-                    span.parent,
-                    span.start_time,
+                    name,
+                    context,
+                    parent,
+                    start,
                     attributes.copy() if attributes else None,
-                    span.resource,
+                    resource,
                 )
             )
         except Exception:
@@ -264,9 +273,18 @@ class JsonLogSpanProcessor(SpanProcessor):
             waiters = []
             lines = []
             line = self._line
+            batch = []
             while queue:
-                item = queue.popleft()
+                batch.append(queue.popleft())
+            # A span that started and ended within this batch gets no start line: its end line
+            # says all the start line would. A span still open now (hung?) gets both.
+            ended = {
+                item[1].context.span_id for item in batch if type(item) is tuple and item[0] == _END
+            }
+            for item in batch:
                 if type(item) is tuple:
+                    if item[0] == _START and item[2].span_id in ended:
+                        continue
                     lines.append(line(item))
                 else:  # a force_flush waiter
                     waiters.append(item)
@@ -322,9 +340,8 @@ class JsonLogSpanProcessor(SpanProcessor):
         limit = self._value_length
         if item[0] == _START:
             _, name, context, parent, start, attributes, resource = item
-            attributes = _limits.bounded_attributes(attributes, limit)
             common = self._common(name, context, parent, start)
-            encoded = _encode_mapping(attributes, limit)
+            attributes, encoded = _attributes_json(attributes, limit)
             pending = self._pending
             if len(pending) < _MAX_PENDING:
                 pending[context.span_id] = (common, attributes, encoded)
@@ -332,61 +349,54 @@ class JsonLogSpanProcessor(SpanProcessor):
                 (_START_RECORD, common, _ATTRIBUTES_KEY, encoded, self._identity(resource))
             )
         span = item[1]
-        kept = self._pending.pop(span.context.span_id, None)
-        attributes = span.attributes
-        current = attributes.copy() if attributes else {}
-        # The common end (attributes as bounded at the start, no events, links or status
-        # description) needs no second pass of the string rule; any other goes through it.
-        if (
-            kept is None
-            or getattr(span, "_events", True)
-            or getattr(span, "_links", True)
-            or span.status.description is not None
-            or (kept[1] or {}) != current
-        ):
+        context, start, end, status, attributes, resource, events, links = _end_fields(span)
+        kept = self._pending.pop(context.span_id, None)
+        current = _limits.plain(attributes) if attributes else {}  # read only, not kept
+        if events or links or status.description is not None:  # the whole string rule
             span = _limits.bounded_span(span, self._limits)
-            attributes = span.attributes
-            current = attributes.copy() if attributes else {}
-        start = span.start_time
-        if kept is None:
-            common = self._common(span.name, span.context, span.parent, start)
-            encoded = _encode_mapping(current, limit)
+            context, start, end, status, attributes, resource, events, links = _end_fields(span)
+            current = _limits.plain(attributes) if attributes else {}
+        if kept is None:  # no start line: it ended in the batch it started in
+            common = self._common(span.name, context, span.parent, start)
+            encoded = _attributes_json(current, limit)[1]
         else:
             common, started_with, encoded = kept
-            if (started_with or {}) != current:
-                encoded = _encode_mapping(current, limit)
-        end = span.end_time
-        status = span.status
+            if (started_with or {}) != current:  # attributes as bounded at the start, or anew
+                encoded = _attributes_json(current, limit)[1]
         description = status.description
+        code = status.status_code
+        if type(end) is int and type(start) is int:
+            end_text, duration_text = str(end), repr((end - start) / 1e6)
+        else:
+            end_text = _number(end)
+            duration_text = _number(
+                (end - start) / 1e6 if end is not None and start is not None else None
+            )
         end_fields = _END_FIELDS % (
-            _number(end),
-            _number((end - start) / 1e6 if end is not None and start is not None else None),
-            _STATUS.get(status.status_code, "UNSET"),
+            end_text,
+            duration_text,
+            "UNSET" if code is _UNSET else _STATUS.get(code, "UNSET"),  # hashing an enum costs
             "null" if description is None else _encode(jsonable(description, limit)),
-            self._events_json(span),
+            self._events_json(events) if events else "[]",
         )
         return "".join(
-            (
-                _END_RECORD,
-                common,
-                end_fields,
-                _ATTRIBUTES_KEY,
-                encoded,
-                self._identity(span.resource),
-            )
+            (_END_RECORD, common, end_fields, _ATTRIBUTES_KEY, encoded, self._identity(resource))
         )
 
     def _common(self, name: str, context: Any, parent: Any, start: int | None) -> str:
         """``, "name": ..., ..., "start_time_ns": N`` of a span: what both its lines share."""
         trace_id = context.trace_id
         if trace_id != self._trace_id:  # one trace per run: encode it once
-            self._trace_id, self._trace_hex = trace_id, trace_id.to_bytes(16, "big").hex()
-        return _COMMON % (
-            (self._names.get(name) if type(name) is str else None) or self._name_json(name),
-            self._trace_hex,
-            context.span_id,
-            "null" if parent is None else '"' + parent.span_id.to_bytes(8, "big").hex() + '"',
-            _number(start),
+            self._trace_id, self._trace_hex = trace_id, f"{trace_id:032x}"
+        encoded_name = (self._names.get(name) if type(name) is str else None) or self._name_json(
+            name
+        )
+        parent_text = "null" if parent is None else f'"{parent.span_id:016x}"'
+        start_text = str(start) if type(start) is int else _number(start)
+        return (
+            f', "name": {encoded_name}, "trace_id": "{self._trace_hex}", '
+            f'"span_id": "{context.span_id:016x}", "parent_span_id": {parent_text}, '
+            f'"start_time_ns": {start_text}'
         )
 
     def _identity(self, resource: Any) -> str:
@@ -405,15 +415,7 @@ class JsonLogSpanProcessor(SpanProcessor):
                 self._names[name] = encoded
         return encoded
 
-    def _events_json(self, span: Any) -> str:
-        # The SDK's ReadableSpan.events copies its list under a lock; most spans have none,
-        # which its private list tells without the copy.
-        raw = getattr(span, "_events", None)
-        if raw is not None and not raw:
-            return "[]"
-        events = span.events
-        if not events:
-            return "[]"
+    def _events_json(self, events: Any) -> str:
         return _encode(
             [
                 {
@@ -438,12 +440,40 @@ class JsonLogSpanProcessor(SpanProcessor):
         return text
 
 
+_UNSET = StatusCode.UNSET
+
+
+def _end_fields(span: Any) -> tuple:
+    """(context, start, end, status, attributes, resource, events, links) of an ended span:
+    the SDK's fields where it has them (its properties wrap or copy them: this runs for every
+    span), else the properties."""
+    try:
+        return (
+            span._context,
+            span._start_time,
+            span._end_time,
+            span._status,
+            span._attributes,
+            span._resource,
+            span._events,
+            span._links,
+        )
+    except AttributeError:
+        return (
+            span.context,
+            span.start_time,
+            span.end_time,
+            span.status,
+            span.attributes,
+            span.resource,
+            span.events,
+            span.links,
+        )
+
+
 _START_RECORD = '{"record": "span_start"'
 _END_RECORD = '{"record": "span_end"'
 _ATTRIBUTES_KEY = ', "attributes": '
-_COMMON = (
-    ', "name": %s, "trace_id": "%s", "span_id": "%016x", "parent_span_id": %s, "start_time_ns": %s'
-)
 _END_FIELDS = (
     ', "end_time_ns": %s, "duration_ms": %s, "status": "%s", "status_description": %s, "events": %s'
 )
@@ -497,6 +527,17 @@ def _number(value: int | float | None) -> str:
     if value is None:
         return "null"
     return _encode(jsonable(value))
+
+
+def _attributes_json(attributes: Mapping | None, limit: int | None) -> tuple[Any, str]:
+    """(``attributes`` after the string rule, their JSON)."""
+    attributes = _limits.bounded_attributes(attributes, limit)
+    if type(attributes) is dict:  # a copy of our own, or the rule's: encoded as it is
+        try:
+            return attributes, _encode(attributes)
+        except (TypeError, ValueError):
+            return attributes, _encode(jsonable(attributes, limit))
+    return attributes, _encode_mapping(attributes, limit)
 
 
 def _encode_mapping(mapping: Mapping | None, limit: int | None) -> str:

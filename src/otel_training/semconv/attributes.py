@@ -15,12 +15,15 @@ from typing import Final
 
 __all__ = [
     "ATTRIBUTES",
+    "DL_DATA_PARALLEL_SIZE",
     "DL_GPU_CLOCK_DOMAIN",
     "DL_JOB_ID",
     "DL_LOCAL_RANK",
     "DL_NODE_RANK",
+    "DL_PIPELINE_PARALLEL_SIZE",
     "DL_RANK",
     "DL_RUN_ID",
+    "DL_TENSOR_PARALLEL_SIZE",
     "DL_WORLD_SIZE",
     "IS_GOODPUT_SPAN",
     "MEGATRON_CHECKPOINT_OPERATION",
@@ -61,6 +64,17 @@ class AttributeSpec:
     brief: str
     stability: str
     resource: bool
+
+
+DL_DATA_PARALLEL_SIZE: Final = "dl.data_parallel.size"
+"""Number of data-parallel replicas of the model.
+
+Type: int. Resource attribute. Stability: development. Examples: ``8``, ``128``.
+
+Megatron-LM's data_parallel_size (the world size over tensor, pipeline and context parallelism), set
+on its Resource under this name. Not detected: the training code knows it
+(configure(resource_attributes=...)).
+"""
 
 
 DL_GPU_CLOCK_DOMAIN: Final = "dl.gpu.clock.domain"
@@ -104,6 +118,16 @@ From 0 to the number of nodes - 1 (GROUP_RANK under torchrun, SLURM_NODEID under
 """
 
 
+DL_PIPELINE_PARALLEL_SIZE: Final = "dl.pipeline_parallel.size"
+"""Number of pipeline stages the model is split into.
+
+Type: int. Resource attribute. Stability: development. Examples: ``1``, ``4``.
+
+Megatron-LM's pipeline_model_parallel_size, set on its Resource under this name. Not detected: the
+training code knows it (configure(resource_attributes=...)).
+"""
+
+
 DL_RANK: Final = "dl.rank"
 """Global rank of this process among all processes of the training job.
 
@@ -122,6 +146,16 @@ Type: string. Resource attribute. Stability: development. Examples:
 
 Joins the telemetry of all ranks of one run: every rank of the run reports the same value, and two
 runs (of the same job or not) report different values.
+"""
+
+
+DL_TENSOR_PARALLEL_SIZE: Final = "dl.tensor_parallel.size"
+"""Number of tensor-parallel ranks that share each layer of the model.
+
+Type: int. Resource attribute. Stability: development. Examples: ``1``, ``8``.
+
+Megatron-LM's tensor_model_parallel_size, set on its Resource under this name. Not detected: the
+training code knows it (configure(resource_attributes=...)).
 """
 
 
@@ -314,6 +348,13 @@ ranks' spans of a segment are in one trace.
 
 ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
     {
+        DL_DATA_PARALLEL_SIZE: AttributeSpec(
+            name=DL_DATA_PARALLEL_SIZE,
+            type="int",
+            brief="Number of data-parallel replicas of the model.",
+            stability="development",
+            resource=True,
+        ),
         DL_GPU_CLOCK_DOMAIN: AttributeSpec(
             name=DL_GPU_CLOCK_DOMAIN,
             type="enum",
@@ -342,6 +383,13 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             stability="development",
             resource=True,
         ),
+        DL_PIPELINE_PARALLEL_SIZE: AttributeSpec(
+            name=DL_PIPELINE_PARALLEL_SIZE,
+            type="int",
+            brief="Number of pipeline stages the model is split into.",
+            stability="development",
+            resource=True,
+        ),
         DL_RANK: AttributeSpec(
             name=DL_RANK,
             type="int",
@@ -353,6 +401,13 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             name=DL_RUN_ID,
             type="string",
             brief="Identifier of one training run, the same on all of its ranks.",
+            stability="development",
+            resource=True,
+        ),
+        DL_TENSOR_PARALLEL_SIZE: AttributeSpec(
+            name=DL_TENSOR_PARALLEL_SIZE,
+            type="int",
+            brief="Number of tensor-parallel ranks that share each layer of the model.",
             stability="development",
             resource=True,
         ),
