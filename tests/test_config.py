@@ -495,6 +495,8 @@ def test_nvtx_only_groups_and_trace_segments(caplog):
         "layer"
     }
     assert load(caplog)[0].nvtx_only_groups == frozenset()
+    renamed, warnings = load(caplog, OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS="iteration,layer")
+    assert renamed.nvtx_only_groups == {"step", "layer"} and not warnings  # as span groups take it
     assert (
         load(caplog, OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS="50")[0].trace_segment_iterations
         == 50

@@ -791,10 +791,11 @@ class _Parser(EnvReader):
             return frozenset()
         chosen: set[str] = set()
         for part in (p.strip().lower() for p in raw.split(",")):
+            part = RENAMED_SPAN_GROUPS.get(part, part)  # as in the span groups' own variable
             if part == "fine":
                 chosen |= NVTX_ONLY_CANDIDATE_GROUPS
             elif part in SPAN_GROUPS:
-                chosen.add(RENAMED_SPAN_GROUPS.get(part, part))
+                chosen.add(part)
             elif part:
                 self.warn("%s: ignoring %r, which is neither fine nor a span group.", name, part)
         return frozenset(chosen)

@@ -72,8 +72,9 @@ OTEL_PYTHON_TRAINING_NVTX_DOMAIN: Final = "OTEL_PYTHON_TRAINING_NVTX_DOMAIN"
 """The NVTX domain of the span ranges. Default: ``otel_training``."""
 
 OTEL_PYTHON_TRAINING_JSONLOG_DIR: Final = "OTEL_PYTHON_TRAINING_JSONLOG_DIR"
-"""Directory of the span JSON lines, ``spans-rank{RANK}.jsonl``: one JSON object when each span
-starts and one when it ends (schema in ``docs/spans.md``). Setting it turns the JSON lines on
+"""Directory of the span JSON lines: ``{run id}/spans-rank{RANK}.jsonl`` inside it (``latest``
+links to the newest run), one JSON object when each span ends and one when it starts if it is
+still open when the writer runs (schema in ``docs/spans.md``). Setting it turns the JSON lines on
 whatever the exporters; unset, they are written to ``OTEL_PYTHON_TRAINING_OUTPUT_DIR`` when the
 embedded default (``otlp_json_file``) exports traces, and not at all otherwise.
 """

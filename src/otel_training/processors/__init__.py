@@ -3,8 +3,8 @@ by ``configure()``.
 
 - :class:`NvtxSpanProcessor`: every span as an NVTX start/end range keyed by its span id, for
   Nsight Systems timelines.
-- :class:`JsonLogSpanProcessor`: one JSON object per line when a span starts and when it ends,
-  one file per rank.
+- :class:`JsonLogSpanProcessor`: one JSON object per line when a span ends, and when it starts
+  if it is still open when the writer runs; one file per rank.
 - :class:`CheckpointMetricsSpanProcessor`: the duration of each checkpoint save and load span
   on the histogram ``megatron.checkpoint.duration``, for backends that store no spans.
 
