@@ -33,9 +33,12 @@ lint: setup
 bench: setup
 	$(PY) bench/record_metrics.py
 
-# Installs aidot-training-telemetry into build/bench-aidot-venv on first run (apart from ours).
+# Installs aidot-training-telemetry into build/bench-aidot-venv on first run (apart from ours);
+# runs again with the tests' NVTX recorder attached as a profiler (built here with gcc).
 bench-spans: setup
-	$(PY) bench/spans.py
+	mkdir -p build
+	gcc -shared -fPIC -O2 -pthread -o build/libnvtx_recorder.so tests/nvtx_injection/recorder.c
+	$(PY) bench/spans.py --nvtx-injection build/libnvtx_recorder.so
 
 bench-tensor: setup
 	$(PY) bench/tensor_metrics.py

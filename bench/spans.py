@@ -33,10 +33,14 @@ NVTX mode: without a tool attached, the ``nvtx`` package hands out a dummy domai
 are near no-ops (our processor is then not installed at all). ``--nvtx-injection LIB`` runs the
 whole benchmark again in a subprocess with ``NVTX_INJECTION64_PATH=LIB`` (for example the
 recorder of ``tests/nvtx_injection/recorder.c``, built with
-``gcc -shared -fPIC -o /tmp/librecorder.so tests/nvtx_injection/recorder.c``, writing to
-``NVTX_RECORDER_OUTPUT=/dev/null``), so that both libraries make real NVTX calls.
+``gcc -shared -fPIC -O2 -o /tmp/librecorder.so tests/nvtx_injection/recorder.c``), so that both
+libraries make real NVTX calls. The recorder runs as a profiler does
+(``NVTX_RECORDER_MODE=buffer``: every call kept in memory with a timestamp, as Nsight Systems
+keeps events while the process runs); ``--nvtx-tool-writes`` makes it write and flush a JSON
+line per call instead (the tests' mode, about 1.5 us a call of its own).
 
-Usage: python bench/spans.py [--iterations N] [--rounds R] [--nvtx-injection LIB] [--no-aidot]
+Usage: python bench/spans.py [--iterations N] [--rounds R] [--nvtx-injection LIB
+[--nvtx-tool-writes]] [--no-aidot]
 """
 
 from __future__ import annotations
@@ -302,7 +306,8 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
 
 def nvtx_mode() -> str:
     if os.environ.get("NVTX_INJECTION64_PATH"):
-        return f"NVTX tool attached ({os.environ['NVTX_INJECTION64_PATH']})"
+        how = os.environ.get("NVTX_RECORDER_MODE") or "a JSON line written per call"
+        return f"NVTX tool attached ({os.environ['NVTX_INJECTION64_PATH']}, mode: {how})"
     return "no NVTX tool attached (NVTX calls are no-ops; our NVTX processor is not installed)"
 
 
@@ -312,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--nvtx-injection", help="also run with this NVTX injection library")
     parser.add_argument("--no-aidot", action="store_true", help="skip aidot-training-telemetry")
+    parser.add_argument(
+        "--nvtx-tool-writes",
+        action="store_true",
+        help="with --nvtx-injection: the recorder writes a line per call (not in memory)",
+    )
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as directory:
@@ -359,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ)
         env["NVTX_INJECTION64_PATH"] = os.path.abspath(args.nvtx_injection)
         env.setdefault("NVTX_RECORDER_OUTPUT", os.devnull)
-        rest = [a for a in sys.argv[1:] if not a.startswith("--nvtx-injection")]
+        if not args.nvtx_tool_writes:
+            env.setdefault("NVTX_RECORDER_MODE", "buffer")
+        rest = [a for a in sys.argv[1:] if not a.startswith("--nvtx-")]
         if args.nvtx_injection in rest:
             rest.remove(args.nvtx_injection)
         print()

@@ -305,6 +305,8 @@ def test_complete_span_lines_spare_the_traces_file(tmp_path):
     assert [s.name for s in run.spans] == [MEGATRON_TRAIN]
     traces = next(f for f in run.files if f.signal == "traces")
     assert traces.skipped and traces.lines == 0
+    status = (tmp_path / "traces-rank0.jsonl").stat()  # its size and time are still shown
+    assert (traces.size_bytes, traces.mtime_s) == (status.st_size, status.st_mtime)
 
 
 def test_traces_stand_in_for_missing_span_lines(tmp_path):

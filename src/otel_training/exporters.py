@@ -109,6 +109,24 @@ class _Splitter:
         return first and second
 
 
+def _send_bounded(
+    bounded: Sequence[_T],
+    cost: Callable[[_T], int],
+    send: Callable[[Sequence[_T]], Any],
+    success: Any,
+    timeout_s: float,
+    max_request_bytes: int,
+) -> bool:
+    """Sends ``bounded`` records through ``send`` in order, in requests under
+    ``max_request_bytes`` of worst-case ``cost``, each split when refused quickly (while
+    ``timeout_s`` lasts). True when every request returned ``success``."""
+    splitter = _Splitter(send, cost, success, timeout_s)
+    ok = True
+    for run in _chunks(bounded, cost, max_request_bytes):
+        ok = splitter(run) and ok
+    return ok
+
+
 def _relax_grpc_retries(exporter: Any) -> None:
     """Makes a gRPC exporter give up at once on RESOURCE_EXHAUSTED without retry information:
     the collector answers an oversized request so, and the SDK would retry it unchanged until
@@ -158,16 +176,15 @@ class SafeSpanExporter(SpanExporter):
         if os.getpid() != self._pid:
             return SpanExportResult.SUCCESS
         try:
-            bounded = [_limits.bounded_span(span, self._limits) for span in spans]
-            send = _Splitter(
-                self._exporter.export,
+            limits = self._limits
+            ok = _send_bounded(
+                [_limits.bounded_span(span, limits) for span in spans],
                 _limits.span_cost,
+                self._exporter.export,
                 SpanExportResult.SUCCESS,
                 self._timeout_s,
+                self._max_request_bytes,
             )
-            ok = True
-            for run in _chunks(bounded, _limits.span_cost, self._max_request_bytes):
-                ok = send(run) and ok
         except Exception:
             _logger.warning("otel-training: a span export failed", exc_info=True)
             return SpanExportResult.FAILURE
@@ -229,16 +246,15 @@ class SafeLogRecordExporter(LogRecordExporter):
         if os.getpid() != self._pid:
             return LogRecordExportResult.SUCCESS
         try:
-            bounded = [_limits.bounded_log_record(record, self._limits) for record in batch]
-            send = _Splitter(
-                self._exporter.export,
+            limits = self._limits
+            ok = _send_bounded(
+                [_limits.bounded_log_record(record, limits) for record in batch],
                 _limits.log_record_cost,
+                self._exporter.export,
                 LogRecordExportResult.SUCCESS,
                 self._timeout_s,
+                self._max_request_bytes,
             )
-            ok = True
-            for run in _chunks(bounded, _limits.log_record_cost, self._max_request_bytes):
-                ok = send(run) and ok
         except Exception:
             _logger.warning("otel-training: a log export failed", exc_info=True)
             return LogRecordExportResult.FAILURE

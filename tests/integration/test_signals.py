@@ -133,11 +133,17 @@ STUCK_IN_C = textwrap.dedent(
     import otel_training
     spin = ctypes.CDLL(sys.argv[1]).spin
     otel_training.record_training_metrics(otel_training.get_meter(), loss=4.5)
-    print("ready", flush=True)
+    sys.stdout.flush()
     spin(60)   # like a hung collective: C code that never returns to the interpreter
     """
 )
-SPIN_C = "#include <time.h>\nvoid spin(int s){time_t end=time(0)+s;while(time(0)<end){}}\n"
+# Says "ready" from inside C, so that a SIGTERM sent then always finds the main thread there
+# (a "ready" printed by Python just before the call could let the handler run first).
+SPIN_C = (
+    "#include <stdio.h>\n#include <time.h>\n"
+    "void spin(int s){time_t end=time(0)+s;fputs(\"ready\\n\",stdout);fflush(stdout);"
+    "while(time(0)<end){}}\n"
+)
 
 
 @pytest.fixture

@@ -9,6 +9,12 @@
  * file named by NVTX_RECORDER_OUTPUT (flushed per line, so nothing is lost if the process
  * dies): range starts and ends with their message, domain, category, colour and the OS thread.
  *
+ * With NVTX_RECORDER_MODE=buffer it records as a profiler does instead (Nsight Systems keeps
+ * events in memory while the process runs): each call stores its operation, thread, range id,
+ * message pointer, category and a CLOCK_MONOTONIC timestamp in a preallocated ring of 2^20
+ * events, with no I/O, and at exit one line {"op": "summary", "events": N} goes to the output.
+ * The benchmarks use it to measure what a range costs under such a tool.
+ *
  * Only the parts of the ABI that the recorder needs are declared here; the numbers are those
  * of the NVTX v3 injection interface (export table 1 = callbacks; module 1 = core API, module 5
  * = domain API; callback ids as listed below). Build: gcc -shared -fPIC -o librec.so recorder.c
@@ -20,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #include <wchar.h>
 
@@ -92,12 +99,54 @@ static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t open_once = PTHREAD_ONCE_INIT;
 static uint64_t next_range_id;
 
+/* NVTX_RECORDER_MODE=buffer: events kept in memory, as a profiler keeps them. */
+struct buffered_event {
+    const char *op;
+    long tid;
+    long long range_id;
+    uint64_t time_ns;
+    const void *message;
+    uint32_t category;
+};
+#define BUFFER_EVENTS (1u << 20)
+static int buffer_mode;
+static struct buffered_event *events;
+static uint64_t event_count;
+static __thread long cached_tid;
+
 static void open_output(void) {
     const char *path = getenv("NVTX_RECORDER_OUTPUT");
+    const char *mode = getenv("NVTX_RECORDER_MODE");
     out_file = fopen(path && *path ? path : "/dev/stderr", "a");
+    if (mode && strcmp(mode, "buffer") == 0) {
+        events = calloc(BUFFER_EVENTS, sizeof *events);
+        buffer_mode = events != NULL;
+    }
 }
 
 static long thread_id(void) { return (long)syscall(SYS_gettid); }
+
+static void buffer_event(const char *op, const struct event_attributes *attributes,
+                         long long range_id) {
+    struct timespec now;
+    uint64_t i = __atomic_fetch_add(&event_count, 1, __ATOMIC_RELAXED);
+    struct buffered_event *event = &events[i & (BUFFER_EVENTS - 1)];
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (!cached_tid) cached_tid = thread_id();
+    event->op = op;
+    event->tid = cached_tid;
+    event->range_id = range_id;
+    event->time_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+    event->message = attributes ? attributes->message : NULL;
+    event->category = attributes ? attributes->category : 0;
+}
+
+__attribute__((destructor)) static void write_summary(void) {
+    if (!buffer_mode || !out_file) return;
+    fprintf(out_file, "{\"op\": \"summary\", \"events\": %llu}\n",
+            (unsigned long long)__atomic_load_n(&event_count, __ATOMIC_RELAXED));
+    fflush(out_file);
+}
 
 static void json_string(FILE *f, const char *text) {
     fputc('"', f);
@@ -139,6 +188,10 @@ static void record(const char *op, const void *domain, const struct event_attrib
                    long long range_id, const char *name, long long category) {
     char buffer[1024];
     pthread_once(&open_once, open_output);
+    if (buffer_mode) {
+        buffer_event(op, attributes, range_id);
+        return;
+    }
     if (!out_file) return;
     pthread_mutex_lock(&out_lock);
     fprintf(out_file, "{\"op\": \"%s\", \"domain\": ", op);

@@ -20,17 +20,17 @@ numbers; any other value becomes its ``str()``. Every string follows the rule of
 limit with a marker, each line under 1 MiB), so one odd value never costs a line or a batch.
 Nothing here raises.
 
-The training thread only appends a reference to a bounded in-memory queue (``on_start`` also
-copies the span's attributes, a small dict); a daemon thread serialises the records, writes
-them and flushes the file every ``flush_interval_s`` and at ``force_flush``/``shutdown``. When
-the queue is full (the disk stalls), records are dropped, counted, and one warning says so.
+The training thread only appends a reference to the span to a bounded in-memory queue; a
+daemon thread reads what it needs of the span (a start line only for a span still open then),
+serialises the records, writes them and flushes the file every ``flush_interval_s`` and at
+``force_flush``/``shutdown``. When the queue is full (the disk stalls), records are dropped,
+counted, and one warning says so.
 In a forked child (a DataLoader worker) the processor records nothing.
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import math
 import os
@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+import orjson
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
@@ -66,6 +67,7 @@ IDENTITY_KEYS = (
 
 _START = 0
 _END = 1
+_OPEN = 2  # a started span in the queue, as on_start left it
 _STATUS = {StatusCode.UNSET: "UNSET", StatusCode.OK: "OK", StatusCode.ERROR: "ERROR"}
 
 
@@ -166,11 +168,10 @@ class JsonLogSpanProcessor(SpanProcessor):
         self._wake = threading.Event()
         self._closed = False
         self.dropped = 0
-        self._resource_cache: tuple[object, str] | None = None
+        self._resource_cache: tuple[object, tuple[Any, dict[str, Any]]] | None = None
         self._names: dict[str, str] = {}
         self._trace_id = 0
-        self._trace_hex = ""
-        self._pending: dict[int, tuple[str, Any, str]] = {}
+        self._trace_text = ""
         self._write_failed = False
         self._thread = threading.Thread(target=self._run, name="otel-training-jsonlog", daemon=True)
         self._thread.start()
@@ -193,27 +194,7 @@ class JsonLogSpanProcessor(SpanProcessor):
         if len(queue) >= self._max_queue_size:
             self._drop()
             return
-        try:
-            # Values, not the span: the live span (and all it holds) is not kept for the writer.
-            try:  # the SDK's fields, as its properties return them (without their wrappers)
-                name, context, parent = span._name, span._context, span._parent
-                start, attributes, resource = span._start_time, span._attributes, span._resource
-            except AttributeError:  # another Span implementation
-                name, context, parent = span.name, span.context, span.parent
-                start, attributes, resource = span.start_time, span.attributes, span.resource
-            queue.append(
-                (
-                    _START,
-                    name,
-                    context,
-                    parent,
-                    start,
-                    attributes.copy() if attributes else None,
-                    resource,
-                )
-            )
-        except Exception:
-            self._drop()
+        queue.append((_OPEN, span))  # read by the writer if still open when it runs
 
     def on_end(self, span: ReadableSpan) -> None:
         if self._closed:
@@ -273,18 +254,15 @@ class JsonLogSpanProcessor(SpanProcessor):
             waiters = []
             lines = []
             line = self._line
-            batch = []
             while queue:
-                batch.append(queue.popleft())
-            # A span that started and ended within this batch gets no start line: its end line
-            # says all the start line would. A span still open now (hung?) gets both.
-            ended = {
-                item[1].context.span_id for item in batch if type(item) is tuple and item[0] == _END
-            }
-            for item in batch:
+                item = queue.popleft()
                 if type(item) is tuple:
-                    if item[0] == _START and item[2].span_id in ended:
-                        continue
+                    if item[0] == _OPEN:
+                        # A span that has ended by now gets no start line: its end line says
+                        # all the start line would. A span still open (hung?) gets both.
+                        item = _start_record(item[1])
+                        if item is None:
+                            continue
                     lines.append(line(item))
                 else:  # a force_flush waiter
                     waiters.append(item)
@@ -305,16 +283,12 @@ class JsonLogSpanProcessor(SpanProcessor):
                 _logger.warning("cannot write span JSON lines to %s", self.path, exc_info=True)
 
     def _line(self, item: tuple) -> str:
-        """One line, assembled from pre-encoded parts (this runs for every record).
-
-        The part shared by a span's two lines (name, ids, start time) and the encoded start
-        attributes are kept from the start line until the end line, which reuses them.
-        """
+        """One line of ``item`` (this runs for every record, on the writer's thread)."""
         try:
             line = self._format(item)
         except Exception:
             name = item[1] if item[0] == _START else getattr(item[1], "name", None)
-            return '{"record": "error", "name": ' + _encode(jsonable(name, 256)) + "}\n"
+            return _dumps({"record": "error", "name": jsonable(name, 256)})
         if len(line) > _CHECK_LINE_CHARS and len(line.encode("utf-8")) >= MAX_LINE_BYTES:
             line = self._smaller(item)
         if not line.isascii():  # characters that str.splitlines() takes for line ends
@@ -330,7 +304,6 @@ class JsonLogSpanProcessor(SpanProcessor):
             _, name, context, parent, start, attributes, resource = item
             draft = ReadableSpan(name, context=context, attributes=attributes)
             draft = _limits.bounded_span(draft, budget)
-            self._pending.pop(context.span_id, None)
             return self._format(
                 (_START, draft.name, context, parent, start, draft.attributes, resource)
             )
@@ -340,107 +313,106 @@ class JsonLogSpanProcessor(SpanProcessor):
         limit = self._value_length
         if item[0] == _START:
             _, name, context, parent, start, attributes, resource = item
-            common = self._common(name, context, parent, start)
-            attributes, encoded = _attributes_json(attributes, limit)
-            pending = self._pending
-            if len(pending) < _MAX_PENDING:
-                pending[context.span_id] = (common, attributes, encoded)
-            return "".join(
-                (_START_RECORD, common, _ATTRIBUTES_KEY, encoded, self._identity(resource))
+            rank, identity = self._identity(resource)
+            return _dumps(
+                {
+                    "record": "span_start",
+                    "name": self._name(name),
+                    "trace_id": self._trace_hex(context.trace_id),
+                    "span_id": f"{context.span_id:016x}",
+                    "parent_span_id": None if parent is None else f"{parent.span_id:016x}",
+                    "start_time_ns": start,
+                    "attributes": _attributes(attributes, limit),
+                    "rank": rank,
+                    "resource": identity,
+                }
             )
         span = item[1]
         context, start, end, status, attributes, resource, events, links = _end_fields(span)
-        kept = self._pending.pop(context.span_id, None)
-        current = _limits.plain(attributes) if attributes else {}  # read only, not kept
         if events or links or status.description is not None:  # the whole string rule
             span = _limits.bounded_span(span, self._limits)
             context, start, end, status, attributes, resource, events, links = _end_fields(span)
-            current = _limits.plain(attributes) if attributes else {}
-        if kept is None:  # no start line: it ended in the batch it started in
-            common = self._common(span.name, context, span.parent, start)
-            encoded = _attributes_json(current, limit)[1]
-        else:
-            common, started_with, encoded = kept
-            if (started_with or {}) != current:  # attributes as bounded at the start, or anew
-                encoded = _attributes_json(current, limit)[1]
+        parent = span.parent
         description = status.description
         code = status.status_code
-        if type(end) is int and type(start) is int:
-            end_text, duration_text = str(end), repr((end - start) / 1e6)
-        else:
-            end_text = _number(end)
-            duration_text = _number(
-                (end - start) / 1e6 if end is not None and start is not None else None
-            )
-        end_fields = _END_FIELDS % (
-            end_text,
-            duration_text,
-            "UNSET" if code is _UNSET else _STATUS.get(code, "UNSET"),  # hashing an enum costs
-            "null" if description is None else _encode(jsonable(description, limit)),
-            self._events_json(events) if events else "[]",
-        )
-        return "".join(
-            (_END_RECORD, common, end_fields, _ATTRIBUTES_KEY, encoded, self._identity(resource))
-        )
-
-    def _common(self, name: str, context: Any, parent: Any, start: int | None) -> str:
-        """``, "name": ..., ..., "start_time_ns": N`` of a span: what both its lines share."""
-        trace_id = context.trace_id
-        if trace_id != self._trace_id:  # one trace per run: encode it once
-            self._trace_id, self._trace_hex = trace_id, f"{trace_id:032x}"
-        encoded_name = (self._names.get(name) if type(name) is str else None) or self._name_json(
-            name
-        )
-        parent_text = "null" if parent is None else f'"{parent.span_id:016x}"'
-        start_text = str(start) if type(start) is int else _number(start)
-        return (
-            f', "name": {encoded_name}, "trace_id": "{self._trace_hex}", '
-            f'"span_id": "{context.span_id:016x}", "parent_span_id": {parent_text}, '
-            f'"start_time_ns": {start_text}'
+        rank, identity = self._identity(resource)
+        return _dumps(
+            {
+                "record": "span_end",
+                "name": self._name(span.name),
+                "trace_id": self._trace_hex(context.trace_id),
+                "span_id": f"{context.span_id:016x}",
+                "parent_span_id": None if parent is None else f"{parent.span_id:016x}",
+                "start_time_ns": start,
+                "end_time_ns": end,
+                "duration_ms": (
+                    (end - start) / 1e6 if end is not None and start is not None else None
+                ),
+                "status": "UNSET" if code is _UNSET else _STATUS.get(code, "UNSET"),
+                "status_description": None if description is None else jsonable(description, limit),
+                "events": self._events(events) if events else [],
+                "attributes": _attributes(_limits.plain(attributes) if attributes else None, limit),
+                "rank": rank,
+                "resource": identity,
+            }
         )
 
-    def _identity(self, resource: Any) -> str:
-        cached = self._resource_cache
-        if cached is not None and cached[0] is resource:
-            return cached[1]
-        return self._identity_json(resource)
+    def _trace_hex(self, trace_id: int) -> str:
+        if trace_id != self._trace_id:  # one trace per segment: formatted once
+            self._trace_id, self._trace_text = trace_id, f"{trace_id:032x}"
+        return self._trace_text
 
-    def _name_json(self, name: Any) -> str:
+    def _name(self, name: Any) -> str:
         if type(name) is not str:  # a name the caller gave as another type: not cached
-            return _encode(_limits.safe_text(name, _limits.MAX_NAME_LENGTH))
-        encoded = self._names.get(name)
-        if encoded is None:
-            encoded = _encode(_limits.safe_text(name, _limits.MAX_NAME_LENGTH))
+            return _limits.safe_text(name, _limits.MAX_NAME_LENGTH)
+        text = self._names.get(name)
+        if text is None:
+            text = _limits.safe_text(name, _limits.MAX_NAME_LENGTH)
             if len(self._names) < 4096:
-                self._names[name] = encoded
-        return encoded
+                self._names[name] = text
+        return text
 
-    def _events_json(self, events: Any) -> str:
-        return _encode(
-            [
-                {
-                    "name": jsonable(event.name, _limits.MAX_NAME_LENGTH),
-                    "time_ns": event.timestamp,
-                    "attributes": jsonable(dict(event.attributes or {}), self._value_length),
-                }
-                for event in events
-            ]
-        )
+    def _events(self, events: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": jsonable(event.name, _limits.MAX_NAME_LENGTH),
+                "time_ns": event.timestamp,
+                "attributes": jsonable(dict(event.attributes or {}), self._value_length),
+            }
+            for event in events
+        ]
 
-    def _identity_json(self, resource: Any) -> str:
-        """``, "rank": R, "resource": {...}}`` and the newline: the end of every line, encoded
-        once per resource."""
+    def _identity(self, resource: Any) -> tuple[Any, dict[str, Any]]:
+        """(``rank``, ``resource``) of every line: the rank identity, made once per resource."""
         cached = self._resource_cache
         if cached is not None and cached[0] is resource:
             return cached[1]
         values = getattr(resource, "attributes", None) or {}
         identity = {key: jsonable(values[key]) for key in IDENTITY_KEYS if key in values}
-        text = f', "rank": {_encode(identity.get("dl.rank"))}, "resource": {_encode(identity)}}}\n'
-        self._resource_cache = (resource, text)
-        return text
+        found = (identity.get("dl.rank"), identity)
+        self._resource_cache = (resource, found)
+        return found
 
 
 _UNSET = StatusCode.UNSET
+
+
+def _start_record(span: Any) -> tuple | None:
+    """The start record of a span still open, read on the writer's thread (its attributes as
+    set by now), or None when it has ended: its end line will say all."""
+    try:  # the SDK's fields, as its properties return them (without their wrappers)
+        if span._end_time is not None:
+            return None
+        name, context, parent = span._name, span._context, span._parent
+        start, attributes, resource = span._start_time, span._attributes, span._resource
+    except AttributeError:  # another Span implementation
+        if span.end_time is not None:
+            return None
+        name, context, parent = span.name, span.context, span.parent
+        start, attributes, resource = span.start_time, span.attributes, span.resource
+    # a copy of the dict (one step under the GIL): the training thread may still add to it
+    attributes = _limits.plain(attributes).copy() if attributes else None
+    return (_START, name, context, parent, start, attributes, resource)
 
 
 def _end_fields(span: Any) -> tuple:
@@ -471,12 +443,6 @@ def _end_fields(span: Any) -> tuple:
         )
 
 
-_START_RECORD = '{"record": "span_start"'
-_END_RECORD = '{"record": "span_end"'
-_ATTRIBUTES_KEY = ', "attributes": '
-_END_FIELDS = (
-    ', "end_time_ns": %s, "duration_ms": %s, "status": "%s", "status_description": %s, "events": %s'
-)
 #: Longest line written, in bytes (the collector filelog receiver's default maximum).
 MAX_LINE_BYTES = files.MAX_LINE_BYTES
 #: Lines longer than this many characters have their bytes counted (6 bytes a character at
@@ -484,72 +450,38 @@ MAX_LINE_BYTES = files.MAX_LINE_BYTES
 _CHECK_LINE_CHARS = MAX_LINE_BYTES // 6
 #: Queued records that wake the writer before its interval ends (a batch is ready).
 _WAKE_AT = 1024
-#: Spans whose start line is written and end line not yet, kept for their end line at most.
-_MAX_PENDING = 131_072
+_DUMPS_OPTIONS = orjson.OPT_APPEND_NEWLINE
 
 
-def _make_encoder():
-    """A strict-JSON encoder of Python data, made once: the C encoder where available."""
-    encoder = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:  # pragma: no cover - pure-Python json
-        return encoder.encode
-    c_encoder = make(
-        None,  # no circular-reference markers: our data is trees
-        encoder.default,
-        json.encoder.encode_basestring,
-        None,
-        ": ",
-        ", ",
-        False,
-        False,
-        False,
-    )
-
-    def encode(value: Any) -> str:
-        if type(value) is str:
-            return json.encoder.encode_basestring(value)
-        return "".join(c_encoder(value, 0))
-
-    return encode
-
-
-_encode = _make_encoder()
-
-
-def _number(value: int | float | None) -> str:
-    """An int, a finite float or ``None`` as JSON; a non-finite float as its string."""
-    kind = type(value)
-    if kind is int:
-        return str(value)
-    if kind is float and value - value == 0.0:
-        return repr(value)  # a finite float's repr is valid JSON
-    if value is None:
-        return "null"
-    return _encode(jsonable(value))
-
-
-def _attributes_json(attributes: Mapping | None, limit: int | None) -> tuple[Any, str]:
-    """(``attributes`` after the string rule, their JSON)."""
-    attributes = _limits.bounded_attributes(attributes, limit)
-    if type(attributes) is dict:  # a copy of our own, or the rule's: encoded as it is
-        try:
-            return attributes, _encode(attributes)
-        except (TypeError, ValueError):
-            return attributes, _encode(jsonable(attributes, limit))
-    return attributes, _encode_mapping(attributes, limit)
-
-
-def _encode_mapping(mapping: Mapping | None, limit: int | None) -> str:
-    """A mapping as strict JSON: the C encoder first, :func:`jsonable` when it refuses (NaN,
-    infinities, values that are not JSON). Strings are already bounded by the caller."""
-    if not mapping:
-        return "{}"
-    copy = getattr(mapping, "copy", None)  # a span's attributes: a lock-free copy of its dict
-    data = copy() if copy is not None else dict(mapping)
-    if type(data) is not dict:
-        data = dict(data)
+def _dumps(record: dict[str, Any]) -> str:
+    """One line of strict JSON: orjson (the record's strings already follow the string rule),
+    else :func:`jsonable` of it where orjson refuses a value (an integer beyond 64 bits, a key
+    that is not a string, a type it does not know)."""
     try:
-        return _encode(data)
-    except (TypeError, ValueError):
-        return _encode(jsonable(data, limit))
+        return orjson.dumps(record, option=_DUMPS_OPTIONS).decode()
+    except TypeError:
+        return orjson.dumps(jsonable(record, None), option=_DUMPS_OPTIONS).decode()
+
+
+def _attributes(attributes: Mapping[str, Any] | None, limit: int | None) -> Any:
+    """Span attributes as JSON data: after the string rule, and through :func:`jsonable` when
+    a value is a non-finite float (orjson would write null) or not a JSON type."""
+    if not attributes:
+        return {}
+    attributes = _limits.bounded_attributes(attributes, limit)
+    for value in attributes.values():
+        kind = type(value)
+        if kind is float:
+            if value - value != 0.0:  # NaN or an infinity
+                return jsonable(attributes, limit)
+        elif kind is tuple or kind is list:
+            for item in value:
+                item_kind = type(item)
+                if item_kind is float:
+                    if item - item != 0.0:
+                        return jsonable(attributes, limit)
+                elif item_kind is not str and item_kind is not int and item_kind is not bool:
+                    return jsonable(attributes, limit)
+        elif kind is not str and kind is not int and kind is not bool:
+            return jsonable(attributes, limit)
+    return attributes

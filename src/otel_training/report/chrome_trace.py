@@ -14,11 +14,12 @@ A span that never ended lasts until the last time seen on its rank and is marked
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from otel_training.report._nogc import no_gc
 from otel_training.report.run import TRUNCATED_ATTRIBUTE, Run, Span
@@ -180,11 +181,5 @@ def write_chrome_trace(run: Run, path: str | os.PathLike) -> Path:
     path = Path(path).absolute()
     with no_gc():
         document = build_chrome_trace(run)
-        try:  # orjson (the report extra) writes it several times faster
-            import orjson
-        except ModuleNotFoundError:
-            with open(path, "w", encoding="utf-8") as handle:
-                json.dump(document, handle, separators=(",", ":"), allow_nan=False)
-        else:
-            path.write_bytes(orjson.dumps(document))
+        path.write_bytes(orjson.dumps(document))  # several times faster than json
     return path
