@@ -141,7 +141,7 @@ STUCK_IN_C = textwrap.dedent(
 # (a "ready" printed by Python just before the call could let the handler run first).
 SPIN_C = (
     "#include <stdio.h>\n#include <time.h>\n"
-    "void spin(int s){time_t end=time(0)+s;fputs(\"ready\\n\",stdout);fflush(stdout);"
+    'void spin(int s){time_t end=time(0)+s;fputs("ready\\n",stdout);fflush(stdout);'
     "while(time(0)<end){}}\n"
 )
 
