@@ -109,24 +109,6 @@ class _Splitter:
         return first and second
 
 
-def _send_bounded(
-    bounded: Sequence[_T],
-    cost: Callable[[_T], int],
-    send: Callable[[Sequence[_T]], Any],
-    success: Any,
-    timeout_s: float,
-    max_request_bytes: int,
-) -> bool:
-    """Sends ``bounded`` records through ``send`` in order, in requests under
-    ``max_request_bytes`` of worst-case ``cost``, each split when refused quickly (while
-    ``timeout_s`` lasts). True when every request returned ``success``."""
-    splitter = _Splitter(send, cost, success, timeout_s)
-    ok = True
-    for run in _chunks(bounded, cost, max_request_bytes):
-        ok = splitter(run) and ok
-    return ok
-
-
 def _relax_grpc_retries(exporter: Any) -> None:
     """Makes a gRPC exporter give up at once on RESOURCE_EXHAUSTED without retry information:
     the collector answers an oversized request so, and the SDK would retry it unchanged until
@@ -142,19 +124,21 @@ def _relax_grpc_retries(exporter: Any) -> None:
             pass
 
 
-class SafeSpanExporter(SpanExporter):
-    """Hands spans to ``exporter`` bounded, encodable, in requests under the size limit.
+class _BatchBounded:
+    """What the span and log exporters share: the wrapped exporter, the fork guard, and a
+    batch sent bounded (``_bound``), in order, in requests under ``max_request_bytes`` of
+    worst-case ``_cost``, each request sent again in halves when refused quickly while
+    ``timeout_s`` lasts."""
 
-    Args:
-        exporter: The exporter to delegate to.
-        limits: The string rule's limits for spans.
-        max_request_bytes: Largest worst-case request size (:func:`limits.span_cost`).
-        timeout_s: Export timeout in seconds: how long refused batches may be retried split.
-    """
+    _what = ""
+    _bound: Callable[[Any, _limits.Limits], Any]
+    _cost: Callable[[Any], int]
+    _success: Any
+    _failure: Any
 
     def __init__(
         self,
-        exporter: SpanExporter,
+        exporter: Any,
         *,
         limits: _limits.Limits = _limits.DEFAULT_LIMITS,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
@@ -168,37 +152,56 @@ class SafeSpanExporter(SpanExporter):
         _relax_grpc_retries(exporter)
 
     @property
-    def exporter(self) -> SpanExporter:
+    def exporter(self) -> Any:
         """The wrapped exporter."""
         return self._exporter
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    def _send(self, batch: Sequence[Any]) -> Any:
         if os.getpid() != self._pid:
-            return SpanExportResult.SUCCESS
+            return self._success
         try:
-            limits = self._limits
-            ok = _send_bounded(
-                [_limits.bounded_span(span, limits) for span in spans],
-                _limits.span_cost,
-                self._exporter.export,
-                SpanExportResult.SUCCESS,
-                self._timeout_s,
-                self._max_request_bytes,
-            )
+            limits, cost = self._limits, self._cost
+            send = _Splitter(self._exporter.export, cost, self._success, self._timeout_s)
+            ok = True
+            bounded = [self._bound(record, limits) for record in batch]
+            for run in _chunks(bounded, cost, self._max_request_bytes):
+                ok = send(run) and ok
         except Exception:
-            _logger.warning("otel-training: a span export failed", exc_info=True)
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+            _logger.warning("otel-training: a %s export failed", self._what, exc_info=True)
+            return self._failure
+        return self._success if ok else self._failure
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return os.getpid() != self._pid or self._exporter.force_flush(timeout_millis)
+
+
+class SafeSpanExporter(_BatchBounded, SpanExporter):
+    """Hands spans to ``exporter`` bounded, encodable, in requests under the size limit.
+
+    Args:
+        exporter: The exporter to delegate to.
+        limits: The string rule's limits for spans.
+        max_request_bytes: Largest worst-case request size (:func:`limits.span_cost`).
+        timeout_s: Export timeout in seconds: how long refused batches may be retried split.
+
+    ``export`` runs on the batch processor's thread and never raises.
+    """
+
+    _what = "span"
+    _bound = staticmethod(_limits.bounded_span)
+    _cost = staticmethod(_limits.span_cost)
+    _success = SpanExportResult.SUCCESS
+    _failure = SpanExportResult.FAILURE
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self._send(spans)
 
     def shutdown(self) -> None:
         if os.getpid() == self._pid:
             self._exporter.shutdown()
 
 
-class SafeLogRecordExporter(LogRecordExporter):
+class SafeLogRecordExporter(_BatchBounded, LogRecordExporter):
     """Hands log records to ``exporter`` bounded, encodable, in requests under the size limit.
 
     Bodies, attribute keys and values, severity texts, event names and scope names follow
@@ -216,52 +219,23 @@ class SafeLogRecordExporter(LogRecordExporter):
     ``export`` runs on the batch processor's thread and never raises.
     """
 
-    def __init__(
-        self,
-        exporter: LogRecordExporter,
-        *,
-        limits: _limits.Limits = _limits.DEFAULT_LIMITS,
-        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-        timeout_s: float = 10.0,
-    ) -> None:
-        self._exporter = exporter
-        self._limits = limits
-        self._max_request_bytes = max_request_bytes
-        self._timeout_s = timeout_s
-        self._pid = os.getpid()
+    _what = "log"
+    _bound = staticmethod(_limits.bounded_log_record)
+    _cost = staticmethod(_limits.log_record_cost)
+    _success = LogRecordExportResult.SUCCESS
+    _failure = LogRecordExportResult.FAILURE
+
+    def __init__(self, exporter: LogRecordExporter, **kwargs: Any) -> None:
+        super().__init__(exporter, **kwargs)
         try:
             self._shutdown_takes_timeout = (
                 "timeout_millis" in inspect.signature(exporter.shutdown).parameters
             )
         except (TypeError, ValueError):
             self._shutdown_takes_timeout = False
-        _relax_grpc_retries(exporter)
-
-    @property
-    def exporter(self) -> LogRecordExporter:
-        """The wrapped exporter."""
-        return self._exporter
 
     def export(self, batch: Sequence[ReadableLogRecord]) -> LogRecordExportResult:
-        if os.getpid() != self._pid:
-            return LogRecordExportResult.SUCCESS
-        try:
-            limits = self._limits
-            ok = _send_bounded(
-                [_limits.bounded_log_record(record, limits) for record in batch],
-                _limits.log_record_cost,
-                self._exporter.export,
-                LogRecordExportResult.SUCCESS,
-                self._timeout_s,
-                self._max_request_bytes,
-            )
-        except Exception:
-            _logger.warning("otel-training: a log export failed", exc_info=True)
-            return LogRecordExportResult.FAILURE
-        return LogRecordExportResult.SUCCESS if ok else LogRecordExportResult.FAILURE
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return os.getpid() != self._pid or self._exporter.force_flush(timeout_millis)
+        return self._send(batch)
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
         """Shuts the wrapped exporter down (with ``timeout_millis`` where it takes one, as the
