@@ -35,6 +35,10 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from otlp_receiver import BlackHole, OtlpReceiver, free_port  # noqa: E402
 
+# The children of the tests that hold these cases, run here as the tests run them.
+from test_burst import BURST  # noqa: E402
+from test_limits_end_to_end import CASE_A11  # noqa: E402
+
 SHUTDOWN_CHILD = textwrap.dedent(
     """
     import json, time
@@ -60,44 +64,6 @@ TIGHT_LOOP = textwrap.dedent(
                                               skipped_iters=1)
         if i == 1000:
             print("ready", flush=True)
-    """
-)
-
-BURST = textwrap.dedent(
-    """
-    import json, threading, sys
-    import otel_training as ot
-    t = ot.configure()
-    def work(n):
-        for i in range(10_000):
-            with t.tracer.start_as_current_span(f"burst.{n}") as span:
-                span.set_attribute("i", i)
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
-    for thread in threads: thread.start()
-    for thread in threads: thread.join()
-    t.shutdown()
-    print(json.dumps({"run_dir": t.output_dir}))
-    """
-)
-
-A11 = textwrap.dedent(
-    """
-    import otel_training as ot
-    with ot.training_run():
-        for i in range(10):
-            with ot.evaluation(iteration=i):
-                pass
-        with ot.checkpoint_save("/ckpt/step-10", iteration=10) as save:
-            save.set_attribute("megatron.checkpoint.manifest", "m" * 5_000_000)
-        try:
-            with ot.checkpoint_load("/ckpt/step-10"):
-                raise RuntimeError("shard mismatch: " + "s" * 3_000_000)
-        except RuntimeError:
-            pass
-        for i in range(10, 20):
-            with ot.evaluation(iteration=i):
-                pass
-    ot.shutdown()
     """
 )
 
@@ -208,7 +174,7 @@ def a11_figures() -> None:
             "OTEL_PYTHON_TRAINING_JSONLOG_DIR": str(lines),
             "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "default,load_checkpoint",
         }
-        _run(A11, extra)
+        _run(CASE_A11, extra)
         largest = max(receiver.request_sizes("traces"))
         spans = len(receiver.spans())
     longest = max(
