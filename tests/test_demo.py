@@ -84,7 +84,7 @@ def test_records_the_megatron_metrics_without_memory_on_cpu(corpus):
     memory is not on CPU."""
     pipeline = testing.configure_in_memory()
     train(_config(steps=4, log_interval=2), pipeline.meter, corpus=corpus)
-    names = {name for name, _ in pipeline.points()}
+    names = {name for name, _ in pipeline.points() if not name.startswith("dl.training.")}
     assert names == {
         MEGATRON_TRAINING_STEP_DURATION_MS,
         MEGATRON_TRAINING_LOSS,

@@ -13,9 +13,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from opentelemetry.trace import INVALID_SPAN
 
 import otel_training
 import otel_training.testing
+from otel_training.phases import LedgerPhase, Phase
 from otel_training.processors import NvtxSpanProcessor, nvtx
 from otel_training.semconv import spans as names
 
@@ -354,15 +356,19 @@ assert [s.name for s in exporter.get_finished_spans()] == ["megatron.train.itera
 
 
 def test_nvtx_only_phases_without_a_tool_are_the_shared_no_op():
-    """Without an NVTX tool attached an NVTX-only phase is the shared no-op: nothing made."""
+    """Without an NVTX tool attached an NVTX-only phase makes no range and no span: the shared
+    no-op, or, for a phase of the health ledger, the small object that only feeds it."""
     otel_training.testing.configure_in_memory(
         {
             "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "all",
-            "OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS": "layer",
+            "OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS": "layer,activation_offload",
         }
     )
-    assert otel_training.layer("forward", layer_number=1) is otel_training.spans.NOOP_PHASE
-    assert otel_training.microbatch("forward") is not otel_training.spans.NOOP_PHASE
+    offload = otel_training.activation_offload("offload")
+    assert offload is otel_training.spans.NOOP_PHASE
+    layer = otel_training.layer("forward", layer_number=1)
+    assert type(layer) is LedgerPhase and layer.span is INVALID_SPAN
+    assert type(otel_training.microbatch("forward")) is Phase
 
 
 def test_the_recorders_buffer_mode_counts_every_call_without_writing_them(record):

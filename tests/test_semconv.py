@@ -180,13 +180,14 @@ def test_rank_identity_attributes_are_resource_attributes(registry):
 
 
 def test_external_references_resolve_to_opentelemetry_semconv(registry):
-    """Referenced OTel attributes (host, service, error.type, hw.id) resolve to semconv
-    constants."""
+    """Referenced OTel attributes (host, service, process, error.type, hw.id) resolve to
+    semconv constants."""
     external = gen.external_attributes(registry)
     assert set(external) == {
         "host.name",
         "service.name",
         "service.instance.id",
+        "process.creation.time",
         "error.type",
         "hw.id",
     }

@@ -10,10 +10,11 @@ import time
 import numpy as np
 import pytest
 import torch
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import INVALID_SPAN, StatusCode
 
 import otel_training
 from otel_training import setup, spans, testing
+from otel_training.phases import LedgerPhase
 from otel_training.semconv import attributes as attrs
 from otel_training.semconv import spans as names
 
@@ -192,16 +193,20 @@ def test_default_groups_record_run_startup_checkpoint_evaluation_only():
 
 
 def test_a_disabled_group_returns_the_shared_no_op_and_creates_nothing():
-    """A phase of a disabled group is the one shared no-op object: no span, no new object."""
+    """A phase of a disabled group records no span: the one shared no-op object, or, for a
+    phase of the health ledger, a LedgerPhase that only feeds the ledger."""
     pipeline = _pipeline("job")
     first = otel_training.training_iteration(iteration=1)
     second = otel_training.forward_backward(iteration=2, extra="x")
-    assert first is spans.NOOP_PHASE and second is spans.NOOP_PHASE
-    with first as handle:
-        handle.set_attribute("k", 1)
-        handle.add_event("e")
+    third = otel_training.activation_offload("offload")
+    assert type(first) is LedgerPhase and type(second) is LedgerPhase
+    assert third is spans.NOOP_PHASE
+    for phase in (first, second, third):
+        with phase as handle:
+            handle.set_attribute("k", 1)
+            handle.add_event("e")
+        assert not phase.is_recording and phase.span is INVALID_SPAN
     assert pipeline.spans.get_finished_spans() == ()
-    assert not first.is_recording
 
 
 FIRST = names.MEGATRON_TRAIN_FIRST_ITERATION
@@ -540,11 +545,12 @@ def test_span_recorder_starts_stops_and_records_events_and_errors_by_handle():
 
 
 def test_span_recorder_handles_of_disabled_groups_are_the_no_op():
-    """A recorder span of a disabled group is the shared no-op handle."""
+    """A recorder span of a disabled group records no span (the ledger's phases still count)."""
     _pipeline("default")
     recorder = otel_training.SpanRecorder()
     handle = recorder.start(names.MEGATRON_TRAIN_ITERATION_FORWARD_BACKWARD)
-    assert handle is spans.NOOP_PHASE
+    assert type(handle) is LedgerPhase and handle.span is INVALID_SPAN
+    assert recorder.start(names.MEGATRON_ACTIVATION_OFFLOAD) is spans.NOOP_PHASE
     recorder.error(handle, RuntimeError("x"))
     recorder.stop(handle)
 

@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_training
 from otel_training import setup, spans, testing
+from otel_training.phases import LedgerPhase
 
 
 def _own_providers():
@@ -54,7 +55,7 @@ def test_a_recorder_on_its_own_providers_sends_spans_there_with_the_given_groups
     assert len(exporter.get_finished_spans()) == 1
     assert pipeline.spans.get_finished_spans() == ()
     # The binding does not leak: the phase functions still follow the configured pipeline.
-    assert otel_training.optimizer_step(iteration=1) is spans.NOOP_PHASE
+    assert isinstance(otel_training.optimizer_step(iteration=1), LedgerPhase)  # no span
 
 
 def test_a_recorder_on_its_own_meter_records_step_durations_there():
@@ -77,7 +78,7 @@ def test_a_recorder_takes_the_configured_groups_when_none_are_given():
     testing.configure_in_memory({"OTEL_PYTHON_TRAINING_SPAN_GROUPS": "default"})
     exporter, tracer_provider, _, _ = _own_providers()
     recorder = otel_training.SpanRecorder(tracer_provider=tracer_provider)
-    assert recorder.start_phase(otel_training.optimizer_step) is spans.NOOP_PHASE
+    assert isinstance(recorder.start_phase(otel_training.optimizer_step), LedgerPhase)
     recorder.stop(recorder.start_phase(otel_training.training_run))
     assert len(exporter.get_finished_spans()) == 1  # the run's group is in "default"
 

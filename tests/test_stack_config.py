@@ -41,6 +41,10 @@ PROMOTED = {
     "dl.node_rank",
     "dl.job.id",
     "dl.run.id",
+    "dl.run.attempt",
+    "dl.pipeline_parallel.rank",
+    "dl.tensor_parallel.rank",
+    "dl.data_parallel.rank",
     "host.name",
     "service.instance.id",
 }
@@ -495,8 +499,9 @@ def test_prometheus_promotes_the_rank_identity_and_keeps_suffixed_names():
     otlp = config["otlp"]
     assert otlp["translation_strategy"] == "UnderscoreEscapingWithSuffixes"
     assert set(otlp["promote_resource_attributes"]) == PROMOTED
-    # Everything the registry's resource group declares, except service.name (the job label).
-    assert _registry_resource_attributes() - {"service.name"} == PROMOTED
+    # Everything the registry's resource group declares, except service.name (the job label)
+    # and process.creation.time (a per-process timestamp, kept in target_info).
+    assert _registry_resource_attributes() - {"service.name", "process.creation.time"} == PROMOTED
     assert otlp.get("keep_identifying_resource_attributes") is True
     assert config["storage"]["tsdb"]["out_of_order_time_window"]
 
@@ -764,9 +769,11 @@ def _link_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _kept_labels(expr: str) -> set[str] | None:
-    """The labels every series of `expr` keeps: None (all) for a bare selector, else those
-    that every `by (...)` clause keeps."""
-    if re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*\{[^}]*\}", expr.strip()):
+    """The labels every series of `expr` keeps: None (all) for a bare selector (or one
+    filtered by a comparison with a number, which keeps its labels), else those that every
+    `by (...)` clause keeps."""
+    selector = r"[a-zA-Z_:][a-zA-Z0-9_:]*\{[^}]*\}(\s*[<>!=]=?\s*[0-9.]+)?"
+    if re.fullmatch(selector, expr.strip()):
         return None
     clauses = [set(re.split(r",\s*", by)) for by in re.findall(r"by \(([^)]*)\)", expr)]
     assert clauses, f"neither a bare selector nor an aggregation by labels: {expr}"

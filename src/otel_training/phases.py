@@ -36,6 +36,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from otel_training import device_reads, instruments, setup
 from otel_training.config import CUSTOM_SPAN_GROUP
+from otel_training.health.ledger import LEDGER, NO_PHASE, PHASE_OF_SPAN
 from otel_training.processors.nvtx import end_ranges_now
 from otel_training.segments import TraceSegments
 from otel_training.semconv.metrics import (
@@ -50,7 +51,7 @@ from otel_training.semconv.metrics import (
 )
 from otel_training.span_values import DEFERRED, PRIMITIVES, attribute_value, host_value, text
 
-__all__ = ["NOOP_PHASE", "NvtxPhase", "Phase", "enabled_groups", "make"]
+__all__ = ["NOOP_PHASE", "LedgerPhase", "NvtxPhase", "Phase", "enabled_groups", "make"]
 
 _logger = logging.getLogger("otel_training.spans")
 
@@ -191,6 +192,10 @@ class Phase:
         "_iteration",
         "_role",
         "_outer",
+        "_kind",
+        "_progress",
+        "_ledger_token",
+        "_failed",
     )
 
     def __init__(
@@ -204,6 +209,7 @@ class Phase:
         iteration: int | None = None,
         role: str | None = None,
         outer: Phase | None = None,
+        kind: int = NO_PHASE,
     ) -> None:
         self._name = name
         self._group = group
@@ -219,6 +225,11 @@ class Phase:
         self._iteration = iteration if group not in _NOT_ROUTED else None
         self._role = role
         self._outer = outer  # a phase started before and ended after this one
+        # The health ledger's phase (otel_training.health.ledger), fed whatever the group.
+        self._kind = kind
+        self._progress = iteration
+        self._ledger_token = -1
+        self._failed = False
 
     # context manager ------------------------------------------------------------------------
 
@@ -252,10 +263,13 @@ class Phase:
         except Exception:
             _warn_once("start", "could not start the span %s", self._name)
             self._span = trace_api.INVALID_SPAN
+        if self._kind >= 0:
+            self._ledger_token = LEDGER.enter(self._kind)
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
         if exc is not None:
+            self._failed = True
             self.error(exc)
         span = self._span
         token = self._token
@@ -272,6 +286,8 @@ class Phase:
             return False
         self._done = True
         self._token = None
+        if self._kind >= 0:
+            LEDGER.exit(self._ledger_token, self._kind, self._progress, exc is not None)
         try:
             _detach(token)
             self._state.open.pop(span, None)
@@ -285,7 +301,7 @@ class Phase:
         """Decorates ``function``: each call runs inside a fresh phase like this one."""
         name, group = self._name, self._group
         attributes = dict(self._attributes or {})
-        record, iteration, role = self._record_step_duration, self._iteration, self._role
+        record, iteration, role = self._record_step_duration, self._progress, self._role
 
         @functools.wraps(function)
         def wrapper(*args, **kwargs):
@@ -308,6 +324,8 @@ class Phase:
             outer.start(make_current=True, parent=parent)
             parent = None  # the outer phase is the parent now (it is current)
         self._started_ns = time.perf_counter_ns()
+        if self._kind >= 0:
+            self._ledger_token = LEDGER.enter(self._kind)
         if self._group not in state.groups:
             self._span = trace_api.INVALID_SPAN
             return self
@@ -363,6 +381,8 @@ class Phase:
         if self._record_step_duration:
             duration_ms = (time.perf_counter_ns() - self._started_ns) / 1e6
             _record_step(self._state, duration_ms)
+        if self._kind >= 0:
+            LEDGER.exit(self._ledger_token, self._kind, self._progress, self._failed)
         if span is not trace_api.INVALID_SPAN:
             self._end(span)
         if self._outer is not None:
@@ -389,6 +409,7 @@ class Phase:
         """Records ``exception`` on the span: status ERROR, an ``exception`` event with its
         type, message and stack trace, and ``error.type``. ``SystemExit(0)`` and
         ``GeneratorExit`` are not errors."""
+        self._failed = True  # whatever it was, the phase did not complete
         span = self._span
         if span is None or span is trace_api.INVALID_SPAN or self._done:
             return
@@ -542,27 +563,82 @@ class _NoOpPhase(Phase):
 NOOP_PHASE: Phase = _NoOpPhase()
 
 
+class LedgerPhase(_NoOpPhase):
+    """The phase of a disabled group that is a phase of the health ledger: no span, but its
+    time and its completion still go to :data:`otel_training.health.ledger.LEDGER`. One small
+    object per call (it carries the iteration)."""
+
+    __slots__ = ()
+
+    def __init__(self, kind: int, iteration: int | None = None) -> None:  # noqa: D107
+        # Only what the ledger path reads: this runs once per phase of a disabled group.
+        self._kind = kind
+        self._progress = iteration
+        self._ledger_token = -1
+        self._failed = False
+        self._span = trace_api.INVALID_SPAN
+        self._done = False
+        self._outer = None
+
+    def __enter__(self) -> Phase:
+        self._ledger_token = LEDGER.enter(self._kind)
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> bool:
+        LEDGER.exit(self._ledger_token, self._kind, self._progress, exc is not None)
+        return False
+
+    def __call__(self, function: Callable) -> Callable:
+        kind, iteration = self._kind, self._progress
+
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            with LedgerPhase(kind, iteration):
+                return function(*args, **kwargs)
+
+        return wrapper
+
+    def start(self, *, make_current: bool = False, parent: Phase | None = None) -> Phase:
+        if self._ledger_token < 0 and not self._done:
+            self._ledger_token = LEDGER.enter(self._kind)
+        return self
+
+    def stop(self, attributes: Mapping[str, Any] | None = None) -> None:
+        if not self._done:
+            self._done = True
+            LEDGER.exit(self._ledger_token, self._kind, self._progress, self._failed)
+
+    def error(self, exception: BaseException) -> None:
+        self._failed = True
+
+
 class NvtxPhase(_NoOpPhase):
     """A phase of a group mirrored to NVTX only: a push/pop range in the pipeline's NVTX
     domain, with the span name as message and the group's colour and category; no span, no
     JSON line. One cached instance per name (``with`` blocks nest on a thread, as push/pop
     ranges do); as a decorator each call is a range."""
 
-    __slots__ = ("_domain", "_event")
+    __slots__ = ("_domain", "_event", "_tokens")
 
-    def __init__(self, domain: Any, event: Any) -> None:
+    def __init__(self, domain: Any, event: Any, kind: int = NO_PHASE) -> None:
         super().__init__()
         self._domain = domain
         self._event = event
+        self._kind = kind
+        self._tokens: list[int] = []  # the ledger's, one per open range of this name
 
     def __enter__(self) -> Phase:
         try:
             self._domain.push_range(self._event)
         except Exception:
             _warn_once("nvtx", "an NVTX push failed")
+        if self._kind >= 0:
+            self._tokens.append(LEDGER.enter(self._kind))
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
+        if self._kind >= 0 and self._tokens:
+            LEDGER.exit(self._tokens.pop(), self._kind, None, exc is not None)
         try:
             self._domain.pop_range()
         except Exception:
@@ -578,19 +654,20 @@ class NvtxPhase(_NoOpPhase):
         return wrapper
 
 
-def _nvtx_phase(state: _State, name: str, group: str) -> Phase:
+def _nvtx_phase(state: _State, name: str, group: str, kind: int) -> Phase:
     cache = state.nvtx
     found = cache.get(name) if cache is not None else None
     if found is not None:
         return found
     telemetry = state.telemetry
     processor = telemetry.nvtx if telemetry is not None else None
+    # No NVTX tool attached: an NVTX-only phase costs nothing (but the ledger's share).
     if cache is None or processor is None:
-        return NOOP_PHASE  # no NVTX tool attached: an NVTX-only phase costs nothing
+        return NOOP_PHASE if kind < 0 else LedgerPhase(kind)
     domain, event = processor.range_attributes(name, group)
     if domain is None:
-        return NOOP_PHASE
-    found = cache[name] = NvtxPhase(domain, event)
+        return NOOP_PHASE if kind < 0 else LedgerPhase(kind)
+    found = cache[name] = NvtxPhase(domain, event, kind)
     return found
 
 
@@ -643,8 +720,11 @@ def make(
     role: str | None = None,
     outer: Phase | None = None,
 ) -> Phase:
-    """A phase, or the shared no-op when its group is disabled (a set lookup), or its cached
-    NVTX range when the group is mirrored to NVTX only."""
+    """A phase; when its group is disabled (a set lookup), the shared no-op, or a
+    :class:`LedgerPhase` for a phase of the health ledger; its cached NVTX range when the group
+    is mirrored to NVTX only. ``iteration`` is the iteration a phase belongs to (a checkpoint
+    load's: the one it restores)."""
+    kind = PHASE_OF_SPAN.get(name, NO_PHASE)
     state = bound_state.get()
     if state is None:
         telemetry = setup._current
@@ -657,15 +737,16 @@ def make(
                 iteration=iteration,
                 role=role,
                 outer=outer,
+                kind=kind,
             )
         state = _state
         if state.telemetry is not telemetry:
             state = _refresh(telemetry)
     if group not in state.groups:
-        if not record_step_duration:
-            return NOOP_PHASE if outer is None else outer
+        if not record_step_duration and outer is None:
+            return NOOP_PHASE if kind < 0 else LedgerPhase(kind, iteration)
     elif group in state.nvtx_only and not record_step_duration:
-        return _nvtx_phase(state, name, group)
+        return _nvtx_phase(state, name, group, kind)
     return Phase(
         name,
         group,
@@ -675,6 +756,7 @@ def make(
         iteration=iteration,
         role=role,
         outer=outer,
+        kind=kind,
     )
 
 

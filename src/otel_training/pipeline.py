@@ -59,6 +59,7 @@ from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE
 from otel_training import config, device_metrics, files, limits
 from otel_training import views as _views
 from otel_training.exporters import SafeLogRecordExporter, SafeMetricExporter, SafeSpanExporter
+from otel_training.health.metrics import observe_ledger
 from otel_training.ids import ProcessLocalIdGenerator
 from otel_training.open_spans import OpenSpans
 from otel_training.processors import CheckpointMetricsSpanProcessor, span_mirrors
@@ -201,6 +202,8 @@ def build(
     )
     # hw.gpu.* of this process's GPUs where NVML is; read on the reader's thread, never here.
     device_metrics.observe_devices(meter_provider.get_meter(INSTRUMENTATION_NAME), identity)
+    # Where this rank's time goes and how far it got (docs/health.md); read there too.
+    observe_ledger(meter_provider.get_meter(INSTRUMENTATION_NAME))
     # NVTX ranges and span JSON lines come before the batches.
     mirrors, mirror_targets = span_mirrors(settings, outputs.open)
     checkpoint_metrics = CheckpointMetricsSpanProcessor(

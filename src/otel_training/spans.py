@@ -66,6 +66,7 @@ from otel_training.config import CUSTOM_SPAN_GROUP, SPAN_GROUPS, span_groups_fro
 from otel_training.phases import (
     NOOP_PHASE,
     RUN,
+    LedgerPhase,
     Phase,
     _warn_once,
     bound_state,
@@ -221,8 +222,8 @@ def training_iteration(
     _with(attributes, MEGATRON_ITERATION, iteration)
     attributes[IS_GOODPUT_SPAN] = True
     outer = first_iteration(iteration) if _first_of_process() else None
-    if outer is NOOP_PHASE:
-        outer = None
+    if outer is NOOP_PHASE or isinstance(outer, LedgerPhase):
+        outer = None  # no span: the ledger counts a first iteration as warm-up by itself
     return make(
         MEGATRON_TRAIN_ITERATION,
         "step",
@@ -411,6 +412,7 @@ def checkpoint_load(
         MEGATRON_CHECKPOINT_LOAD,
         "load_checkpoint",
         _checkpoint_attributes(path, checkpoint_type, strategy, iteration, attributes),
+        iteration=iteration,  # the resume point, for the health ledger (no trace segment)
     )
 
 

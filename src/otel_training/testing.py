@@ -26,6 +26,7 @@ from opentelemetry.util._once import Once
 
 from otel_training import instruments, log_bridge, setup, spans
 from otel_training import phases as _phase
+from otel_training.health import ledger as health_ledger
 
 __all__ = [
     "InMemoryTelemetry",
@@ -149,6 +150,7 @@ def reset() -> None:
     instruments._FAILED_METERS.clear()
     instruments._warned.clear()
     spans._reset_first_iteration()
+    health_ledger.LEDGER.reset()
     _phase._warned.clear()
     metrics_internal._METER_PROVIDER_SET_ONCE = Once()
     metrics_internal._METER_PROVIDER = None

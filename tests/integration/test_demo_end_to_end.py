@@ -51,8 +51,16 @@ def test_demo_delivers_the_eight_metrics_over_otlp(run_python, otlp_receiver, pr
     points = {
         p.name: p
         for p in otlp_receiver.metrics()
-        if not p.name.startswith(P + "tensor.")  # tensor metrics: tests/integration/test_tensor*
+        # tensor metrics: tests/integration/test_tensor*; the health ledger's: below
+        if not p.name.startswith((P + "tensor.", "dl.training."))
     }
+    health = {p.name for p in otlp_receiver.metrics() if p.name.startswith("dl.training.")}
+    assert {
+        "dl.training.phase.time",
+        "dl.training.phase.elapsed",
+        "dl.training.progress.iteration",
+        "dl.training.progress.age",
+    } <= health
     assert set(points) == {
         P + "step_duration_ms",
         P + "loss",

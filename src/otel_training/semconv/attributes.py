@@ -15,15 +15,20 @@ from typing import Final
 
 __all__ = [
     "ATTRIBUTES",
+    "DL_DATA_PARALLEL_RANK",
     "DL_DATA_PARALLEL_SIZE",
     "DL_GPU_CLOCK_DOMAIN",
     "DL_JOB_ID",
     "DL_LOCAL_RANK",
     "DL_NODE_RANK",
+    "DL_PIPELINE_PARALLEL_RANK",
     "DL_PIPELINE_PARALLEL_SIZE",
     "DL_RANK",
+    "DL_RUN_ATTEMPT",
     "DL_RUN_ID",
+    "DL_TENSOR_PARALLEL_RANK",
     "DL_TENSOR_PARALLEL_SIZE",
+    "DL_TRAINING_PHASE",
     "DL_WORLD_SIZE",
     "IS_GOODPUT_SPAN",
     "MEGATRON_CHECKPOINT_OPERATION",
@@ -57,6 +62,7 @@ class AttributeSpec:
         brief: A one-sentence description.
         stability: The stability level in the registry (``"development"``, ``"stable"``...).
         resource: True for a Resource attribute (rank identity), False for a point attribute.
+        members: The values of an enum, in the registry's order (``()`` for other types).
     """
 
     name: str
@@ -64,6 +70,17 @@ class AttributeSpec:
     brief: str
     stability: str
     resource: bool
+    members: tuple[str, ...] = ()
+
+
+DL_DATA_PARALLEL_RANK: Final = "dl.data_parallel.rank"
+"""Index of this rank's data-parallel replica, from 0.
+
+Type: int. Resource attribute. Stability: development. Examples: ``0``, ``31``.
+
+Megatron-LM's data-parallel rank. Not detected: the training code passes it
+(configure(resource_attributes=...)).
+"""
 
 
 DL_DATA_PARALLEL_SIZE: Final = "dl.data_parallel.size"
@@ -118,6 +135,17 @@ From 0 to the number of nodes - 1 (GROUP_RANK under torchrun, SLURM_NODEID under
 """
 
 
+DL_PIPELINE_PARALLEL_RANK: Final = "dl.pipeline_parallel.rank"
+"""Pipeline stage of this rank, from 0.
+
+Type: int. Resource attribute. Stability: development. Examples: ``0``, ``15``.
+
+Megatron-LM's pipeline-model-parallel rank. Ranks of the same stage do the same work, so the
+straggler score compares a rank with its stage's peers. Not detected: the training code passes it
+(configure(resource_attributes=...)).
+"""
+
+
 DL_PIPELINE_PARALLEL_SIZE: Final = "dl.pipeline_parallel.size"
 """Number of pipeline stages the model is split into.
 
@@ -138,6 +166,18 @@ under SLURM). The name is the one NVIDIA NeMo Lens uses, for compatibility with 
 """
 
 
+DL_RUN_ATTEMPT: Final = "dl.run.attempt"
+"""Which attempt (incarnation) of the job this process belongs to, from 0.
+
+Type: int. Resource attribute. Stability: development. Examples: ``0``, ``3``.
+
+The first of OTEL_PYTHON_TRAINING_RUN_ATTEMPT, NVRx's NVRX_CYCLE, and torchrun's
+TORCHELASTIC_RESTART_COUNT plus SLURM's SLURM_RESTART_COUNT (both added, as Megatron-LM folds both
+into its run id); absent when none is set. Attempts of one dl.job.id are ordered by it, else by
+process.creation.time.
+"""
+
+
 DL_RUN_ID: Final = "dl.run.id"
 """Identifier of one training run, the same on all of its ranks.
 
@@ -149,6 +189,16 @@ runs (of the same job or not) report different values.
 """
 
 
+DL_TENSOR_PARALLEL_RANK: Final = "dl.tensor_parallel.rank"
+"""Position of this rank in its tensor-parallel group, from 0.
+
+Type: int. Resource attribute. Stability: development. Examples: ``0``, ``7``.
+
+Megatron-LM's tensor-model-parallel rank. Not detected: the training code passes it
+(configure(resource_attributes=...)).
+"""
+
+
 DL_TENSOR_PARALLEL_SIZE: Final = "dl.tensor_parallel.size"
 """Number of tensor-parallel ranks that share each layer of the model.
 
@@ -156,6 +206,21 @@ Type: int. Resource attribute. Stability: development. Examples: ``1``, ``8``.
 
 Megatron-LM's tensor_model_parallel_size, set on its Resource under this name. Not detected: the
 training code knows it (configure(resource_attributes=...)).
+"""
+
+
+DL_TRAINING_PHASE: Final = "dl.training.phase"
+"""The phase of training that a rank's time is attributed to.
+
+Type: enum (``"startup"``, ``"checkpoint_load"``, ``"warmup"``, ``"data_loading"``,
+``"forward_backward"``, ``"optimizer"``, ``"communication"``, ``"checkpoint_save"``, ``"evaluate"``,
+``"other"``). Point attribute. Stability: development.
+
+A point attribute of dl.training.phase.time and dl.training.phase.elapsed with ten values, so its
+cardinality is bounded. At every moment exactly one phase is the innermost, and the time goes to it;
+checkpoint_save, checkpoint_load, evaluate and warmup take all the time inside them (a data load
+inside an evaluation is evaluation), startup all but a checkpoint load. The names are the categories
+of docs/health.md, where goodput is defined from them.
 """
 
 
@@ -348,6 +413,13 @@ ranks' spans of a segment are in one trace.
 
 ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
     {
+        DL_DATA_PARALLEL_RANK: AttributeSpec(
+            name=DL_DATA_PARALLEL_RANK,
+            type="int",
+            brief="Index of this rank's data-parallel replica, from 0.",
+            stability="development",
+            resource=True,
+        ),
         DL_DATA_PARALLEL_SIZE: AttributeSpec(
             name=DL_DATA_PARALLEL_SIZE,
             type="int",
@@ -361,6 +433,11 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             brief="Which clock of a GPU a value is.",
             stability="development",
             resource=False,
+            members=(
+                "graphics",
+                "sm",
+                "memory",
+            ),
         ),
         DL_JOB_ID: AttributeSpec(
             name=DL_JOB_ID,
@@ -383,6 +460,13 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             stability="development",
             resource=True,
         ),
+        DL_PIPELINE_PARALLEL_RANK: AttributeSpec(
+            name=DL_PIPELINE_PARALLEL_RANK,
+            type="int",
+            brief="Pipeline stage of this rank, from 0.",
+            stability="development",
+            resource=True,
+        ),
         DL_PIPELINE_PARALLEL_SIZE: AttributeSpec(
             name=DL_PIPELINE_PARALLEL_SIZE,
             type="int",
@@ -397,10 +481,24 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             stability="development",
             resource=True,
         ),
+        DL_RUN_ATTEMPT: AttributeSpec(
+            name=DL_RUN_ATTEMPT,
+            type="int",
+            brief="Which attempt (incarnation) of the job this process belongs to, from 0.",
+            stability="development",
+            resource=True,
+        ),
         DL_RUN_ID: AttributeSpec(
             name=DL_RUN_ID,
             type="string",
             brief="Identifier of one training run, the same on all of its ranks.",
+            stability="development",
+            resource=True,
+        ),
+        DL_TENSOR_PARALLEL_RANK: AttributeSpec(
+            name=DL_TENSOR_PARALLEL_RANK,
+            type="int",
+            brief="Position of this rank in its tensor-parallel group, from 0.",
             stability="development",
             resource=True,
         ),
@@ -410,6 +508,25 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             brief="Number of tensor-parallel ranks that share each layer of the model.",
             stability="development",
             resource=True,
+        ),
+        DL_TRAINING_PHASE: AttributeSpec(
+            name=DL_TRAINING_PHASE,
+            type="enum",
+            brief="The phase of training that a rank's time is attributed to.",
+            stability="development",
+            resource=False,
+            members=(
+                "startup",
+                "checkpoint_load",
+                "warmup",
+                "data_loading",
+                "forward_backward",
+                "optimizer",
+                "communication",
+                "checkpoint_save",
+                "evaluate",
+                "other",
+            ),
         ),
         DL_WORLD_SIZE: AttributeSpec(
             name=DL_WORLD_SIZE,
@@ -431,6 +548,10 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             brief="Whether a checkpoint operation saved or loaded a checkpoint.",
             stability="development",
             resource=False,
+            members=(
+                "save",
+                "load",
+            ),
         ),
         MEGATRON_CHECKPOINT_PATH: AttributeSpec(
             name=MEGATRON_CHECKPOINT_PATH,
@@ -452,6 +573,10 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             brief="Whether the training loop waits for the checkpoint to be written.",
             stability="development",
             resource=False,
+            members=(
+                "sync",
+                "async",
+            ),
         ),
         MEGATRON_CHECKPOINT_TYPE: AttributeSpec(
             name=MEGATRON_CHECKPOINT_TYPE,
@@ -459,6 +584,10 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             brief="Whether a checkpoint is global (shared storage) or local (node-local storage).",
             stability="development",
             resource=False,
+            members=(
+                "global",
+                "local",
+            ),
         ),
         MEGATRON_EVAL_ITERATION: AttributeSpec(
             name=MEGATRON_EVAL_ITERATION,
@@ -518,6 +647,11 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             brief="Which load-balance statistic of a mixture-of-experts router a value is.",
             stability="development",
             resource=False,
+            members=(
+                "max_over_mean",
+                "coefficient_of_variation",
+                "dead_fraction",
+            ),
         ),
         MEGATRON_UPDATE_SUCCESSFUL: AttributeSpec(
             name=MEGATRON_UPDATE_SUCCESSFUL,

@@ -20,6 +20,7 @@ from opentelemetry.semconv._incubating.attributes.hw_attributes import HW_ID
 
 from otel_training.semconv.attributes import (
     DL_GPU_CLOCK_DOMAIN,
+    DL_TRAINING_PHASE,
     MEGATRON_CHECKPOINT_OPERATION,
     MEGATRON_TRAINING_LAYER,
     MEGATRON_TRAINING_METRIC,
@@ -29,6 +30,13 @@ from otel_training.semconv.attributes import (
 
 __all__ = [
     "DL_GPU_CLOCK_SPEED",
+    "DL_TRAINING_CHECKPOINT_AGE",
+    "DL_TRAINING_CHECKPOINT_ITERATION",
+    "DL_TRAINING_PHASE_ELAPSED",
+    "DL_TRAINING_PHASE_TIME",
+    "DL_TRAINING_PROGRESS_AGE",
+    "DL_TRAINING_PROGRESS_ITERATION",
+    "DL_TRAINING_PROGRESS_TIMESTAMP",
     "MEGATRON_CHECKPOINT_DURATION",
     "MEGATRON_TRAINING_GRAD_NORM",
     "MEGATRON_TRAINING_LEARNING_RATE",
@@ -54,6 +62,13 @@ __all__ = [
     "METRICS",
     "MetricSpec",
     "create_dl_gpu_clock_speed",
+    "create_dl_training_checkpoint_age",
+    "create_dl_training_checkpoint_iteration",
+    "create_dl_training_phase_elapsed",
+    "create_dl_training_phase_time",
+    "create_dl_training_progress_age",
+    "create_dl_training_progress_iteration",
+    "create_dl_training_progress_timestamp",
     "create_megatron_checkpoint_duration",
     "create_megatron_training_grad_norm",
     "create_megatron_training_learning_rate",
@@ -77,6 +92,7 @@ __all__ = [
     "create_megatron_training_throughput_tflops",
     "create_megatron_training_tokens_per_sec",
     "DL_GPU_CLOCK_DOMAIN",
+    "DL_TRAINING_PHASE",
     "MEGATRON_CHECKPOINT_OPERATION",
     "MEGATRON_TRAINING_LAYER",
     "MEGATRON_TRAINING_METRIC",
@@ -131,6 +147,155 @@ def create_dl_gpu_clock_speed(meter: Meter) -> Gauge:
     Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
     """
     spec = METRICS[DL_GPU_CLOCK_SPEED]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+DL_TRAINING_CHECKPOINT_AGE: Final = "dl.training.checkpoint.age"
+"""The progress a crash would lose now, in seconds of training.
+
+Instrument: gauge. Unit as exported: ``"s"``; true unit: ``"s"``. Value type: double. Stability:
+development.
+
+Now minus the time at which the step held by the last good checkpoint completed (after a load, the
+time the load completed). Before any save or load: the time since the first iteration of the process
+began (all of it is at risk); absent before that.
+"""
+
+
+def create_dl_training_checkpoint_age(meter: Meter) -> Gauge:
+    """Create the gauge ``dl.training.checkpoint.age`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[DL_TRAINING_CHECKPOINT_AGE]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+DL_TRAINING_CHECKPOINT_ITERATION: Final = "dl.training.checkpoint.iteration"
+"""The iteration held by the last successful checkpoint save, or restored by the last load.
+
+Instrument: gauge. Unit as exported: ``"{iteration}"``; true unit: ``"{iteration}"``. Value type:
+int. Stability: development. Attributes: ``"megatron.checkpoint.operation"``.
+
+With megatron.checkpoint.operation = save: the iteration of the last save that ended without an
+exception; = load: the iteration the last successful load restored, the resume point of this
+attempt. Absent until the first of each.
+"""
+
+
+def create_dl_training_checkpoint_iteration(meter: Meter) -> Gauge:
+    """Create the gauge ``dl.training.checkpoint.iteration`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[DL_TRAINING_CHECKPOINT_ITERATION]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+DL_TRAINING_PHASE_ELAPSED: Final = "dl.training.phase.elapsed"
+"""How long the phase that is innermost now has been open; 0 for the other phases.
+
+Instrument: gauge. Unit as exported: ``"s"``; true unit: ``"s"``. Value type: double. Stability:
+development. Attributes: ``"dl.training.phase"``.
+
+Seconds, read at each collection (an observable gauge). Non-zero for one phase per rank (the
+state-set pattern of hw.status). A rank that hangs shows where: the phase open and for how long; a
+rank whose exports stopped shows it as its last export.
+"""
+
+
+def create_dl_training_phase_elapsed(meter: Meter) -> Gauge:
+    """Create the gauge ``dl.training.phase.elapsed`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[DL_TRAINING_PHASE_ELAPSED]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+DL_TRAINING_PHASE_TIME: Final = "dl.training.phase.time"
+"""Wall time this process spent with each phase innermost, since it started.
+
+Instrument: counter. Unit as exported: ``"s"``; true unit: ``"s"``. Value type: double. Stability:
+development. Attributes: ``"dl.training.phase"``.
+
+Seconds, cumulative from process.creation.time (time before configure() is counted as startup), read
+at each collection on the metric reader's thread (an observable counter). Invariant: the sum over
+the ten phases is the time since process.creation.time. A rate of it divided by the step rate is the
+time per step that each phase takes, which is how the straggler score is computed (busy =
+data_loading + forward_backward + optimizer).
+"""
+
+
+def create_dl_training_phase_time(meter: Meter) -> Counter:
+    """Create the counter ``dl.training.phase.time`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[DL_TRAINING_PHASE_TIME]
+    return meter.create_counter(spec.name, unit=spec.unit, description=spec.description)
+
+
+DL_TRAINING_PROGRESS_AGE: Final = "dl.training.progress.age"
+"""Seconds since the last optimizer step completed, at collection.
+
+Instrument: gauge. Unit as exported: ``"s"``; true unit: ``"s"``. Value type: double. Stability:
+development.
+
+Now minus dl.training.progress.timestamp, evaluated when the metric reader collects; the hang signal
+of the offline files, where there is no time() to subtract from. Before the first step (or load) of
+the process: the time since process.creation.time.
+"""
+
+
+def create_dl_training_progress_age(meter: Meter) -> Gauge:
+    """Create the gauge ``dl.training.progress.age`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[DL_TRAINING_PROGRESS_AGE]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+DL_TRAINING_PROGRESS_ITERATION: Final = "dl.training.progress.iteration"
+"""The last optimizer step this process completed (the global iteration number).
+
+Instrument: gauge. Unit as exported: ``"{iteration}"``; true unit: ``"{iteration}"``. Value type:
+int. Stability: development.
+
+An iteration that raised or was interrupted is not completed. After a checkpoint load, the iteration
+the checkpoint holds until the next step completes. Absent before either.
+"""
+
+
+def create_dl_training_progress_iteration(meter: Meter) -> Gauge:
+    """Create the gauge ``dl.training.progress.iteration`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[DL_TRAINING_PROGRESS_ITERATION]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+DL_TRAINING_PROGRESS_TIMESTAMP: Final = "dl.training.progress.timestamp"
+"""Unix time at which the last completed optimizer step completed.
+
+Instrument: gauge. Unit as exported: ``"s"``; true unit: ``"s"``. Value type: double. Stability:
+development.
+
+Seconds since the Unix epoch on the process's clock (otel_training.clock: one wall-time anchor plus
+a monotonic clock). Read from outside the process after it froze (the last export of a SIGSTOPped or
+GIL-holding rank), time() minus this value is its progress age. After a checkpoint load, the time
+the load completed. Absent before either.
+"""
+
+
+def create_dl_training_progress_timestamp(meter: Meter) -> Gauge:
+    """Create the gauge ``dl.training.progress.timestamp`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[DL_TRAINING_PROGRESS_TIMESTAMP]
     return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
 
 
@@ -621,6 +786,90 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
             value_type="double",
             stability="development",
             attributes=(HW_ID, DL_GPU_CLOCK_DOMAIN),
+            naming_exception=None,
+        ),
+        DL_TRAINING_CHECKPOINT_AGE: MetricSpec(
+            name=DL_TRAINING_CHECKPOINT_AGE,
+            instrument="gauge",
+            unit="s",
+            description="The progress a crash would lose now, in seconds of training.",
+            true_unit="s",
+            value_type="double",
+            stability="development",
+            attributes=(),
+            naming_exception=None,
+        ),
+        DL_TRAINING_CHECKPOINT_ITERATION: MetricSpec(
+            name=DL_TRAINING_CHECKPOINT_ITERATION,
+            instrument="gauge",
+            unit="{iteration}",
+            description=(
+                "The iteration held by the last successful checkpoint save, or restored by the last"
+                " load."
+            ),
+            true_unit="{iteration}",
+            value_type="int",
+            stability="development",
+            attributes=(MEGATRON_CHECKPOINT_OPERATION,),
+            naming_exception=None,
+        ),
+        DL_TRAINING_PHASE_ELAPSED: MetricSpec(
+            name=DL_TRAINING_PHASE_ELAPSED,
+            instrument="gauge",
+            unit="s",
+            description=(
+                "How long the phase that is innermost now has been open; 0 for the other phases."
+            ),
+            true_unit="s",
+            value_type="double",
+            stability="development",
+            attributes=(DL_TRAINING_PHASE,),
+            naming_exception=None,
+        ),
+        DL_TRAINING_PHASE_TIME: MetricSpec(
+            name=DL_TRAINING_PHASE_TIME,
+            instrument="counter",
+            unit="s",
+            description="Wall time this process spent with each phase innermost, since it started.",
+            true_unit="s",
+            value_type="double",
+            stability="development",
+            attributes=(DL_TRAINING_PHASE,),
+            naming_exception=None,
+        ),
+        DL_TRAINING_PROGRESS_AGE: MetricSpec(
+            name=DL_TRAINING_PROGRESS_AGE,
+            instrument="gauge",
+            unit="s",
+            description="Seconds since the last optimizer step completed, at collection.",
+            true_unit="s",
+            value_type="double",
+            stability="development",
+            attributes=(),
+            naming_exception=None,
+        ),
+        DL_TRAINING_PROGRESS_ITERATION: MetricSpec(
+            name=DL_TRAINING_PROGRESS_ITERATION,
+            instrument="gauge",
+            unit="{iteration}",
+            description=(
+                "The last optimizer step this process completed (the global iteration number)."
+            ),
+            true_unit="{iteration}",
+            value_type="int",
+            stability="development",
+            attributes=(),
+            naming_exception=None,
+        ),
+        DL_TRAINING_PROGRESS_TIMESTAMP: MetricSpec(
+            name=DL_TRAINING_PROGRESS_TIMESTAMP,
+            instrument="gauge",
+            unit="s",
+            description="Unix time at which the last completed optimizer step completed.",
+            true_unit="s",
+            value_type="double",
+            stability="development",
+            attributes=(),
             naming_exception=None,
         ),
         MEGATRON_CHECKPOINT_DURATION: MetricSpec(

@@ -1,0 +1,400 @@
+"""The health ledger: where this rank's time goes, and how far training has progressed.
+
+One :class:`Ledger` per process (:data:`LEDGER`). The phase functions
+(:mod:`otel_training.spans`) and the framework callbacks feed it on the training thread, whether
+their span group records spans, mirrors them to NVTX only, or is off: :meth:`Ledger.enter` and
+:meth:`Ledger.exit` add plain floats and cost well under a microsecond, with no lock and no SDK
+call. The metric reader's thread reads it (:meth:`Ledger.read`) for the observable instruments
+of :mod:`otel_training.health.metrics`. No collective, no I/O: a rank that hangs or is slow
+cannot stop another from reporting.
+
+**Phases.** At every moment one phase of :data:`PHASES` is the innermost and the time goes to
+it. Before the first iteration of the process begins, outside any phase, that is ``startup``
+(backdated to ``process.creation.time``: the time before ``configure()`` is startup too); after,
+``other``. Which span counts as which phase: :data:`PHASE_OF_SPAN`. ``checkpoint_save``,
+``checkpoint_load``, ``evaluate`` and ``warmup`` take all the time inside them, ``startup`` all
+but a checkpoint load (:func:`effective`). An iteration's own time, outside the phases inside
+it, is ``forward_backward``, except for the first iteration of the process, which is
+``warmup`` as a whole. Definitions and the goodput built on them: ``docs/health.md``.
+
+**Progress.** An iteration that ends without an exception is completed: its number (or the
+last one + 1 when it has none) and its end time become the progress. A checkpoint save that ends
+without an exception records the iteration it holds; a load, the iteration it restored (which
+also becomes the progress).
+
+**Threads.** The ledger follows the thread that enters its first phase (the training thread);
+phases of other threads (an asynchronous checkpoint's finalisation) are ignored by it.
+Transitions out of order (a handle of :class:`otel_training.SpanRecorder` stopped before one
+started after it) close everything opened after the phase that ends. Nothing here raises.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from otel_training import clock
+from otel_training.semconv.attributes import ATTRIBUTES, DL_TRAINING_PHASE
+from otel_training.semconv.spans import (
+    MEGATRON_CHECKPOINT_LOAD,
+    MEGATRON_CHECKPOINT_LOAD_IO_READ,
+    MEGATRON_CHECKPOINT_SAVE,
+    MEGATRON_CHECKPOINT_SAVE_FINALIZE,
+    MEGATRON_CHECKPOINT_SAVE_IO_WRITE,
+    MEGATRON_CHECKPOINT_SAVE_STATE_DICT,
+    MEGATRON_EVALUATE,
+    MEGATRON_EVALUATE_STEP,
+    MEGATRON_GRAD_SYNC_FINISH,
+    MEGATRON_LAYER_FORWARD,
+    MEGATRON_LAYER_MLP,
+    MEGATRON_LAYER_SELF_ATTENTION,
+    MEGATRON_MICROBATCH_BACKWARD,
+    MEGATRON_MICROBATCH_FORWARD,
+    MEGATRON_P2P_RECV_BACKWARD,
+    MEGATRON_P2P_RECV_FORWARD,
+    MEGATRON_STARTUP,
+    MEGATRON_STARTUP_DATALOADER,
+    MEGATRON_STARTUP_MODEL_INIT,
+    MEGATRON_TRAIN_FIRST_ITERATION,
+    MEGATRON_TRAIN_ITERATION,
+    MEGATRON_TRAIN_ITERATION_DATA_LOADING,
+    MEGATRON_TRAIN_ITERATION_FORWARD_BACKWARD,
+    MEGATRON_TRAIN_ITERATION_OPTIMIZER,
+)
+
+__all__ = [
+    "ITERATION",
+    "LEDGER",
+    "NO_PHASE",
+    "PHASES",
+    "PHASE_OF_SPAN",
+    "Ledger",
+    "LedgerReading",
+    "effective",
+]
+
+#: The values of ``dl.training.phase``, in the registry's order; a phase's index is its code.
+PHASES: Final[tuple[str, ...]] = ATTRIBUTES[DL_TRAINING_PHASE].members
+(
+    STARTUP,
+    CHECKPOINT_LOAD,
+    WARMUP,
+    DATA_LOADING,
+    FORWARD_BACKWARD,
+    OPTIMIZER,
+    COMMUNICATION,
+    CHECKPOINT_SAVE,
+    EVALUATE,
+    OTHER,
+) = range(len(PHASES))
+#: An iteration (optimizer step): ``warmup`` for the first of the process, else
+#: ``forward_backward`` for its time outside the phases inside it; completes a step.
+ITERATION: Final = len(PHASES)
+#: A span that is no phase of the ledger (the run, a custom phase): no transition.
+NO_PHASE: Final = -1
+
+#: The ledger phase of each span name that is one (the rest are :data:`NO_PHASE`).
+PHASE_OF_SPAN: Final[Mapping[str, int]] = {
+    MEGATRON_STARTUP: STARTUP,
+    MEGATRON_STARTUP_MODEL_INIT: STARTUP,
+    MEGATRON_STARTUP_DATALOADER: STARTUP,
+    MEGATRON_CHECKPOINT_LOAD: CHECKPOINT_LOAD,
+    MEGATRON_CHECKPOINT_LOAD_IO_READ: CHECKPOINT_LOAD,
+    MEGATRON_TRAIN_FIRST_ITERATION: WARMUP,
+    MEGATRON_TRAIN_ITERATION: ITERATION,
+    MEGATRON_TRAIN_ITERATION_DATA_LOADING: DATA_LOADING,
+    MEGATRON_TRAIN_ITERATION_FORWARD_BACKWARD: FORWARD_BACKWARD,
+    MEGATRON_MICROBATCH_FORWARD: FORWARD_BACKWARD,
+    MEGATRON_MICROBATCH_BACKWARD: FORWARD_BACKWARD,
+    MEGATRON_LAYER_FORWARD: FORWARD_BACKWARD,
+    MEGATRON_LAYER_SELF_ATTENTION: FORWARD_BACKWARD,
+    MEGATRON_LAYER_MLP: FORWARD_BACKWARD,
+    MEGATRON_TRAIN_ITERATION_OPTIMIZER: OPTIMIZER,
+    MEGATRON_GRAD_SYNC_FINISH: COMMUNICATION,
+    MEGATRON_P2P_RECV_FORWARD: COMMUNICATION,
+    MEGATRON_P2P_RECV_BACKWARD: COMMUNICATION,
+    MEGATRON_CHECKPOINT_SAVE: CHECKPOINT_SAVE,
+    MEGATRON_CHECKPOINT_SAVE_STATE_DICT: CHECKPOINT_SAVE,
+    MEGATRON_CHECKPOINT_SAVE_IO_WRITE: CHECKPOINT_SAVE,
+    MEGATRON_CHECKPOINT_SAVE_FINALIZE: CHECKPOINT_SAVE,
+    MEGATRON_EVALUATE: EVALUATE,
+    MEGATRON_EVALUATE_STEP: EVALUATE,
+}
+
+# Phases that take all the time inside them; startup lets a checkpoint load through.
+_ABSORBING: Final = {
+    CHECKPOINT_SAVE: frozenset(),
+    CHECKPOINT_LOAD: frozenset(),
+    EVALUATE: frozenset(),
+    WARMUP: frozenset({CHECKPOINT_SAVE, CHECKPOINT_LOAD, EVALUATE}),
+    STARTUP: frozenset({CHECKPOINT_LOAD}),
+}
+
+
+def effective(outer: int, inner: int) -> int:
+    """The phase that time inside ``inner`` goes to when ``outer`` is the innermost phase
+    open around it (both codes of :data:`PHASES`)."""
+    let_through = _ABSORBING.get(outer)
+    if let_through is None or inner in let_through:
+        return inner
+    return outer
+
+
+# _EFFECTIVE[outer][inner], precomputed for the hot path.
+_EFFECTIVE: Final = tuple(
+    tuple(effective(outer, inner) for inner in range(len(PHASES))) for outer in range(len(PHASES))
+)
+#: Completion times kept of the last iterations, to date the step a checkpoint save holds.
+_RECENT_STEPS: Final = 256
+
+
+@dataclass(frozen=True)
+class LedgerReading:
+    """One consistent reading of the ledger, for the observable instruments.
+
+    Attributes:
+        phase_time_s: Seconds with each phase innermost since process creation, by phase
+            name; never smaller than in an earlier reading.
+        open_phase: The phase innermost now.
+        open_s: Seconds it has been open.
+        iteration: The last completed iteration (or restored by a load), or ``None``.
+        progress_unix_s: Unix time it completed (or the load completed), or ``None``.
+        age_s: Seconds since then; since process creation before either.
+        saved_iteration: The iteration of the last good save, or ``None``.
+        loaded_iteration: The iteration restored by the last good load, or ``None``.
+        checkpoint_age_s: The progress a crash would lose now, in seconds, or ``None`` before
+            the first iteration began.
+    """
+
+    phase_time_s: Mapping[str, float]
+    open_phase: str
+    open_s: float
+    iteration: int | None
+    progress_unix_s: float | None
+    age_s: float
+    saved_iteration: int | None
+    loaded_iteration: int | None
+    checkpoint_age_s: float | None
+
+
+class Ledger:
+    """The phase and progress ledger of one process (see the module docstring).
+
+    Args:
+        created_unix_s: When the process started, in Unix seconds: the origin of the phase
+            times (default: :func:`otel_training.clock.process_creation_unix_s`).
+        perf: The monotonic clock, in seconds (default ``time.perf_counter``); for tests.
+        unix: The wall clock, in Unix seconds (default :func:`otel_training.clock.unix_s`:
+            one anchor plus the monotonic clock); for tests.
+    """
+
+    __slots__ = (
+        "_thread",
+        "_stack",
+        "_starts",
+        "_since",
+        "_totals",
+        "_base",
+        "_base_since",
+        "_begun",
+        "_created_perf",
+        "_created_unix",
+        "_read_max",
+        "_recent",
+        "iteration",
+        "progress_unix_s",
+        "saved_iteration",
+        "loaded_iteration",
+        "_safe_unix_s",
+        "_perf",
+        "_unix",
+    )
+
+    def __init__(
+        self,
+        created_unix_s: float | None = None,
+        *,
+        perf: Callable[[], float] = time.perf_counter,
+        unix: Callable[[], float] = clock.unix_s,
+    ) -> None:
+        self._perf = perf
+        self._unix = unix
+        created = clock.process_creation_unix_s() if created_unix_s is None else created_unix_s
+        now_perf = perf()
+        self._created_unix = created
+        self._created_perf = now_perf - max(0.0, unix() - created)
+        self._thread: int | None = None
+        self._stack: list[int] = []
+        self._starts: list[float] = []
+        self._since = self._created_perf
+        self._totals = [0.0] * len(PHASES)
+        self._base = STARTUP
+        self._base_since = self._created_perf
+        self._begun = False
+        self._read_max = [0.0] * len(PHASES)
+        self._recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=_RECENT_STEPS)
+        self.iteration: int | None = None
+        self.progress_unix_s: float | None = None
+        self.saved_iteration: int | None = None
+        self.loaded_iteration: int | None = None
+        self._safe_unix_s: float | None = None
+
+    # -- the training thread -------------------------------------------------------------
+
+    def enter(self, phase: int) -> int:
+        """Opens ``phase`` (a code of :data:`PHASES`, or :data:`ITERATION`) on the calling
+        thread. Returns the token that :meth:`exit` takes (-1: not the ledger's thread)."""
+        ident = threading.get_ident()
+        if ident != self._thread:
+            if self._thread is not None:
+                return -1
+            self._thread = ident
+        now = self._perf()
+        stack = self._stack
+        top = stack[-1] if stack else self._base
+        if phase == ITERATION or phase == WARMUP:
+            if not self._begun:  # the first iteration of the process: warmup, all of it
+                self._begun = True
+                self._base = OTHER
+                if self._safe_unix_s is None:
+                    self._safe_unix_s = self._unix()
+                phase = WARMUP
+            elif phase == ITERATION:
+                phase = FORWARD_BACKWARD
+        if stack:
+            phase = _EFFECTIVE[top][phase]
+            start = self._starts[-1] if phase == top else now
+        else:
+            start = now
+        # Order matters to the reader: it copies the totals, then reads _since.
+        spent = now - self._since
+        self._since = now
+        self._totals[top] += spent
+        token = len(stack)
+        self._starts.append(start)
+        stack.append(phase)
+        return token
+
+    def exit(
+        self, token: int, phase: int, iteration: int | None = None, failed: bool = False
+    ) -> None:
+        """Closes the phase that :meth:`enter` opened with ``token`` (and any opened after
+        it). ``phase`` is the code given to :meth:`enter`; ``iteration`` its iteration number;
+        ``failed`` whether it ended by an exception (then an iteration does not complete, a
+        save or load does not count)."""
+        if token < 0 or threading.get_ident() != self._thread:
+            return
+        stack = self._stack
+        if token >= len(stack):
+            return
+        now = self._perf()
+        spent = now - self._since
+        self._since = now
+        self._totals[stack[-1]] += spent
+        del self._starts[token:]
+        del stack[token:]
+        if not stack:
+            self._base_since = now
+        if failed:
+            return
+        if phase == ITERATION:
+            self.step_completed(iteration)
+        elif phase == CHECKPOINT_SAVE:
+            self.checkpoint_saved(iteration)
+        elif phase == CHECKPOINT_LOAD:
+            self.checkpoint_loaded(iteration)
+
+    def step_completed(self, iteration: int | None = None) -> None:
+        """Records that optimizer step ``iteration`` (default: the last one + 1) completed
+        now."""
+        if iteration is None:
+            iteration = 1 if self.iteration is None else self.iteration + 1
+        now = self._unix()
+        self._recent.append((iteration, now))
+        self.progress_unix_s = now
+        self.iteration = iteration
+
+    def checkpoint_saved(self, iteration: int | None = None) -> None:
+        """Records a successful save of the state after ``iteration`` (default: the last
+        completed one)."""
+        if iteration is None:
+            iteration = self.iteration
+        if iteration is None:
+            return
+        completed = next((t for i, t in reversed(self._recent) if i == iteration), None)
+        if completed is None:  # older than the steps kept: the save's own time is an upper bound
+            completed = self._unix()
+        self.saved_iteration = iteration
+        if self._safe_unix_s is None or completed > self._safe_unix_s:
+            self._safe_unix_s = completed
+
+    def checkpoint_loaded(self, iteration: int | None = None) -> None:
+        """Records a successful load that restored the state after ``iteration`` (the resume
+        point); it becomes the progress."""
+        now = self._unix()
+        self._safe_unix_s = now
+        if iteration is None:
+            return
+        self.loaded_iteration = iteration
+        self._recent.append((iteration, now))
+        self.progress_unix_s = now
+        self.iteration = iteration
+
+    # -- the reader's thread ---------------------------------------------------------------
+
+    def read(self) -> LedgerReading:
+        """A reading for the observable instruments; any thread. Phase times never decrease
+        from one reading to the next."""
+        totals = list(self._totals)  # first the totals, then the time they run from
+        since = self._since
+        stack = self._stack[:]
+        starts = self._starts[:]
+        now = self._perf()
+        open_phase = stack[-1] if stack else self._base
+        opened = starts[-1] if stack and starts else self._base_since
+        totals[open_phase] += max(0.0, now - since)
+        clamped = self._read_max
+        for i, value in enumerate(totals):
+            if value > clamped[i]:
+                clamped[i] = value
+        unix_now = self._unix()
+        progress = self.progress_unix_s
+        safe = self._safe_unix_s
+        return LedgerReading(
+            phase_time_s=dict(zip(PHASES, clamped)),
+            open_phase=PHASES[open_phase],
+            open_s=max(0.0, now - opened),
+            iteration=self.iteration,
+            progress_unix_s=progress,
+            age_s=max(0.0, unix_now - (self._created_unix if progress is None else progress)),
+            saved_iteration=self.saved_iteration,
+            loaded_iteration=self.loaded_iteration,
+            checkpoint_age_s=None if safe is None else max(0.0, unix_now - safe),
+        )
+
+    def reset(self) -> None:
+        """Starts this ledger afresh, in place (a forked child does; so do tests): no phase
+        open, no progress, times from process creation again."""
+        self.__init__(perf=self._perf, unix=self._unix)
+
+    @property
+    def created_unix_s(self) -> float:
+        """When the process started (the origin of the phase times), Unix seconds."""
+        return self._created_unix
+
+
+#: The ledger of this process (started afresh in a forked child, in place).
+LEDGER = Ledger()
+
+
+def _after_fork_in_child() -> None:
+    LEDGER.reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,380 @@
+"""The health ledger: phase times, progress and checkpoints per rank (docs/health.md)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+import otel_training as ot
+from otel_training.health import ledger as health
+from otel_training.health.ledger import (
+    CHECKPOINT_LOAD,
+    CHECKPOINT_SAVE,
+    COMMUNICATION,
+    DATA_LOADING,
+    EVALUATE,
+    FORWARD_BACKWARD,
+    ITERATION,
+    OPTIMIZER,
+    PHASES,
+    STARTUP,
+    Ledger,
+)
+from otel_training.semconv.attributes import ATTRIBUTES, DL_TRAINING_PHASE
+
+
+class FakeClock:
+    """A monotonic and a wall clock that move only when told, 1,000 s apart."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def perf(self) -> float:
+        return self.t
+
+    def unix(self) -> float:
+        return self.t + 1000.0
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def make_ledger(started_s_ago: float = 2.0) -> tuple[Ledger, FakeClock]:
+    fake = FakeClock()
+    return Ledger(fake.unix() - started_s_ago, perf=fake.perf, unix=fake.unix), fake
+
+
+def spend(ledger: Ledger, fake: FakeClock, phase: int, seconds: float, **exit_kwargs) -> None:
+    token = ledger.enter(phase)
+    fake.advance(seconds)
+    ledger.exit(token, phase, **exit_kwargs)
+
+
+def test_phases_are_the_registry_members_in_order():
+    """The ledger's phase codes index dl.training.phase's members as the registry lists them."""
+    assert PHASES == ATTRIBUTES[DL_TRAINING_PHASE].members
+    assert len(PHASES) == 10 and PHASES[STARTUP] == "startup" and PHASES[-1] == "other"
+
+
+def test_a_synthetic_timeline_gives_the_hand_computed_times():
+    """Startup backdated to creation, warm-up as a whole, then steps split by phase."""
+    ledger, fake = make_ledger(started_s_ago=2.0)
+    fake.advance(0.5)  # still startup: no phase open, no iteration begun
+    token = ledger.enter(CHECKPOINT_LOAD)  # a load between startup and the first step
+    fake.advance(0.3)
+    ledger.exit(token, CHECKPOINT_LOAD, iteration=40)
+    # The first iteration: everything inside it is warmup.
+    step = ledger.enter(ITERATION)
+    spend(ledger, fake, DATA_LOADING, 0.1)
+    spend(ledger, fake, FORWARD_BACKWARD, 0.9)
+    ledger.exit(step, ITERATION, iteration=41)
+    fake.advance(0.05)  # between steps: other
+    for iteration in (42, 43):
+        step = ledger.enter(ITERATION)
+        spend(ledger, fake, DATA_LOADING, 0.02)
+        spend(ledger, fake, FORWARD_BACKWARD, 0.06)
+        fake.advance(0.004)  # inside the iteration, outside its phases: forward_backward
+        spend(ledger, fake, COMMUNICATION, 0.007)
+        spend(ledger, fake, OPTIMIZER, 0.01)
+        ledger.exit(step, ITERATION, iteration=iteration)
+        fake.advance(0.001)
+    spend(ledger, fake, EVALUATE, 0.4)
+    reading = ledger.read()
+    expected = {
+        "startup": 2.5,
+        "checkpoint_load": 0.3,
+        "warmup": 1.0,
+        "data_loading": 0.04,
+        "forward_backward": 0.128,
+        "optimizer": 0.02,
+        "communication": 0.014,
+        "checkpoint_save": 0.0,
+        "evaluate": 0.4,
+        "other": 0.052,
+    }
+    assert reading.phase_time_s == pytest.approx(expected, abs=1e-9)
+    assert sum(reading.phase_time_s.values()) == pytest.approx(fake.unix() - ledger.created_unix_s)
+    assert reading.iteration == 43 and reading.loaded_iteration == 40
+    assert reading.open_phase == "other" and reading.open_s == pytest.approx(0.0)
+
+
+def test_absorbing_phases_take_the_time_inside_them():
+    """A data load inside an evaluation is evaluation; a load inside startup is a load."""
+    assert health.effective(EVALUATE, DATA_LOADING) == EVALUATE
+    assert health.effective(CHECKPOINT_SAVE, COMMUNICATION) == CHECKPOINT_SAVE
+    assert health.effective(STARTUP, CHECKPOINT_LOAD) == CHECKPOINT_LOAD
+    assert health.effective(STARTUP, DATA_LOADING) == STARTUP
+    assert health.effective(health.WARMUP, EVALUATE) == EVALUATE
+    assert health.effective(FORWARD_BACKWARD, COMMUNICATION) == COMMUNICATION
+    ledger, fake = make_ledger()
+    outer = ledger.enter(EVALUATE)
+    spend(ledger, fake, DATA_LOADING, 0.25)
+    spend(ledger, fake, FORWARD_BACKWARD, 0.5)
+    ledger.exit(outer, EVALUATE)
+    times = ledger.read().phase_time_s
+    assert times["evaluate"] == pytest.approx(0.75)
+    assert times["data_loading"] == times["forward_backward"] == 0.0
+
+
+def test_a_failed_iteration_or_checkpoint_is_no_progress():
+    """An iteration that raised completes no step; a failed save or load records nothing."""
+    ledger, fake = make_ledger()
+    spend(ledger, fake, ITERATION, 0.1, iteration=1)
+    spend(ledger, fake, ITERATION, 0.1, iteration=2, failed=True)
+    spend(ledger, fake, CHECKPOINT_SAVE, 0.1, iteration=2, failed=True)
+    spend(ledger, fake, CHECKPOINT_LOAD, 0.1, iteration=7, failed=True)
+    reading = ledger.read()
+    assert reading.iteration == 1
+    assert reading.saved_iteration is None and reading.loaded_iteration is None
+
+
+def test_iterations_without_numbers_count_from_the_last_one():
+    """An iteration without a number completes the last one + 1 (from a load's, too)."""
+    ledger, fake = make_ledger()
+    spend(ledger, fake, ITERATION, 0.1)
+    spend(ledger, fake, ITERATION, 0.1)
+    assert ledger.read().iteration == 2
+    spend(ledger, fake, CHECKPOINT_LOAD, 0.1, iteration=40)
+    spend(ledger, fake, ITERATION, 0.1)
+    assert ledger.read().iteration == 41
+
+
+def test_progress_and_checkpoint_ages_follow_the_clock():
+    """Age is since the last completed step; checkpoint age since the step the save holds."""
+    ledger, fake = make_ledger(started_s_ago=3.0)
+    assert ledger.read().age_s == pytest.approx(3.0)  # before any step: since creation
+    assert ledger.read().checkpoint_age_s is None
+    spend(ledger, fake, ITERATION, 1.0, iteration=1)
+    step1_done = fake.unix()
+    assert ledger.read().checkpoint_age_s == pytest.approx(1.0)  # since the first step began
+    spend(ledger, fake, ITERATION, 1.0, iteration=2)
+    spend(ledger, fake, CHECKPOINT_SAVE, 0.5, iteration=1)  # holds step 1, not step 2
+    fake.advance(2.0)
+    reading = ledger.read()
+    assert reading.saved_iteration == 1
+    assert reading.progress_unix_s == pytest.approx(step1_done + 1.0)
+    assert reading.age_s == pytest.approx(2.5)
+    assert reading.checkpoint_age_s == pytest.approx(fake.unix() - step1_done)
+    spend(ledger, fake, CHECKPOINT_LOAD, 0.5, iteration=2)
+    assert ledger.read().checkpoint_age_s == pytest.approx(0.0)
+    assert ledger.read().progress_unix_s == pytest.approx(fake.unix())
+
+
+def test_the_open_phase_and_how_long_it_has_been_open():
+    """phase.elapsed names the innermost phase, from when its outermost run of itself began."""
+    ledger, fake = make_ledger()
+    save = ledger.enter(CHECKPOINT_SAVE)
+    fake.advance(4.0)
+    inner = ledger.enter(CHECKPOINT_SAVE)  # a stage inside the save
+    fake.advance(1.0)
+    reading = ledger.read()
+    assert reading.open_phase == "checkpoint_save" and reading.open_s == pytest.approx(5.0)
+    ledger.exit(inner, CHECKPOINT_SAVE)
+    ledger.exit(save, CHECKPOINT_SAVE)
+    fake.advance(0.5)
+    assert ledger.read().open_phase == "startup" and ledger.read().open_s == pytest.approx(0.5)
+
+
+def test_out_of_order_exits_close_what_was_opened_after():
+    """Stopping an outer handle first closes the inner ones; a stale token changes nothing."""
+    ledger, fake = make_ledger()
+    outer = ledger.enter(ITERATION)
+    inner = ledger.enter(FORWARD_BACKWARD)
+    fake.advance(1.0)
+    ledger.exit(outer, ITERATION, iteration=1)
+    ledger.exit(inner, FORWARD_BACKWARD)
+    fake.advance(1.0)
+    reading = ledger.read()
+    assert reading.open_phase == "other" and reading.iteration == 1
+    assert reading.phase_time_s["warmup"] == pytest.approx(1.0)
+    assert reading.phase_time_s["other"] == pytest.approx(1.0)
+
+
+def test_phases_of_another_thread_are_ignored():
+    """The ledger follows the thread that entered first; an async checkpoint's thread is not it."""
+    ledger, fake = make_ledger()
+    spend(ledger, fake, ITERATION, 1.0, iteration=1)
+    tokens = []
+    thread = threading.Thread(target=lambda: tokens.append(ledger.enter(CHECKPOINT_SAVE)))
+    thread.start()
+    thread.join()
+    assert tokens == [-1]
+    fake.advance(1.0)
+    assert ledger.read().open_phase == "other"
+    assert ledger.read().phase_time_s["checkpoint_save"] == 0.0
+
+
+def test_phase_times_sum_to_the_time_since_creation_on_the_real_clock():
+    """The invariant, on the real clocks: the sum over phases is now - creation (to 1 ms)."""
+    from otel_training import clock
+
+    ledger = Ledger()
+    for iteration in range(1, 20):
+        with_data = ledger.enter(ITERATION)
+        spend_real(ledger, DATA_LOADING)
+        spend_real(ledger, FORWARD_BACKWARD)
+        ledger.exit(with_data, ITERATION, iteration=iteration)
+    reading = ledger.read()
+    total = sum(reading.phase_time_s.values())
+    assert total == pytest.approx(clock.unix_s() - ledger.created_unix_s, abs=1e-3)
+
+
+def spend_real(ledger: Ledger, phase: int) -> None:
+    token = ledger.enter(phase)
+    time.sleep(0.0005)
+    ledger.exit(token, phase)
+
+
+def test_readings_never_decrease_while_the_training_thread_writes():
+    """A reader racing the training thread never sees a phase time go down (counters)."""
+    ledger = Ledger()
+    stop = threading.Event()
+    failures = []
+
+    def read():
+        last = dict.fromkeys(PHASES, 0.0)
+        while not stop.is_set():
+            times = ledger.read().phase_time_s
+            failures.extend(p for p in PHASES if times[p] < last[p])
+            last = times
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for iteration in range(1, 3000):
+            step = ledger.enter(ITERATION)
+            for phase in (DATA_LOADING, FORWARD_BACKWARD, COMMUNICATION, OPTIMIZER):
+                ledger.exit(ledger.enter(phase), phase)
+            ledger.exit(step, ITERATION, iteration=iteration)
+    finally:
+        stop.set()
+        reader.join()
+    assert failures == []
+
+
+CONFIGURATIONS = {
+    "all groups": {"OTEL_PYTHON_TRAINING_SPAN_GROUPS": "all"},
+    "default groups": {},
+    "no groups": {"OTEL_PYTHON_TRAINING_SPAN_GROUPS": "none"},
+    "NVTX-only fine groups": {
+        "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "all",
+        "OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS": "fine",
+    },
+    "SDK disabled": {"OTEL_SDK_DISABLED": "true"},
+    "rank that does not export": {"OTEL_PYTHON_TRAINING_EXPORT_RANKS": "1", "RANK": "0"},
+}
+
+
+@pytest.mark.parametrize("environ", CONFIGURATIONS.values(), ids=CONFIGURATIONS.keys())
+def test_the_phase_functions_feed_the_ledger_whatever_the_configuration(environ):
+    """Enabled, disabled or NVTX-only groups, SDK off or a silent rank: the same ledger."""
+    base = {"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"}
+    base.update({"OTEL_LOGS_EXPORTER": "none", "WORLD_SIZE": "2"})
+    ot.configure(environ={**base, **environ})
+    ledger = health.LEDGER
+    with ot.startup(), ot.model_init():
+        pass
+    with ot.checkpoint_load(iteration=10):
+        pass
+    for iteration in (11, 12, 13):
+        with ot.training_iteration(iteration=iteration):
+            with ot.data_loading(iteration=iteration):
+                pass
+            with ot.forward_backward(iteration=iteration):
+                with ot.microbatch("forward"):
+                    pass
+                with ot.grad_sync("finish"):
+                    assert ledger.read().open_phase == (
+                        "warmup" if iteration == 11 else "communication"
+                    )
+            with ot.optimizer_step(iteration=iteration):
+                assert ledger.read().open_phase == ("warmup" if iteration == 11 else "optimizer")
+    with pytest.raises(RuntimeError):
+        with ot.training_iteration(iteration=14):
+            raise RuntimeError("a step that fails")
+    with ot.checkpoint_save(iteration=13):
+        assert ledger.read().open_phase == "checkpoint_save"
+    with ot.evaluation(iteration=13), ot.data_loading():
+        assert ledger.read().open_phase == "evaluate"
+    reading = ledger.read()
+    assert (reading.iteration, reading.saved_iteration, reading.loaded_iteration) == (13, 13, 10)
+    assert reading.open_phase == "other"
+
+
+def test_span_recorder_handles_feed_the_ledger():
+    """Callbacks' handles (SpanRecorder) complete steps, also stopped out of order."""
+    ot.configure(environ={"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"})
+    recorder = ot.SpanRecorder()
+    for step in (1, 2):
+        it = recorder.start_phase(ot.training_iteration, iteration=step)
+        fb = recorder.start_phase(ot.forward_backward, iteration=step, parent=it)
+        recorder.stop(it)
+        recorder.stop(fb)
+    failed = recorder.start_phase(ot.training_iteration, iteration=3)
+    recorder.error(failed, RuntimeError("x"))
+    recorder.stop(failed)
+    reading = health.LEDGER.read()
+    assert reading.iteration == 2 and reading.open_phase == "other"
+
+
+def test_the_instruments_export_the_ledger():
+    """Seven instruments, 26 series at most, in the registry's units; unknown values absent."""
+    reader = InMemoryMetricReader()
+    ot.configure(
+        metric_readers=[reader],
+        environ={"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"},
+    )
+    points = _points(reader)
+    assert "dl.training.progress.iteration" not in points
+    assert "dl.training.checkpoint.iteration" not in points
+    assert len(points["dl.training.phase.time"]) == 10
+    for iteration in (1, 2):
+        with ot.training_iteration(iteration=iteration):
+            pass
+    with ot.checkpoint_save(iteration=2):
+        pass
+    points = _points(reader)
+    assert points["dl.training.progress.iteration"] == [({}, 2)]
+    assert points["dl.training.checkpoint.iteration"] == [
+        ({"megatron.checkpoint.operation": "save"}, 2)
+    ]
+    elapsed = dict((a["dl.training.phase"], v) for a, v in points["dl.training.phase.elapsed"])
+    assert [phase for phase, value in elapsed.items() if value > 0] in ([], ["other"])
+    assert sum(len(series) for series in points.values()) <= 30
+    units = {m.name: m.unit for m in _metrics(reader)}
+    assert units["dl.training.phase.time"] == "s"
+    assert units["dl.training.progress.iteration"] == "{iteration}"
+
+
+def _metrics(reader):
+    data = reader.get_metrics_data()
+    return [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
+
+
+def _points(reader) -> dict[str, list]:
+    found: dict[str, list] = {}
+    for metric in _metrics(reader):
+        if metric.name.startswith("dl.training."):
+            found[metric.name] = [(dict(p.attributes), p.value) for p in metric.data.data_points]
+    return found
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_its_own_ledger():
+    """A DataLoader worker's ledger has no progress of its parent's."""
+    ledger = health.LEDGER
+    token = ledger.enter(ITERATION)
+    ledger.exit(token, ITERATION, iteration=5)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(write_fd, repr(health.LEDGER.read().iteration).encode())
+        os._exit(0)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    assert os.read(read_fd, 64) == b"None"
+    assert ledger.read().iteration == 5
