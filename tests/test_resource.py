@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import socket
+import time
+from datetime import datetime, timezone
 
+import pytest
 from opentelemetry.sdk.resources import get_aggregated_resources
 from opentelemetry.util._importlib_metadata import entry_points
 
-from otel_training.resource import TrainingResourceDetector
+from otel_training import clock, config
+from otel_training.resource import TrainingResourceDetector, identity_attributes, iso8601
 
 
 def test_detector_reads_torchrun(monkeypatch):
@@ -44,3 +49,35 @@ def test_registered_as_an_sdk_resource_detector():
     """The entry point lets OTEL_EXPERIMENTAL_RESOURCE_DETECTORS=training find the detector."""
     (found,) = entry_points(group="opentelemetry_resource_detector", name="training")
     assert found.load() is TrainingResourceDetector
+
+
+@pytest.mark.parametrize(
+    ("environ", "attempt"),
+    [
+        ({}, None),
+        ({"TORCHELASTIC_RESTART_COUNT": "0"}, 0),
+        ({"TORCHELASTIC_RESTART_COUNT": "2"}, 2),
+        ({"SLURM_RESTART_COUNT": "3"}, 3),
+        ({"TORCHELASTIC_RESTART_COUNT": "1", "SLURM_RESTART_COUNT": "3"}, 4),
+        ({"NVRX_CYCLE": "5", "TORCHELASTIC_RESTART_COUNT": "1"}, 5),
+        ({"OTEL_PYTHON_TRAINING_RUN_ATTEMPT": "7", "NVRX_CYCLE": "5"}, 7),
+        ({"OTEL_PYTHON_TRAINING_RUN_ATTEMPT": "x", "NVRX_CYCLE": "5"}, 5),
+        ({"OTEL_PYTHON_TRAINING_RUN_ATTEMPT": "-1"}, None),
+    ],
+)
+def test_the_attempt_comes_from_the_first_launcher_that_counts_restarts(environ, attempt):
+    """dl.run.attempt: ours, else NVRx's cycle, else torchrun's + SLURM's restart counts."""
+    attributes = identity_attributes(config.load_identity(environ))
+    assert attributes.get("dl.run.attempt") == attempt
+
+
+def test_process_creation_time_is_when_this_process_started():
+    """process.creation.time is ISO 8601 UTC with ms, at or before now, from /proc."""
+    value = identity_attributes(config.load_identity({}))["process.creation.time"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", value)
+    started = datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    assert started.timestamp() <= time.time()
+    kernel = clock.process_start_unix_s()
+    if kernel is not None:  # /proc: within one clock tick and the ms rounding
+        assert abs(started.timestamp() - kernel) < 0.02
+    assert iso8601(0.5) == "1970-01-01T00:00:00.500Z"

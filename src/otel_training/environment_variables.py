@@ -43,6 +43,13 @@ Default: the launcher's run id (``TORCHELASTIC_RUN_ID``, SLURM job and step), el
 id per process.
 """
 
+OTEL_PYTHON_TRAINING_RUN_ATTEMPT: Final = "OTEL_PYTHON_TRAINING_RUN_ATTEMPT"
+"""Which attempt (incarnation) of the job this process belongs to, a whole number from 0
+(resource attribute ``dl.run.attempt``). Default: NVRx's ``NVRX_CYCLE``, else torchrun's
+``TORCHELASTIC_RESTART_COUNT`` plus SLURM's ``SLURM_RESTART_COUNT`` (as Megatron-LM folds both
+into its run id), else absent.
+"""
+
 OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM: Final = "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM"
 """Boolean, default ``true``: when the process has the default SIGTERM disposition,
 ``configure()`` installs a handler that flushes and shuts telemetry down (bounded by the export
@@ -108,6 +115,7 @@ __all__ = [
     "OTEL_PYTHON_TRAINING_NVTX",
     "OTEL_PYTHON_TRAINING_NVTX_DOMAIN",
     "OTEL_PYTHON_TRAINING_OUTPUT_DIR",
+    "OTEL_PYTHON_TRAINING_RUN_ATTEMPT",
     "OTEL_PYTHON_TRAINING_RUN_ID",
     "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM",
     "OTEL_PYTHON_TRAINING_SPAN_GROUPS",
@@ -117,6 +125,16 @@ __all__ = [
 
 MEGATRON_OTEL_RUN_ID: Final = "MEGATRON_OTEL_RUN_ID"
 """Megatron-LM's name for the run id; read when ``OTEL_PYTHON_TRAINING_RUN_ID`` is unset."""
+
+NVRX_CYCLE: Final = "NVRX_CYCLE"
+"""NVIDIA Resiliency Extension's restart cycle of the job, read as the attempt number when
+``OTEL_PYTHON_TRAINING_RUN_ATTEMPT`` is unset."""
+
+TORCHELASTIC_RESTART_COUNT: Final = "TORCHELASTIC_RESTART_COUNT"
+"""torchrun's count of worker-group restarts, part of the attempt number."""
+
+SLURM_RESTART_COUNT: Final = "SLURM_RESTART_COUNT"
+"""SLURM's count of requeues of the job, part of the attempt number."""
 
 NEMO_LENS_RUN_ID: Final = "NEMO_LENS_RUN_ID"
 """NeMo Lens' name for the run id; read when neither ``OTEL_PYTHON_TRAINING_RUN_ID`` nor

@@ -21,6 +21,7 @@ Read from the variables torchrun, SLURM and Kubernetes set (see :class:`RankIden
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import secrets
@@ -56,10 +57,39 @@ class RankIdentity:
     run_id: str | None = None
     k8s_pod_name: str | None = None
     k8s_namespace: str | None = None
+    #: Which attempt of the job this process belongs to (:func:`read_attempt`), or ``None``.
+    attempt: int | None = None
+
+
+def read_attempt(env: EnvReader) -> int | None:
+    """The attempt number of this process: ``OTEL_PYTHON_TRAINING_RUN_ATTEMPT``, else NVRx's
+    ``NVRX_CYCLE``, else ``TORCHELASTIC_RESTART_COUNT`` + ``SLURM_RESTART_COUNT`` (either one
+    alone counts; Megatron-LM folds both into its run id); ``None`` when none is set. A value
+    that is not a whole number >= 0 logs one warning and is not used. Never raises."""
+    for name in (ev.OTEL_PYTHON_TRAINING_RUN_ATTEMPT, ev.NVRX_CYCLE):
+        if env.raw(name) is not None:
+            value = env.non_negative_int(name)
+            if value is not None:
+                return value
+    counts = [
+        env.non_negative_int(name)
+        for name in (ev.TORCHELASTIC_RESTART_COUNT, ev.SLURM_RESTART_COUNT)
+    ]
+    if all(count is None for count in counts):
+        return None
+    return sum(count or 0 for count in counts)
 
 
 def read_identity(env: EnvReader) -> RankIdentity:
     """The identity the variables of ``env`` describe. Never raises."""
+    identity = _read_identity(env)
+    attempt = read_attempt(env)
+    if attempt is None:
+        return identity
+    return dataclasses.replace(identity, attempt=attempt)
+
+
+def _read_identity(env: EnvReader) -> RankIdentity:
     given_run = env.first(
         ev.OTEL_PYTHON_TRAINING_RUN_ID, ev.MEGATRON_OTEL_RUN_ID, ev.NEMO_LENS_RUN_ID
     )[1]
