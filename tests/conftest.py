@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +21,10 @@ def _clean_telemetry(monkeypatch, tmp_path):
         if name.startswith("OTEL_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_OUTPUT_DIR", str(tmp_path / "telemetry"))
+    # Defaults relative to the working directory (a configure(environ=...) that does not name
+    # an output directory, a child process) land in the test's own directory, never in the
+    # checkout: `make test` leaves the tree as it found it (pytest_sessionfinish below).
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM", "false")
     testing.reset()
     yield
@@ -33,3 +38,45 @@ def recorder_library(tmp_path_factory) -> Path:
     from nvtx_injection import build
 
     return build(tmp_path_factory.mktemp("nvtx"))
+
+
+_CHECKOUT = Path(__file__).resolve().parent.parent
+#: What a test session may add to the checkout: caches and the installed environment.
+_BUILD_OUTPUT = ("__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache", ".egg-info", ".venv")
+
+
+def _checkout_state() -> set[str] | None:
+    """The checkout's untracked and ignored entries (git's view), build output left out;
+    ``None`` outside a git checkout."""
+    try:
+        listed = subprocess.run(
+            ["git", "status", "--porcelain", "--ignored=matching"],
+            cwd=_CHECKOUT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {line for line in listed.splitlines() if not any(part in line for part in _BUILD_OUTPUT)}
+
+
+def pytest_sessionstart(session):
+    session.config._checkout_before = _checkout_state()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The suite leaves the checkout as it found it: no telemetry directory, no stray file
+    (a fresh clone's `git status` stays clean, and `otel-training report` still shows the
+    user's own newest run)."""
+    before = getattr(session.config, "_checkout_before", None)
+    after = _checkout_state()
+    if before is None or after is None:
+        return
+    added = sorted(after - before)
+    if added and session.config.option.collectonly is False:
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+            "the tests left these in the checkout: " + ", ".join(added), red=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
