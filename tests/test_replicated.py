@@ -113,14 +113,11 @@ def test_silent_rank_note_names_the_metrics_and_who_sends_them():
 
 def test_config_reads_the_policy_with_one_warning_for_a_bad_value(caplog):
     """OTEL_PYTHON_TRAINING_EXPORT_REPLICATED: auto by default, case-insensitive, bad -> auto."""
+    name = "OTEL_PYTHON_TRAINING_EXPORT_REPLICATED"
     assert config.load({}).export_replicated == "auto"
-    assert config.load({"OTEL_PYTHON_TRAINING_EXPORT_REPLICATED": "PP_First"}).export_replicated == (
-        "pp_first"
-    )
+    assert config.load({name: "PP_First"}).export_replicated == "pp_first"
     caplog.clear()
-    assert config.load({"OTEL_PYTHON_TRAINING_EXPORT_REPLICATED": "one"}).export_replicated == (
-        "auto"
-    )
+    assert config.load({name: "one"}).export_replicated == "auto"
     (record,) = [r for r in caplog.records if "EXPORT_REPLICATED" in r.getMessage()]
     assert "using 'auto'" in record.getMessage()
 
