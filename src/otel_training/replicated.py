@@ -130,7 +130,7 @@ def decide(setting: str, world_size: int, attributes: Mapping[str, object]) -> R
     if setting == "all" or (setting == "auto" and world_size <= AUTO_WORLD_SIZE):
         return ReplicatedExport("all", True)
     why = f"{name}={setting}" + (
-        f": {world_size} ranks > {AUTO_WORLD_SIZE}" if setting == "auto" else ""
+        f" ({world_size} ranks > {AUTO_WORLD_SIZE})" if setting == "auto" else ""
     )
     layout, missing = ParallelLayout.from_attributes(attributes)
     if layout is None:
