@@ -53,7 +53,7 @@ from otel_training.identity import RankIdentity
 from otel_training.resource import identity_attributes
 from otel_training.semconv import attributes as attribute_names
 from otel_training.semconv.attributes import ATTRIBUTES
-from otel_training.semconv.metrics import METRICS, MEGATRON_TRAINING_STEP_DURATION_MS
+from otel_training.semconv.metrics import MEGATRON_TRAINING_STEP_DURATION_MS, METRICS
 from otel_training.semconv.spans import NVTX_ONLY_CANDIDATE_GROUPS, SPANS
 
 # --- published figures -------------------------------------------------------------------------
@@ -355,7 +355,12 @@ def _device_streams(w: Workload) -> list[Stream]:
     """The device metrics of one GPU (OpenTelemetry's hw.* and the registry's clock speed),
     from otel_training.device_metrics: one series each, the clock one per domain."""
     gpu = _attribute_values("hw.id", w)[0]
-    base = {"hw.id": gpu, "hw.type": "gpu", "hw.name": "NVIDIA H100 80GB HBM3", "hw.vendor": "NVIDIA"}
+    base = {
+        "hw.id": gpu,
+        "hw.type": "gpu",
+        "hw.name": "NVIDIA H100 80GB HBM3",
+        "hw.vendor": "NVIDIA",
+    }
     streams = []
     for name in device_metrics.DEVICE_METRICS:
         kind, unit, description = device_metrics._INSTRUMENTS[name]
@@ -443,9 +448,7 @@ _START_NS = _NOW_NS - 3_600_000_000_000
 def _number_point(stream: Stream, attributes: Mapping[str, Any], rng: random.Random):
     """A gauge or sum point with a value of a run: an iteration number, or a double whose
     bits are as random as a loss or a norm (they do not compress)."""
-    point = metrics_pb2.NumberDataPoint(
-        attributes=_key_values(attributes), time_unix_nano=_NOW_NS
-    )
+    point = metrics_pb2.NumberDataPoint(attributes=_key_values(attributes), time_unix_nano=_NOW_NS)
     if stream.data == "sum":
         point.start_time_unix_nano = _START_NS
     if stream.value_type == "int":
@@ -470,7 +473,9 @@ def exponential_step_point(w: Workload) -> metrics_pb2.ExponentialHistogramDataP
     histogram.record(step_ms * w.first_step_factor)
     for _ in range(999):
         histogram.record(rng.lognormvariate(math.log(step_ms), w.step_spread))
-    (point,) = reader.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    (point,) = (
+        reader.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    )
     provider.shutdown()
     return metrics_pb2.ExponentialHistogramDataPoint(
         start_time_unix_nano=_START_NS,
@@ -1042,7 +1047,15 @@ def report(scales: Iterable[Workload]) -> str:
     out.append("\n## Heartbeat and exponential step histogram at 4,096 ranks\n")
     w = next((s for s in scales if s.ranks == 4096), scales[-1])
     base = metrics_load(w)
-    rows = [["none", _si(base.points_per_s), _si(base.bytes_per_s, "B/s"), _si(base.gzip_bytes_per_s, "B/s"), f"{base.series:,}"]]
+    rows = [
+        [
+            "none",
+            _si(base.points_per_s),
+            _si(base.bytes_per_s, "B/s"),
+            _si(base.gzip_bytes_per_s, "B/s"),
+            f"{base.series:,}",
+        ]
+    ]
     for beat in (5.0, 2.0):
         hb = metrics_load(replace(w, heartbeat_s=beat))
         rows.append(

@@ -107,9 +107,7 @@ def real_rank(tmp_path_factory):
         },
         set_global=False,
     )
-    devices = DeviceMetrics(
-        telemetry.meter_provider.get_meter("otel_training.devices"), _Devices()
-    )
+    devices = DeviceMetrics(telemetry.meter_provider.get_meter("otel_training.devices"), _Devices())
     from otel_training.tensor.gauges import TensorMetricGauges
 
     source = _TensorValues()
