@@ -251,6 +251,47 @@ class Stream:
         return len(self.points)
 
 
+#: Prometheus' unit words (UnderscoreEscapingWithSuffixes, the stack's translation strategy);
+#: unit "1" is dropped by the collector's transform/unit_one, annotations in braces vanish.
+PROMETHEUS_UNITS = {
+    "ms": "milliseconds",
+    "s": "seconds",
+    "By": "bytes",
+    "Hz": "hertz",
+    "W": "watts",
+    "J": "joules",
+    "Cel": "celsius",
+}
+
+
+def _label(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def prometheus_samples(stream: Stream) -> list[tuple[str, dict[str, str]]]:
+    """The series Prometheus stores for ``stream``: (name, point labels) each, named as the
+    stack names them (dots to underscores, the unit word appended, ``_total`` on counters,
+    ``_bucket``/``_sum``/``_count`` of an explicit histogram, one native histogram)."""
+    base = _label(stream.name)
+    unit = "".join(part for part in stream.unit.split("{") if "}" not in part)
+    word = PROMETHEUS_UNITS.get(unit, "") if unit != "1" else ""
+    if word and word not in base.split("_"):
+        base += "_" + word
+    samples = []
+    for attributes in stream.points:
+        labels = {_label(k): str(v) for k, v in attributes.items()}
+        if stream.data == "histogram":
+            for bound in (*stream.bounds, "+Inf"):
+                le = bound if isinstance(bound, str) else f"{bound:g}"
+                samples.append((f"{base}_bucket", {**labels, "le": le}))
+            samples.extend([(f"{base}_sum", labels), (f"{base}_count", labels)])
+        elif stream.data == "sum" and stream.monotonic:
+            samples.append((f"{base}_total", labels))
+        else:
+            samples.append((base, labels))
+    return samples
+
+
 def _layer_labels(count: int) -> list[str]:
     return [f"decoder.layers.{i}" for i in range(count)] + ["global"]
 
@@ -876,6 +917,65 @@ def gateways(spans_per_s: float, points_per_s: float, spans_per_core: Figure) ->
     return math.ceil(cores / (GATEWAY_CORES * GATEWAY_UTILISATION)) + 1
 
 
+def measured_step_histograms(w: Workload, steps: int = 1000) -> dict[str, dict[str, Any]]:
+    """The step histogram of a real export, explicit and exponential: ``steps`` step times of
+    ``w`` recorded through ``configure()`` with the embedded default, read back from its file.
+    Per kind: the metric's OTLP bytes, the whole request's, its bucket count and the series
+    Prometheus stores of it (the stack's translation: buckets + _sum + _count, or one native
+    histogram)."""
+    import tempfile
+    from pathlib import Path
+
+    import otel_training
+    from otel_training.testing import parse_otlp_json
+
+    found: dict[str, dict[str, Any]] = {}
+    for kind in config.STEP_DURATION_HISTOGRAMS:
+        with tempfile.TemporaryDirectory() as directory:
+            telemetry = otel_training.configure(
+                environ={
+                    "OTEL_PYTHON_TRAINING_OUTPUT_DIR": directory,
+                    "OTEL_PYTHON_TRAINING_RUN_ID": "step-histogram",
+                    "OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM": kind,
+                    "OTEL_TRACES_EXPORTER": "none",
+                    "OTEL_LOGS_EXPORTER": "none",
+                    "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM": "false",
+                },
+                set_global=False,
+            )
+            rng = random.Random(4096)
+            step_ms = w.step_time_s * 1000
+            times = [step_ms * w.first_step_factor] + [
+                rng.lognormvariate(math.log(step_ms), w.step_spread) for _ in range(steps - 1)
+            ]
+            for value in times:
+                otel_training.record_training_metrics(telemetry.meter, step_duration_ms=value)
+            telemetry.shutdown()
+            (path,) = Path(directory).glob("step-histogram/metrics-rank*.jsonl")
+            last = [line for line in path.read_text().splitlines() if line.strip()][-1]
+        request = parse_otlp_json(last, ExportMetricsServiceRequest())
+        (metric,) = [
+            m
+            for rm in request.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == MEGATRON_TRAINING_STEP_DURATION_MS
+        ]
+        (point,) = getattr(metric, metric.WhichOneof("data")).data_points
+        if kind == "exponential":
+            buckets, series = len(point.positive.bucket_counts), 1
+        else:
+            buckets, series = len(point.bucket_counts), len(point.bucket_counts) + 2
+        found[kind] = {
+            "metric bytes": metric.ByteSize(),
+            "request bytes": request.ByteSize(),
+            "buckets": buckets,
+            "series": series,
+            "scale": getattr(point, "scale", None),
+        }
+    return found
+
+
 # --- output ------------------------------------------------------------------------------------
 
 
@@ -1078,6 +1178,16 @@ def report(scales: Iterable[Workload]) -> str:
         ]
     )
     out.append(_table(["at 4,096 ranks", "OTLP points/s", "raw", "gzip", "active series"], rows))
+    measured = measured_step_histograms(w)
+    explicit, exponential = measured["explicit"], measured["exponential"]
+    out.append(
+        f"\n[measured] The step histogram of 1,000 steps ({w.step_time_s:g} s, spread "
+        f"{w.step_spread:.0%}, a first step {w.first_step_factor:g}x longer), from a real export "
+        f"(configure(), the embedded default): explicit {explicit['metric bytes']:,} B, "
+        f"{explicit['buckets']} buckets, {explicit['series']} Prometheus series per rank; "
+        f"exponential {exponential['metric bytes']:,} B, {exponential['buckets']} buckets at "
+        f"scale {exponential['scale']}, {exponential['series']} native-histogram series per rank."
+    )
     out.append(
         f"\nThe heartbeat sends {base.heartbeat_points_per_rank} points per rank "
         "(progress timestamp and age, phase elapsed per phase) on its own interval."

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import random
 import re
 import sys
 from collections import Counter
@@ -247,3 +248,27 @@ def test_the_report_prints_every_scale_preset_and_source():
         assert label in text
     for figure in model.FIGURES:
         assert figure.source in text
+
+
+def test_the_exponential_step_histogram_measured_from_a_real_export():
+    """A real export of 1,000 steps: the exponential step metric is one native-histogram series
+    and smaller than the explicit one; the model sizes both within 10 %."""
+    w = model.Workload(4096)
+    measured = model.measured_step_histograms(w)
+    explicit, exponential = measured["explicit"], measured["exponential"]
+    assert (explicit["series"], exponential["series"]) == (
+        len(views.STEP_DURATION_BUCKETS_MS) + 3,
+        1,
+    )
+    assert exponential["scale"] <= views.STEP_DURATION_EXPONENTIAL_MAX_SCALE
+    assert exponential["metric bytes"] < explicit["metric bytes"]
+    rng = random.Random(0)
+    for kind, flag in (("explicit", False), ("exponential", True)):
+        (stream,) = [
+            s
+            for s in model.rank_streams(replace(w, exponential=flag))
+            if s.name == "megatron.training.step_duration_ms"
+        ]
+        modelled = model._metric(stream, replace(w, exponential=flag), rng).ByteSize()
+        real = measured[kind]["metric bytes"]
+        assert abs(modelled - real) <= 0.10 * real, (kind, modelled, real)
