@@ -272,3 +272,43 @@ def test_the_exponential_step_histogram_measured_from_a_real_export():
         modelled = model._metric(stream, replace(w, exponential=flag), rng).ByteSize()
         real = measured[kind]["metric bytes"]
         assert abs(modelled - real) <= 0.10 * real, (kind, modelled, real)
+
+
+def _doc_table(heading: str) -> list[list[str]]:
+    """The rows of the first table under ``heading`` in docs/scale.md, cells stripped of **."""
+    text = (ROOT / "docs" / "scale.md").read_text()
+    section = text.split(f"\n{heading}\n", 1)[1]
+    rows = []
+    for line in section.splitlines():
+        if line.startswith("|---"):
+            continue
+        if line.startswith("|"):
+            rows.append([c.strip().strip("*") for c in line.strip().strip("|").split("|")])
+        elif rows:
+            break
+    return rows[1:]
+
+
+def test_docs_gateway_table_is_the_models():
+    """docs/scale.md's gateways per job and preset are what the model computes (after a change
+    of the registry, views or span groups: make bench-scale, then update docs/scale.md)."""
+    columns = [("default", False), ("per_step", True), ("per_step", False), ("all", False)]
+    rows = {row[0]: row[1:] for row in _doc_table("## How many gateways")}
+    for w in model.SCALES:
+        metrics = model.metrics_load(w)
+        expected = []
+        for preset, fine in columns:
+            s = model.spans_load(w, preset, preset, fine)
+            pair = {
+                model.gateways(s.spans_per_s, metrics.points_per_s, figure)
+                for figure in (model.SPANS_PER_CORE_SPLUNK, model.SPANS_PER_CORE_OTEL)
+            }
+            expected.append(" / ".join(str(n) for n in sorted(pair)))
+        assert rows[f"{w.ranks:,}"] == expected, w.ranks
+
+
+def test_docs_backend_table_is_the_models():
+    """docs/scale.md's active series per job are the model's (EXPORT_REPLICATED=auto)."""
+    rows = {row[0]: row[1] for row in _doc_table("## What the backend holds")}
+    for w in model.SCALES:
+        assert rows[f"{w.ranks:,}"] == f"{model.metrics_load(w).series:,}", w.ranks
