@@ -282,7 +282,8 @@ def prometheus_samples(stream: Stream) -> list[tuple[str, dict[str, str]]]:
         labels = {_label(k): str(v) for k, v in attributes.items()}
         if stream.data == "histogram":
             for bound in (*stream.bounds, "+Inf"):
-                le = bound if isinstance(bound, str) else f"{bound:g}"
+                # As Prometheus' OTLP translator writes a bound: shortest decimal, no exponent.
+                le = bound if isinstance(bound, str) else f"{bound:f}".rstrip("0").rstrip(".")
                 samples.append((f"{base}_bucket", {**labels, "le": le}))
             samples.extend([(f"{base}_sum", labels), (f"{base}_count", labels)])
         elif stream.data == "sum" and stream.monotonic:
