@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test lint bench bench-spans bench-tensor bench-overhead gpu-check bench-bad-day \
-	bench-report bench-integrations semconv clean
+	bench-report bench-integrations bench-scale bench-prometheus semconv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,17 @@ bench-report: setup
 # The Lightning and Hugging Face callbacks against the same training without them.
 bench-integrations: setup
 	$(PY) bench/integrations.py
+
+# The scale model: series, points/s, spans/s, bytes/s, gateways and backend for 8 to 16,384
+# ranks and each span preset, derived from the registry, the views and the span groups
+# (docs/scale.md). A few seconds.
+bench-scale: setup
+	$(PY) bench/scale_model.py
+
+# Debian's Prometheus (2.x, installed) scraping 65,536 generated series shaped like ours: head
+# series, resident memory, bytes per series, and the extrapolation to 4,096 ranks. About 2 min.
+bench-prometheus: setup
+	$(PY) bench/prometheus_scale.py
 
 semconv: setup
 	$(PY) scripts/generate_semconv.py

@@ -58,6 +58,12 @@ OUTPUTS = {
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 
+#: Boolean annotations of a metric (``annotations.otel_training``) that say how it is exported:
+#: ``replicated``, a value identical on every data- and tensor-parallel peer of a pipeline
+#: stage (exported by one rank per stage under OTEL_PYTHON_TRAINING_EXPORT_REPLICATED);
+#: ``heartbeat``, a hang signal exported on OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL.
+EXPORT_FLAGS = ("replicated", "heartbeat")
+
 #: Rules that a metric may break when it declares a naming exception with a reason.
 EXEMPTIBLE_RULES = ("unit_in_name", "unit_ucum")
 
@@ -165,6 +171,8 @@ class Metric:
     attributes: tuple[str, ...]
     exception_reason: str | None
     exception_rules: tuple[str, ...]
+    replicated: bool = False
+    heartbeat: bool = False
 
 
 @dataclass
@@ -311,7 +319,8 @@ def rule_violations(registry: Registry) -> list[Violation]:
     ``namespace_collision`` (no metric or attribute name is the namespace of another),
     ``unit_ucum`` and ``unit_in_name`` for metrics unless declared in a naming exception,
     ``naming_exception`` (a reason, and exactly the rules the metric breaks), ``true_unit``,
-    ``value_type``, ``unresolved_ref``, ``span_group`` (every span names a group of
+    ``value_type``, ``export_flag`` (``replicated`` and ``heartbeat`` are booleans),
+    ``unresolved_ref``, ``span_group`` (every span names a group of
     ``semconv/span_groups.yaml``) and ``constant_collision``
     (no two metrics, attributes or spans share a Python constant).
     """
@@ -381,6 +390,11 @@ def rule_violations(registry: Registry) -> list[Violation]:
                         name,
                         f"declares rules {rules!r} but breaks exactly {list(broken)!r}",
                     )
+                )
+        for flag in EXPORT_FLAGS:
+            if not isinstance(ours.get(flag, False), bool):
+                violations.append(
+                    Violation("export_flag", name, f"otel_training.{flag} must be true or false")
                 )
         true_unit = ours.get("true_unit")
         if not (isinstance(true_unit, str) and is_ucum_unit(true_unit)):
@@ -472,6 +486,8 @@ def build_model(registry: Registry) -> tuple[list[Attribute], list[Metric]]:
                 attributes=tuple(r["ref"] for r in _refs(m.get("attributes")) if "ref" in r),
                 exception_reason=_clean(exception["reason"]) if exception else None,
                 exception_rules=tuple(exception.get("rules", ())),
+                replicated=ours.get("replicated", False) is True,
+                heartbeat=ours.get("heartbeat", False) is True,
             )
         )
     return sorted(attributes, key=lambda a: a.key), sorted(metrics, key=lambda m: m.name)
@@ -569,6 +585,13 @@ def _metric_doc(metric: Metric) -> str:
     if metric.exception_reason:
         rules = ", ".join(metric.exception_rules)
         facts += f" Naming exception ({rules}): {metric.exception_reason}."
+    if metric.replicated:
+        facts += (
+            " Replicated: the same on every data- and tensor-parallel peer of a pipeline stage"
+            " (OTEL_PYTHON_TRAINING_EXPORT_REPLICATED)."
+        )
+    if metric.heartbeat:
+        facts += " Heartbeat: a hang signal (OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL)."
     return "\n\n".join(p for p in (metric.brief, facts, metric.note) if p)
 
 

@@ -219,7 +219,7 @@ _GOOD_METRIC = {
 def _metric(**changes: Any) -> dict[str, Any]:
     metric = copy.deepcopy(_GOOD_METRIC)
     for key, value in changes.items():
-        if key in ("naming_exception", "true_unit"):
+        if key in ("naming_exception", "true_unit", "replicated", "heartbeat"):
             metric["annotations"]["otel_training"][key] = value
         elif key == "value_type":
             metric["annotations"]["code_generation"] = {}
@@ -246,6 +246,7 @@ _BAD_CASES = {
     "naming_exception": [_metric(unit="", naming_exception={"reason": "", "rules": ["unit_ucum"]})],
     "true_unit": [_metric(true_unit="bananas")],
     "value_type": [_metric(value_type=None)],
+    "export_flag": [_metric(replicated="yes")],
     "unresolved_ref": [_metric(attributes=[{"ref": "example.no_such_attribute"}])],
 }
 
@@ -378,6 +379,34 @@ def test_metric_table_matches_the_registry(registry):
     for name, (instrument, unit, description) in MEGATRON_METRICS.items():
         assert (METRICS[name].instrument, METRICS[name].unit) == (instrument, unit)
         assert METRICS[name].description == description
+
+
+def test_replicated_and_heartbeat_flags_are_the_registry_annotations(registry):
+    """METRICS says replicated / heartbeat exactly where the YAML annotates it; the sets are the
+    values Megatron-LM reduces over data and tensor parallelism (loss averaged over the
+    data-parallel group, the global grad norm, the scheduler's learning rate, a skip decided on
+    every rank, norms of parameters every peer holds) and the hang signals of docs/health.md."""
+    from otel_training.semconv.metrics import METRICS
+
+    for metric in registry.metrics:
+        spec = METRICS[metric["name"]]
+        assert spec.replicated is (_ours(metric).get("replicated") is True), spec.name
+        assert spec.heartbeat is (_ours(metric).get("heartbeat") is True), spec.name
+    assert {n for n, s in METRICS.items() if s.replicated} == {
+        "megatron.training.loss",
+        "megatron.training.grad_norm",
+        "megatron.training.learning_rate",
+        "megatron.training.skipped_iters",
+        "megatron.training.tensor.grad_norm",
+        "megatron.training.tensor.param_norm",
+        "megatron.training.tensor.grad_nonfinite",
+        "megatron.training.tensor.update_ratio",
+    }
+    assert {n for n, s in METRICS.items() if s.heartbeat} == {
+        "dl.training.progress.timestamp",
+        "dl.training.progress.age",
+        "dl.training.phase.elapsed",
+    }
 
 
 def test_every_public_name_is_importable():

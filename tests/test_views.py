@@ -3,9 +3,16 @@ overrides."""
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import (
+    ExponentialHistogramDataPoint,
+    HistogramDataPoint,
+    InMemoryMetricReader,
+)
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
 import otel_training
@@ -106,3 +113,61 @@ def test_checkpoint_view_replaced_by_a_user_view():
         pass
     ((_, point),) = memory.points(name)
     assert tuple(point.explicit_bounds) == (10,)
+
+
+def _step_times_ms(count: int = 2000) -> list[float]:
+    """Step times of a run: about 5 s with 3 % spread, and a first step of 60 s."""
+    rng = random.Random(17)
+    return [60_000.0] + [rng.lognormvariate(math.log(5_000), 0.03) for _ in range(count - 1)]
+
+
+def test_exponential_step_histogram_is_one_point_at_prometheus_resolution():
+    """OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM=exponential: an exponential histogram of at
+    most 160 buckets at scale <= 8 (Prometheus' finest), whose median is within one bucket
+    (2^(2^-scale)) of the true one."""
+    memory = testing.configure_in_memory(
+        {"OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM": "exponential"}
+    )
+    steps = _step_times_ms()
+    for step in steps:
+        otel_training.record_training_metrics(memory.meter, step_duration_ms=step)
+    ((_, point),) = memory.points(NAME)
+    assert isinstance(point, ExponentialHistogramDataPoint)
+    assert point.count == len(steps) and point.max == 60_000.0
+    assert point.scale <= views.STEP_DURATION_EXPONENTIAL_MAX_SCALE
+    counts = point.positive.bucket_counts
+    assert len(counts) <= views.STEP_DURATION_EXPONENTIAL_MAX_SIZE and sum(counts) == len(steps)
+    base = 2 ** (2**-point.scale)
+    half, seen = len(steps) / 2, 0
+    for index, count in enumerate(counts):
+        seen += count
+        if seen >= half:
+            upper = base ** (point.positive.offset + index + 1)
+            break
+    true_median = sorted(steps)[len(steps) // 2]
+    assert upper / base <= true_median * base and true_median <= upper * base
+
+
+def test_explicit_is_the_default_and_a_user_view_wins_over_exponential():
+    """Without the variable the step histogram is explicit; a user view replaces either."""
+    memory = testing.configure_in_memory()
+    otel_training.record_training_metrics(memory.meter, step_duration_ms=5.0)
+    assert isinstance(_histogram(memory), HistogramDataPoint)
+    user = View(instrument_name=NAME, aggregation=ExplicitBucketHistogramAggregation((1, 10)))
+    memory = testing.configure_in_memory(
+        {"OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM": "exponential"}, views=[user]
+    )
+    otel_training.record_training_metrics(memory.meter, step_duration_ms=5.0)
+    assert tuple(_histogram(memory).explicit_bounds) == (1, 10)
+
+
+def test_drop_views_silence_the_named_metrics_only():
+    """drop_views: the named instruments export nothing, the others are untouched."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(
+        metric_readers=[reader], views=views.drop_views(["megatron.training.loss"])
+    )
+    meter = provider.get_meter("t")
+    otel_training.record_training_metrics(meter, loss=1.0, tokens_per_sec=2.0)
+    names = {name for name, _ in testing.points(reader.get_metrics_data())}
+    assert names == {"megatron.training.tokens_per_sec"}

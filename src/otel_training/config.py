@@ -111,6 +111,10 @@ RENAMED_SPAN_GROUPS: Final = {
 }
 #: Export strategies of Megatron-LM and NeMo Lens (``MEGATRON_OTEL_EXPORT_STRATEGY``).
 EXPORT_STRATEGIES: Final = ("single_rank", "all_ranks", "sampled", "first_rank_per_node")
+#: Values of OTEL_PYTHON_TRAINING_EXPORT_REPLICATED (otel_training.replicated).
+EXPORT_REPLICATED_POLICIES: Final = ("auto", "all", "pp_first")
+#: Values of OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM.
+STEP_DURATION_HISTOGRAMS: Final = ("explicit", "exponential")
 #: Iterations of one trace segment when OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS is unset.
 DEFAULT_TRACE_SEGMENT_ITERATIONS: Final = 1000
 
@@ -318,7 +322,13 @@ class Settings:
     prometheus_port: int = DEFAULT_PROMETHEUS_PORT
     output_dir: str = DEFAULT_OUTPUT_DIR
     export_ranks: ExportRanks = field(default_factory=ExportRanks)
+    #: OTEL_PYTHON_TRAINING_EXPORT_REPLICATED: auto, all or pp_first (otel_training.replicated).
+    export_replicated: str = "auto"
+    #: OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL in ms; None when off.
+    heartbeat_interval_ms: float | None = None
     step_duration_buckets_ms: tuple[float, ...] | None = None
+    #: OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM: explicit or exponential.
+    step_duration_histogram: str = "explicit"
     shutdown_on_sigterm: bool = True
     service_name: str | None = None
     resource_attributes: Mapping[str, str] = field(default_factory=dict)
@@ -729,6 +739,41 @@ class _Parser(EnvReader):
         rate = 1.0 if rate_raw is None else self._rate(rate_name, rate_raw, rate_raw)
         return ExportRanks("sampled", rate=1.0 if rate is None else rate)
 
+    def _heartbeat_interval(self, interval_ms: float) -> float | None:
+        """``OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL`` in ms, or None (off): unset, or not
+        shorter than the metric export interval (one warning: it would change nothing)."""
+        name = ev.OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL
+        if self.raw(name) is None:
+            return None
+        heartbeat_ms = self.positive(
+            name, interval_ms, minimum=MIN_EXPORT_INTERVAL_MS, maximum=MAX_INTERVAL_MS
+        )
+        if heartbeat_ms >= interval_ms:
+            self.reject(
+                name,
+                self.raw(name) or "",
+                None,
+                f"is not shorter than the metric export interval ({show(interval_ms)} ms)",
+            )
+            return None
+        return heartbeat_ms
+
+    def _step_duration_histogram(self, metrics_exporters: tuple[str, ...]) -> str:
+        """``OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM``; ``explicit`` with one warning when
+        the Prometheus exporter, which has no exponential histograms, is configured."""
+        name = ev.OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM
+        kind = self.choice(name, STEP_DURATION_HISTOGRAMS, "explicit")
+        if kind == "exponential" and "prometheus" in metrics_exporters:
+            self.reject(
+                name,
+                self.raw(name) or kind,
+                "explicit",
+                "cannot be served by the Prometheus exporter (OTEL_METRICS_EXPORTER=prometheus "
+                "has no exponential histograms)",
+            )
+            return "explicit"
+        return kind
+
     def _buckets(self) -> tuple[float, ...] | None:
         name = ev.OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS
         raw = self.raw(name)
@@ -1019,7 +1064,12 @@ class _Parser(EnvReader):
             prometheus_port=port,
             output_dir=self.raw(ev.OTEL_PYTHON_TRAINING_OUTPUT_DIR) or DEFAULT_OUTPUT_DIR,
             export_ranks=self._export_ranks(),
+            export_replicated=self.choice(
+                ev.OTEL_PYTHON_TRAINING_EXPORT_REPLICATED, EXPORT_REPLICATED_POLICIES, "auto"
+            ),
+            heartbeat_interval_ms=self._heartbeat_interval(interval_ms),
             step_duration_buckets_ms=self._buckets(),
+            step_duration_histogram=self._step_duration_histogram(metrics_exporters),
             shutdown_on_sigterm=self.boolean(ev.OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM, True),
             span_groups=self._span_groups(),
             nvtx_only_groups=self._nvtx_only_groups(),

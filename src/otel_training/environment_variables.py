@@ -29,6 +29,41 @@ providers (no threads, no sockets). An invalid value logs one warning and falls 
 ``NEMO_LENS_EXPORT_STRATEGY``) is read.
 """
 
+OTEL_PYTHON_TRAINING_EXPORT_REPLICATED: Final = "OTEL_PYTHON_TRAINING_EXPORT_REPLICATED"
+"""Which ranks export the replicated values: the metrics that are the same on every data- and
+tensor-parallel peer of a pipeline stage (``replicated`` in ``semconv/registry``: loss,
+learning rate, gradient norm, skipped iterations, norms of replicated parameters). ``all``:
+every rank; ``pp_first``: one rank per pipeline stage, the one with tensor- and data-parallel
+rank 0 (the others drop them with a view, ``DropAggregation``, and say so once at
+``configure()``); ``auto`` (default): ``pp_first`` when the world has more than 64 ranks,
+else ``all``. Every rank keeps its own step time, health (``dl.training.*``) and device
+series. ``pp_first`` needs ``dl.pipeline_parallel.rank``, ``dl.tensor_parallel.rank`` and
+``dl.data_parallel.rank`` on the Resource (``configure(resource_attributes=...)`` or
+``OTEL_RESOURCE_ATTRIBUTES``); without them every rank exports, and ``configure()`` says so
+once. See ``docs/scale.md``.
+"""
+
+OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL: Final = "OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL"
+"""Milliseconds between exports of the hang signals (``heartbeat`` in ``semconv/registry``:
+``dl.training.progress.timestamp``, ``dl.training.progress.age``,
+``dl.training.phase.elapsed``) over OTLP, shorter than ``OTEL_METRIC_EXPORT_INTERVAL``: a
+second small MeterProvider with the same Resource exports only them on this interval, and the
+OTLP reader of the others leaves them out, so every other metric keeps its interval. Unset
+(default): off, they go with the others. A value not shorter than the export interval logs one
+warning and is ignored. The embedded default's file (every 5 s) and a Prometheus pull endpoint
+(read at its scrape interval) are not affected. See ``docs/scale.md`` for what it costs.
+"""
+
+OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM: Final = "OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM"
+"""How ``megatron.training.step_duration_ms`` is aggregated: ``explicit`` (default; the buckets
+of ``OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS``, 40 Prometheus series per rank) or
+``exponential`` (a base-2 exponential histogram, at most 160 buckets at scale 8 or coarser:
+one native-histogram series per rank in Prometheus 3, which must ingest native histograms;
+see ``docs/scale.md``). The direct-scrape Prometheus exporter cannot expose exponential
+histograms: with ``OTEL_METRICS_EXPORTER=prometheus`` the value logs one warning and
+``explicit`` is used.
+"""
+
 OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS: Final = (
     "OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS"
 )
@@ -110,6 +145,8 @@ ids. Records still need to pass their logger's level (``logging.basicConfig(leve
 
 __all__ = [
     "OTEL_PYTHON_TRAINING_EXPORT_RANKS",
+    "OTEL_PYTHON_TRAINING_EXPORT_REPLICATED",
+    "OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL",
     "OTEL_PYTHON_TRAINING_JSONLOG_DIR",
     "OTEL_PYTHON_TRAINING_LOGGING",
     "OTEL_PYTHON_TRAINING_NVTX",
@@ -120,6 +157,7 @@ __all__ = [
     "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM",
     "OTEL_PYTHON_TRAINING_SPAN_GROUPS",
     "OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS",
+    "OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM",
     "OTEL_PYTHON_TRAINING_TENSOR_METRICS",
 ]
 

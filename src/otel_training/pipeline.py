@@ -56,7 +56,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.sdk.version import __version__ as _SDK_VERSION
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE_ID, SERVICE_NAME
 
-from otel_training import config, device_metrics, files, limits
+from otel_training import config, device_metrics, files, heartbeat, limits, replicated
 from otel_training import views as _views
 from otel_training.exporters import SafeLogRecordExporter, SafeMetricExporter, SafeSpanExporter
 from otel_training.health.metrics import observe_ledger
@@ -183,6 +183,11 @@ def build(
         )
 
     resource = _resource(settings, service_name, resource_attributes)
+    # Values every data- and tensor-parallel peer holds alike: one rank per stage may send them.
+    replication = replicated.decide(
+        settings.export_replicated, identity.world_size, resource.attributes
+    )
+    notes = [replication.note] if replication.note else []
     outputs = _Outputs(settings)
     readers: list[MetricReader] = list(extra_readers)
     metric_targets: list[str] = []
@@ -191,15 +196,25 @@ def build(
         if reader is not None:
             readers.append(reader)
             metric_targets.append(target)
-    # Before the span processors: checkpoint spans record their durations on its meter.
-    meter_provider = MeterProvider(
-        metric_readers=readers,
-        resource=resource,
-        views=_views.default_views(
-            step_duration_buckets_ms or settings.step_duration_buckets_ms, user_views
+    provider_arguments: dict[str, Any] = {
+        "metric_readers": readers,
+        "resource": resource,
+        "views": _views.default_views(
+            step_duration_buckets_ms or settings.step_duration_buckets_ms,
+            user_views,
+            exponential_step_duration=settings.step_duration_histogram == "exponential",
+            silent=replication.silent_metrics,
         ),
-        shutdown_on_exit=False,
-    )
+        "shutdown_on_exit": False,
+    }
+    # Before the span processors: checkpoint spans record their durations on its meter.
+    beat = _heartbeat_provider(settings, resource)
+    if beat is None:
+        meter_provider = MeterProvider(**provider_arguments)
+    else:
+        meter_provider = heartbeat.MeterProviderWithHeartbeat(beat, **provider_arguments)
+        interval_s = (settings.heartbeat_interval_ms or 0) / 1000
+        notes.append(f"hang signals over OTLP every {interval_s:g} s")
     # hw.gpu.* of this process's GPUs where NVML is; read on the reader's thread, never here.
     device_metrics.observe_devices(meter_provider.get_meter(INSTRUMENTATION_NAME), identity)
     # Where this rank's time goes and how far it got (docs/health.md); read there too.
@@ -249,7 +264,7 @@ def build(
     return Pipeline(
         meter_provider,
         tracer_provider,
-        _describe(metric_targets, trace_targets + mirror_targets, log_targets),
+        "; ".join([_describe(metric_targets, trace_targets + mirror_targets, log_targets), *notes]),
         output_dir=outputs.run_dir,
         nvtx=next((p for p in mirrors if isinstance(p, NvtxSpanProcessor)), None),
         open_spans=OpenSpans(),
@@ -404,6 +419,42 @@ def _default_endpoint(otlp: config.OtlpSettings, signal_name: str) -> str:
     return f"http://localhost:4318/v1/{signal_name}"
 
 
+def _otlp_metric_exporter(settings: config.Settings) -> MetricExporter:
+    """The OTLP metric exporter of ``settings`` (gRPC or HTTP), every setting explicit."""
+    otlp = settings.metrics_otlp
+    if otlp.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    exporter = OTLPMetricExporter(
+        preferred_temporality=_temporality(settings.temporality_preference),
+        **_otlp_kwargs(otlp, "metrics"),
+    )
+    if otlp.protocol != "grpc":
+        _pin_http_headers(exporter, otlp)
+    return exporter
+
+
+def _heartbeats(settings: config.Settings) -> bool:
+    """Whether the hang signals go over OTLP on their own interval (:mod:`heartbeat`)."""
+    return settings.heartbeat_interval_ms is not None and "otlp" in settings.metrics_exporters
+
+
+def _heartbeat_provider(settings: config.Settings, resource: Resource) -> MeterProvider | None:
+    """The heartbeat's own ``MeterProvider`` (its own OTLP exporter, the same Resource) with
+    the ledger's hang signals, or ``None`` when the heartbeat is off."""
+    if not _heartbeats(settings):
+        return None
+    provider = heartbeat.heartbeat_provider(
+        resource,
+        SafeMetricExporter(_otlp_metric_exporter(settings), limits=settings.span_limits),
+        interval_ms=settings.heartbeat_interval_ms or settings.metric_export_interval_ms,
+        timeout_ms=settings.metric_export_timeout_ms,
+    )
+    observe_ledger(provider.get_meter(INSTRUMENTATION_NAME), names=heartbeat.HEARTBEAT_METRICS)
+    return provider
+
+
 def _metric_reader(
     name: str, settings: config.Settings, outputs: _Outputs
 ) -> tuple[MetricReader | None, str]:
@@ -416,15 +467,7 @@ def _metric_reader(
     if name == "prometheus":
         return _prometheus_reader(settings)
     if name == "otlp":
-        if otlp.protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        else:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        exporter = OTLPMetricExporter(
-            preferred_temporality=temporality, **_otlp_kwargs(otlp, "metrics")
-        )
-        if otlp.protocol != "grpc":
-            _pin_http_headers(exporter, otlp)
+        exporter = _otlp_metric_exporter(settings)
         target = _otlp_target(otlp, "metrics")
     elif name == "console":
         exporter = ConsoleMetricExporter(preferred_temporality=temporality)
@@ -438,8 +481,12 @@ def _metric_reader(
         exporter = FileMetricExporter(stream=stream, preferred_temporality=temporality)
         target = f"OTLP-JSON file {path}"
         interval_ms = settings.file_metric_export_interval_ms
+    safe: MetricExporter = SafeMetricExporter(exporter, limits=settings.span_limits)
+    if name == "otlp" and _heartbeats(settings):
+        # The heartbeat's provider is the one writer of the hang signals over OTLP.
+        safe = heartbeat.WithoutMetricsExporter(safe, heartbeat.HEARTBEAT_METRICS)
     reader = PeriodicExportingMetricReader(
-        SafeMetricExporter(exporter, limits=settings.span_limits),
+        safe,
         export_interval_millis=interval_ms,
         export_timeout_millis=min(settings.metric_export_timeout_ms, interval_ms),
     )

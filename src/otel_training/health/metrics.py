@@ -10,7 +10,7 @@ checkpoint saved) is absent rather than zero.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
@@ -38,7 +38,9 @@ _LOAD = {MEGATRON_CHECKPOINT_OPERATION: "load"}
 
 
 def observe_ledger(
-    meter: Meter, source: Callable[[], _ledger.Ledger] = lambda: _ledger.LEDGER
+    meter: Meter,
+    source: Callable[[], _ledger.Ledger] = lambda: _ledger.LEDGER,
+    names: Collection[str] | None = None,
 ) -> None:
     """Creates the ledger's observable instruments on ``meter``. Never raises: a failure is
     logged and the instruments are absent.
@@ -46,6 +48,8 @@ def observe_ledger(
     Args:
         meter: The pipeline's meter.
         source: Returns the ledger to read (default: this process's); for tests.
+        names: Only these instruments (the heartbeat's, :mod:`otel_training.heartbeat`);
+            ``None`` for all seven.
     """
 
     def guard(observe: Callable[[_ledger.LedgerReading], Iterable[Observation]]):
@@ -99,6 +103,8 @@ def observe_ledger(
     }
     try:
         for name, (create, observe) in created.items():
+            if names is not None and name not in names:
+                continue
             spec = METRICS[name]
             create(
                 spec.name, callbacks=[guard(observe)], unit=spec.unit, description=spec.description

@@ -115,6 +115,11 @@ class MetricSpec:
         stability: The stability level in the registry (``"development"``, ``"stable"``...).
         attributes: The keys of the point attributes that the metric may carry.
         naming_exception: Why the name breaks the OpenTelemetry naming rules, or ``None``.
+        replicated: The value is the same on every data- and tensor-parallel peer of a
+            pipeline stage (loss, learning rate, norms of replicated parameters), so one rank
+            per stage may export it (``OTEL_PYTHON_TRAINING_EXPORT_REPLICATED``).
+        heartbeat: A hang signal, exported on its own short interval when
+            ``OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL`` is set.
     """
 
     name: str
@@ -126,6 +131,8 @@ class MetricSpec:
     stability: str
     attributes: tuple[str, ...]
     naming_exception: str | None
+    replicated: bool = False
+    heartbeat: bool = False
 
 
 DL_GPU_CLOCK_SPEED: Final = "dl.gpu.clock.speed"
@@ -196,7 +203,8 @@ DL_TRAINING_PHASE_ELAPSED: Final = "dl.training.phase.elapsed"
 """How long the phase that is innermost now has been open; 0 for the other phases.
 
 Instrument: gauge. Unit as exported: ``"s"``; true unit: ``"s"``. Value type: double. Stability:
-development. Attributes: ``"dl.training.phase"``.
+development. Attributes: ``"dl.training.phase"``. Heartbeat: a hang signal
+(OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL).
 
 Seconds, read at each collection (an observable gauge). Non-zero for one phase per rank (the
 state-set pattern of hw.status). A rank that hangs shows where: the phase open and for how long; a
@@ -240,7 +248,7 @@ DL_TRAINING_PROGRESS_AGE: Final = "dl.training.progress.age"
 """Seconds since the last optimizer step completed, at collection.
 
 Instrument: gauge. Unit as exported: ``"s"``; true unit: ``"s"``. Value type: double. Stability:
-development.
+development. Heartbeat: a hang signal (OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL).
 
 Now minus dl.training.progress.timestamp, evaluated when the metric reader collects; the hang signal
 of the offline files, where there is no time() to subtract from. Before the first step (or load) of
@@ -281,7 +289,7 @@ DL_TRAINING_PROGRESS_TIMESTAMP: Final = "dl.training.progress.timestamp"
 """Unix time at which the last completed optimizer step completed.
 
 Instrument: gauge. Unit as exported: ``"s"``; true unit: ``"s"``. Value type: double. Stability:
-development.
+development. Heartbeat: a hang signal (OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL).
 
 Seconds since the Unix epoch on the process's clock (otel_training.clock: one wall-time anchor plus
 a monotonic clock). Read from outside the process after it froze (the last export of a SIGSTOPped or
@@ -329,7 +337,8 @@ MEGATRON_TRAINING_GRAD_NORM: Final = "megatron.training.grad_norm"
 
 Instrument: gauge. Unit as exported: none; true unit: ``"1"``. Value type: double. Stability:
 development. Naming exception (unit_ucum): wire compatibility with Megatron-LM
-megatron/core/telemetry/training_metrics.py and NeMo dashboards.
+megatron/core/telemetry/training_metrics.py and NeMo dashboards. Replicated: the same on every data-
+and tensor-parallel peer of a pipeline stage (OTEL_PYTHON_TRAINING_EXPORT_REPLICATED).
 
 Dimensionless (1; in the units of the gradients), exported with no unit. The global L2 norm of all
 gradients of the model, after the reduction across the ranks that hold shards of them that gradient
@@ -351,7 +360,8 @@ MEGATRON_TRAINING_LEARNING_RATE: Final = "megatron.training.learning_rate"
 
 Instrument: gauge. Unit as exported: none; true unit: ``"1"``. Value type: double. Stability:
 development. Naming exception (unit_ucum): wire compatibility with Megatron-LM
-megatron/core/telemetry/training_metrics.py and NeMo dashboards.
+megatron/core/telemetry/training_metrics.py and NeMo dashboards. Replicated: the same on every data-
+and tensor-parallel peer of a pipeline stage (OTEL_PYTHON_TRAINING_EXPORT_REPLICATED).
 
 Dimensionless (1), exported with no unit. The current learning rate of the optimizer's learning-rate
 scheduler, as applied to the last optimizer step of the log interval.
@@ -372,7 +382,8 @@ MEGATRON_TRAINING_LOSS: Final = "megatron.training.loss"
 
 Instrument: gauge. Unit as exported: none; true unit: ``"1"``. Value type: double. Stability:
 development. Naming exception (unit_ucum): wire compatibility with Megatron-LM
-megatron/core/telemetry/training_metrics.py and NeMo dashboards.
+megatron/core/telemetry/training_metrics.py and NeMo dashboards. Replicated: the same on every data-
+and tensor-parallel peer of a pipeline stage (OTEL_PYTHON_TRAINING_EXPORT_REPLICATED).
 
 Dimensionless (1; nats per token for language-model cross-entropy), exported with no unit. The mean
 of the per-micro-batch losses over the optimizer steps of the log interval; for a single step, the
@@ -439,7 +450,8 @@ MEGATRON_TRAINING_SKIPPED_ITERS: Final = "megatron.training.skipped_iters"
 
 Instrument: counter. Unit as exported: none; true unit: ``"{iteration}"``. Value type: int.
 Stability: development. Naming exception (unit_ucum): wire compatibility with Megatron-LM
-megatron/core/telemetry/training_metrics.py and NeMo dashboards.
+megatron/core/telemetry/training_metrics.py and NeMo dashboards. Replicated: the same on every data-
+and tensor-parallel peer of a pipeline stage (OTEL_PYTHON_TRAINING_EXPORT_REPLICATED).
 
 Optimizer steps ({iteration}), exported with no unit. The number of optimizer steps skipped because
 the loss or a gradient was non-finite (NaN or infinite), as with mixed-precision loss scaling. A
@@ -523,7 +535,8 @@ MEGATRON_TRAINING_TENSOR_GRAD_NONFINITE: Final = "megatron.training.tensor.grad_
 """Number of non-finite (NaN or infinite) gradient elements of each layer and in total.
 
 Instrument: gauge. Unit as exported: ``"{value}"``; true unit: ``"{value}"``. Value type: double.
-Stability: development. Attributes: ``"megatron.training.layer"``.
+Stability: development. Attributes: ``"megatron.training.layer"``. Replicated: the same on every
+data- and tensor-parallel peer of a pipeline stage (OTEL_PYTHON_TRAINING_EXPORT_REPLICATED).
 
 Counted at the commit point of the step, over the same gradients as
 megatron.training.tensor.grad_norm (whose value is then not exported: the SDK drops non-finite
@@ -544,7 +557,8 @@ MEGATRON_TRAINING_TENSOR_GRAD_NORM: Final = "megatron.training.tensor.grad_norm"
 """L2 norm of the gradients of each transformer layer, and of the whole model.
 
 Instrument: gauge. Unit as exported: ``"1"``; true unit: ``"1"``. Value type: double. Stability:
-development. Attributes: ``"megatron.training.layer"``.
+development. Attributes: ``"megatron.training.layer"``. Replicated: the same on every data- and
+tensor-parallel peer of a pipeline stage (OTEL_PYTHON_TRAINING_EXPORT_REPLICATED).
 
 sqrt(sum over the layer's parameters p of sum_i grad(p)_i^2), read at the commit point: after the
 backward pass of the step's last micro-batch and before gradient clipping and the optimizer update.
@@ -588,7 +602,8 @@ MEGATRON_TRAINING_TENSOR_PARAM_NORM: Final = "megatron.training.tensor.param_nor
 """L2 norm of the parameters of each transformer layer, and of the whole model.
 
 Instrument: gauge. Unit as exported: ``"1"``; true unit: ``"1"``. Value type: double. Stability:
-development. Attributes: ``"megatron.training.layer"``.
+development. Attributes: ``"megatron.training.layer"``. Replicated: the same on every data- and
+tensor-parallel peer of a pipeline stage (OTEL_PYTHON_TRAINING_EXPORT_REPLICATED).
 
 sqrt(sum over the layer's parameters p of sum_i p_i^2), read at the commit point, before the
 optimizer update of the step. Shards are reduced over their process groups; tied weights count once;
@@ -711,7 +726,8 @@ MEGATRON_TRAINING_TENSOR_UPDATE_RATIO: Final = "megatron.training.tensor.update_
 """Size of one optimizer update relative to the weights, per layer and for the model.
 
 Instrument: gauge. Unit as exported: ``"1"``; true unit: ``"1"``. Value type: double. Stability:
-development. Attributes: ``"megatron.training.layer"``.
+development. Attributes: ``"megatron.training.layer"``. Replicated: the same on every data- and
+tensor-parallel peer of a pipeline stage (OTEL_PYTHON_TRAINING_EXPORT_REPLICATED).
 
 ||W_after - W_before||_2 / ||W_before||_2 over the layer's parameters for one optimizer step: the
 weights are copied at the commit point of a due step and compared at the next commit point, so the
@@ -825,6 +841,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
             stability="development",
             attributes=(DL_TRAINING_PHASE,),
             naming_exception=None,
+            heartbeat=True,
         ),
         DL_TRAINING_PHASE_TIME: MetricSpec(
             name=DL_TRAINING_PHASE_TIME,
@@ -847,6 +864,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
             stability="development",
             attributes=(),
             naming_exception=None,
+            heartbeat=True,
         ),
         DL_TRAINING_PROGRESS_ITERATION: MetricSpec(
             name=DL_TRAINING_PROGRESS_ITERATION,
@@ -871,6 +889,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
             stability="development",
             attributes=(),
             naming_exception=None,
+            heartbeat=True,
         ),
         MEGATRON_CHECKPOINT_DURATION: MetricSpec(
             name=MEGATRON_CHECKPOINT_DURATION,
@@ -896,6 +915,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
                 "wire compatibility with Megatron-LM megatron/core/telemetry/training_metrics.py "
                 "and NeMo dashboards"
             ),
+            replicated=True,
         ),
         MEGATRON_TRAINING_LEARNING_RATE: MetricSpec(
             name=MEGATRON_TRAINING_LEARNING_RATE,
@@ -910,6 +930,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
                 "wire compatibility with Megatron-LM megatron/core/telemetry/training_metrics.py "
                 "and NeMo dashboards"
             ),
+            replicated=True,
         ),
         MEGATRON_TRAINING_LOSS: MetricSpec(
             name=MEGATRON_TRAINING_LOSS,
@@ -924,6 +945,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
                 "wire compatibility with Megatron-LM megatron/core/telemetry/training_metrics.py "
                 "and NeMo dashboards"
             ),
+            replicated=True,
         ),
         MEGATRON_TRAINING_MEMORY_ALLOCATED_GB: MetricSpec(
             name=MEGATRON_TRAINING_MEMORY_ALLOCATED_GB,
@@ -966,6 +988,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
                 "wire compatibility with Megatron-LM megatron/core/telemetry/training_metrics.py "
                 "and NeMo dashboards"
             ),
+            replicated=True,
         ),
         MEGATRON_TRAINING_STEP_DURATION_MS: MetricSpec(
             name=MEGATRON_TRAINING_STEP_DURATION_MS,
@@ -1016,6 +1039,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
             stability="development",
             attributes=(MEGATRON_TRAINING_LAYER,),
             naming_exception=None,
+            replicated=True,
         ),
         MEGATRON_TRAINING_TENSOR_GRAD_NORM: MetricSpec(
             name=MEGATRON_TRAINING_TENSOR_GRAD_NORM,
@@ -1029,6 +1053,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
             stability="development",
             attributes=(MEGATRON_TRAINING_LAYER,),
             naming_exception=None,
+            replicated=True,
         ),
         MEGATRON_TRAINING_TENSOR_LOGITS_NORM: MetricSpec(
             name=MEGATRON_TRAINING_TENSOR_LOGITS_NORM,
@@ -1053,6 +1078,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
             stability="development",
             attributes=(MEGATRON_TRAINING_LAYER,),
             naming_exception=None,
+            replicated=True,
         ),
         MEGATRON_TRAINING_TENSOR_RESIDUAL_MAX_ABS: MetricSpec(
             name=MEGATRON_TRAINING_TENSOR_RESIDUAL_MAX_ABS,
@@ -1128,6 +1154,7 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
             stability="development",
             attributes=(MEGATRON_TRAINING_LAYER,),
             naming_exception=None,
+            replicated=True,
         ),
         MEGATRON_TRAINING_THROUGHPUT_TFLOPS: MetricSpec(
             name=MEGATRON_TRAINING_THROUGHPUT_TFLOPS,
