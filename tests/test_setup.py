@@ -20,6 +20,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import otel_training
 from otel_training import setup, testing
+from otel_training.identity import process_tag
 from otel_training.semconv.attributes import DL_RANK, DL_RUN_ID, DL_WORLD_SIZE
 
 
@@ -138,7 +139,7 @@ def test_resource_carries_rank_identity_and_user_overrides(monkeypatch):
     assert attributes[DL_RUN_ID] == "from-env"
     assert attributes["team"] == "from-code"
     assert attributes["service.name"] == "trainer"
-    assert attributes["service.instance.id"] == "r-9-rank1"
+    assert attributes["service.instance.id"] == f"r-9-rank1-{process_tag()}"
 
 
 def test_otel_service_name_beats_the_default_service_name(monkeypatch):
