@@ -171,13 +171,15 @@ def build(
     extra_log_processors: Sequence[LogRecordProcessor] = (),
 ) -> Pipeline:
     identity = settings.identity
-    if settings.sdk_disabled or not settings.export_ranks.exports(identity):
-        why = (
-            "disabled by OTEL_SDK_DISABLED"
-            if settings.sdk_disabled
-            else f"none from rank {identity.rank} "
-            f"(OTEL_PYTHON_TRAINING_EXPORT_RANKS={settings.export_ranks})"
-        )
+    policy = settings.export_ranks
+    if settings.sdk_disabled or not policy.exports(identity):
+        if settings.sdk_disabled:
+            why = "disabled by OTEL_SDK_DISABLED"
+        elif policy.exports_nowhere(identity.world_size):
+            why = f"none from any rank ({policy.setting} selects no rank of {identity.world_size})"
+            _say_no_rank_exports(policy, identity.world_size)
+        else:
+            why = f"none from rank {identity.rank} ({policy.setting}: {policy})"
         return Pipeline(
             metrics_api.NoOpMeterProvider(), trace_api.NoOpTracerProvider(), f"telemetry: {why}"
         )
@@ -255,6 +257,26 @@ def build(
         open_spans=OpenSpans(),
         files=outputs.files,
         logger_provider=logger_provider,
+    )
+
+
+_said_no_rank: set[tuple[str, int]] = set()
+
+
+def _say_no_rank_exports(policy: config.ExportRanks, world_size: int) -> None:
+    """The one warning, on every rank, of a policy under which no rank of the job exports."""
+    key = (policy.setting, world_size)
+    if key in _said_no_rank:
+        return
+    _said_no_rank.add(key)
+    _logger.warning(
+        "otel-training: no rank of this job exports telemetry: %s selects no rank of the %d "
+        "(ranks 0 to %d); telemetry is off on every rank. Name a rank below %d, or unset it "
+        "to export from every rank.",
+        policy.setting,
+        world_size,
+        world_size - 1,
+        world_size,
     )
 
 
