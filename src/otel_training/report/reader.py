@@ -31,13 +31,14 @@ from otel_training.report.run import (
     CounterSeries,
     FileStats,
     GaugeSeries,
+    Gap,
     HistogramSeries,
     Job,
     RankTelemetry,
     Run,
     Span,
 )
-from otel_training.report.rundir import RunFile, job_directories, run_files
+from otel_training.report.rundir import GAPS, RunFile, job_directories, run_files
 from otel_training.semconv.attributes import DL_RANK, DL_RUN_ID, DL_WORLD_SIZE
 
 __all__ = ["load_job", "load_run", "load_runs", "order_runs"]
@@ -131,6 +132,10 @@ def _status(status: Any) -> tuple[str, str | None]:
     return name or "UNSET", status.get("message") or None
 
 
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def _hex_id(value: Any) -> str | None:
     return value.lower() if isinstance(value, str) and value else None
 
@@ -156,6 +161,7 @@ class _Part:
     def __init__(self) -> None:
         self.ranks: dict[int, RankTelemetry] = {}
         self.spans: dict[tuple[str, str], Span] = {}
+        self.gaps: list[Gap] = []
 
     def rank(self, rank: int) -> RankTelemetry:
         telemetry = self.ranks.get(rank)
@@ -197,6 +203,7 @@ class _FileReader:
             "metrics": self.metrics_line,
             "traces": self.traces_line,
             "spans": self.spans_line,
+            GAPS: self.gaps_line,
         }.get(file.signal)
         try:
             status = file.path.stat()
@@ -220,6 +227,29 @@ class _FileReader:
         except OSError as error:
             stats.error = f"{type(error).__name__}: {error.strerror or error}"
         return stats
+
+    # -- gaps -------------------------------------------------------------------------------
+
+    def gaps_line(self, record: dict[str, Any], file_rank: int) -> None:
+        if record["record"] != "gap":
+            raise ValueError(f"unknown record {record['record']!r}")
+        resource = record.get("resource") or {}
+        rank_value = resource.get(DL_RANK)
+        rank = rank_value if isinstance(rank_value, int) else file_rank
+        part = self.part(resource)
+        part.rank(rank)
+        part.gaps.append(
+            Gap(
+                rank=rank,
+                file=str(record["file"]),
+                from_ns=_optional_int(record.get("from_unix_ns")),
+                to_ns=_optional_int(record.get("to_unix_ns")),
+                lost_lines=int(record.get("lost_lines") or 0),
+                lost_records=int(record.get("lost_records") or 0),
+                gone_lines=int(record.get("gone_lines") or 0),
+                reason=str(record.get("reason") or ""),
+            )
+        )
 
     # -- metrics ----------------------------------------------------------------------------
 
@@ -709,6 +739,7 @@ def _load(directory: Path, files: list[RunFile], workers: int) -> list[Run]:
                     _merge_span(target.spans, span)
             else:
                 target.spans.update(part.spans)
+            target.gaps.extend(part.gaps)
     groups = _group_processes(merged)
     runs = []
     for run_id, parts in groups:
@@ -718,6 +749,8 @@ def _load(directory: Path, files: list[RunFile], workers: int) -> list[Run]:
             for rank, telemetry in part.ranks.items():
                 _merge_rank(run.ranks.setdefault(rank, RankTelemetry(rank)), telemetry, "metrics")
             spans.update(part.spans)
+            run.gaps.extend(part.gaps)
+        run.gaps.sort(key=lambda g: (g.to_ns or 0, g.rank, g.file))
         run.spans = sorted(spans.values(), key=operator.attrgetter("start_ns", "rank"))
         _identify(run)
         runs.append(run)
@@ -797,6 +830,38 @@ def _merge_rank(target: RankTelemetry, source: RankTelemetry, signal: str) -> No
             target.see(time_ns)
 
 
+def _clock(ns: int | None) -> str:
+    if ns is None:
+        return "?"
+    return time.strftime("%H:%M:%S", time.gmtime(ns / 1e9)) + f".{ns // 1_000_000 % 1000:03d}"
+
+
+def _gap_notes(run: Run) -> list[str]:
+    """One note per gap the writers recorded (``gaps-rank*.jsonl``)."""
+    notes = []
+    for gap in run.gaps:
+        if gap.gone_lines and not gap.lost_lines:
+            notes.append(
+                f"{gap.file} (rank {gap.rank}): its run directory was removed at "
+                f"{_clock(gap.to_ns)} UTC and recreated; the {_plural(gap.gone_lines, 'line')} "
+                "it held before went with it, so this shows what was written after."
+            )
+            continue
+        records = f", {gap.lost_records:,} records" if gap.lost_records else ""
+        gone = (
+            f"; the {_plural(gap.gone_lines, 'line')} written before went with the removed "
+            "directory"
+            if gap.gone_lines
+            else ""
+        )
+        notes.append(
+            f"{gap.file} (rank {gap.rank}): {_plural(gap.lost_lines, 'line')}{records} could "
+            f"not be written between {_clock(gap.from_ns)} and {_clock(gap.to_ns)} UTC "
+            f"({gap.reason}){gone}: a gap in what this shows."
+        )
+    return notes
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -859,6 +924,7 @@ def _notes(run: Run, now_s: float, *, shown_alone: bool) -> list[str]:
             "service.instance.id); only the latest is shown here, `otel-training report` shows "
             "each."
         )
+    notes.extend(_gap_notes(run))
     open_spans = [s for s in run.spans if s.open]
     if open_spans:
         names = sorted({s.name for s in open_spans})

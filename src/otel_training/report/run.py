@@ -18,6 +18,7 @@ __all__ = [
     "Attributes",
     "CounterSeries",
     "FileStats",
+    "Gap",
     "GaugeSeries",
     "HistogramSeries",
     "Job",
@@ -152,6 +153,31 @@ class HistogramSeries:
 
 
 @dataclass
+class Gap:
+    """What one rank's writer could not write to one file, and when (``gaps-rank{R}.jsonl``).
+
+    Attributes:
+        rank: The rank.
+        file: The file's name (``metrics-rank0.jsonl``...).
+        from_ns: When writing started to fail (``None``: the file was removed, not failing).
+        to_ns: When it worked again (or the process ended).
+        lost_lines: Lines that could not be written.
+        lost_records: Spans or log records in them (0: not counted, for metrics).
+        gone_lines: Lines the file held when its directory was removed.
+        reason: Why (``ENOSPC: No space left on device``...).
+    """
+
+    rank: int
+    file: str
+    from_ns: int | None
+    to_ns: int | None
+    lost_lines: int = 0
+    lost_records: int = 0
+    gone_lines: int = 0
+    reason: str = ""
+
+
+@dataclass
 class Span:
     """One span of one rank, joined from its JSON lines and/or its OTLP-JSON export.
 
@@ -269,6 +295,7 @@ class Run:
             ``None``.
         same_id_runs: Other runs in these files under the same run id (processes of the same
             ranks started again), skipped by ``load_run``.
+        gaps: What the writers could not write (:class:`Gap`), by time.
         clock_offsets_ms: Ranks whose clock disagrees with the other ranks', by how much
             (ms, positive: ahead), measured from the data
             (:mod:`otel_training.report.clocks`); nothing is shifted by it.
@@ -286,6 +313,7 @@ class Run:
     attempt_order: tuple[int, ...] | None = None
     created_s: float | None = None
     same_id_runs: int = 0
+    gaps: list[Gap] = field(default_factory=list)
     clock_offsets_ms: dict[int, float] = field(default_factory=dict)
 
     @property

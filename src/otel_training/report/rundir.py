@@ -33,6 +33,10 @@ RANK_FILE = re.compile(r"^(?P<signal>[a-z]+)-rank(?P<rank>\d+)\.jsonl$")
 
 LATEST = "latest"
 
+GAPS = "gaps"
+"""The signal of ``gaps-rank{R}.jsonl``: what a rank's writers could not write, and when
+(:class:`otel_training.files.AppendStream`)."""
+
 
 class RunNotFoundError(Exception):
     """No run directory (a directory holding ``*-rank*.jsonl`` files) was found."""
