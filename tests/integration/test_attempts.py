@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -288,3 +289,31 @@ def test_reruns_without_a_counter_are_ordered_by_process_start(tmp_path, run_pyt
     assert job.runs[0].created_s < job.runs[1].created_s
     iterations = [[s for s in r.spans if s.name == "megatron.train.iteration"] for r in job.runs]
     assert [len(spans) for spans in iterations] == [2, 2]
+
+
+def _shift_spans(source: Path, target: Path, rank: int, shift_ns: int) -> None:
+    """A copy of the run directory ``source`` at ``target`` with every time stamp of
+    ``rank``'s span lines moved by ``shift_ns`` (as a host whose clock is off writes them)."""
+    shutil.copytree(source, target)
+    path = target / f"spans-rank{rank}.jsonl"
+    lines = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        for key in ("start_time_ns", "end_time_ns"):
+            if record.get(key) is not None:
+                record[key] += shift_ns
+        for event in record.get("events") or ():
+            event["time_ns"] += shift_ns
+        lines.append(json.dumps(record))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_rank_whose_clock_is_off_is_named_in_a_real_jobs_files(restarted, tmp_path):
+    """The real two-rank job (an all-reduce each iteration): its ranks' clocks agree; with
+    rank 1's span stamps moved 300 ms later, rank 1 is named, 300 ms ahead of rank 0."""
+    directory = _run_dirs(restarted)[1]
+    assert load_job(directory).latest.clock_offsets == []
+    _shift_spans(directory, tmp_path / directory.name, 1, 300_000_000)
+    (offset,) = load_job(tmp_path / directory.name).latest.clock_offsets
+    assert (offset.rank, offset.reference) == (1, 0)
+    assert offset.offset_ms == pytest.approx(300, abs=20)

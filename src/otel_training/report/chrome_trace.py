@@ -112,7 +112,7 @@ def build_chrome_trace(source: Run | Job) -> dict[str, Any]:
             "ts0_unix_ns": t0,
             "ranks": sorted({r for run in runs for r in run.ranks}),
             "spans": sum(len(run.spans) for run in runs),
-            "notes": [*job.notes, *(n for run in runs for n in run.notes if "clock" in n)],
+            "notes": [*job.notes, *(o.note for run in runs for o in run.clock_offsets)],
         },
     }
 

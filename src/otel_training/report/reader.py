@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from otel_training.report import attempts
+from otel_training.report import attempts, clocks
 from otel_training.report._nogc import no_gc
 from otel_training.report.run import (
     Attributes,
@@ -671,6 +671,7 @@ def load_runs(
         runs = _load(directory, files, workers)
     now = _now(now_s)
     for run in runs:
+        run.clock_offsets = clocks.clock_offsets(run)
         run.notes = _notes(run, now, shown_alone=False)
     return order_runs(runs)
 
@@ -925,6 +926,7 @@ def _notes(run: Run, now_s: float, *, shown_alone: bool) -> list[str]:
             "each."
         )
     notes.extend(_gap_notes(run))
+    notes.extend(offset.note for offset in run.clock_offsets)
     open_spans = [s for s in run.spans if s.open]
     if open_spans:
         names = sorted({s.name for s in open_spans})

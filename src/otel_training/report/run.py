@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_training.semconv.attributes import DL_WORLD_SIZE
+
+if TYPE_CHECKING:
+    from otel_training.report.clocks import ClockOffset
 
 __all__ = [
     "TRUNCATED_ATTRIBUTE",
@@ -296,9 +299,9 @@ class Run:
         same_id_runs: Other runs in these files under the same run id (processes of the same
             ranks started again), skipped by ``load_run``.
         gaps: What the writers could not write (:class:`Gap`), by time.
-        clock_offsets_ms: Ranks whose clock disagrees with the other ranks', by how much
-            (ms, positive: ahead), measured from the data
-            (:mod:`otel_training.report.clocks`); nothing is shifted by it.
+        clock_offsets: Ranks whose clock disagrees with the other ranks', by how much,
+            measured from the data (:class:`otel_training.report.clocks.ClockOffset`);
+            nothing is shifted by it.
     """
 
     directory: Path
@@ -314,7 +317,12 @@ class Run:
     created_s: float | None = None
     same_id_runs: int = 0
     gaps: list[Gap] = field(default_factory=list)
-    clock_offsets_ms: dict[int, float] = field(default_factory=dict)
+    clock_offsets: list[ClockOffset] = field(default_factory=list)
+
+    @property
+    def clock_offsets_ms(self) -> dict[int, float]:
+        """``clock_offsets`` as rank -> offset in ms (positive: ahead)."""
+        return {o.rank: o.offset_ms for o in self.clock_offsets}
 
     @property
     def attempt_label(self) -> str:
