@@ -22,11 +22,13 @@ the format the collector's ``otlpjsonfile`` receiver reads back. Default:
 
 OTEL_PYTHON_TRAINING_EXPORT_RANKS: Final = "OTEL_PYTHON_TRAINING_EXPORT_RANKS"
 """Which ranks export telemetry: ``all`` (default), ``last``, ``first_per_node``,
-``sampled:RATE`` (each rank with probability RATE, chosen deterministically per rank, as NeMo
-Lens chooses) or a list of global ranks such as ``0,8,16`` or ``0-3,7``. Other ranks get no-op
-providers (no threads, no sockets). An invalid value logs one warning and falls back to
-``all``. When unset, Megatron-LM's ``MEGATRON_OTEL_EXPORT_STRATEGY`` (or NeMo Lens'
-``NEMO_LENS_EXPORT_STRATEGY``) is read.
+``sampled:RATE`` (the ranks NeMo Lens chooses at RATE, by an md5 score of the rank, and at least
+one: the rank of lowest score when that is none; the same ranks in every attempt) or a list of
+global ranks such as ``0,8,16`` or ``0-3,7``. Other ranks get no-op providers (no threads, no
+sockets) and say so, naming this variable; a list that names no rank of the job logs one
+warning on every rank. An invalid value logs one warning and falls back to ``all``. When unset,
+Megatron-LM's ``MEGATRON_OTEL_EXPORT_STRATEGY`` (or ``MEGATRON_OTEL_RANK_STRATEGY``, or NeMo
+Lens' ``NEMO_LENS_EXPORT_STRATEGY``) is read.
 """
 
 OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS: Final = (
