@@ -267,14 +267,16 @@ class AppendStream:
 
     def write(self, text: str) -> int:
         """Queues ``text`` for the next :meth:`flush`; returns its length."""
-        if not self._closed:
-            self._pending.append(text)
+        with self._lock:
+            if not self._closed:
+                self._pending.append(text)
         return len(text)
 
     def records(self, count: int) -> None:
         """Says that what is written until the next :meth:`flush` holds ``count`` records
         (spans, log records), so that a loss can be counted in them."""
-        self._pending_records += count
+        with self._lock:
+            self._pending_records += count
 
     def flush(self) -> None:
         """Writes what was queued: into the file, recreated first if its directory was
