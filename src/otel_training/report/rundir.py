@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_training.files import run_directory_name
+from otel_training.report.attempts import identity_of
+
 __all__ = [
     "RANK_FILE",
     "RunFile",
@@ -207,9 +210,6 @@ def job_directories(run_directory: str | os.PathLike) -> list[Path]:
     Megatron-LM's name for it, :mod:`otel_training.report.attempts`), each absolute. A
     directory of the flat layout (files of several runs directly in the output directory), or
     one whose files name no job, is alone. Never raises."""
-    from otel_training.files import run_directory_name
-    from otel_training.report.attempts import identity_of
-
     base = Path(run_directory).absolute()
     identity = identity_of(peek_resource(base))
     if identity.job_id is None or identity.run_id is None:
