@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from otel_training import config
 
@@ -444,7 +446,12 @@ def test_profiling_is_all_and_old_group_names_warn_once(caplog):
         ({"NEMO_LENS_EXPORT_STRATEGY": "single_rank", "NEMO_LENS_EXPORT_RANK": "0"}, [0]),
         ({"MEGATRON_OTEL_EXPORT_STRATEGY": "all_ranks"}, [0, 1, 2, 3]),
         ({"MEGATRON_OTEL_EXPORT_STRATEGY": "first_rank_per_node"}, [0, 2]),
-        ({"MEGATRON_OTEL_EXPORT_STRATEGY": "sampled", "MEGATRON_OTEL_EXPORT_SAMPLE_RATE": "0"}, []),
+        # No rank scores below 0: the rank of the lowest md5 score (3 of 0..3) exports alone.
+        ({"MEGATRON_OTEL_EXPORT_STRATEGY": "sampled",
+          "MEGATRON_OTEL_EXPORT_SAMPLE_RATE": "0"}, [3]),
+        ({"MEGATRON_OTEL_RANK_STRATEGY": "single_rank", "MEGATRON_OTEL_EXPORT_RANK": "2"}, [2]),
+        ({"MEGATRON_OTEL_EXPORT_STRATEGY": "single_rank",
+          "MEGATRON_OTEL_RANK_STRATEGY": "all_ranks"}, [3]),
         ({"MEGATRON_OTEL_EXPORT_STRATEGY": "sampled"}, [0, 1, 2, 3]),
         ({"OTEL_PYTHON_TRAINING_EXPORT_RANKS": "0",
           "MEGATRON_OTEL_EXPORT_STRATEGY": "single_rank"}, [0]),
@@ -474,6 +481,66 @@ def test_sampled_ranks_are_chosen_by_nemo_lens_rule_and_stable():
     ]
     assert chosen == [r for r in range(1000) if lens(r, 0.25)]
     assert 200 < len(chosen) < 300
+
+
+def _lens_score(rank: int) -> float:
+    import hashlib
+
+    return (int(hashlib.md5(str(rank).encode()).hexdigest(), 16) % 10000) / 10000.0
+
+
+@given(rate=st.floats(0.0, 1.0), world=st.integers(1, 300))
+def test_sampled_exports_from_at_least_one_rank_at_any_rate(rate, world):
+    """sampled at any rate and world size: NeMo Lens' ranks when it chooses any, else exactly
+    the one rank of lowest md5 score; every rank computes the same set."""
+    policy = config.ExportRanks("sampled", rate=rate)
+    chosen = [
+        r for r in range(world) if policy.exports(config.RankIdentity(rank=r, world_size=world))
+    ]
+    lens = [r for r in range(world) if _lens_score(r) < rate]
+    if lens:
+        assert chosen == lens
+    else:
+        assert chosen == [min(range(world), key=lambda r: (_lens_score(r), r))]
+
+
+def test_a_rate_of_one_percent_on_eight_ranks_exports_from_one(caplog):
+    """sampled:0.01 on 8 ranks, where md5(rank) < rate selects none: one rank exports."""
+    assert [_lens_score(r) < 0.01 for r in range(8)] == [False] * 8
+    settings, warnings = load(caplog, OTEL_PYTHON_TRAINING_EXPORT_RANKS="sampled:0.01")
+    assert warnings == []
+    chosen = [
+        r
+        for r in range(8)
+        if settings.export_ranks.exports(config.RankIdentity(rank=r, world_size=8))
+    ]
+    assert len(chosen) == 1
+
+
+@pytest.mark.parametrize(
+    ("environ", "nowhere"),
+    [
+        ({"OTEL_PYTHON_TRAINING_EXPORT_RANKS": "8,9"}, True),
+        ({"OTEL_PYTHON_TRAINING_EXPORT_RANKS": "7,9"}, False),
+        ({"MEGATRON_OTEL_EXPORT_STRATEGY": "single_rank", "MEGATRON_OTEL_EXPORT_RANK": "8"}, True),
+        ({"NEMO_LENS_EXPORT_STRATEGY": "single_rank", "NEMO_LENS_EXPORT_RANK": "-1"}, False),
+        ({"OTEL_PYTHON_TRAINING_EXPORT_RANKS": "sampled:0"}, False),
+        ({"OTEL_PYTHON_TRAINING_EXPORT_RANKS": "last"}, False),
+        ({"OTEL_PYTHON_TRAINING_EXPORT_RANKS": "first_per_node"}, False),
+    ],
+)
+def test_a_policy_knows_when_no_rank_of_the_job_exports(caplog, environ, nowhere):
+    """A list or a single rank beyond the world of 8 selects nowhere; the others never do."""
+    settings, _ = load(caplog, RANK="0", WORLD_SIZE="8", **environ)
+    assert settings.export_ranks.exports_nowhere(8) is nowhere
+    chosen = [
+        r
+        for r in range(8)
+        if settings.export_ranks.exports(config.RankIdentity(rank=r, world_size=8))
+    ]
+    assert (chosen == []) is nowhere
+    name, value = next(iter(environ.items()))
+    assert f"{name}={value}" in settings.export_ranks.setting
 
 
 def test_a_bad_export_strategy_warns_once_and_every_rank_exports(caplog):

@@ -12,11 +12,12 @@ from opentelemetry.sdk.resources import get_aggregated_resources
 from opentelemetry.util._importlib_metadata import entry_points
 
 from otel_training import clock, config
+from otel_training.identity import process_tag
 from otel_training.resource import TrainingResourceDetector, identity_attributes, iso8601
 
 
 def test_detector_reads_torchrun(monkeypatch):
-    """Under torchrun the resource has dl.* rank identity, host and a per-rank instance id."""
+    """Under torchrun the resource has dl.* rank identity, host and a per-process instance id."""
     for name, value in {
         "RANK": "6",
         "LOCAL_RANK": "2",
@@ -33,7 +34,7 @@ def test_detector_reads_torchrun(monkeypatch):
     assert attributes["dl.run.id"] == "abc"
     assert attributes["dl.job.id"] == "abc"
     assert attributes["host.name"] == socket.gethostname()
-    assert attributes["service.instance.id"] == "abc-rank6"
+    assert attributes["service.instance.id"] == f"abc-rank6-{process_tag()}"
 
 
 def test_single_process_has_a_stable_run_id():
@@ -59,6 +60,14 @@ def test_registered_as_an_sdk_resource_detector():
         ({"TORCHELASTIC_RESTART_COUNT": "2"}, 2),
         ({"SLURM_RESTART_COUNT": "3"}, 3),
         ({"TORCHELASTIC_RESTART_COUNT": "1", "SLURM_RESTART_COUNT": "3"}, 4),
+        (
+            {
+                "TORCHELASTIC_RESTART_COUNT": "1",
+                "TORCHELASTIC_MAX_RESTARTS": "2",
+                "SLURM_RESTART_COUNT": "3",
+            },
+            10,
+        ),
         ({"NVRX_CYCLE": "5", "TORCHELASTIC_RESTART_COUNT": "1"}, 5),
         ({"OTEL_PYTHON_TRAINING_RUN_ATTEMPT": "7", "NVRX_CYCLE": "5"}, 7),
         ({"OTEL_PYTHON_TRAINING_RUN_ATTEMPT": "x", "NVRX_CYCLE": "5"}, 5),
@@ -66,7 +75,8 @@ def test_registered_as_an_sdk_resource_detector():
     ],
 )
 def test_the_attempt_comes_from_the_first_launcher_that_counts_restarts(environ, attempt):
-    """dl.run.attempt: ours, else NVRx's cycle, else torchrun's + SLURM's restart counts."""
+    """dl.run.attempt: ours, else NVRx's cycle, else torchrun's and SLURM's restart counts
+    (each requeue a block of TORCHELASTIC_MAX_RESTARTS + 1 numbers)."""
     attributes = identity_attributes(config.load_identity(environ))
     assert attributes.get("dl.run.attempt") == attempt
 

@@ -20,6 +20,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import otel_training
 from otel_training import setup, testing
+from otel_training.identity import process_tag
 from otel_training.semconv.attributes import DL_RANK, DL_RUN_ID, DL_WORLD_SIZE
 
 
@@ -92,6 +93,50 @@ def test_other_ranks_get_no_op_providers(monkeypatch):
     assert "rank 2" in telemetry.destination and "last" in telemetry.destination
 
 
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        (
+            {"MEGATRON_OTEL_EXPORT_STRATEGY": "single_rank"},
+            "MEGATRON_OTEL_EXPORT_STRATEGY=single_rank",
+        ),
+        ({"MEGATRON_OTEL_RANK_STRATEGY": "first_rank_per_node"}, "MEGATRON_OTEL_RANK_STRATEGY"),
+        (
+            {"NEMO_LENS_EXPORT_STRATEGY": "sampled", "NEMO_LENS_EXPORT_SAMPLE_RATE": "0.3"},
+            "NEMO_LENS_EXPORT_STRATEGY=sampled, NEMO_LENS_EXPORT_SAMPLE_RATE=0.3",
+        ),
+        ({"OTEL_PYTHON_TRAINING_EXPORT_RANKS": "0"}, "OTEL_PYTHON_TRAINING_EXPORT_RANKS=0"),
+    ],
+)
+def test_the_destination_line_names_the_variable_the_user_set(monkeypatch, environ, named):
+    """A rank left out by a policy says which variable (and value) left it out."""
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    telemetry = otel_training.configure()
+    assert isinstance(telemetry.meter_provider, metrics_api.NoOpMeterProvider)
+    assert named in telemetry.destination and "rank 1" in telemetry.destination
+    if "OTEL_PYTHON_TRAINING_EXPORT_RANKS" not in environ:
+        assert "OTEL_PYTHON_TRAINING_EXPORT_RANKS" not in telemetry.destination
+
+
+def test_a_policy_that_selects_no_rank_says_so_once(monkeypatch, caplog):
+    """EXPORT_RANKS=8,9 in a world of 4: one warning naming the variable, even after a second
+    configure(); the destination says no rank exports."""
+    monkeypatch.setenv("OTEL_PYTHON_TRAINING_EXPORT_RANKS", "8,9")
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with caplog.at_level(logging.WARNING, logger="otel_training"):
+        first = otel_training.configure()
+        second = otel_training.configure()
+    said = [r.getMessage() for r in caplog.records if "no rank of this job" in r.getMessage()]
+    assert len(said) == 1 and "OTEL_PYTHON_TRAINING_EXPORT_RANKS=8,9" in said[0]
+    for telemetry in (first, second):
+        assert "none from any rank" in telemetry.destination
+
+
 def test_configure_sets_globals_and_get_meter_uses_them():
     """configure() installs proxies as the globals; they and get_meter() record into it."""
     memory = testing.configure_in_memory(set_global=True)
@@ -138,7 +183,7 @@ def test_resource_carries_rank_identity_and_user_overrides(monkeypatch):
     assert attributes[DL_RUN_ID] == "from-env"
     assert attributes["team"] == "from-code"
     assert attributes["service.name"] == "trainer"
-    assert attributes["service.instance.id"] == "r-9-rank1"
+    assert attributes["service.instance.id"] == f"r-9-rank1-{process_tag()}"
 
 
 def test_otel_service_name_beats_the_default_service_name(monkeypatch):

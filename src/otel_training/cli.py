@@ -13,7 +13,8 @@ Subcommands:
   trace-event file for Perfetto UI or ``chrome://tracing``.
 
 ``DIR`` is a run directory, or an output directory whose ``latest`` link or newest
-subdirectory is taken; by default ``OTEL_PYTHON_TRAINING_OUTPUT_DIR``. Neither needs torch.
+subdirectory is taken; by default ``OTEL_PYTHON_TRAINING_OUTPUT_DIR``. Both show every attempt
+of that run's job (``dl.job.id``), each on its own and in order. Neither needs torch.
 
 Also runnable as ``python -m otel_training.cli``.
 """
@@ -60,6 +61,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     where = (
         "a run directory, or an output directory (its 'latest' link or newest run is taken); "
+        "every attempt of that run's job is shown; "
         "default: $OTEL_PYTHON_TRAINING_OUTPUT_DIR or ./otel-training-telemetry"
     )
     report = commands.add_parser(
@@ -84,8 +86,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _load(command: str, directory: str | None):
-    """The run for ``report``/``trace``, or an exit status after a one-line message."""
-    from otel_training.report import RunNotFoundError, find_run_directory, load_run
+    """The job for ``report``/``trace`` (every attempt of the run found), or an exit status
+    after a one-line message."""
+    from otel_training.report import RunNotFoundError, find_run_directory, load_job
 
     try:
         run_directory = find_run_directory(directory)
@@ -93,30 +96,43 @@ def _load(command: str, directory: str | None):
         hint = "" if directory else " (pass DIR or set OTEL_PYTHON_TRAINING_OUTPUT_DIR)"
         print(f"{_PROG} {command}: error: no run found: {error}{hint}", file=sys.stderr)
         return None, 2
-    run = load_run(run_directory)
-    for note in run.notes:
+    job = load_job(run_directory)
+    for note in job.notes:
         print(f"{_PROG} {command}: note: {note}", file=sys.stderr)
-    return run, 0
+    several = len(job.runs) > 1
+    for label, run in zip(job.labels, job.runs):
+        for note in run.notes:
+            where = f"{label}: " if several else ""
+            print(f"{_PROG} {command}: note: {where}{note}", file=sys.stderr)
+    return job, 0
+
+
+def _what(job) -> str:
+    """``run ID`` for one run, ``job ID (N attempts)`` for several."""
+    latest = job.latest
+    if len(job.runs) == 1:
+        return f"run {latest.run_id or latest.directory.name}"
+    return f"job {job.job_id or latest.run_id} ({len(job.runs)} attempts)"
 
 
 def _run_report(directory: str | None, output: str) -> int:
     from otel_training.report import write_report
 
-    run, status = _load("report", directory)
-    if run is None:
+    job, status = _load("report", directory)
+    if job is None:
         return status
     try:
-        path = write_report(run, output)
+        path = write_report(job, output)
     except ModuleNotFoundError as error:
         print(f"{_PROG} report: error: {error}", file=sys.stderr)
         return 1
     except OSError as error:
         print(f"{_PROG} report: error: cannot write {output}: {error}", file=sys.stderr)
         return 1
-    ranks = len(run.ranks)
+    ranks = len(job.latest.ranks)
     print(
-        f"report of run {run.run_id or run.directory.name} ({ranks} rank"
-        f"{'s' if ranks != 1 else ''}, {run.directory}): {path}\n"
+        f"report of {_what(job)} ({ranks} rank"
+        f"{'s' if ranks != 1 else ''}, {job.latest.directory}): {path}\n"
         f"open it in a browser: {path.as_uri()}",
         flush=True,
     )
@@ -126,17 +142,18 @@ def _run_report(directory: str | None, output: str) -> int:
 def _run_trace(directory: str | None, output: str) -> int:
     from otel_training.report import write_chrome_trace
 
-    run, status = _load("trace", directory)
-    if run is None:
+    job, status = _load("trace", directory)
+    if job is None:
         return status
     try:
-        path = write_chrome_trace(run, output)
+        path = write_chrome_trace(job, output)
     except OSError as error:
         print(f"{_PROG} trace: error: cannot write {output}: {error}", file=sys.stderr)
         return 1
-    ranks = len({s.rank for s in run.spans})
+    spans = sum(len(run.spans) for run in job.runs)
+    ranks = len({s.rank for run in job.runs for s in run.spans})
     print(
-        f"trace of run {run.run_id or run.directory.name} ({len(run.spans):,} spans, {ranks} "
+        f"trace of {_what(job)} ({spans:,} spans, {ranks} "
         f"rank{'s' if ranks != 1 else ''}): {path}\n"
         "open it at https://ui.perfetto.dev ('Open trace file') or in chrome://tracing ('Load')",
         flush=True,

@@ -13,6 +13,7 @@ of the metric reader and the batch span processor are in milliseconds).
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import logging
 import math
@@ -42,6 +43,8 @@ __all__ = [
     "Settings",
     "load",
     "load_identity",
+    "sample_score",
+    "sampled_ranks",
     "span_groups_from_names",
     "tensor_metric_schedule",
 ]
@@ -214,19 +217,22 @@ class OtlpSettings:
 @dataclass(frozen=True)
 class ExportRanks:
     """Which ranks export: ``OTEL_PYTHON_TRAINING_EXPORT_RANKS``, else Megatron-LM's and NeMo
-    Lens' ``MEGATRON_OTEL_EXPORT_STRATEGY`` / ``NEMO_LENS_EXPORT_STRATEGY``.
+    Lens' ``MEGATRON_OTEL_EXPORT_STRATEGY`` / ``MEGATRON_OTEL_RANK_STRATEGY`` /
+    ``NEMO_LENS_EXPORT_STRATEGY``.
 
     Attributes:
         policy: ``all``, ``last``, ``first_per_node``, ``list`` (the ranks in ``ranks``),
-            ``single`` (the rank ``rank``; -1 is the last) or ``sampled`` (each rank chosen
-            with probability ``rate``, deterministically: the same ranks every run, the same as
-            NeMo Lens chooses, ``md5(str(rank)) mod 10000 / 10000 < rate``).
+            ``single`` (the rank ``rank``; -1 is the last) or ``sampled`` (see
+            :func:`sampled_ranks`).
+        setting: The variables the policy was read from, as given (``NAME=value, ...``), for
+            messages; empty for the default.
     """
 
     policy: str = "all"
     ranks: frozenset[int] = frozenset()
     rank: int = -1
     rate: float = 1.0
+    setting: str = ""
 
     def exports(self, identity: RankIdentity) -> bool:
         """True when the process of ``identity`` exports telemetry under this policy."""
@@ -240,9 +246,17 @@ class ExportRanks:
             chosen = self.rank if self.rank >= 0 else identity.world_size - 1
             return identity.rank == chosen
         if self.policy == "sampled":
-            digest = hashlib.md5(str(identity.rank).encode(), usedforsecurity=False).hexdigest()
-            return (int(digest, 16) % 10000) / 10000.0 < self.rate
+            return identity.rank in sampled_ranks(self.rate, identity.world_size)
         return True
+
+    def exports_nowhere(self, world_size: int) -> bool:
+        """True when no rank of a job of ``world_size`` ranks exports under this policy (a
+        list or a single rank beyond the world). Every rank computes the same answer."""
+        if self.policy == "list":
+            return not any(0 <= r < world_size for r in self.ranks)
+        if self.policy == "single":
+            return self.rank >= world_size
+        return False
 
     def __str__(self) -> str:
         if self.policy == "list":
@@ -252,6 +266,27 @@ class ExportRanks:
         if self.policy == "sampled":
             return f"sampled at {self.rate:g}"
         return self.policy
+
+
+def sample_score(rank: int) -> float:
+    """NeMo Lens' score of ``rank`` for sampling, in [0, 1): ``md5(str(rank))`` mod 10,000 over
+    10,000 (``nemo/lens/strategies.py``)."""
+    digest = hashlib.md5(str(rank).encode(), usedforsecurity=False).hexdigest()
+    return (int(digest, 16) % 10000) / 10000.0
+
+
+@functools.lru_cache(maxsize=64)
+def sampled_ranks(rate: float, world_size: int) -> frozenset[int]:
+    """The ranks that export under ``sampled`` at ``rate`` in a job of ``world_size`` ranks:
+    those whose :func:`sample_score` is below ``rate`` (the ranks NeMo Lens chooses), and when
+    that is none of them, the one rank with the lowest score (the lowest rank on a tie), so
+    that a job always exports from at least one rank. Deterministic: the same ranks on every
+    rank and in every attempt of the same world size, with no communication."""
+    world = max(1, world_size)
+    chosen = frozenset(r for r in range(world) if sample_score(r) < rate)
+    if chosen:
+        return chosen
+    return frozenset({min(range(world), key=lambda r: (sample_score(r), r))})
 
 
 def _default_otlp() -> OtlpSettings:
@@ -667,12 +702,15 @@ class _Parser(EnvReader):
         raw = self.raw(name)
         if raw is None:
             return self._export_strategy()
+        setting = f"{name}={raw}"
         lowered = raw.lower()
         if lowered in ("all", "last", "first_per_node"):
-            return ExportRanks(lowered)
+            return ExportRanks(lowered, setting=setting)
         if lowered.startswith("sampled:"):
             rate = self._rate(name, raw, lowered.partition(":")[2])
-            return ExportRanks("sampled", rate=rate) if rate is not None else ExportRanks()
+            if rate is None:
+                return ExportRanks()
+            return ExportRanks("sampled", rate=rate, setting=setting)
         ranks: set[int] = set()
         for part in raw.split(","):
             match = _RANK_RANGE.match(part.strip())
@@ -693,7 +731,7 @@ class _Parser(EnvReader):
                 self.reject(name, raw, "all", f"has the empty range {part.strip()!r}")
                 return ExportRanks()
             ranks.update(range(low, high + 1))
-        return ExportRanks("list", frozenset(ranks))
+        return ExportRanks("list", frozenset(ranks), setting=setting)
 
     def _rate(self, name: str, raw: str, text: str) -> float | None:
         try:
@@ -706,25 +744,33 @@ class _Parser(EnvReader):
         return rate
 
     def _export_strategy(self) -> ExportRanks:
-        """Megatron-LM's ``MEGATRON_OTEL_EXPORT_STRATEGY`` (``single_rank``, ``all_ranks``,
-        ``sampled``, ``first_rank_per_node``) with ``..._EXPORT_RANK`` (-1: the last rank) and
+        """Megatron-LM's ``MEGATRON_OTEL_EXPORT_STRATEGY`` (the name its code reads; its guide
+        calls it ``MEGATRON_OTEL_RANK_STRATEGY``, read next), else NeMo Lens'
+        ``NEMO_LENS_EXPORT_STRATEGY``: ``single_rank``, ``all_ranks``, ``sampled``,
+        ``first_rank_per_node``, with ``..._EXPORT_RANK`` (-1: the last rank) and
         ``..._EXPORT_SAMPLE_RATE``, each falling back to NeMo Lens' ``NEMO_LENS_*``; ``all``
         when none is set (otel-training's default: every rank exports)."""
-        name, raw = self.first(ev.MEGATRON_OTEL_EXPORT_STRATEGY, ev.NEMO_LENS_EXPORT_STRATEGY)
+        name, raw = self.first(
+            ev.MEGATRON_OTEL_EXPORT_STRATEGY,
+            ev.MEGATRON_OTEL_RANK_STRATEGY,
+            ev.NEMO_LENS_EXPORT_STRATEGY,
+        )
         if raw is None:
             return ExportRanks()
         strategy = raw.lower()
         if strategy not in EXPORT_STRATEGIES:
             self.reject(name, raw, "all", f"is not one of {', '.join(EXPORT_STRATEGIES)}")
             return ExportRanks()
+        setting = f"{name}={raw}"
         if strategy == "all_ranks":
-            return ExportRanks()
+            return ExportRanks(setting=setting)
         if strategy == "first_rank_per_node":
-            return ExportRanks("first_per_node")
+            return ExportRanks("first_per_node", setting=setting)
         if strategy == "single_rank":
             rank_name, rank_raw = self.first(ev.MEGATRON_OTEL_EXPORT_RANK, ev.NEMO_LENS_EXPORT_RANK)
             rank = -1
             if rank_raw is not None:
+                setting += f", {rank_name}={rank_raw}"
                 try:
                     rank = int(rank_raw)
                 except ValueError:
@@ -732,12 +778,14 @@ class _Parser(EnvReader):
                 if rank < -1:
                     self.reject(rank_name, rank_raw, -1, "is below -1")
                     rank = -1
-            return ExportRanks("single", rank=rank)
+            return ExportRanks("single", rank=rank, setting=setting)
         rate_name, rate_raw = self.first(
             ev.MEGATRON_OTEL_EXPORT_SAMPLE_RATE, ev.NEMO_LENS_EXPORT_SAMPLE_RATE
         )
         rate = 1.0 if rate_raw is None else self._rate(rate_name, rate_raw, rate_raw)
-        return ExportRanks("sampled", rate=1.0 if rate is None else rate)
+        if rate_raw is not None:
+            setting += f", {rate_name}={rate_raw}"
+        return ExportRanks("sampled", rate=1.0 if rate is None else rate, setting=setting)
 
     def _heartbeat_interval(self, interval_ms: float) -> float | None:
         """``OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL`` in ms, or None (off): unset, or not

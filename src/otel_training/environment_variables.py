@@ -22,11 +22,13 @@ the format the collector's ``otlpjsonfile`` receiver reads back. Default:
 
 OTEL_PYTHON_TRAINING_EXPORT_RANKS: Final = "OTEL_PYTHON_TRAINING_EXPORT_RANKS"
 """Which ranks export telemetry: ``all`` (default), ``last``, ``first_per_node``,
-``sampled:RATE`` (each rank with probability RATE, chosen deterministically per rank, as NeMo
-Lens chooses) or a list of global ranks such as ``0,8,16`` or ``0-3,7``. Other ranks get no-op
-providers (no threads, no sockets). An invalid value logs one warning and falls back to
-``all``. When unset, Megatron-LM's ``MEGATRON_OTEL_EXPORT_STRATEGY`` (or NeMo Lens'
-``NEMO_LENS_EXPORT_STRATEGY``) is read.
+``sampled:RATE`` (the ranks NeMo Lens chooses at RATE, by an md5 score of the rank, and at least
+one: the rank of lowest score when that is none; the same ranks in every attempt) or a list of
+global ranks such as ``0,8,16`` or ``0-3,7``. Other ranks get no-op providers (no threads, no
+sockets) and say so, naming this variable; a list that names no rank of the job logs one
+warning on every rank. An invalid value logs one warning and falls back to ``all``. When unset,
+Megatron-LM's ``MEGATRON_OTEL_EXPORT_STRATEGY`` (or ``MEGATRON_OTEL_RANK_STRATEGY``, or NeMo
+Lens' ``NEMO_LENS_EXPORT_STRATEGY``) is read.
 """
 
 OTEL_PYTHON_TRAINING_EXPORT_REPLICATED: Final = "OTEL_PYTHON_TRAINING_EXPORT_REPLICATED"
@@ -73,16 +75,19 @@ a comma-separated, strictly increasing list of non-negative numbers. Default:
 """
 
 OTEL_PYTHON_TRAINING_RUN_ID: Final = "OTEL_PYTHON_TRAINING_RUN_ID"
-"""Identifier of this training run, shared by all its ranks (resource attribute ``dl.run.id``).
-Default: the launcher's run id (``TORCHELASTIC_RUN_ID``, SLURM job and step), else a random
-id per process.
+"""Identifier of this training run, shared by all its ranks (resource attribute ``dl.run.id``,
+and the name of the run's directory). Default: the launcher's run id (``TORCHELASTIC_RUN_ID``,
+SLURM job and step), else a random id per process. Either way ``-a{attempt}`` is appended when
+the attempt is known (:data:`OTEL_PYTHON_TRAINING_RUN_ATTEMPT`), so every attempt of a job has a
+run id and a directory of its own; ``dl.job.id`` stays the same across attempts.
 """
 
 OTEL_PYTHON_TRAINING_RUN_ATTEMPT: Final = "OTEL_PYTHON_TRAINING_RUN_ATTEMPT"
 """Which attempt (incarnation) of the job this process belongs to, a whole number from 0
-(resource attribute ``dl.run.attempt``). Default: NVRx's ``NVRX_CYCLE``, else torchrun's
-``TORCHELASTIC_RESTART_COUNT`` plus SLURM's ``SLURM_RESTART_COUNT`` (as Megatron-LM folds both
-into its run id), else absent.
+(resource attribute ``dl.run.attempt``), the same on every rank of the attempt. Default: NVRx's
+``NVRX_CYCLE``, else torchrun's ``TORCHELASTIC_RESTART_COUNT`` and SLURM's
+``SLURM_RESTART_COUNT`` (with both: ``SLURM_RESTART_COUNT * (TORCHELASTIC_MAX_RESTARTS + 1) +
+TORCHELASTIC_RESTART_COUNT``, distinct and in order), else absent.
 """
 
 OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM: Final = "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM"
@@ -174,6 +179,10 @@ TORCHELASTIC_RESTART_COUNT: Final = "TORCHELASTIC_RESTART_COUNT"
 SLURM_RESTART_COUNT: Final = "SLURM_RESTART_COUNT"
 """SLURM's count of requeues of the job, part of the attempt number."""
 
+TORCHELASTIC_MAX_RESTARTS: Final = "TORCHELASTIC_MAX_RESTARTS"
+"""torchrun's ``--max-restarts``: with ``SLURM_RESTART_COUNT``, the size of each requeue's
+block of attempt numbers."""
+
 NEMO_LENS_RUN_ID: Final = "NEMO_LENS_RUN_ID"
 """NeMo Lens' name for the run id; read when neither ``OTEL_PYTHON_TRAINING_RUN_ID`` nor
 ``MEGATRON_OTEL_RUN_ID`` is set."""
@@ -202,7 +211,12 @@ NEMO_LENS_SPAN_GROUPS: Final = "NEMO_LENS_SPAN_GROUPS"
 
 MEGATRON_OTEL_EXPORT_STRATEGY: Final = "MEGATRON_OTEL_EXPORT_STRATEGY"
 """Megatron-LM's export strategy (``single_rank``, ``all_ranks``, ``sampled``,
-``first_rank_per_node``); read when ``OTEL_PYTHON_TRAINING_EXPORT_RANKS`` is unset."""
+``first_rank_per_node``), the name its code reads (through NeMo Lens' ``EXPORT_STRATEGY`` key);
+read when ``OTEL_PYTHON_TRAINING_EXPORT_RANKS`` is unset."""
+
+MEGATRON_OTEL_RANK_STRATEGY: Final = "MEGATRON_OTEL_RANK_STRATEGY"
+"""The same as ``MEGATRON_OTEL_EXPORT_STRATEGY``, by the name Megatron-LM's observability guide
+gives it (``docs/user-guide/observability/configuration.md``); read after it."""
 
 NEMO_LENS_EXPORT_STRATEGY: Final = "NEMO_LENS_EXPORT_STRATEGY"
 """NeMo Lens' export strategy; read when neither of the above is set."""

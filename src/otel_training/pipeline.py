@@ -57,6 +57,7 @@ from opentelemetry.sdk.version import __version__ as _SDK_VERSION
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE_ID, SERVICE_NAME
 
 from otel_training import config, device_metrics, files, heartbeat, limits, replicated
+from otel_training import environment_variables as ev
 from otel_training import views as _views
 from otel_training.exporters import SafeLogRecordExporter, SafeMetricExporter, SafeSpanExporter
 from otel_training.health.metrics import observe_ledger
@@ -66,6 +67,7 @@ from otel_training.processors import CheckpointMetricsSpanProcessor, span_mirror
 from otel_training.processors.exception_logs import ExceptionLogSpanProcessor
 from otel_training.processors.nvtx import NvtxSpanProcessor
 from otel_training.resource import identity_attributes
+from otel_training.semconv.attributes import DL_RANK, DL_RUN_ID
 
 __all__ = ["INSTRUMENTATION_NAME", "Pipeline", "build", "silence_sdk_header_warnings"]
 
@@ -107,10 +109,15 @@ def _with_default(base: str) -> list[str]:
 
 class _Outputs:
     """The embedded default's files of one pipeline: each in this run's directory
-    (:mod:`otel_training.files`), opened without following symlinks, with a fallback."""
+    (:mod:`otel_training.files`), opened without following symlinks, with a fallback, written
+    through :class:`otel_training.files.AppendStream` (which survives the directory being
+    removed, filled or made read-only mid-run)."""
 
-    def __init__(self, settings: config.Settings) -> None:
+    def __init__(
+        self, settings: config.Settings, identity: Mapping[str, Any] | None = None
+    ) -> None:
         self._settings = settings
+        self._identity = dict(identity or {})
         self._run_dirs: dict[str, str | OSError] = {}
         self.files: list[TextIO] = []
         self.run_dir: str | None = None
@@ -127,35 +134,56 @@ class _Outputs:
             raise found
         return found
 
+    def _setting(self, base: str | None, fallback: bool) -> str:
+        """The variable that chose the directory, as a message shows it."""
+        output_dir = self._settings.output_dir
+        if base is not None:
+            return f"{ev.OTEL_PYTHON_TRAINING_JSONLOG_DIR}={base}"
+        if fallback:
+            return (
+                f"the default {config.DEFAULT_OUTPUT_DIR}, as "
+                f"{ev.OTEL_PYTHON_TRAINING_OUTPUT_DIR}={output_dir} could not be used"
+            )
+        if output_dir == config.DEFAULT_OUTPUT_DIR:
+            return f"{ev.OTEL_PYTHON_TRAINING_OUTPUT_DIR}, unset: the default {output_dir}"
+        return f"{ev.OTEL_PYTHON_TRAINING_OUTPUT_DIR}={output_dir}"
+
     def open(self, signal_name: str, base: str | None = None) -> tuple[TextIO | None, str | None]:
         """This rank's file of ``signal_name`` (``{signal}-rank{R}.jsonl``) in the run's
         directory inside ``base`` (a directory the user named: no fallback), else inside the
         output directory, falling back to the default one, then to no file; each failure
-        logs one warning. Never raises."""
+        logs one warning naming the path tried and the variable that set it. Never raises."""
         bases = [base] if base is not None else _with_default(self._settings.output_dir)
         file_name = f"{signal_name}-rank{self._settings.identity.rank}.jsonl"
         for i, candidate in enumerate(bases):
             path = os.path.join(candidate, file_name)
+            setting = self._setting(base, fallback=i > 0)
             try:
                 directory = self._run_dir(candidate)
                 path = os.path.join(directory, file_name)
-                stream = files.open_append(path)
+                stream = files.AppendStream(
+                    path,
+                    what="span JSON lines" if signal_name == "spans" else signal_name,
+                    setting=setting,
+                    identity=self._identity,
+                )
             except OSError as error:
                 why = "a symlink is there" if error.errno == errno.ELOOP else error
                 _logger.warning(
-                    "otel-training cannot write %s to %s (%s); %s.",
+                    "otel-training cannot write %s to %s (%s; the directory is set by %s); %s.",
                     signal_name,
                     path,
                     why,
+                    setting,
                     "trying the default directory"
                     if i + 1 < len(bases)
                     else f"{signal_name} are not written to a file",
                 )
                 continue
-            self.files.append(stream)
+            self.files.append(stream)  # type: ignore[arg-type]
             if base is None and self.run_dir is None:
                 self.run_dir = directory
-            return stream, path
+            return stream, path  # type: ignore[return-value]
         return None, None
 
 
@@ -171,13 +199,15 @@ def build(
     extra_log_processors: Sequence[LogRecordProcessor] = (),
 ) -> Pipeline:
     identity = settings.identity
-    if settings.sdk_disabled or not settings.export_ranks.exports(identity):
-        why = (
-            "disabled by OTEL_SDK_DISABLED"
-            if settings.sdk_disabled
-            else f"none from rank {identity.rank} "
-            f"(OTEL_PYTHON_TRAINING_EXPORT_RANKS={settings.export_ranks})"
-        )
+    policy = settings.export_ranks
+    if settings.sdk_disabled or not policy.exports(identity):
+        if settings.sdk_disabled:
+            why = "disabled by OTEL_SDK_DISABLED"
+        elif policy.exports_nowhere(identity.world_size):
+            why = f"none from any rank ({policy.setting} selects no rank of {identity.world_size})"
+            _say_no_rank_exports(policy, identity.world_size)
+        else:
+            why = f"none from rank {identity.rank} ({policy.setting}: {policy})"
         return Pipeline(
             metrics_api.NoOpMeterProvider(), trace_api.NoOpTracerProvider(), f"telemetry: {why}"
         )
@@ -188,7 +218,14 @@ def build(
         settings.export_replicated, identity.world_size, resource.attributes
     )
     notes = [replication.note] if replication.note else []
-    outputs = _Outputs(settings)
+    outputs = _Outputs(
+        settings,
+        {
+            key: resource.attributes[key]
+            for key in (DL_RUN_ID, SERVICE_INSTANCE_ID, DL_RANK, "process.creation.time")
+            if key in resource.attributes
+        },
+    )
     readers: list[MetricReader] = list(extra_readers)
     metric_targets: list[str] = []
     for name in settings.metrics_exporters:
@@ -270,6 +307,26 @@ def build(
         open_spans=OpenSpans(),
         files=outputs.files,
         logger_provider=logger_provider,
+    )
+
+
+_said_no_rank: set[tuple[str, int]] = set()
+
+
+def _say_no_rank_exports(policy: config.ExportRanks, world_size: int) -> None:
+    """The one warning, on every rank, of a policy under which no rank of the job exports."""
+    key = (policy.setting, world_size)
+    if key in _said_no_rank:
+        return
+    _said_no_rank.add(key)
+    _logger.warning(
+        "otel-training: no rank of this job exports telemetry: %s selects no rank of the %d "
+        "(ranks 0 to %d); telemetry is off on every rank. Name a rank below %d, or unset it "
+        "to export from every rank.",
+        policy.setting,
+        world_size,
+        world_size - 1,
+        world_size,
     )
 
 
@@ -547,11 +604,36 @@ def _span_exporter(
     if stream is None:
         return None, "nowhere", True
     safe = SafeSpanExporter(
-        FileSpanExporter(stream=stream),
+        _counted(FileSpanExporter(stream=stream), stream),
         limits=settings.span_limits,
         max_request_bytes=files.LINE_BUDGET_BYTES,  # one line per request: under 1 MiB
     )
     return safe, f"OTLP-JSON file {path}", True
+
+
+class _Counted:
+    """A file exporter (one line per export) whose stream, an
+    :class:`otel_training.files.AppendStream`, is told how many records each export holds, so
+    that a line that cannot be written is counted in spans or log records too."""
+
+    def __init__(self, exporter: Any, stream: Any) -> None:
+        self._exporter = exporter
+        self._records = stream.records
+
+    def export(self, batch: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
+        self._records(len(batch))
+        return self._exporter.export(batch, *args, **kwargs)
+
+    def force_flush(self, *args: Any, **kwargs: Any) -> bool:
+        return self._exporter.force_flush(*args, **kwargs)
+
+    def shutdown(self, *args: Any, **kwargs: Any) -> None:
+        self._exporter.shutdown(*args, **kwargs)
+
+
+def _counted(exporter: Any, stream: Any) -> Any:
+    """``exporter`` wrapped in :class:`_Counted` when ``stream`` can count records."""
+    return _Counted(exporter, stream) if hasattr(stream, "records") else exporter
 
 
 def _batch_processor(exporter: SpanExporter, settings: config.Settings, local: bool):
@@ -604,7 +686,7 @@ def _log_exporter(
     if stream is None:
         return None, "nowhere"
     safe = SafeLogRecordExporter(
-        FileLogExporter(stream=stream),
+        _counted(FileLogExporter(stream=stream), stream),
         limits=limits,
         max_request_bytes=files.LINE_BUDGET_BYTES,  # one line per request: under 1 MiB
     )

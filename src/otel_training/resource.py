@@ -19,7 +19,7 @@ from opentelemetry.semconv.attributes.k8s_attributes import K8S_NAMESPACE_NAME, 
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE_ID
 
 from otel_training import clock, config
-from otel_training.identity import process_run_id
+from otel_training.identity import process_run_id, process_tag
 from otel_training.semconv.attributes import (
     DL_JOB_ID,
     DL_LOCAL_RANK,
@@ -34,8 +34,9 @@ from otel_training.semconv.attributes import (
 def identity_attributes(identity: config.RankIdentity) -> dict[str, str | int]:
     """Resource attributes for ``identity``: rank, local rank, world size, node rank, host,
     job and run ids, the attempt (when known), ``process.creation.time`` (ISO 8601, UTC, ms),
-    ``service.instance.id`` (``{run_id}-rank{rank}``, unique per rank) and, in Kubernetes, the
-    pod name and namespace. Never raises."""
+    ``service.instance.id`` (``{run_id}-rank{rank}-{process tag}``: never shared by two
+    processes, :func:`otel_training.identity.process_tag`) and, in Kubernetes, the pod name
+    and namespace. Never raises."""
     run_id = identity.run_id or process_run_id()
     attributes: dict[str, str | int] = {
         DL_RANK: identity.rank,
@@ -44,7 +45,7 @@ def identity_attributes(identity: config.RankIdentity) -> dict[str, str | int]:
         DL_NODE_RANK: identity.node_rank,
         DL_RUN_ID: run_id,
         HOST_NAME: socket.gethostname(),
-        SERVICE_INSTANCE_ID: f"{run_id}-rank{identity.rank}",
+        SERVICE_INSTANCE_ID: f"{run_id}-rank{identity.rank}-{process_tag()}",
         PROCESS_CREATION_TIME: iso8601(clock.process_creation_unix_s()),
     }
     if identity.attempt is not None:

@@ -209,3 +209,52 @@ def test_a_screenshot_of_the_report(report, tmp_path_factory):
     width, height = struct.unpack(">II", header[16:24])
     assert (width, height) == (1400, 3000)
     print(f"screenshot: {shot} ({shot.stat().st_size:,} bytes, {width}x{height})")
+
+
+ATTEMPT = (
+    "import otel_training as ot\n"
+    "t = ot.configure()\n"
+    "for it in range(1, 9):\n"
+    "    with ot.training_iteration(iteration=it):\n"
+    "        pass\n"
+    "    ot.record_training_metrics(t.meter, loss=2.0 / it, step_duration_ms=3.0)\n"
+    "    t.force_flush()\n"
+    "t.shutdown()\n"
+)
+
+
+def test_a_report_of_two_attempts_draws_each_attempt(tmp_path):
+    """Two attempts of one SLURM job (requeue 0 and 1), reported from the output directory
+    with the real command: the attempts table links both, each attempt's curves and timeline
+    are drawn (prefixed ids a1-/a2-, none shared), and no script fails."""
+    env = _env(
+        OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(tmp_path / "telemetry"),
+        OTEL_PYTHON_TRAINING_SPAN_GROUPS="per_step",
+        SLURM_JOB_ID="913",
+        SLURM_PROCID="0",
+        SLURM_NTASKS="1",
+    )
+    for count in ("0", "1"):
+        done = subprocess.run(
+            [sys.executable, "-c", ATTEMPT], env={**env, "SLURM_RESTART_COUNT": count},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+    output = tmp_path / "attempts.html"
+    made = subprocess.run(
+        [sys.executable, "-m", "otel_training.cli", "report", str(tmp_path / "telemetry"),
+         "-o", str(output)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0 and "job 913 (2 attempts)" in made.stdout, made.stderr
+    result = _browse(output.as_uri(), tmp_path, "--dump-dom")
+    assert result.returncode == 0, result.stderr[-2000:]
+    dom = _Rendered()
+    dom.feed(result.stdout)
+    assert dom.errors_hidden is True and dom.error_lines == 0
+    for prefix in ("a1-", "a2-"):
+        for plot in ("plot-curve-megatron.training.loss", "plot-timeline"):
+            counts = dom.plots[prefix + plot]
+            assert counts["svg"] >= 1 and counts["points"] + counts["vertices"] > 0, plot
+    assert 'href="#a1-summary">attempt 0</a>' in result.stdout
+    assert 'href="#a2-summary">attempt 1</a>' in result.stdout

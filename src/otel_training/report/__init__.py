@@ -4,9 +4,9 @@ Usage::
 
     from otel_training import report
 
-    run = report.load_run(report.find_run_directory("otel-training-telemetry"))
-    report.write_report(run, "report.html")        # needs the report extra (plotly, jinja2)
-    report.write_chrome_trace(run, "trace.json")   # Perfetto UI, chrome://tracing
+    job = report.load_job(report.find_run_directory("otel-training-telemetry"))
+    report.write_report(job, "report.html")        # needs the report extra (plotly, jinja2)
+    report.write_chrome_trace(job, "trace.json")   # Perfetto UI, chrome://tracing
 
 Importing this package imports neither plotly nor jinja2; :func:`write_report` does.
 """
@@ -14,26 +14,30 @@ Importing this package imports neither plotly nor jinja2; :func:`write_report` d
 from otel_training.report.chrome_trace import build_chrome_trace, write_chrome_trace
 from otel_training.report.html import REPORT_HINT, build_report, write_report
 from otel_training.report.quantiles import histogram_quantile, quantiles_over_time
-from otel_training.report.reader import load_run
+from otel_training.report.reader import load_job, load_run
 from otel_training.report.run import (
     TRUNCATED_ATTRIBUTE,
     CounterSeries,
     FileStats,
+    Gap,
     GaugeSeries,
     HistogramSeries,
+    Job,
     RankTelemetry,
     Run,
     Span,
 )
-from otel_training.report.rundir import RunNotFoundError, find_run_directory
+from otel_training.report.rundir import RunNotFoundError, find_run_directory, job_directories
 
 __all__ = [
     "REPORT_HINT",
     "TRUNCATED_ATTRIBUTE",
     "CounterSeries",
     "FileStats",
+    "Gap",
     "GaugeSeries",
     "HistogramSeries",
+    "Job",
     "RankTelemetry",
     "Run",
     "RunNotFoundError",
@@ -42,6 +46,8 @@ __all__ = [
     "build_report",
     "find_run_directory",
     "histogram_quantile",
+    "job_directories",
+    "load_job",
     "load_run",
     "quantiles_over_time",
     "write_chrome_trace",

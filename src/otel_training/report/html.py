@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_training.report._nogc import no_gc
-from otel_training.report.run import Run
+from otel_training.report.run import Job, Run
 from otel_training.report.summary import Summary, summarize
 
 __all__ = ["REPORT_HINT", "build_report", "write_report"]
@@ -173,19 +173,19 @@ def _tiles(summary: Summary) -> list[_Tile]:
     return tiles
 
 
-def _plot_html(plot, plotly) -> dict[str, Any]:
+def _plot_html(plot, plotly, prefix: str = "") -> dict[str, Any]:
     html = plotly.io.to_html(
         plot.figure,
         full_html=False,
         include_plotlyjs=False,
-        div_id=plot.id,
+        div_id=prefix + plot.id,
         config=_PLOT_CONFIG,
         default_width="100%",
         default_height=f"{plot.figure.layout.height or 300}px",
         validate=False,
     )
     return {
-        "id": plot.id,
+        "id": prefix + plot.id,
         "title": plot.title,
         "caption": plot.caption,
         "points": plot.points,
@@ -193,25 +193,82 @@ def _plot_html(plot, plotly) -> dict[str, Any]:
     }
 
 
-def build_report(run: Run) -> str:
-    """The report page of ``run`` as a string.
+def build_report(source: Run | Job) -> str:
+    """The report page of a run, or of every attempt of a job (each attempt its own sections,
+    in the order they ran, after a table of the attempts).
 
-    Sections: summary (run id, service, ranks, world size, steps, duration, files, the eight
-    Megatron-LM metrics' last values, non-finite values, skipped iterations), training curves,
-    step duration quantiles and histogram, per-layer tensor heatmaps, the timeline of phases,
-    the files read. Anything missing is said in the page instead.
+    Sections per attempt: summary (run id, service, ranks, world size, steps, duration, files,
+    the eight Megatron-LM metrics' last values, non-finite values, skipped iterations),
+    training curves, step duration quantiles and histogram, per-layer tensor heatmaps, the
+    timeline of phases, the files read. Anything missing is said in the page instead.
 
     Raises:
         ModuleNotFoundError: when plotly or jinja2 is not installed (the ``report`` extra).
     """
     jinja2, plotly = _require_libraries()
     with no_gc():
-        return _build(run, jinja2, plotly)
+        return _build(Job.of(source), jinja2, plotly)
 
 
-def _build(run: Run, jinja2, plotly) -> str:
+def _build(job: Job, jinja2, plotly) -> str:
     import markupsafe
 
+    several = len(job.runs) > 1
+    labels = job.labels
+    attempts = []
+    downsampled = False
+    for index, run in enumerate(job.runs):
+        prefix = f"a{index + 1}-" if several else ""
+        context, shrunk = _attempt(run, labels[index] if several else "", prefix, plotly)
+        attempts.append(context)
+        downsampled = downsampled or shrunk
+    notes = list(job.notes)
+    if not several:
+        notes += job.runs[0].notes
+    if downsampled:
+        notes.append(
+            "Long series were downsampled to keep this page small: curves keep each bucket's "
+            "lowest and highest point, heatmaps the last value per column, the timeline merges "
+            "runs of one span name (captions say which). The files have every point."
+        )
+    plots = [p for a in attempts for s in a["sections"] for p in s.plots]
+    latest = attempts[-1]
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("otel_training.report", "templates"),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        keep_trailing_newline=True,
+    )
+    template = environment.get_template("report.html.j2")
+    title = (job.job_id or latest["summary"].run_id) if several else latest["summary"].run_id
+    subtitle = (
+        f"{len(job.runs)} attempts, ordered {_ORDERED[job.ordered_by]}"
+        if several
+        else latest["subtitle"]
+    )
+    return template.render(
+        version=_version(),
+        several=several,
+        title=title,
+        subtitle=subtitle,
+        notes=notes,
+        attempts=attempts,
+        attempt_rows=[a["row"] for a in attempts],
+        plots=plots,
+        plotly_js=markupsafe.Markup(plotly.offline.get_plotlyjs()) if plots else "",
+        built_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    )
+
+
+_ORDERED = {
+    "attempt": "by attempt number",
+    "process.creation.time": "by process start time",
+    "first record": "by first record",
+}
+
+
+def _attempt(run: Run, label: str, prefix: str, plotly) -> tuple[dict[str, Any], bool]:
+    """The template's context of one attempt (ids prefixed with ``prefix``) and whether any
+    of its plots was downsampled."""
     from otel_training.report import figures
 
     axis = figures.XAxis(run)
@@ -229,10 +286,10 @@ def _build(run: Run, jinja2, plotly) -> str:
     )
     sections = [
         _Section(
-            "curves",
+            prefix + "curves",
             "Training curves",
             axis_lead,
-            [_plot_html(p, plotly) for p in curves],
+            [_plot_html(p, plotly, prefix) for p in curves],
             (
                 "Not recorded: "
                 + ", ".join(missing_curves)
@@ -247,34 +304,33 @@ def _build(run: Run, jinja2, plotly) -> str:
             else "",
         ),
         _Section(
-            "step-duration",
+            prefix + "step-duration",
             "Step duration",
             "",
-            [_plot_html(p, plotly) for p in step_plots],
+            [_plot_html(p, plotly, prefix) for p in step_plots],
             "" if step_plots else "No <code>megatron.training.step_duration_ms</code> point.",
         ),
         _Section(
-            "tensors",
+            prefix + "tensors",
             "Tensor metrics per layer",
             "Per-layer statistics of the tensor observer, layers in model order. " + axis_lead
             if heatmaps
             else "",
-            [_plot_html(p, plotly) for p in heatmaps],
+            [_plot_html(p, plotly, prefix) for p in heatmaps],
             ""
             if heatmaps
             else "No per-layer tensor metric in this run (see "
             "<code>OTEL_PYTHON_TRAINING_TENSOR_METRICS</code> and docs/tensor-metrics.md).",
         ),
         _Section(
-            "timeline",
+            prefix + "timeline",
             "Timeline",
             "",
-            [_plot_html(timeline, plotly)] if timeline is not None else [],
+            [_plot_html(timeline, plotly, prefix)] if timeline is not None else [],
             "" if timeline is not None else "No span in this run.",
             wide=True,
         ),
     ]
-    plots = [p for s in sections for p in s.plots]
     metric_headers: list[str] = []
     metric_rows = []
     for row in summary.metrics:
@@ -289,6 +345,12 @@ def _build(run: Run, jinja2, plotly) -> str:
         ("started", _iso(summary.start_ns)),
         ("directory", str(run.directory)),
     ]
+    if run.job_id is not None:
+        facts.insert(1, ("job id", run.job_id))
+    if run.attempt_label:
+        facts.insert(2, ("attempt", run.attempt_label))
+    if run.created_s is not None:
+        facts.append(("processes started", _iso(run.created_s, 1.0)))
     files = []
     for f in run.files:
         problems = []
@@ -321,37 +383,39 @@ def _build(run: Run, jinja2, plotly) -> str:
         )
         if part
     )
-    notes = list(run.notes)
-    if any(p.downsampled for p in [*curves, *step_plots, *heatmaps]) or (
+    shrunk = any(p.downsampled for p in [*curves, *step_plots, *heatmaps]) or (
         timeline is not None and timeline.downsampled
-    ):
-        notes.append(
-            "Long series were downsampled to keep this page small: curves keep each bucket's "
-            "lowest and highest point, heatmaps the last value per column, the timeline merges "
-            "runs of one span name (captions say which). The files have every point."
-        )
-    environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("otel_training.report", "templates"),
-        autoescape=jinja2.select_autoescape(["html", "j2"]),
-        keep_trailing_newline=True,
     )
-    template = environment.get_template("report.html.j2")
-    return template.render(
-        version=_version(),
-        summary=summary,
-        subtitle=subtitle,
-        notes=notes,
-        tiles=_tiles(summary),
-        metric_table={"headers": metric_headers, "rows": metric_rows},
-        nonfinite=[(k, format_value(v)) for k, v in sorted(summary.nonfinite.items())],
-        facts=facts,
-        sections=sections,
-        files=files,
-        directory=str(run.directory),
-        plots=plots,
-        plotly_js=markupsafe.Markup(plotly.offline.get_plotlyjs()) if plots else "",
-        built_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-    )
+    row = {
+        "label": label,
+        "anchor": f"#{prefix}summary",
+        "run_id": summary.run_id,
+        "started": _iso(run.created_s, 1.0)
+        if run.created_s is not None
+        else _iso(summary.start_ns),
+        "duration": _duration(summary.duration_s),
+        "ranks": str(len(summary.ranks)),
+        "steps": format_value(summary.steps) if summary.steps is not None else "–",
+        "failed": str(sum(1 for s in run.spans if s.failed)),
+        "open": str(sum(1 for s in run.spans if s.truncated)),
+        "directory": str(run.directory),
+    }
+    context = {
+        "label": label,
+        "prefix": prefix,
+        "summary": summary,
+        "subtitle": subtitle,
+        "notes": run.notes if label else [],
+        "tiles": _tiles(summary),
+        "metric_table": {"headers": metric_headers, "rows": metric_rows},
+        "nonfinite": [(k, format_value(v)) for k, v in sorted(summary.nonfinite.items())],
+        "facts": facts,
+        "sections": sections,
+        "files": files,
+        "directory": str(run.directory),
+        "row": row,
+    }
+    return context, shrunk
 
 
 def _version() -> str:
@@ -363,8 +427,9 @@ def _version() -> str:
         return "unknown"
 
 
-def write_report(run: Run, path: str | os.PathLike) -> Path:
-    """Writes :func:`build_report` of ``run`` to ``path`` (UTF-8).
+def write_report(source: Run | Job, path: str | os.PathLike) -> Path:
+    """Writes :func:`build_report` of ``source`` (a run, or a job's attempts) to ``path``
+    (UTF-8).
 
     Returns:
         The absolute path written.
@@ -373,7 +438,7 @@ def write_report(run: Run, path: str | os.PathLike) -> Path:
         ModuleNotFoundError: when plotly or jinja2 is not installed.
         OSError: when the file cannot be written.
     """
-    page = build_report(run)
+    page = build_report(source)
     path = Path(path).absolute()
     path.write_text(page, encoding="utf-8")
     return path

@@ -18,27 +18,30 @@ import math
 import operator
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from otel_training.report import attempts, clocks
 from otel_training.report._nogc import no_gc
 from otel_training.report.run import (
     Attributes,
     CounterSeries,
     FileStats,
+    Gap,
     GaugeSeries,
     HistogramSeries,
+    Job,
     RankTelemetry,
     Run,
     Span,
 )
-from otel_training.report.rundir import RunFile, run_files
+from otel_training.report.rundir import GAPS, RunFile, job_directories, run_files
 from otel_training.semconv.attributes import DL_RANK, DL_RUN_ID, DL_WORLD_SIZE
 
-__all__ = ["load_run"]
+__all__ = ["load_job", "load_run", "load_runs", "order_runs"]
 
 IN_PROGRESS_S = 60.0
 """Files modified less than this many seconds ago, with spans still open, mean a run that is
@@ -129,16 +132,36 @@ def _status(status: Any) -> tuple[str, str | None]:
     return name or "UNSET", status.get("message") or None
 
 
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def _hex_id(value: Any) -> str | None:
     return value.lower() if isinstance(value, str) and value else None
 
 
+_Key = tuple[str | None, str | None]
+"""(run id, ``service.instance.id``): the records of one process of one run."""
+
+
+def _part_key(resource: Mapping[str, Any]) -> _Key:
+    run = resource.get(DL_RUN_ID)
+    if run is None:
+        run = resource.get(attempts.NEMO_LENS_RUN_UUID) or resource.get(attempts.NEMO_RUN_ID)
+    instance = resource.get("service.instance.id")
+    return (
+        None if run is None else str(run),
+        None if instance is None else str(instance),
+    )
+
+
 class _Part:
-    """What one file holds for one run id."""
+    """What one file holds for one process of one run."""
 
     def __init__(self) -> None:
         self.ranks: dict[int, RankTelemetry] = {}
         self.spans: dict[tuple[str, str], Span] = {}
+        self.gaps: list[Gap] = []
 
     def rank(self, rank: int) -> RankTelemetry:
         telemetry = self.ranks.get(rank)
@@ -152,7 +175,7 @@ class _FileReader:
 
     def __init__(self, file: RunFile) -> None:
         self.file = file
-        self.parts: dict[str | None, _Part] = {}
+        self.parts: dict[_Key, _Part] = {}
         # Previous raw point of each cumulative counter/histogram: (start_ns, raw values).
         self.previous: dict[int, tuple[int, Any]] = {}
         self._time_text = ""
@@ -160,8 +183,8 @@ class _FileReader:
         # Per (rank telemetry, gauge): the raw attributes and series of each point position.
         self._gauge_cache: dict[tuple[int, str], list[tuple[Any, GaugeSeries]]] = {}
 
-    def part(self, run_id: Any) -> _Part:
-        key = None if run_id is None else str(run_id)
+    def part(self, resource: Mapping[str, Any]) -> _Part:
+        key = _part_key(resource)
         part = self.parts.get(key)
         if part is None:
             part = self.parts[key] = _Part()
@@ -180,6 +203,7 @@ class _FileReader:
             "metrics": self.metrics_line,
             "traces": self.traces_line,
             "spans": self.spans_line,
+            GAPS: self.gaps_line,
         }.get(file.signal)
         try:
             status = file.path.stat()
@@ -204,12 +228,35 @@ class _FileReader:
             stats.error = f"{type(error).__name__}: {error.strerror or error}"
         return stats
 
+    # -- gaps -------------------------------------------------------------------------------
+
+    def gaps_line(self, record: dict[str, Any], file_rank: int) -> None:
+        if record["record"] != "gap":
+            raise ValueError(f"unknown record {record['record']!r}")
+        resource = record.get("resource") or {}
+        rank_value = resource.get(DL_RANK)
+        rank = rank_value if isinstance(rank_value, int) else file_rank
+        part = self.part(resource)
+        part.rank(rank)
+        part.gaps.append(
+            Gap(
+                rank=rank,
+                file=str(record["file"]),
+                from_ns=_optional_int(record.get("from_unix_ns")),
+                to_ns=_optional_int(record.get("to_unix_ns")),
+                lost_lines=int(record.get("lost_lines") or 0),
+                lost_records=int(record.get("lost_records") or 0),
+                gone_lines=int(record.get("gone_lines") or 0),
+                reason=str(record.get("reason") or ""),
+            )
+        )
+
     # -- metrics ----------------------------------------------------------------------------
 
     def metrics_line(self, document: dict[str, Any], file_rank: int) -> None:
         for resource_metrics in document["resourceMetrics"]:
             resource = _attributes(resource_metrics.get("resource", {}).get("attributes"))
-            part = self.part(resource.get(DL_RUN_ID))
+            part = self.part(resource)
             rank_value = resource.get(DL_RANK)
             telemetry = part.rank(rank_value if isinstance(rank_value, int) else file_rank)
             telemetry.resource = resource
@@ -353,7 +400,7 @@ class _FileReader:
     def traces_line(self, document: dict[str, Any], file_rank: int) -> None:
         for resource_spans in document["resourceSpans"]:
             resource = _attributes(resource_spans.get("resource", {}).get("attributes"))
-            part = self.part(resource.get(DL_RUN_ID))
+            part = self.part(resource)
             rank_value = resource.get(DL_RANK)
             rank = rank_value if isinstance(rank_value, int) else file_rank
             telemetry = part.rank(rank)
@@ -372,7 +419,7 @@ class _FileReader:
         if kind not in ("span_start", "span_end"):
             raise ValueError(f"unknown record {kind!r}")
         resource = record.get("resource") or {}
-        part = self.part(resource.get(DL_RUN_ID))
+        part = self.part(resource)
         rank_value = record.get("rank")
         rank = rank_value if isinstance(rank_value, int) else file_rank
         telemetry = part.rank(rank)
@@ -445,7 +492,7 @@ def _merge_span(spans: dict[tuple[str, str], Span], span: Span) -> None:
         known.source = "spans+traces"
 
 
-def _read_file(file: RunFile) -> tuple[FileStats, dict[str | None, _Part]]:
+def _read_file(file: RunFile) -> tuple[FileStats, dict[_Key, _Part]]:
     """Reads one file; the unit of work of a worker process."""
     reader = _FileReader(file)
     return reader.read(), reader.parts
@@ -514,13 +561,14 @@ def _needs_traces(rank: int, spans_stats: dict[int, FileStats], open_ranks: set[
 def load_run(
     directory: str | os.PathLike, *, now_s: float | None = None, workers: int | None = None
 ) -> Run:
-    """Reads every rank file of a run directory.
+    """Reads every rank file of a run directory: the run seen last in it.
 
     Span JSON lines are preferred; a rank's OTLP-JSON traces file is read where its span lines
     are absent or incomplete, and completes them (an end that the lines lack) or stands in for
     them. Lines of several runs in the same files (older versions appended every run to one
-    set of files) are told apart by the resource's ``dl.run.id``: the run seen last is kept and
-    the others are named in a note.
+    set of files; two processes given the same run id append to one directory) are told apart
+    by the resource's ``dl.run.id`` and ``service.instance.id``: the run seen last is kept and
+    the others are named in a note (:func:`load_job` shows each of them).
 
     Args:
         directory: A run directory (see :func:`otel_training.report.find_run_directory`).
@@ -533,16 +581,126 @@ def load_run(
         The run, with a note for each thing that was missing or odd. Never raises: an unreadable
         file or directory is a note (``Run.is_empty`` tells when nothing at all was read).
     """
+    runs = load_runs(directory, now_s=now_s, workers=workers)
+    chosen = max(runs, key=_last_seen)
+    others = [r for r in runs if r is not chosen]
+    chosen.other_run_ids = sorted(
+        {r.run_id for r in others if r.run_id is not None and r.run_id != chosen.run_id}
+    )
+    chosen.same_id_runs = sum(1 for r in others if r.run_id == chosen.run_id)
+    chosen.notes = _notes(chosen, _now(now_s), shown_alone=True)
+    return chosen
+
+
+def load_job(
+    run_directory: str | os.PathLike, *, now_s: float | None = None, workers: int | None = None
+) -> Job:
+    """Reads every attempt of the job that the run seen last in ``run_directory`` belongs to.
+
+    The attempts are the runs with its ``dl.job.id`` (or Megatron-LM's name for it) in
+    ``run_directory`` and in its sibling run directories
+    (:func:`otel_training.report.rundir.job_directories`), and the runs of its run id when no
+    job id was recorded. Each attempt stays a :class:`Run` of its own, labelled and ordered
+    (:func:`order_runs`), never merged with another.
+
+    Returns:
+        The job. Never raises (an unreadable directory gives an empty run with a note).
+    """
+    base = Path(run_directory)
+    directories = job_directories(base)
+    now = _now(now_s)
+    found = {d: load_runs(d, now_s=now, workers=workers) for d in directories}
+    chosen = max(found[directories[0]], key=_last_seen)
+    key = _job_key(chosen)
+    runs = [r for d in directories for r in found[d] if _job_key(r) == key]
+    others = sorted(
+        {r.run_id for r in found[directories[0]] if _job_key(r) != key and r.run_id is not None}
+    )
+    runs = order_runs(runs)
+    job = Job(job_id=chosen.job_id, runs=runs, directories=directories)
+    if all(r.attempt_order is not None for r in runs):
+        job.ordered_by = "attempt"
+    elif all(r.created_s is not None for r in runs):
+        job.ordered_by = "process.creation.time"
+    else:
+        job.ordered_by = "first record"
+    if len(runs) > 1:
+        how = {
+            "attempt": "by attempt number",
+            "process.creation.time": "by when their processes started "
+            "(process.creation.time; no attempt counter was recorded)",
+            "first record": "by their first record (no attempt counter or process start time "
+            "was recorded)",
+        }[job.ordered_by]
+        job.notes.append(
+            f"Job {job.job_id or chosen.run_id}: {len(runs)} attempts, ordered {how}, each "
+            f"shown on its own: {', '.join(job.labels)}."
+        )
+        numbers = [r.attempt_order for r in runs if r.attempt_order is not None]
+        if len(numbers) != len(set(numbers)):
+            job.notes.append(
+                "Several runs of this job recorded the same attempt number (a rerun under the "
+                "same counters, or torchrun agents on different nodes that counted restarts "
+                "differently); they are ordered by when their processes started."
+            )
+    if others:
+        job.notes.append(
+            f"{directories[0]} also holds {_plural(len(others), 'run')} of another job "
+            f"({', '.join(others[:5])}{'...' if len(others) > 5 else ''}), not shown."
+        )
+    return job
+
+
+def _job_key(run: Run) -> tuple[str, str | None]:
+    return ("job", run.job_id) if run.job_id is not None else ("run", run.run_id)
+
+
+def load_runs(
+    directory: str | os.PathLike, *, now_s: float | None = None, workers: int | None = None
+) -> list[Run]:
+    """Every run (attempt, or process group given one run id) whose records are in the rank
+    files of ``directory``, each a :class:`Run` with its identity (``job_id``, ``attempt``,
+    ``created_s``) and notes, ordered as :func:`order_runs` orders them. At least one
+    (empty when nothing was read). Never raises."""
     directory = Path(directory)
     files = run_files(directory)
     if workers is None:
         total = sum(_size_of(f.path) for f in files)
         workers = (os.cpu_count() or 1) if total > PARALLEL_BYTES else 1
     with no_gc():
-        return _load(directory, files, workers, time.time() if now_s is None else now_s)
+        runs = _load(directory, files, workers)
+    now = _now(now_s)
+    for run in runs:
+        run.clock_offsets = clocks.clock_offsets(run)
+        run.notes = _notes(run, now, shown_alone=False)
+    return order_runs(runs)
 
 
-def _load(directory: Path, files: list[RunFile], workers: int, now_s: float) -> Run:
+def _now(now_s: float | None) -> float:
+    return time.time() if now_s is None else now_s
+
+
+def _last_seen(run: Run) -> tuple[bool, int]:
+    """The run seen last: the latest time of any rank (runs without a run id come last)."""
+    return (run.run_id is not None, run.last_ns or 0)
+
+
+def order_runs(runs: list[Run]) -> list[Run]:
+    """``runs`` in the order they ran: by attempt when every run has one (``dl.run.attempt``,
+    or Megatron-LM's counters), else by the earliest ``process.creation.time`` of their ranks,
+    else by their first record; ties by their first record."""
+    by_attempt = all(run.attempt_order is not None for run in runs)
+
+    def key(run: Run) -> tuple:
+        start = run.created_s if run.created_s is not None else (run.first_ns or 0) / 1e9
+        if by_attempt:
+            return (run.attempt_order, start, run.first_ns or 0)
+        return ((), start, run.first_ns or 0)
+
+    return sorted(runs, key=key)
+
+
+def _load(directory: Path, files: list[RunFile], workers: int) -> list[Run]:
     first = [f for f in files if f.signal != "traces"]
     results = dict(zip(first, _read_all(first, workers)))
     spans_stats = {f.rank: results[f][0] for f in first if f.signal == "spans"}
@@ -558,7 +716,7 @@ def _load(directory: Path, files: list[RunFile], workers: int, now_s: float) -> 
         f for f in files if f.signal == "traces" and _needs_traces(f.rank, spans_stats, open_ranks)
     ]
     results.update(zip(traces, _read_all(traces, workers)))
-    merged: dict[str | None, _Part] = {}
+    merged: dict[_Key, _Part] = {}
     stats = []
     for file in files:  # sorted by signal: metrics, spans before traces
         if file not in results:
@@ -573,8 +731,8 @@ def _load(directory: Path, files: list[RunFile], workers: int, now_s: float) -> 
             continue
         file_stats, parts = results[file]
         stats.append(file_stats)
-        for run_id, part in parts.items():
-            target = merged.setdefault(run_id, _Part())
+        for key, part in parts.items():
+            target = merged.setdefault(key, _Part())
             for rank, telemetry in part.ranks.items():
                 _merge_rank(target.rank(rank), telemetry, file.signal)
             if file.signal == "traces":
@@ -582,20 +740,84 @@ def _load(directory: Path, files: list[RunFile], workers: int, now_s: float) -> 
                     _merge_span(target.spans, span)
             else:
                 target.spans.update(part.spans)
-    run = Run(directory=directory, files=stats)
-    chosen = _choose_run(merged)
-    if chosen in merged:
-        part = merged[chosen]
-        run.run_id = chosen
-        run.ranks = part.ranks
-        run.spans = sorted(part.spans.values(), key=operator.attrgetter("start_ns", "rank"))
-    run.other_run_ids = sorted(k for k in merged if k is not None and k != run.run_id)
-    for file in stats:  # a rank with files but nothing readable still counts as a rank
-        if file.rank not in run.ranks and not run.other_run_ids:
-            run.ranks[file.rank] = RankTelemetry(file.rank)
-    run.ranks = dict(sorted(run.ranks.items()))
-    run.notes = _notes(run, now_s)
-    return run
+            target.gaps.extend(part.gaps)
+    groups = _group_processes(merged)
+    runs = []
+    for run_id, parts in groups:
+        run = Run(directory=directory, files=stats, run_id=run_id)
+        spans: dict[tuple[str, str], Span] = {}
+        for part in parts:
+            for rank, telemetry in part.ranks.items():
+                _merge_rank(run.ranks.setdefault(rank, RankTelemetry(rank)), telemetry, "metrics")
+            spans.update(part.spans)
+            run.gaps.extend(part.gaps)
+        run.gaps.sort(key=lambda g: (g.to_ns or 0, g.rank, g.file))
+        run.spans = sorted(spans.values(), key=operator.attrgetter("start_ns", "rank"))
+        _identify(run)
+        runs.append(run)
+    if not runs:
+        runs.append(Run(directory=directory, files=stats))
+    if len(runs) == 1:
+        for file in stats:  # a rank with files but nothing readable still counts as a rank
+            runs[0].ranks.setdefault(file.rank, RankTelemetry(file.rank))
+    for run in runs:
+        run.ranks = dict(sorted(run.ranks.items()))
+    return runs
+
+
+def _group_processes(merged: dict[_Key, _Part]) -> list[tuple[str | None, list[_Part]]]:
+    """The processes' records grouped into runs: by run id, and where one run id holds two
+    processes of the same rank (a rerun under a run id given by hand), split into one run per
+    start, in the order of ``process.creation.time``: a process starts a new run when its rank
+    is already in the current one."""
+    by_run: dict[str | None, list[tuple[str | None, _Part]]] = {}
+    for (run_id, instance), part in merged.items():
+        by_run.setdefault(run_id, []).append((instance, part))
+    groups: list[tuple[str | None, list[_Part]]] = []
+    for run_id, processes in by_run.items():
+        ranks = [rank for _, part in processes for rank in part.ranks]
+        if len(ranks) == len(set(ranks)) or any(i is None for i, _ in processes):
+            groups.append((run_id, [part for _, part in processes]))
+            continue
+        processes.sort(key=lambda item: _part_start(item[1]))
+        current: list[_Part] = []
+        seen: set[int] = set()
+        for _, part in processes:
+            if seen & set(part.ranks):
+                groups.append((run_id, current))
+                current, seen = [], set()
+            current.append(part)
+            seen.update(part.ranks)
+        groups.append((run_id, current))
+    return groups
+
+
+def _part_start(part: _Part) -> float:
+    """When the process of ``part`` started (its creation time, else its first record)."""
+    for telemetry in part.ranks.values():
+        created = attempts.creation_unix_s(telemetry.resource.get("process.creation.time"))
+        if created is not None:
+            return created
+    firsts = [t.first_ns for t in part.ranks.values() if t.first_ns is not None]
+    return min(firsts) / 1e9 if firsts else math.inf
+
+
+def _identify(run: Run) -> None:
+    """Fills ``run``'s job id, attempt, start and processes from its ranks' resources."""
+    created = []
+    for telemetry in run.ranks.values():
+        if not telemetry.resource:
+            continue
+        identity = attempts.identity_of(telemetry.resource)
+        if run.job_id is None:
+            run.job_id = identity.job_id
+        if run.attempt_order is None and identity.order is not None:
+            run.attempt, run.attempt_order = identity.attempt, identity.order
+        if identity.created_s is not None:
+            created.append(identity.created_s)
+        if run.run_id is None:
+            run.run_id = identity.run_id
+    run.created_s = min(created) if created else None
 
 
 def _merge_rank(target: RankTelemetry, source: RankTelemetry, signal: str) -> None:
@@ -609,16 +831,36 @@ def _merge_rank(target: RankTelemetry, source: RankTelemetry, signal: str) -> No
             target.see(time_ns)
 
 
-def _choose_run(parts: dict[str | None, _Part]) -> str | None:
-    """The run id seen last; ``None`` when no line named one (then those lines are the run)."""
-    best_key, best_time = None, None
-    for key, part in parts.items():
-        if key is None:
+def _clock(ns: int | None) -> str:
+    if ns is None:
+        return "?"
+    return time.strftime("%H:%M:%S", time.gmtime(ns / 1e9)) + f".{ns // 1_000_000 % 1000:03d}"
+
+
+def _gap_notes(run: Run) -> list[str]:
+    """One note per gap the writers recorded (``gaps-rank*.jsonl``)."""
+    notes = []
+    for gap in run.gaps:
+        if gap.gone_lines and not gap.lost_lines:
+            notes.append(
+                f"{gap.file} (rank {gap.rank}): its run directory was removed at "
+                f"{_clock(gap.to_ns)} UTC and recreated; the {_plural(gap.gone_lines, 'line')} "
+                "it held before went with it, so this shows what was written after."
+            )
             continue
-        last = max((r.last_ns for r in part.ranks.values() if r.last_ns is not None), default=0)
-        if best_time is None or last > best_time:
-            best_key, best_time = key, last
-    return best_key
+        records = f", {gap.lost_records:,} records" if gap.lost_records else ""
+        gone = (
+            f"; the {_plural(gap.gone_lines, 'line')} written before went with the removed "
+            "directory"
+            if gap.gone_lines
+            else ""
+        )
+        notes.append(
+            f"{gap.file} (rank {gap.rank}): {_plural(gap.lost_lines, 'line')}{records} could "
+            f"not be written between {_clock(gap.from_ns)} and {_clock(gap.to_ns)} UTC "
+            f"({gap.reason}){gone}: a gap in what this shows."
+        )
+    return notes
 
 
 def _plural(n: int, word: str) -> str:
@@ -629,7 +871,9 @@ def _rank_list(ranks: list[int]) -> str:
     return ", ".join(str(r) for r in ranks)
 
 
-def _notes(run: Run, now_s: float) -> list[str]:
+def _notes(run: Run, now_s: float, *, shown_alone: bool) -> list[str]:
+    """Plain sentences on what was missing or odd in ``run``'s files; ``shown_alone``: the
+    run is shown without the other runs of its files (which are then named)."""
     notes: list[str] = []
     if not run.files:
         notes.append(f"{run.directory} holds no *-rank*.jsonl file.")
@@ -668,12 +912,21 @@ def _notes(run: Run, now_s: float) -> list[str]:
             f"({_rank_list(ranks)}): the other ranks wrote elsewhere or did not export "
             "(OTEL_PYTHON_TRAINING_EXPORT_RANKS)."
         )
-    if run.other_run_ids:
+    if shown_alone and run.other_run_ids:
         notes.append(
             f"These files also hold {_plural(len(run.other_run_ids), 'other run')} "
             f"({', '.join(run.other_run_ids[:5])}{'...' if len(run.other_run_ids) > 5 else ''}), "
             f"appended to the same files; only run {run.run_id} (the latest) is shown."
         )
+    if shown_alone and run.same_id_runs:
+        notes.append(
+            f"These files also hold {_plural(run.same_id_runs, 'earlier run')} under the same "
+            f"run id {run.run_id} (other processes of the same ranks, told apart by "
+            "service.instance.id); only the latest is shown here, `otel-training report` shows "
+            "each."
+        )
+    notes.extend(_gap_notes(run))
+    notes.extend(offset.note for offset in run.clock_offsets)
     open_spans = [s for s in run.spans if s.open]
     if open_spans:
         names = sorted({s.name for s in open_spans})

@@ -9,17 +9,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from otel_training.semconv.attributes import DL_WORLD_SIZE
+
+if TYPE_CHECKING:
+    from otel_training.report.clocks import ClockOffset
 
 __all__ = [
     "TRUNCATED_ATTRIBUTE",
     "Attributes",
     "CounterSeries",
     "FileStats",
+    "Gap",
     "GaugeSeries",
     "HistogramSeries",
+    "Job",
     "RankTelemetry",
     "Run",
     "Span",
@@ -151,6 +156,31 @@ class HistogramSeries:
 
 
 @dataclass
+class Gap:
+    """What one rank's writer could not write to one file, and when (``gaps-rank{R}.jsonl``).
+
+    Attributes:
+        rank: The rank.
+        file: The file's name (``metrics-rank0.jsonl``...).
+        from_ns: When writing started to fail (``None``: the file was removed, not failing).
+        to_ns: When it worked again (or the process ended).
+        lost_lines: Lines that could not be written.
+        lost_records: Spans or log records in them (0: not counted, for metrics).
+        gone_lines: Lines the file held when its directory was removed.
+        reason: Why (``ENOSPC: No space left on device``...).
+    """
+
+    rank: int
+    file: str
+    from_ns: int | None
+    to_ns: int | None
+    lost_lines: int = 0
+    lost_records: int = 0
+    gone_lines: int = 0
+    reason: str = ""
+
+
+@dataclass
 class Span:
     """One span of one rank, joined from its JSON lines and/or its OTLP-JSON export.
 
@@ -245,7 +275,8 @@ class RankTelemetry:
 
 @dataclass
 class Run:
-    """One run: every rank's metrics and spans, the files read and what was odd about them.
+    """One run (one attempt of a job): every rank's metrics and spans, the files read and what
+    was odd about them.
 
     Attributes:
         directory: The run directory read.
@@ -257,6 +288,20 @@ class Run:
         run_id: ``dl.run.id`` of the resource (``None``: not recorded).
         other_run_ids: Run ids also found in these files (older runs appended to the same
             files in the flat layout), skipped.
+        job_id: ``dl.job.id`` (or Megatron-LM's name for it), the same for every attempt of
+            the job (``None``: not recorded).
+        attempt: The attempt number (``dl.run.attempt``, or Megatron-LM's counters), or
+            ``None``.
+        attempt_order: What attempts sort by (see
+            :class:`otel_training.report.attempts.ProcessIdentity`), or ``None``.
+        created_s: The earliest ``process.creation.time`` of its ranks, Unix seconds, or
+            ``None``.
+        same_id_runs: Other runs in these files under the same run id (processes of the same
+            ranks started again), skipped by ``load_run``.
+        gaps: What the writers could not write (:class:`Gap`), by time.
+        clock_offsets: Ranks whose clock disagrees with the other ranks', by how much,
+            measured from the data (:class:`otel_training.report.clocks.ClockOffset`);
+            nothing is shifted by it.
     """
 
     directory: Path
@@ -266,6 +311,28 @@ class Run:
     notes: list[str] = field(default_factory=list)
     run_id: str | None = None
     other_run_ids: list[str] = field(default_factory=list)
+    job_id: str | None = None
+    attempt: int | None = None
+    attempt_order: tuple[int, ...] | None = None
+    created_s: float | None = None
+    same_id_runs: int = 0
+    gaps: list[Gap] = field(default_factory=list)
+    clock_offsets: list[ClockOffset] = field(default_factory=list)
+
+    @property
+    def clock_offsets_ms(self) -> dict[int, float]:
+        """``clock_offsets`` as rank -> offset in ms (positive: ahead)."""
+        return {o.rank: o.offset_ms for o in self.clock_offsets}
+
+    @property
+    def attempt_label(self) -> str:
+        """``attempt N`` from the recorded attempt, ``requeue R, restart T`` from Megatron-LM's
+        two counters, else ``""`` (see :attr:`Job.labels` for runs without a counter)."""
+        if self.attempt is not None:
+            return f"attempt {self.attempt}"
+        if self.attempt_order is not None and len(self.attempt_order) == 2:
+            return f"requeue {self.attempt_order[0]}, restart {self.attempt_order[1]}"
+        return ""
 
     @property
     def resource(self) -> Mapping[str, Any]:
@@ -315,3 +382,46 @@ class Run:
         return not self.spans and not any(
             r.gauges or r.counters or r.histograms for r in self.ranks.values()
         )
+
+
+@dataclass
+class Job:
+    """Every attempt of one training job, in the order they ran, never merged.
+
+    Attributes:
+        job_id: ``dl.job.id`` of the attempts (``None``: not recorded; then the job is the
+            runs of one run id).
+        runs: The attempts, ordered by attempt number, else by when their processes started
+            (:func:`otel_training.report.reader.order_runs`).
+        directories: The run directories read.
+        notes: Plain sentences about the job as a whole (how the attempts were found and
+            ordered); each run has its own notes.
+        ordered_by: ``"attempt"``, ``"process.creation.time"`` or ``"first record"``.
+    """
+
+    job_id: str | None
+    runs: list[Run] = field(default_factory=list)
+    directories: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    ordered_by: str = "attempt"
+
+    @classmethod
+    def of(cls, source: Run | Job) -> Job:
+        """``source`` itself when it is a job, else the job of that one run."""
+        if isinstance(source, Job):
+            return source
+        return cls(source.job_id, [source], [source.directory])
+
+    @property
+    def labels(self) -> list[str]:
+        """A label per run, in order: its attempt (``attempt 1``) when recorded, else its
+        position (``run 2 of 3``)."""
+        total = len(self.runs)
+        return [
+            run.attempt_label or f"run {i} of {total}" for i, run in enumerate(self.runs, start=1)
+        ]
+
+    @property
+    def latest(self) -> Run:
+        """The last attempt."""
+        return self.runs[-1]

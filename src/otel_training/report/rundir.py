@@ -9,19 +9,36 @@ directly into ``OUTPUT_DIR`` (the flat layout), which is read the same way.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["RANK_FILE", "RunFile", "RunNotFoundError", "find_run_directory", "run_files"]
+from otel_training.files import run_directory_name
+from otel_training.report.attempts import identity_of
+
+__all__ = [
+    "RANK_FILE",
+    "RunFile",
+    "RunNotFoundError",
+    "find_run_directory",
+    "job_directories",
+    "peek_resource",
+    "run_files",
+]
 
 RANK_FILE = re.compile(r"^(?P<signal>[a-z]+)-rank(?P<rank>\d+)\.jsonl$")
 """The name of a rank's file: ``{signal}-rank{R}.jsonl`` (signal ``metrics``, ``traces``,
 ``spans``, ``logs``)."""
 
 LATEST = "latest"
+
+GAPS = "gaps"
+"""The signal of ``gaps-rank{R}.jsonl``: what a rank's writers could not write, and when
+(:class:`otel_training.files.AppendStream`)."""
 
 
 class RunNotFoundError(Exception):
@@ -138,3 +155,81 @@ def find_run_directory(
     raise RunNotFoundError(
         f"no run in {base}: neither it, {LATEST}/ nor a subdirectory holds *-rank*.jsonl files"
     )
+
+
+#: Longest first line :func:`peek_resource` reads, in bytes (a line is at most 1 MiB).
+_PEEK_BYTES = 2 * 1024 * 1024
+#: Signals whose first line names the resource, cheapest first.
+_PEEK_ORDER = ("spans", "metrics", "traces", "logs")
+
+
+def peek_resource(directory: str | os.PathLike) -> dict[str, Any]:
+    """The resource attributes of the first readable line of the run directory ``directory``
+    (a span line's ``resource``, else an OTLP-JSON line's first resource), read without
+    reading the files through; empty when none could be read. Never raises."""
+    files = sorted(
+        run_files(directory),
+        key=lambda f: (_PEEK_ORDER.index(f.signal) if f.signal in _PEEK_ORDER else 9, f.rank),
+    )
+    for file in files:
+        try:
+            with open(file.path, "rb") as handle:
+                line = handle.readline(_PEEK_BYTES)
+            document = json.loads(line)
+        except (OSError, ValueError):
+            continue
+        resource = _resource_of(document)
+        if resource:
+            return resource
+    return {}
+
+
+def _resource_of(document: Any) -> dict[str, Any]:
+    if not isinstance(document, dict):
+        return {}
+    if isinstance(document.get("resource"), dict):  # a span line
+        return dict(document["resource"])
+    for key in ("resourceMetrics", "resourceSpans", "resourceLogs"):
+        entries = document.get(key)
+        if isinstance(entries, list) and entries and isinstance(entries[0], dict):
+            pairs = entries[0].get("resource", {}).get("attributes", ())
+            found: dict[str, Any] = {}
+            for pair in pairs if isinstance(pairs, list) else ():
+                value = pair.get("value", {}) if isinstance(pair, dict) else {}
+                for kind in ("stringValue", "intValue", "doubleValue", "boolValue"):
+                    if kind in value:
+                        raw = value[kind]
+                        found[pair.get("key")] = int(raw) if kind == "intValue" else raw
+            return found
+    return {}
+
+
+def job_directories(run_directory: str | os.PathLike) -> list[Path]:
+    """The run directories of the job that ``run_directory`` belongs to: itself and its
+    siblings in the output directory whose files name the same job (``dl.job.id``, or
+    Megatron-LM's name for it, :mod:`otel_training.report.attempts`), each absolute. A
+    directory of the flat layout (files of several runs directly in the output directory), or
+    one whose files name no job, is alone. Never raises."""
+    base = Path(run_directory).absolute()
+    identity = identity_of(peek_resource(base))
+    if identity.job_id is None or identity.run_id is None:
+        return [base]
+    if run_directory_name(identity.run_id) != base.name:
+        return [base]  # not a run directory of the embedded default: the flat layout
+    found = [base]
+    try:
+        entries = sorted(os.scandir(base.parent), key=lambda e: e.name)
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            if entry.name == LATEST or not entry.is_dir() or entry.is_symlink():
+                continue
+        except OSError:
+            continue
+        path = Path(entry.path).absolute()
+        if path == base:
+            continue
+        if identity_of(peek_resource(path)).job_id == identity.job_id:
+            found.append(path)
+    return found

@@ -110,8 +110,10 @@ DL_JOB_ID: Final = "dl.job.id"
 Type: string. Resource attribute. Stability: development. Examples: ``"4242917"``,
 ``"llama-8b-pretrain"``.
 
-SLURM_JOB_ID under SLURM, TORCHELASTIC_RUN_ID under torchrun, or the Kubernetes job name. The same
-on every rank of the job; a requeued job may keep it across runs.
+SLURM_JOB_ID under SLURM ({SLURM_ARRAY_JOB_ID}_{SLURM_ARRAY_TASK_ID} for an element of a job array),
+else TORCHELASTIC_RUN_ID under torchrun, else the torchrun agent's id, else the run id given by
+OTEL_PYTHON_TRAINING_RUN_ID. The same on every rank and in every attempt of the job (restarts,
+requeues).
 """
 
 
@@ -172,20 +174,22 @@ DL_RUN_ATTEMPT: Final = "dl.run.attempt"
 Type: int. Resource attribute. Stability: development. Examples: ``0``, ``3``.
 
 The first of OTEL_PYTHON_TRAINING_RUN_ATTEMPT, NVRx's NVRX_CYCLE, and torchrun's
-TORCHELASTIC_RESTART_COUNT plus SLURM's SLURM_RESTART_COUNT (both added, as Megatron-LM folds both
-into its run id); absent when none is set. Attempts of one dl.job.id are ordered by it, else by
-process.creation.time.
+TORCHELASTIC_RESTART_COUNT with SLURM's SLURM_RESTART_COUNT (either alone; with both,
+SLURM_RESTART_COUNT * (TORCHELASTIC_MAX_RESTARTS + 1) + TORCHELASTIC_RESTART_COUNT, so attempts stay
+distinct and in order); absent when none is set. Attempts of one dl.job.id are ordered by it, else
+by process.creation.time.
 """
 
 
 DL_RUN_ID: Final = "dl.run.id"
-"""Identifier of one training run, the same on all of its ranks.
+"""Identifier of one training run (one attempt of its job), the same on all of its ranks.
 
 Type: string. Resource attribute. Stability: development. Examples:
 ``"9f1c2e7a4b3d4f2a8e6b0c1d2e3f4a5b"``.
 
 Joins the telemetry of all ranks of one run: every rank of the run reports the same value, and two
-runs (of the same job or not) report different values.
+runs report different values, two attempts of one job included (-a{attempt} is appended when
+dl.run.attempt is known).
 """
 
 
@@ -491,7 +495,10 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
         DL_RUN_ID: AttributeSpec(
             name=DL_RUN_ID,
             type="string",
-            brief="Identifier of one training run, the same on all of its ranks.",
+            brief=(
+                "Identifier of one training run (one attempt of its job), the same on all of its "
+                "ranks."
+            ),
             stability="development",
             resource=True,
         ),

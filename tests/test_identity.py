@@ -1,0 +1,135 @@
+"""Identity of a process within its job: one run id per attempt, one job id for all attempts, a
+service.instance.id no two processes share, and trace-segment ids every rank of an attempt
+agrees on without communication."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from otel_training import config
+from otel_training.identity import attempt_run_id
+from otel_training.resource import identity_attributes
+from otel_training.segments import derived_ids
+
+TORCHRUN = {"WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "rdzv-7", "TORCHELASTIC_MAX_RESTARTS": "3"}
+
+
+def _identity(rank: int, **environ: str) -> config.RankIdentity:
+    return config.load_identity({"RANK": str(rank), "LOCAL_RANK": str(rank), **environ})
+
+
+def test_each_attempt_has_its_own_run_id_and_the_job_id_stays():
+    """A torchrun restart appends -a{attempt} to the run id; dl.job.id is the same for all."""
+    first = _identity(0, **TORCHRUN, TORCHELASTIC_RESTART_COUNT="0")
+    second = _identity(0, **TORCHRUN, TORCHELASTIC_RESTART_COUNT="1")
+    assert (first.run_id, second.run_id) == ("rdzv-7-a0", "rdzv-7-a1")
+    assert first.job_id == second.job_id == "rdzv-7"
+    assert (first.attempt, second.attempt) == (0, 1)
+
+
+def test_without_an_attempt_the_run_id_is_as_before():
+    """No restart counter at all: the run id has no -a suffix and no attempt is recorded."""
+    identity = _identity(2, WORLD_SIZE="4", TORCHELASTIC_RUN_ID="rdzv-7")
+    assert identity.run_id == "rdzv-7" and identity.attempt is None
+    assert "dl.run.attempt" not in identity_attributes(identity)
+
+
+def test_a_given_run_id_gets_the_attempt_and_names_the_job():
+    """OTEL_PYTHON_TRAINING_RUN_ID=exp with SLURM_RESTART_COUNT=2 and no launcher job: run
+    exp-a2 of job exp."""
+    identity = config.load_identity(
+        {"OTEL_PYTHON_TRAINING_RUN_ID": "exp", "SLURM_RESTART_COUNT": "2"}
+    )
+    assert (identity.job_id, identity.run_id, identity.attempt) == ("exp", "exp-a2", 2)
+
+
+def test_slurm_requeue_and_job_arrays():
+    """A requeued SLURM job keeps its job id; an array element's job is {array}_{task}."""
+    slurm = {"SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}
+    requeued = config.load_identity({**slurm, "SLURM_RESTART_COUNT": "1"})
+    assert (requeued.job_id, requeued.run_id) == ("1234", "slurm-1234.0-a1")
+    element = config.load_identity(
+        {**slurm, "SLURM_ARRAY_JOB_ID": "1200", "SLURM_ARRAY_TASK_ID": "34"}
+        | {"SLURM_RESTART_COUNT": "0"}
+    )
+    assert (element.job_id, element.run_id) == ("1200_34", "slurm-1200_34.0-a0")
+
+
+def test_a_torchrun_restart_and_a_requeue_never_share_an_attempt():
+    """torchrun's second attempt of the first allocation and the first attempt after a requeue
+    are distinct: the sum of the counts (1 and 1) would have merged them."""
+    restarted = _identity(0, **TORCHRUN, TORCHELASTIC_RESTART_COUNT="1", SLURM_RESTART_COUNT="0")
+    requeued = _identity(0, **TORCHRUN, TORCHELASTIC_RESTART_COUNT="0", SLURM_RESTART_COUNT="1")
+    assert restarted.attempt is not None and requeued.attempt is not None
+    assert restarted.attempt < requeued.attempt
+    assert restarted.run_id != requeued.run_id
+
+
+@given(
+    most=st.integers(0, 20),
+    first=st.tuples(st.integers(0, 50), st.integers(0, 20)),
+    second=st.tuples(st.integers(0, 50), st.integers(0, 20)),
+)
+def test_attempts_order_as_requeues_then_restarts(most, first, second):
+    """For any (requeues, restarts) pairs within --max-restarts, the attempt numbers are
+    distinct for distinct pairs and ordered as the pairs are (requeue first)."""
+    pairs = [(r, min(t, most)) for r, t in (first, second)]
+
+    def attempt(pair: tuple[int, int]) -> int | None:
+        environ = {
+            "SLURM_RESTART_COUNT": str(pair[0]),
+            "TORCHELASTIC_RESTART_COUNT": str(pair[1]),
+            "TORCHELASTIC_MAX_RESTARTS": str(most),
+        }
+        return config.load_identity(environ).attempt
+
+    a, b = attempt(pairs[0]), attempt(pairs[1])
+    assert a is not None and b is not None
+    assert (a < b) == (pairs[0] < pairs[1]) and (a == b) == (pairs[0] == pairs[1])
+
+
+def test_every_rank_of_an_attempt_derives_the_same_trace_ids():
+    """Ranks 0..3 of one attempt compute one run id, so one set of trace-segment ids; the next
+    attempt's ids differ (its traces do not merge into the previous attempt's)."""
+    for count in ("0", "1"):
+        ids = {
+            derived_ids(_identity(r, **TORCHRUN, TORCHELASTIC_RESTART_COUNT=count).run_id, "0")
+            for r in range(4)
+        }
+        assert len(ids) == 1
+    assert derived_ids(attempt_run_id("rdzv-7", 0), "0") != derived_ids(
+        attempt_run_id("rdzv-7", 1), "0"
+    )
+
+
+_INSTANCE = (
+    "import json; from otel_training import config; "
+    "from otel_training.resource import identity_attributes; "
+    "a = identity_attributes(config.load_identity()); "
+    "print(json.dumps([a['service.instance.id'], a['dl.run.id'], a['process.creation.time']]))"
+)
+
+
+def test_two_processes_given_the_same_run_id_have_different_instance_ids():
+    """Two real processes with the same run id and rank (a rerun, a copied launch script)
+    share dl.run.id but never service.instance.id."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC"))}
+    env.update(OTEL_PYTHON_TRAINING_RUN_ID="same", RANK="0", WORLD_SIZE="2")
+    seen = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", _INSTANCE], env=env, capture_output=True, text=True,
+                check=True, timeout=60,
+            ).stdout
+        )
+        for _ in range(2)
+    ]  # fmt: skip
+    assert seen[0][1] == seen[1][1] == "same"
+    assert seen[0][0] != seen[1][0]
+    assert all(instance.startswith("same-rank0-") for instance, _, _ in seen)
