@@ -35,8 +35,9 @@ returns to run Python handlers. What the watcher does depends on who handles SIG
 - *Ignored* (``SIG_IGN``): nothing happens.
 
 The disposition when the SIGTERM arrives decides, whatever it was at ``configure()``: a
-program that sets its handler later (Lightning at ``fit()``, Megatron-LM's exit-signal
-handler) and restores ours later is a guest's host throughout.
+handler that the program sets later (Lightning's at ``fit()``, Megatron-LM's exit-signal
+handler at start-up) decides every SIGTERM that arrives while it is set; once the program gives
+ours back (Lightning's teardown does), ours decides again.
 
 A forked child (a DataLoader worker) keeps nothing of this: our handler inherited as its
 disposition terminates it at once; called in a chain of the program's handler it does
