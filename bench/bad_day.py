@@ -8,12 +8,19 @@ Prints, from one run:
 - ``sigterm``: SIGTERM delivered at a random moment into a tight ``record_training_metrics``
   loop, N times (default 200): how many children hung (did not end within timeout + 5 s) and
   how many delivered their last interval (the only export: the interval is 60 s);
+- ``handled``: SIGTERM at a random moment into a program that handles it itself (its handler
+  set after ``configure()``, before it, or chaining ours, in turn), N times (default 100): how
+  many telemetry ended (status 143 or death by SIGTERM), how many completed their graceful
+  path (a save that takes longer than the 1 s after which telemetry used to end them, then
+  the program's own exit status) and how many exported their last interval (a value recorded
+  after the save: the interval is 60 s, so only the shutdown at exit sends it);
 - ``burst``: 8 threads x 10,000 spans with the embedded default at default settings: spans
   lost in the OTLP-JSON traces file and in the span JSON lines;
 - ``a11``: case A11 (a 5 MB attribute, a 3 MB exception message) over gRPC: the largest export
   request in bytes and the longest span JSON line in bytes, against 4 MiB and 1 MiB.
 
-Usage: python bench/bad_day.py [--sigterm-trials N] [--skip shutdown,sigterm,burst,a11]
+Usage: python bench/bad_day.py [--sigterm-trials N] [--handled-trials N]
+[--skip shutdown,sigterm,handled,burst,a11]
 """
 
 from __future__ import annotations
@@ -32,12 +39,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from otlp_receiver import BlackHole, OtlpReceiver, free_port  # noqa: E402
 
 # The children of the tests that hold these cases, run here as the tests run them.
 from test_burst import BURST  # noqa: E402
 from test_limits_end_to_end import CASE_A11  # noqa: E402
+from test_signals import PROGRAM_HANDLES  # noqa: E402
 
 SHUTDOWN_CHILD = textwrap.dedent(
     """
@@ -148,6 +157,51 @@ def sigterm_figures(trials: int) -> None:
           f"{kept}/{trials} (goal {trials}/{trials})")  # fmt: skip
 
 
+def handled_figures(trials: int, graceful_s: float = 1.5) -> None:
+    ended = completed = exported = hangs = 0
+    rng = random.Random(1)
+    modes = ("after", "before", "chained")
+    for trial in range(trials):
+        checkpoint = Path(tempfile.mkdtemp(prefix="bad-day-handled-")) / "checkpoint"
+        with OtlpReceiver() as receiver:
+            env = _env({**receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"})
+            child = subprocess.Popen(
+                [sys.executable, "-c", PROGRAM_HANDLES, modes[trial % 3], str(checkpoint)],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            try:
+                child.stdout.readline()  # "ready"
+                time.sleep(rng.uniform(0, 0.05))
+                child.send_signal(signal.SIGTERM)
+                child.stdout.readline()  # "saving": the program's graceful path has begun
+                time.sleep(graceful_s)  # a save longer than telemetry's old 1 s
+                try:
+                    child.stdin.write("go\n")
+                    child.stdin.flush()
+                except BrokenPipeError:  # already ended
+                    pass
+                try:
+                    child.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    hangs += 1
+                    continue
+            finally:
+                child.kill()
+                child.wait()
+            ended += child.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
+            completed += child.returncode == 7 and checkpoint.is_file()
+            losses = [p.value for p in receiver.metrics("megatron.training.loss")]
+            exported += -1.0 in losses
+    print(f"handled: SIGTERM into a program with its own handler, {trials} runs: {ended} ended "
+          f"by telemetry (goal 0), graceful path completed {completed}/{trials}, last interval "
+          f"exported {exported}/{trials} (goal {trials}/{trials} each), "
+          f"{hangs} hangs (goal 0)")  # fmt: skip
+
+
 def burst_figures() -> None:
     result = _run(BURST, {}, timeout_s=300)
     run_dir = Path(json.loads(result.stdout.strip().splitlines()[-1])["run_dir"])
@@ -187,6 +241,7 @@ def a11_figures() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sigterm-trials", type=int, default=200)
+    parser.add_argument("--handled-trials", type=int, default=100)
     parser.add_argument("--skip", default="", help="comma-separated parts to skip")
     args = parser.parse_args()
     skip = set(args.skip.split(","))
@@ -194,6 +249,8 @@ def main() -> None:
         shutdown_figures()
     if "sigterm" not in skip:
         sigterm_figures(args.sigterm_trials)
+    if "handled" not in skip:
+        handled_figures(args.handled_trials)
     if "burst" not in skip:
         burst_figures()
     if "a11" not in skip:

@@ -71,3 +71,35 @@ def test_the_callback_is_a_trainer_callback():
     from otel_training.integrations.transformers import OtelTrainingCallback
 
     assert isinstance(OtelTrainingCallback(), transformers.TrainerCallback)
+
+
+def test_the_exception_hook_always_calls_the_programs_and_never_clobbers_it(monkeypatch):
+    """The run's sys.excepthook passes every exception on to the program's hook, even when
+    recording it raises; removed while the program has chained its own hook on top, it leaves
+    the program's in place and from then on only passes exceptions on."""
+    _require_transformers()
+    from otel_training.integrations.transformers import OtelTrainingCallback
+
+    seen, recorded = [], []
+    monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: seen.append(("program", kind)))
+    callback = OtelTrainingCallback()
+
+    def failing_record(exception):
+        recorded.append(type(exception))
+        raise ZeroDivisionError("recording failed")
+
+    monkeypatch.setattr(callback, "record_exception", failing_record)
+    callback._hook_exceptions()
+    ours = sys.excepthook
+    sys.excepthook(RuntimeError, RuntimeError("first"), None)
+
+    def program_on_top(kind, value, tb):
+        seen.append(("on top", kind))
+        ours(kind, value, tb)
+
+    sys.excepthook = program_on_top
+    callback._unhook()
+    assert sys.excepthook is program_on_top
+    sys.excepthook(ValueError, ValueError("second"), None)
+    assert recorded == [RuntimeError]
+    assert seen == [("program", RuntimeError), ("on top", ValueError), ("program", ValueError)]

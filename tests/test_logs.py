@@ -613,6 +613,37 @@ def test_the_root_switch_adds_the_bridge_once_and_a_later_configure_removes_it()
     assert bridges() == 0
 
 
+def test_logging_configuration_functions_work_beside_the_root_bridge(monkeypatch):
+    """With the root bridge on, basicConfig() (a no-op when the root logger has a handler)
+    and dictConfig() configure the root logger as without it, the bridge staying; a
+    configure() without the bridge gives the stdlib functions back."""
+    import logging.config
+
+    root = logging.getLogger()
+    originals = (logging.basicConfig, logging.config.dictConfig, logging.config.fileConfig)
+    monkeypatch.setattr(root, "handlers", [])  # a program's root logger, not pytest's
+    monkeypatch.setattr(root, "level", logging.WARNING)
+    testing.configure_in_memory({"OTEL_PYTHON_TRAINING_LOGGING": "true"})
+    try:
+        stream = io.StringIO()
+        logging.basicConfig(level=logging.INFO, stream=stream, format="%(message)s")
+        logging.getLogger("train").info("basicConfig after configure()")
+        assert stream.getvalue() == "basicConfig after configure()\n"
+        assert root.level == logging.INFO
+        assert [type(h) for h in root.handlers] == [
+            logging.StreamHandler,
+            type(log_bridge._ROOT_BRIDGE),
+        ]
+        logging.config.dictConfig(
+            {"version": 1, "disable_existing_loggers": False, "root": {"level": "ERROR"}}
+        )
+        assert root.level == logging.ERROR and root.handlers == [log_bridge._ROOT_BRIDGE]
+    finally:
+        testing.configure_in_memory()
+    assert root.handlers == []
+    assert (logging.basicConfig, logging.config.dictConfig, logging.config.fileConfig) == originals
+
+
 def test_get_logger_follows_the_configured_pipeline():
     """otel_training.get_logger() and the OpenTelemetry logs global emit into the pipeline
     configured now, with the current span's ids (the SDK's rule for an emit without ids)."""

@@ -37,6 +37,7 @@ its translation and an append to the batch processor's queue; the string rule of
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -308,10 +309,71 @@ def has_handlers_besides_bridge(logger: logging.Logger) -> bool:
 
 def bridge_root_logger(enabled: bool) -> None:
     """Adds the bridge to the root logger (once) or removes it. ``configure()`` calls this
-    with ``OTEL_PYTHON_TRAINING_LOGGING``. Never raises."""
+    with ``OTEL_PYTHON_TRAINING_LOGGING``; nothing else of the root logger (level, other
+    handlers, filters) is touched. Never raises.
+
+    While the bridge is on, ``logging.basicConfig``, ``logging.config.dictConfig`` and
+    ``fileConfig`` are wrapped so that they do what they would do without it: a program's
+    ``basicConfig()`` after ``configure()`` still configures the root logger (it does nothing
+    when the root logger has a handler), and the bridge stays. The OpenTelemetry SDK's own
+    logging setup does the same. Removing the bridge restores the functions that are still
+    ours."""
     root = logging.getLogger()
     if enabled:
         if _ROOT_BRIDGE not in root.handlers:
             root.addHandler(_ROOT_BRIDGE)
-    elif _ROOT_BRIDGE in root.handlers:
-        root.removeHandler(_ROOT_BRIDGE)
+        _wrap_config_functions()
+    else:
+        if _ROOT_BRIDGE in root.handlers:
+            root.removeHandler(_ROOT_BRIDGE)
+        _unwrap_config_functions()
+
+
+# (module, name) -> (the function we wrapped, our wrapper)
+_wrapped_config: dict[tuple[Any, str], tuple[Callable[..., Any], Callable[..., Any]]] = {}
+
+
+def _config_functions() -> list[tuple[Any, str]]:
+    import logging.config
+
+    config = logging.config
+    return [(logging, "basicConfig"), (config, "dictConfig"), (config, "fileConfig")]
+
+
+def _wrap_config_functions() -> None:
+    try:
+        for module, name in _config_functions():
+            current = getattr(module, name)
+            if (module, name) in _wrapped_config and _wrapped_config[module, name][1] is current:
+                continue
+            wrapper = _without_bridge(current)
+            _wrapped_config[module, name] = (current, wrapper)
+            setattr(module, name, wrapper)
+    except Exception:
+        _warn_once("keep logging.basicConfig working beside the root bridge")
+
+
+def _unwrap_config_functions() -> None:
+    for (module, name), (original, wrapper) in list(_wrapped_config.items()):
+        if getattr(module, name, None) is wrapper:  # not wrapped again since: give it back
+            setattr(module, name, original)
+            del _wrapped_config[module, name]
+
+
+def _without_bridge(config_function: Callable[..., Any]) -> Callable[..., Any]:
+    """``config_function`` run with the root bridge taken off the root logger, then put back
+    (last) if it was there."""
+
+    @functools.wraps(config_function)
+    def configure_logging(*args: Any, **kwargs: Any) -> Any:
+        root = logging.getLogger()
+        bridged = _ROOT_BRIDGE in root.handlers
+        if bridged:
+            root.removeHandler(_ROOT_BRIDGE)
+        try:
+            return config_function(*args, **kwargs)
+        finally:
+            if bridged and _ROOT_BRIDGE not in root.handlers:
+                root.addHandler(_ROOT_BRIDGE)
+
+    return configure_logging

@@ -28,6 +28,8 @@ from typing import TextIO
 from opentelemetry import _logs as logs_api
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
+from opentelemetry._logs import _internal as _logs_internal
+from opentelemetry.metrics import _internal as _metrics_internal
 from opentelemetry.sdk._logs import LogRecordProcessor
 from opentelemetry.sdk.metrics.export import (
     MetricReader,
@@ -307,7 +309,9 @@ def configure(
         instruments.record_in_this_process()
         if telemetry.recording:
             _live.append(telemetry)
-            lifecycle.install(_shutdown_all, on_sigterm=telemetry.settings.shutdown_on_sigterm)
+            lifecycle.install(
+                _shutdown_all, _flush_all, on_sigterm=telemetry.settings.shutdown_on_sigterm
+            )
         if previous is not None and previous is not telemetry and previous in _live:
             _retire(previous)
         log_bridge.bridge_root_logger(settings.logs.bridge_root_logger)
@@ -406,19 +410,38 @@ log_bridge.bind(_bridged_provider)
 
 def _install_globals() -> None:
     """Installs the proxies as the OpenTelemetry globals, once per process (the API lets a
-    process set them once). A provider someone else installed first is kept, with a warning."""
+    process set each once). A provider the program installed first is kept, with one warning
+    per signal: the program's global wins."""
     global _globals_installed
     if _globals_installed:
         return
     _globals_installed = True
-    trace_api.set_tracer_provider(_TRACER_PROXY)
-    metrics_api.set_meter_provider(_METER_PROXY)
-    logs_api.set_logger_provider(_LOGGER_PROXY)
-    if trace_api.get_tracer_provider() is not _TRACER_PROXY:
-        _logger.warning(
-            "otel-training: another TracerProvider was installed as the OpenTelemetry global "
-            "before configure(); spans of opentelemetry.trace.get_tracer() go there."
-        )
+    for name, api, internal, proxy_provider in (
+        ("tracer", trace_api, trace_api, _TRACER_PROXY),
+        ("meter", metrics_api, _metrics_internal, _METER_PROXY),
+        ("logger", logs_api, _logs_internal, _LOGGER_PROXY),
+    ):
+        kind = f"{name.capitalize()}Provider"
+        # The API's private setter without its own "Overriding ... is not allowed" line, so
+        # that a program sees one warning per signal; the public setter where it is missing.
+        quiet_set = getattr(internal, f"_set_{name}_provider", None)
+        try:
+            if quiet_set is not None:
+                quiet_set(proxy_provider, log=False)
+            else:  # pragma: no cover - every supported API has the private setter
+                getattr(api, f"set_{name}_provider")(proxy_provider)
+            kept = getattr(api, f"get_{name}_provider")() is not proxy_provider
+        except Exception:
+            _logger.warning("otel-training: could not install the global %s", kind, exc_info=True)
+            continue
+        if kept:
+            _logger.warning(
+                "otel-training: the program installed its own %s as the OpenTelemetry global "
+                "before configure(); it is kept, and %s records there; otel_training's own "
+                "get_tracer(), get_meter() and get_logger() record into otel-training's pipeline.",
+                kind,
+                f"{api.__name__}.get_{name}()",
+            )
 
 
 def _retire(previous: Telemetry) -> None:
@@ -438,17 +461,33 @@ def _shutdown_all(reason: str | None = None) -> None:
     with _lock:
         live = list(reversed(_live))
         retiring = list(_retiring)
+    _side_by_side(live, lambda t: t.shutdown(reason=reason), "exit", retiring)
+
+
+def _flush_all() -> None:
+    """Flushes every live pipeline side by side and stops none (a SIGTERM that the program
+    handles itself: its graceful path goes on recording); bounded by the longest export
+    timeout + 1 s. Runs on the calling thread (the SIGTERM watcher); never raises."""
+    with _lock:
+        live = [t for t in _live if not t._shutdown_started]
+    _side_by_side(live, lambda t: t.force_flush(), "flush", [])
+
+
+def _side_by_side(
+    live: list[Telemetry],
+    work: Callable[[Telemetry], object],
+    what: str,
+    also_join: list[threading.Thread],
+) -> None:
     threads = [
-        threading.Thread(
-            target=t.shutdown, kwargs={"reason": reason}, name="otel-training-exit", daemon=True
-        )
+        threading.Thread(target=work, args=(t,), name=f"otel-training-{what}", daemon=True)
         for t in live
     ]
     for thread in threads:
         thread.start()
     bound = max([t.settings.shutdown_timeout_s for t in live] or [config.LOCAL_SHUTDOWN_TIMEOUT_S])
     deadline = time.monotonic() + bound + 2 * _SHUTDOWN_SLACK_S
-    for thread in threads + retiring:
+    for thread in threads + also_join:
         thread.join(max(0.0, deadline - time.monotonic()))
 
 

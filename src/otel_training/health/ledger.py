@@ -393,7 +393,8 @@ LEDGER = Ledger()
 
 
 def _after_fork_in_child() -> None:
-    LEDGER.reset()
+    # A forked child (a DataLoader worker) starts now: no /proc read on every fork.
+    LEDGER.__init__(clock.unix_s(), perf=LEDGER._perf, unix=LEDGER._unix)
 
 
 if hasattr(os, "register_at_fork"):

@@ -303,8 +303,13 @@ class OtelTrainingCallback(_Base):
         previous = sys.excepthook
 
         def excepthook(kind: Any, value: Any, traceback: Any) -> None:
-            if isinstance(value, BaseException):
-                self.record_exception(value)
+            # The program's hook always runs; once unhooked (or left inside a hook that the
+            # program chained on top of ours) this one only passes the exception on.
+            try:
+                if self._excepthook is excepthook and isinstance(value, BaseException):
+                    self.record_exception(value)
+            except Exception:
+                pass
             previous(kind, value, traceback)
 
         if threading.current_thread() is threading.main_thread():
