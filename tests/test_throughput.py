@@ -206,10 +206,10 @@ def test_unusable_losses_are_dropped_not_raised():
 def test_throughput_is_the_one_definition_of_the_job_and_device_rates():
     """throughput(): tokens/s = job tokens / time; per device = that / world size; TFLOP/s per
     device = FLOPs / (time x 1e12 x world size), Megatron-LM's training_log formula."""
-    from otel_training.throughput import Throughput, throughput, tokens_global
+    from otel_training.throughput import Throughput, global_count, throughput
 
     # 2 data-parallel ranks, each 3 micro-batches of 4 x 128 tokens, in 0.25 s.
-    job_tokens = tokens_global(3 * 4 * 128, 2)
+    job_tokens = global_count(3 * 4 * 128, 2)
     assert job_tokens == 3072
     figures = throughput(0.25, world_size=2, tokens_global=job_tokens, flops_per_token=1e9)
     assert figures.tokens_per_sec_global == pytest.approx(12_288)
@@ -224,6 +224,7 @@ def test_throughput_is_the_one_definition_of_the_job_and_device_rates():
         throughput(1.0, tokens_global=10, flops_per_token=1e12)
     )
     assert throughput(1.0, flops_per_token=1e9).tflops_per_device is None
+    assert throughput(2.0, flops_per_token=1e9, flops_global=4e12).tflops_per_device == 2.0
     for no_time in (0.0, -1.0, None, float("nan")):
         assert throughput(no_time, tokens_global=10, flops_global=1.0) == Throughput(
             None, None, None

@@ -6,7 +6,7 @@ One optimizer step is made of ``grad_accum`` micro-batches on each of ``data_par
 ranks. The numbers that the Megatron-LM training metrics want are per *optimizer step* and per
 *log interval*, and they must not move when only the accumulation setting changes.
 
-The definitions (:func:`throughput`, :func:`tokens_global`), over a log interval of optimizer
+The definitions (:func:`throughput`, :func:`global_count`), over a log interval of optimizer
 steps whose summed wall time is ``duration_s``:
 
 - tokens of the job = this rank's tokens × ``data_parallel_size``: every data-parallel rank
@@ -69,7 +69,7 @@ __all__ = [
     "gpt_flops_per_token",
     "tflops_per_device",
     "throughput",
-    "tokens_global",
+    "global_count",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -110,11 +110,12 @@ def _mean(values: Sequence[Any]) -> Any:
     return math.fsum(float(v) for v in values) / len(values)
 
 
-def tokens_global(tokens_on_rank: int, data_parallel_size: int) -> int:
-    """Tokens of the whole job from one rank's count: ``tokens_on_rank × data_parallel_size``,
-    as if every data-parallel rank processed as many (DDP, FSDP, ZeRO; under tensor or pipeline
-    parallelism pass the data-parallel size, not the world size). Never raises."""
-    return tokens_on_rank * data_parallel_size
+def global_count(count_on_rank: float, data_parallel_size: int) -> float:
+    """The whole job's count (tokens, or model FLOPs) from one rank's: ``count_on_rank ×
+    data_parallel_size``, as if every data-parallel rank processed as much (DDP, FSDP, ZeRO;
+    under tensor or pipeline parallelism pass the data-parallel size, not the world size).
+    Never raises."""
+    return count_on_rank * data_parallel_size
 
 
 @dataclass(frozen=True)
@@ -149,19 +150,19 @@ def throughput(
     - tokens/s for the job = ``tokens_global / duration_s``;
     - tokens/s per device = tokens/s for the job / ``world_size``;
     - TFLOP/s per device = FLOPs / (``duration_s`` × 10^12 × ``world_size``), the FLOPs being
-      ``flops_per_token × tokens_global`` when ``flops_per_token`` is given, else
-      ``flops_global`` (Megatron-LM's ``training_log``).
+      ``flops_per_token × tokens_global`` when both are given, else ``flops_global``
+      (Megatron-LM's ``training_log``).
 
     Args:
         duration_s: Summed wall time of the interval's optimizer steps, in seconds (evaluations
             and checkpoint saves between them excluded).
         world_size: Devices (GPUs) of the job, the divisor of the per-device figures.
-        tokens_global: Tokens of the interval over all data-parallel ranks (:func:`tokens_global`
+        tokens_global: Tokens of the interval over all data-parallel ranks (:func:`global_count`
             of this rank's count, or a count the framework gathered); ``None``: not counted.
         flops_per_token: Training FLOPs per token (forward and backward, e.g.
             :func:`gpt_flops_per_token`); needs ``tokens_global``.
         flops_global: Model FLOPs of the interval over all devices, as a framework counts them;
-            used when ``flops_per_token`` is not given.
+            used unless ``flops_per_token`` and ``tokens_global`` are both given.
 
     Returns:
         The :class:`Throughput`; each figure is ``None`` where its inputs are missing, or the
@@ -171,8 +172,8 @@ def throughput(
         return Throughput(None, None, None)
     rate = None if tokens_global is None else tokens_global / duration_s
     flops = flops_global
-    if flops_per_token is not None:
-        flops = None if tokens_global is None else flops_per_token * tokens_global
+    if flops_per_token is not None and tokens_global is not None:
+        flops = flops_per_token * tokens_global
     tflops = None if flops is None else flops / (duration_s * 1e12 * world_size)
     return Throughput(rate, None if rate is None else rate / world_size, tflops)
 
@@ -268,8 +269,8 @@ class IntervalStats:
     ) -> Throughput:
         """This interval's :class:`Throughput` (:func:`throughput` over its tokens and summed
         step time), with TFLOP/s from ``flops_per_token`` or a framework's ``flops_global``.
-        ``count_tokens=False``: no token count was given (no tokens/s, and no TFLOP/s from
-        ``flops_per_token``)."""
+        ``count_tokens=False``: no token count was given (no tokens/s, and TFLOP/s only from
+        ``flops_global``)."""
         return throughput(
             self.duration_s,
             world_size=self.world_size,
@@ -376,7 +377,7 @@ class StepAccumulator:
                 _warn_once("tokens", "StepAccumulator: dropping invalid token count %r", tokens)
                 return
             tokens = as_int
-        self._step_tokens += tokens_global(tokens, self.data_parallel_size)
+        self._step_tokens += global_count(tokens, self.data_parallel_size)
 
     def add_tokens_global(self, tokens: int) -> None:
         """Adds ``tokens`` counted over all data-parallel ranks already (a framework's gathered

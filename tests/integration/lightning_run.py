@@ -96,9 +96,11 @@ def make_probe(package: str, record: dict, *, snapshot_every: int = 0, flush_eve
             self.last_step = 0
 
         def on_fit_start(self, trainer, pl_module):
-            record["fit_start"] = time.perf_counter()
             scaler = getattr(trainer.precision_plugin, "scaler", None)
             record["scales"] = [] if scaler is None else [scaler.get_scale()]
+
+        def on_train_start(self, trainer, pl_module):
+            record["train_start"] = time.perf_counter()
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             record.setdefault("batch_rows", []).append(int(batch[0].shape[0]))
