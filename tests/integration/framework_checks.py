@@ -125,3 +125,35 @@ def classify(spans: Sequence) -> dict[str, list]:
     assert all(s.parent_span_id == segment.span_id for s in in_segment)
     assert [link[1] for link in segment.links] == [run.span_id]
     return {"run": run, "segment": segment, "first": first, **roles}
+
+
+def step_windows(events: Sequence) -> dict[int, tuple[tuple[float, float], tuple[float, float]]]:
+    """``{step: ((start_lo, start_hi), (end_lo, end_hi))}`` from probe events in the order the
+    training thread met them: ``(tag, "-", t, step)`` just before and ``(tag, "+", t, step)``
+    just after the callback's hook at a step boundary (``start``, ``end``, ``eval``, ``save``),
+    ``("begin", "", t, step)`` at a step's first micro-batch. A step starts at the last
+    boundary before its first micro-batch and ends at its ``end``: the callback's clock reads
+    lie inside each bracket."""
+    opened: dict[str, float] = {}
+    boundary: tuple[float, float] | None = None
+    starts: dict[int, tuple[float, float]] = {}
+    windows = {}
+    for tag, side, t, step in events:
+        if tag == "begin":
+            assert boundary is not None, "a step began before the training loop started"
+            starts[step] = boundary
+        elif side == "-":
+            opened[tag] = t
+        else:
+            boundary = (opened.pop(tag), t)
+            if tag == "end":
+                windows[step] = (starts[step], boundary)
+    return windows
+
+
+def duration_bounds(windows: dict, first: int, last: int) -> tuple[float, float]:
+    """The shortest and longest possible summed duration of the steps ``first..last`` (s)."""
+    steps = [windows[step] for step in range(first, last + 1)]
+    shortest = math.fsum(end[0] - start[1] for start, end in steps)
+    longest = math.fsum(end[1] - start[0] for start, end in steps)
+    return shortest, longest
