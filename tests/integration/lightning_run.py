@@ -246,6 +246,19 @@ def gauges(reader) -> dict[str, float]:
     return found
 
 
+def save_at_micro_batch(path: Path, number: int, package: str = "lightning"):
+    """A callback that saves a checkpoint to ``path`` after the ``number``-th micro-batch
+    (1-based) of the fit, whether or not it ends an optimizer step."""
+    L = _framework(package)
+
+    class SaveAt(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx + 1 == number:
+                trainer.save_checkpoint(path)
+
+    return SaveAt()
+
+
 def timed_checkpoint(package: str, events: list, **kwargs):
     """A ModelCheckpoint that appends ``("save", "+", t, step)`` when a save has returned."""
     L = _framework(package)
@@ -273,10 +286,12 @@ def train(
     ckpt_path: str | None = None,
     probe_kwargs: dict[str, Any] | None = None,
     events: list | None = None,
+    callback: Any = None,
 ) -> dict:
     """Fits the tiny model with probes before and after the callback (one callback per dict
-    of ``callback_kwargs`` when it is a list); returns the records (``before``, ``after``: the
-    probes'; ``trainer``: the Trainer), the callback (and ``callbacks``) and ``events``."""
+    of ``callback_kwargs`` when it is a list, or ``callback`` itself); returns the records
+    (``before``, ``after``: the probes'; ``trainer``: the Trainer), the callback (and
+    ``callbacks``) and ``events``."""
     from otel_training.integrations.lightning import OtelTrainingCallback
 
     L = _framework(package)
@@ -286,6 +301,8 @@ def train(
     before, after = {}, {}
     kwargs_list = callback_kwargs if isinstance(callback_kwargs, list) else [callback_kwargs]
     callbacks = [OtelTrainingCallback(**(kwargs or {})) for kwargs in kwargs_list]
+    if callback is not None:
+        callbacks = [callback]
     options = {
         "accelerator": "cpu",
         "devices": 1,

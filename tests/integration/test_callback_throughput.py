@@ -135,4 +135,3 @@ def test_transformers_throughput_on_two_ranks(run_python, tmp_path):
             }
 
         assert _check(record, 2, expected) == 3 * 4
-
