@@ -176,11 +176,13 @@ def train(
     resume_from_checkpoint: str | None = None,
     probe_kwargs: dict[str, Any] | None = None,
     add_callback: bool = False,
+    callback: Any = None,
 ) -> dict:
     """Trains with probes before and after the callback (one callback per dict of
     ``callback_kwargs`` when it is a list); returns the probes' records (``before``,
-    ``after``), the Trainer and the callback (and ``callbacks``). ``add_callback``: the
-    callbacks are added with ``trainer.add_callback`` after the Trainer is built."""
+    ``after``), the Trainer and the callback (and ``callbacks``); ``callback``: one built
+    already. ``add_callback``: the callbacks are added with ``trainer.add_callback`` after
+    the Trainer is built."""
     from otel_training.integrations.transformers import OtelTrainingCallback
 
     data = samples(seq, count)
@@ -203,6 +205,8 @@ def train(
     before, after = {}, {}
     kwargs_list = callback_kwargs if isinstance(callback_kwargs, list) else [callback_kwargs]
     callbacks = [OtelTrainingCallback(**(kwargs or {})) for kwargs in kwargs_list]
+    if callback is not None:
+        callbacks = [callback]
     probe_options = dict(probe_kwargs or {})
     after_options = {k: v for k, v in probe_options.items() if k != "pause_s"}
     before_probe = Probe(
