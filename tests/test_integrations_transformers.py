@@ -164,8 +164,10 @@ def test_a_failed_train_is_an_error_and_the_next_train_records_as_the_first(
     from otel_training.integrations.transformers import OtelTrainingCallback
 
     callback = OtelTrainingCallback(**kwargs, tensor_metrics="none")
+    excepthook = sys.excepthook
     with pytest.raises(kind):
         driver.train(tmp_path / "first", callback=callback, args_kwargs=args, **options)
+    assert sys.excepthook is excepthook  # the chained hook is gone with the run
     spans = exporter.get_finished_spans()
     failed = [s for s in spans if s.status.status_code is StatusCode.ERROR]
     assert {s.name for s in failed} >= {"megatron.train", span}, where

@@ -47,21 +47,28 @@ class OtelTrainingCallback(_Base):
 
     - ``megatron.training.step_duration_ms``: one point per optimizer step, all micro-batches of
       ``accumulate_grad_batches`` included, from the end of the previous step (or of the
-      validation or checkpoint save after it) to the end of this step's update, in ms;
+      validation or checkpoint save after it, or ``on_train_start``) to the end of this step's
+      update, in ms;
     - every ``log_every_n_steps`` optimizer steps, and for the steps left at the end of ``fit``:
       ``loss``, the mean of the ``training_step`` losses of the interval's micro-batches on this
       rank (Lightning's division by ``accumulate_grad_batches`` undone); ``grad_norm``, the
       total norm that Lightning's clipping computed (only with ``gradient_clip_val`` and the
       ``norm`` algorithm); ``learning_rate`` of the first parameter group in the last step;
-      ``tokens_per_sec`` over all ranks (with ``tokens_per_sample`` or ``tokens_per_batch``);
-      ``throughput_tflops`` per device (``flops_per_token``, else the module's
-      ``flops_per_batch`` attribute, Lightning's ``ThroughputMonitor`` convention);
+      ``tokens_per_sec`` of the job (this rank's count, with ``tokens_per_sample`` or
+      ``tokens_per_batch``, times the world size); ``throughput_tflops`` per device
+      (``flops_per_token``, else the module's ``flops_per_batch`` attribute, per device as
+      Lightning's ``ThroughputMonitor`` has it), both as `otel_training.throughput.throughput`
+      defines them;
       ``memory_allocated_gb`` on CUDA; ``skipped_iters``, steps whose update did not run (AMP
       overflow: the gradient scaler skipped ``optimizer.step()``);
-    - spans: the run (``on_fit_start`` to its end; an exception is recorded on it), each
-      iteration, the optimizer update (from ``on_before_optimizer_step``, clipping included),
-      each checkpoint save (``trainer.save_checkpoint``) and validation loop, per the span
-      groups of ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``;
+    - spans: the run (``setup`` of ``fit`` to its end), each iteration numbered from the
+      trainer's restored ``global_step``, the optimizer update (from
+      ``on_before_optimizer_step``, clipping included), each checkpoint save
+      (``trainer.save_checkpoint``) and load (``fit(ckpt_path=...)``, with the restored
+      ``global_step``), each validation loop (not the sanity check), per the span groups of
+      ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``. An exception that ends ``fit``, caught by the caller
+      or not, ends the run and the phase it interrupted with status ERROR, and that step
+      records no point;
     - tensor metrics of the ``LightningModule`` through ``TensorObserver``, committed in
       ``on_before_optimizer_step`` (gradients before clipping);
     - the rank identity from the trainer (``global_rank``, ``local_rank``, ``world_size``,

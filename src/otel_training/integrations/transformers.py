@@ -47,22 +47,27 @@ class OtelTrainingCallback(_Base):
 
     - ``megatron.training.step_duration_ms``: one point per optimizer step, all
       ``gradient_accumulation_steps`` micro-batches and their data loading included, from the
-      end of the previous step (or of the evaluation or checkpoint save after it) to
-      ``on_step_end``, in ms;
+      end of the previous step (or of the evaluation or checkpoint save after it, or
+      ``on_train_begin``) to ``on_step_end``, in ms;
     - at each logging step (``logging_steps``), from the ``logs`` the Trainer computed:
       ``loss`` (its mean over the interval's micro-batches and all ranks), ``grad_norm``
       (before clipping), ``learning_rate`` (of the step that ran); and from the interval's
-      steps: ``tokens_per_sec`` over all ranks (``state.num_input_tokens_seen`` when
+      steps: ``tokens_per_sec`` of the job (``state.num_input_tokens_seen`` when
       ``include_num_input_tokens_seen`` is on, else the main input's elements in each training
       forward pass, or ``tokens_per_sample``/``tokens_per_batch``, times the world size),
-      ``throughput_tflops`` per device (``flops_per_token``, else the Trainer's own estimate,
-      ``state.total_flos``), ``memory_allocated_gb`` on CUDA, ``skipped_iters`` (steps whose
-      update Accelerate skipped, ``optimizer.step_was_skipped``: AMP overflow);
-    - spans: the run (``on_train_begin`` to ``on_train_end``; an exception that ends the program
-      is recorded on it, and :meth:`record_exception` records one you catch), each iteration
-      (``on_step_begin`` to ``on_step_end``), the optimizer update (``on_pre_optimizer_step``
-      to ``on_optimizer_step``), each evaluation and checkpoint save that the Trainer's flow
-      schedules, per the span groups of ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``;
+      ``throughput_tflops`` per device (``flops_per_token``, else the Trainer's own count over
+      all ranks, ``state.total_flos``), both as `otel_training.throughput.throughput` defines
+      them; ``memory_allocated_gb`` on CUDA, ``skipped_iters`` (steps whose update Accelerate
+      skipped, ``optimizer.step_was_skipped``: AMP overflow);
+    - spans: the run (``trainer.train()`` to ``on_train_end``), each iteration
+      (``on_step_begin`` to ``on_step_end``, numbered from the restored ``state.global_step``),
+      the optimizer update (``on_pre_optimizer_step`` to ``on_optimizer_step``), each
+      evaluation and checkpoint save that the Trainer's flow schedules, the checkpoint load of
+      ``train(resume_from_checkpoint=...)`` with the restored step, per the span groups of
+      ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``. An exception that ends ``train()``, caught by the
+      caller or not, ends the run and the phase it interrupted with status ERROR (the
+      Trainer's ``train`` is wrapped for it, see :meth:`record_exception`), and that step
+      records no point;
     - tensor metrics of the model through ``TensorObserver``, committed in
       ``on_pre_optimizer_step`` (the Trainer has no hook before clipping: gradients are read
       clipped);
