@@ -16,6 +16,16 @@ from opentelemetry.trace import StatusCode
 from otel_training import setup, testing
 
 INTEGRATION = Path(__file__).resolve().parent / "integration"
+sys.path.insert(0, str(INTEGRATION))
+
+from framework_checks import (  # noqa: E402
+    STEP,
+    in_memory_providers,
+    named,
+    process_wide_registrations,
+    run_as_recorded,
+    steps_recorded,
+)
 
 
 def _require_lightning():
@@ -86,29 +96,6 @@ def test_the_callback_is_a_lightning_callback(package):
 # -- failures, resumes, the sanity check, the second time (issue 15 items 3 and 11) -----------
 
 
-def _in_memory():
-    """Providers of a test's own: (callback kwargs, metric reader, span exporter)."""
-    reader, exporter = InMemoryMetricReader(), InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    kwargs = {"meter_provider": MeterProvider(metric_readers=[reader]),
-              "tracer_provider": tracer_provider}  # fmt: skip
-    return kwargs, reader, exporter
-
-
-def _steps(reader) -> int:
-    """Points of step_duration_ms so far (one per optimizer step that completed)."""
-    found = [p for _, p in testing.points(reader.get_metrics_data(), STEP)]
-    return found[0].count if found else 0
-
-
-def _named(spans, name):
-    return [s for s in spans if s.name == name]
-
-
-STEP = "megatron.training.step_duration_ms"
-
-
 @pytest.mark.parametrize(
     ("where", "module_kwargs", "trainer_kwargs", "span", "kind"),
     [
@@ -137,7 +124,7 @@ def test_a_failed_fit_is_an_error_and_the_next_fit_records_as_the_first(
     import lightning.pytorch as lightning
 
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
-    kwargs, reader, exporter = _in_memory()
+    kwargs, reader, exporter = in_memory_providers()
     callback_kwargs = {**kwargs, "tensor_metrics": "none", "tokens_per_sample": 16}
     options = {"max_steps": 4, "log_every_n_steps": 2, **trainer_kwargs}
     every = options.pop("checkpoint_every", 0)
@@ -159,15 +146,15 @@ def test_a_failed_fit_is_an_error_and_the_next_fit_records_as_the_first(
     finally:
         signal.signal(signal.SIGINT, sigint)
     spans = exporter.get_finished_spans()
-    (run,) = _named(spans, "megatron.train")
+    (run,) = named(spans, "megatron.train")
     failed = [s for s in spans if s.status.status_code is StatusCode.ERROR]
     assert {s.name for s in failed} >= {"megatron.train", span}, where
     for record in failed:
         (event,) = [e for e in record.events if e.name == "exception"]
         assert event.attributes["exception.type"].endswith(kind.__name__)
     completed = 2
-    assert _steps(reader) == completed
-    iterations = _named(spans, "megatron.train.iteration")
+    assert steps_recorded(reader) == completed
+    iterations = named(spans, "megatron.train.iteration")
     assert sorted(s.attributes["megatron.iteration"] for s in iterations) == list(
         range(1, completed + 1 + (span == "megatron.train.iteration"))
     )
@@ -177,8 +164,8 @@ def test_a_failed_fit_is_an_error_and_the_next_fit_records_as_the_first(
                           trainer_kwargs={"max_steps": 4, "log_every_n_steps": 2})  # fmt: skip
     spans = exporter.get_finished_spans()
     assert all(s.status.status_code is not StatusCode.ERROR for s in spans)
-    assert _steps(reader) == completed + 4
-    iterations = _named(spans, "megatron.train.iteration")
+    assert steps_recorded(reader) == completed + 4
+    iterations = named(spans, "megatron.train.iteration")
     assert sorted(s.attributes["megatron.iteration"] for s in iterations) == [1, 2, 3, 4]
     (loss,) = [p.value for _, p in testing.points(reader.get_metrics_data(),
                                                   "megatron.training.loss")]  # fmt: skip
@@ -207,13 +194,13 @@ def test_a_resume_counts_whole_steps_from_the_restored_step(tmp_path, monkeypatc
         first.update(enable_checkpointing=True, callbacks=[saving])
     else:
         first["callbacks"] = [driver.save_at_micro_batch(path, 5)]  # during step 3
-    kwargs, _, _ = _in_memory()
+    kwargs, _, _ = in_memory_providers()
     driver.train(tmp_path / "first", callback_kwargs={**kwargs, "tensor_metrics": "none"},
                  trainer_kwargs=first)  # fmt: skip
     restored = int(torch_load(path)["global_step"])
     assert restored == (3 if saved_at == "step_end" else 2)
 
-    kwargs, reader, exporter = _in_memory()
+    kwargs, reader, exporter = in_memory_providers()
     result = driver.train(
         tmp_path / "second",
         callback_kwargs={**kwargs, "tensor_metrics": "none", "tokens_per_sample": 16},
@@ -222,17 +209,17 @@ def test_a_resume_counts_whole_steps_from_the_restored_step(tmp_path, monkeypatc
     )
     assert result["trainer"].global_step == 6
     spans = exporter.get_finished_spans()
-    (load,) = _named(spans, "megatron.checkpoint.load")
-    (run,) = _named(spans, "megatron.train")
+    (load,) = named(spans, "megatron.checkpoint.load")
+    (run,) = named(spans, "megatron.train")
     assert load.attributes["megatron.iteration"] == restored
     assert load.attributes["megatron.checkpoint.path"] == str(path)
     assert load.parent.span_id == run.context.span_id
     assert run.start_time <= load.start_time and load.end_time <= run.end_time
     assert LEDGER.read().loaded_iteration == restored
     iterations = sorted(s.attributes["megatron.iteration"] for s in
-                        _named(spans, "megatron.train.iteration"))  # fmt: skip
+                        named(spans, "megatron.train.iteration"))  # fmt: skip
     assert iterations == list(range(restored + 1, 7))
-    assert _steps(reader) == 6 - restored
+    assert steps_recorded(reader) == 6 - restored
     micro_steps = [step for step, _, _ in result["before"]["micro"]]
     assert (
         sorted(set(micro_steps)) == iterations
@@ -254,7 +241,7 @@ def test_the_sanity_check_is_neither_an_evaluation_nor_in_a_step(tmp_path, monke
 
     driver = _require_lightning()
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
-    kwargs, reader, exporter = _in_memory()
+    kwargs, reader, exporter = in_memory_providers()
     events: list = []
     result = driver.train(
         tmp_path,
@@ -271,24 +258,10 @@ def test_the_sanity_check_is_neither_an_evaluation_nor_in_a_step(tmp_path, monke
     loops = result["trainer"].fit_loop.epoch_loop.val_loop.batch_progress.total.completed
     assert loops == 2  # the validations during fit; the sanity check ran before them
     spans = exporter.get_finished_spans()
-    assert len(_named(spans, "megatron.evaluate")) == 2
+    assert len(named(spans, "megatron.evaluate")) == 2
     (histogram,) = [p for _, p in testing.points(reader.get_metrics_data(), STEP)]
     shortest, longest = duration_bounds(step_windows(events), 1, 4)
     assert shortest * 1e3 <= histogram.sum <= longest * 1e3
-
-
-def _registrations():
-    """What is registered process-wide: module registration hooks, flush hooks, excepthook."""
-    from torch.nn.modules import module as registry
-
-    from otel_training import setup
-
-    return (
-        len(registry._global_module_registration_hooks),
-        len(registry._global_parameter_registration_hooks),
-        len(setup._flush_hooks),
-        sys.excepthook,
-    )
 
 
 def test_a_second_callback_trainer_and_fit_record_exactly_as_the_first(tmp_path, monkeypatch):
@@ -298,7 +271,7 @@ def test_a_second_callback_trainer_and_fit_record_exactly_as_the_first(tmp_path,
     driver = _require_lightning()
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
     telemetry = testing.configure_in_memory()
-    baseline = _registrations()
+    baseline = process_wide_registrations()
     seen = []
     for run in range(2):
         telemetry.spans.clear()
@@ -315,23 +288,8 @@ def test_a_second_callback_trainer_and_fit_record_exactly_as_the_first(tmp_path,
         assert not any(trainer.optimizers[0]._optimizer_step_post_hooks)
         assert not any(m._forward_hooks or m._forward_pre_hooks
                        for m in trainer.lightning_module.modules())  # fmt: skip
-        assert _registrations() == baseline
-        params = result["before"]["snapshots"][4]
-        norm = sum(v * v for k, v in params.items() if k.startswith("param:")) ** 0.5
-        found = {p.attributes["megatron.training.layer"]: p.value
-                 for _, p in telemetry.points("megatron.training.tensor.param_norm")}  # fmt: skip
-        assert found["global"] == pytest.approx(norm, rel=1e-5)
-        spans = telemetry.spans.get_finished_spans()
-        seen.append(
-            (
-                sorted(
-                    s.attributes["megatron.iteration"]
-                    for s in _named(spans, "megatron.train.iteration")
-                ),  # fmt: skip
-                len(_named(spans, "megatron.train")),
-                sorted({name for name, _ in telemetry.points()}),
-            )
-        )
+        assert process_wide_registrations() == baseline
+        seen.append(run_as_recorded(telemetry, result["before"]["snapshots"][4]))
     assert seen[0] == seen[1]
     (histogram,) = [p for _, p in telemetry.points(STEP)]
     assert histogram.count == 8

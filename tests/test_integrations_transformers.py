@@ -16,6 +16,16 @@ from opentelemetry.trace import StatusCode
 from otel_training import setup, testing
 
 INTEGRATION = Path(__file__).resolve().parent / "integration"
+sys.path.insert(0, str(INTEGRATION))
+
+from framework_checks import (  # noqa: E402
+    STEP,
+    in_memory_providers,
+    named,
+    process_wide_registrations,
+    run_as_recorded,
+    steps_recorded,
+)
 
 
 def _require_transformers():
@@ -76,31 +86,10 @@ def test_the_callback_is_a_trainer_callback():
 
 # -- failures, resumes, the second time (issue 15 items 3 and 11) ----------------------------
 
-STEP = "megatron.training.step_duration_ms"
-
-
-def _in_memory():
-    """Providers of a test's own: (callback kwargs, metric reader, span exporter)."""
-    reader, exporter = InMemoryMetricReader(), InMemorySpanExporter()
-    tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    kwargs = {"meter_provider": MeterProvider(metric_readers=[reader]),
-              "tracer_provider": tracer_provider}  # fmt: skip
-    return kwargs, reader, exporter
-
-
-def _steps(reader) -> int:
-    found = [p for _, p in testing.points(reader.get_metrics_data(), STEP)]
-    return found[0].count if found else 0
-
-
-def _named(spans, name):
-    return [s for s in spans if s.name == name]
-
 
 def _iterations(spans) -> list[int]:
     return sorted(s.attributes["megatron.iteration"] for s in
-                  _named(spans, "megatron.train.iteration"))  # fmt: skip
+                  named(spans, "megatron.train.iteration"))  # fmt: skip
 
 
 def _failing_model(driver, training_forward: int = 0, evaluation: bool = False,
@@ -150,7 +139,7 @@ def test_a_failed_train_is_an_error_and_the_next_train_records_as_the_first(
     same callback on a new Trainer then records exactly as a clean one."""
     driver = _require_transformers()
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
-    kwargs, reader, exporter = _in_memory()
+    kwargs, reader, exporter = in_memory_providers()
     args = {"max_steps": 4, "gradient_accumulation_steps": 2, "logging_steps": 2}
     options = {"model": driver.build_model(32)}
     if where in ("training", "interrupt"):
@@ -175,7 +164,7 @@ def test_a_failed_train_is_an_error_and_the_next_train_records_as_the_first(
         (event,) = [e for e in record.events if e.name == "exception"]
         assert event.attributes["exception.type"].endswith(kind.__name__)
     completed = 2
-    assert _steps(reader) == completed
+    assert steps_recorded(reader) == completed
     assert _iterations(spans) == list(range(1, completed + 1 + (span.endswith("iteration"))))
 
     exporter.clear()
@@ -183,7 +172,7 @@ def test_a_failed_train_is_an_error_and_the_next_train_records_as_the_first(
     result = driver.train(tmp_path / "second", callback=callback, args_kwargs=clean)
     spans = exporter.get_finished_spans()
     assert all(s.status.status_code is not StatusCode.ERROR for s in spans)
-    assert _steps(reader) == completed + 4
+    assert steps_recorded(reader) == completed + 4
     assert _iterations(spans) == [1, 2, 3, 4]
     (loss,) = [p.value for _, p in testing.points(reader.get_metrics_data(),
                                                   "megatron.training.loss")]  # fmt: skip
@@ -196,7 +185,7 @@ def test_a_callback_added_after_init_ends_a_caught_failure_at_the_next_train(tmp
     fails and the caller catches it, the next train() ends the run still open with status
     ERROR (RunInterrupted) before recording its own."""
     driver = _require_transformers()
-    kwargs, reader, exporter = _in_memory()
+    kwargs, reader, exporter = in_memory_providers()
     from otel_training.integrations.transformers import OtelTrainingCallback
 
     callback = OtelTrainingCallback(**kwargs, tensor_metrics="none")
@@ -206,11 +195,11 @@ def test_a_callback_added_after_init_ends_a_caught_failure_at_the_next_train(tmp
                      model=_failing_model(driver, training_forward=5))  # fmt: skip
     assert not any(s.name == "megatron.train" for s in exporter.get_finished_spans())
     driver.train(tmp_path / "second", callback=callback, add_callback=True, args_kwargs=args)
-    first, second = _named(exporter.get_finished_spans(), "megatron.train")
+    first, second = named(exporter.get_finished_spans(), "megatron.train")
     assert first.status.status_code is StatusCode.ERROR
     assert first.attributes["error.type"].endswith("RunInterrupted")
     assert second.status.status_code is StatusCode.UNSET
-    assert _steps(reader) == 2 + 4
+    assert steps_recorded(reader) == 2 + 4
 
 
 @pytest.mark.parametrize("given", ["callbacks", "add_callback"])
@@ -223,7 +212,7 @@ def test_a_resume_counts_whole_steps_from_the_restored_step(tmp_path, monkeypatc
 
     driver = _require_transformers()
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
-    kwargs, _, _ = _in_memory()
+    kwargs, _, _ = in_memory_providers()
     args = {"gradient_accumulation_steps": 2, "logging_steps": 2, "save_strategy": "steps",
             "save_steps": 3}  # fmt: skip
     driver.train(tmp_path, callback_kwargs={**kwargs, "tensor_metrics": "none"},
@@ -231,7 +220,7 @@ def test_a_resume_counts_whole_steps_from_the_restored_step(tmp_path, monkeypatc
     path = tmp_path / "out" / "checkpoint-3"
     assert path.is_dir()
 
-    kwargs, reader, exporter = _in_memory()
+    kwargs, reader, exporter = in_memory_providers()
     result = driver.train(
         tmp_path / "resumed",
         callback_kwargs={**kwargs, "tensor_metrics": "none"},
@@ -241,8 +230,8 @@ def test_a_resume_counts_whole_steps_from_the_restored_step(tmp_path, monkeypatc
     )
     assert result["trainer"].state.global_step == 6
     spans = exporter.get_finished_spans()
-    (load,) = _named(spans, "megatron.checkpoint.load")
-    (run,) = _named(spans, "megatron.train")
+    (load,) = named(spans, "megatron.checkpoint.load")
+    (run,) = named(spans, "megatron.train")
     assert load.attributes["megatron.iteration"] == 3
     assert load.parent.span_id == run.context.span_id
     if given == "callbacks":  # timed: from train() to the restored state
@@ -250,22 +239,8 @@ def test_a_resume_counts_whole_steps_from_the_restored_step(tmp_path, monkeypatc
         assert run.start_time <= load.start_time < load.end_time <= run.end_time
     assert LEDGER.read().loaded_iteration == 3
     assert _iterations(spans) == [4, 5, 6]
-    assert _steps(reader) == 3
+    assert steps_recorded(reader) == 3
     assert [step for step, *_ in result["before"]["micro"]] == [4, 4, 5, 5, 6, 6]
-
-
-def _registrations():
-    """What is registered process-wide: module registration hooks, flush hooks, excepthook."""
-    from torch.nn.modules import module as registry
-
-    from otel_training import setup
-
-    return (
-        len(registry._global_module_registration_hooks),
-        len(registry._global_parameter_registration_hooks),
-        len(setup._flush_hooks),
-        sys.excepthook,
-    )
 
 
 def test_a_second_callback_trainer_and_train_record_exactly_as_the_first(tmp_path, monkeypatch):
@@ -275,7 +250,7 @@ def test_a_second_callback_trainer_and_train_record_exactly_as_the_first(tmp_pat
     driver = _require_transformers()
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
     telemetry = testing.configure_in_memory()
-    baseline = _registrations()
+    baseline = process_wide_registrations()
     seen = []
     for run in range(2):
         telemetry.spans.clear()
@@ -292,15 +267,8 @@ def test_a_second_callback_trainer_and_train_record_exactly_as_the_first(tmp_pat
         )
         model = result["trainer"].model
         assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
-        assert _registrations() == baseline
-        params = result["before"]["snapshots"][4]
-        norm = sum(v * v for k, v in params.items() if k.startswith("param:")) ** 0.5
-        found = {p.attributes["megatron.training.layer"]: p.value
-                 for _, p in telemetry.points("megatron.training.tensor.param_norm")}  # fmt: skip
-        assert found["global"] == pytest.approx(norm, rel=1e-5)
-        spans = telemetry.spans.get_finished_spans()
-        seen.append((_iterations(spans), len(_named(spans, "megatron.train")),
-                     sorted({name for name, _ in telemetry.points()})))  # fmt: skip
+        assert process_wide_registrations() == baseline
+        seen.append(run_as_recorded(telemetry, result["before"]["snapshots"][4]))
     assert seen[0] == seen[1]
     (histogram,) = [p for _, p in telemetry.points(STEP)]
     assert histogram.count == 8

@@ -25,6 +25,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script too
+from framework_checks import callbacks_with_readers, throughput_gauges  # noqa: E402
+
 VOCAB = 256
 
 
@@ -210,7 +213,7 @@ def make_probe(
                 event("end", trainer.global_step)
                 if readers and every and trainer.global_step % every == 0:
                     record.setdefault("intervals", {})[trainer.global_step] = {
-                        name: gauges(reader) for name, reader in readers.items()
+                        name: throughput_gauges(reader) for name, reader in readers.items()
                     }
                 scaler = getattr(trainer.precision_plugin, "scaler", None)
                 if scaler is not None:
@@ -228,22 +231,6 @@ def even_tokens(batch) -> int:
     ``tokens_per_batch=even_tokens`` counts, and the probe counts for itself)."""
     (rows,) = batch
     return int((rows[:, 1:] % 2 == 0).sum())
-
-
-THROUGHPUT_GAUGES = ("megatron.training.tokens_per_sec", "megatron.training.throughput_tflops")
-
-
-def gauges(reader) -> dict[str, float]:
-    """The throughput gauges of an InMemoryMetricReader now (collected)."""
-    found = {}
-    data = reader.get_metrics_data()
-    for resource_metrics in data.resource_metrics if data else ():
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                if metric.name in THROUGHPUT_GAUGES:
-                    (point,) = metric.data.data_points
-                    found[metric.name] = point.value
-    return found
 
 
 def save_at_micro_batch(path: Path, number: int, package: str = "lightning"):
@@ -347,11 +334,6 @@ def _throughput_run(out: Path, every: int) -> dict:
     (``tokens_per_sample``, ``flops_per_token``) and ``per_batch`` (``tokens_per_batch``, the
     module's ``flops_per_batch``); gradient accumulation 2, a validation every 2 steps and a
     checkpoint save every 3, both slow."""
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
-
-    readers = {"per_sample": InMemoryMetricReader(), "per_batch": InMemoryMetricReader()}
     options = {
         "per_sample": {
             "tokens_per_sample": THROUGHPUT_SEQ,
@@ -359,15 +341,7 @@ def _throughput_run(out: Path, every: int) -> dict:
         },
         "per_batch": {"tokens_per_batch": even_tokens},
     }
-    callback_kwargs = [
-        {
-            "meter_provider": MeterProvider(metric_readers=[readers[name]]),
-            "tracer_provider": TracerProvider(),
-            "tensor_metrics": "none",
-            **options[name],
-        }
-        for name in readers
-    ]
+    readers, callback_kwargs = callbacks_with_readers(options)
     events: list = []
     saver = timed_checkpoint(
         "lightning", events, dirpath=out / "checkpoints", every_n_train_steps=3, save_top_k=-1

@@ -23,6 +23,9 @@ from typing import Any
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script too
+from framework_checks import callbacks_with_readers, throughput_gauges  # noqa: E402
+
 VOCAB = 256
 
 
@@ -127,7 +130,7 @@ class Probe(TrainerCallback):
         if logs and "loss" in logs:
             if self.readers:
                 self.record.setdefault("intervals", {})[state.global_step] = {
-                    name: gauges(reader) for name, reader in self.readers.items()
+                    name: throughput_gauges(reader) for name, reader in self.readers.items()
                 }
             if self.flush:
                 import otel_training
@@ -144,22 +147,6 @@ def even_ids(inputs) -> int:
     """The test's own token count of a micro-batch: its even input ids (what
     ``tokens_per_batch=even_ids`` counts, and the probe counts for itself)."""
     return int((inputs["input_ids"] % 2 == 0).sum())
-
-
-THROUGHPUT_GAUGES = ("megatron.training.tokens_per_sec", "megatron.training.throughput_tflops")
-
-
-def gauges(reader) -> dict[str, float]:
-    """The throughput gauges of an InMemoryMetricReader now (collected)."""
-    found = {}
-    data = reader.get_metrics_data()
-    for resource_metrics in data.resource_metrics if data else ():
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                if metric.name in THROUGHPUT_GAUGES:
-                    (point,) = metric.data.data_points
-                    found[metric.name] = point.value
-    return found
 
 
 def train(
@@ -256,25 +243,12 @@ def _throughput_run(out: Path) -> dict:
     (``tokens_per_sample``, ``flops_per_token``) and ``per_batch`` (``tokens_per_batch``, the
     Trainer's own FLOP count); gradient accumulation 2, an evaluation every 2 steps and a
     checkpoint save every 3, both slow."""
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace import TracerProvider
-
     seq = 32
-    readers = {"per_sample": InMemoryMetricReader(), "per_batch": InMemoryMetricReader()}
     options = {
         "per_sample": {"tokens_per_sample": seq, "flops_per_token": THROUGHPUT_FLOPS_PER_TOKEN},
         "per_batch": {"tokens_per_batch": even_ids},
     }
-    callback_kwargs = [
-        {
-            "meter_provider": MeterProvider(metric_readers=[readers[name]]),
-            "tracer_provider": TracerProvider(),
-            "tensor_metrics": "none",
-            **options[name],
-        }
-        for name in readers
-    ]
+    readers, callback_kwargs = callbacks_with_readers(options)
     events: list = []
     model = build_model(seq)
     result = train(

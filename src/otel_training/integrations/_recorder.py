@@ -269,11 +269,7 @@ class RunRecorder:
     def end_run(self) -> None:
         """Ends the phases still open and the run span; a step still open records no point.
         Closes the tensor observer (its last values stay observable until the next run's)."""
-        for name in self._PHASES:
-            handle = getattr(self, name)
-            if handle is not None:
-                setattr(self, name, None)
-                handle.stop()
+        self._end_phases(self._PHASES)
         self._close_observer()
         self._reset()
 
@@ -281,14 +277,20 @@ class RunRecorder:
         """Records ``exception`` on every phase still open and on the run span (status ERROR,
         an ``exception`` event), ends them, and drops the step it interrupted (no
         ``step_duration_ms`` point, its micro-batches in no interval)."""
-        for name in self._PHASES:
+        self._end_phases(self._PHASES, exception)
+        self._close_observer()
+        self._reset()
+
+    def _end_phases(self, names: tuple[str, ...], exception: BaseException | None = None) -> None:
+        """Ends the phases ``names`` still open, innermost first; with ``exception`` recorded
+        on each (status ERROR)."""
+        for name in names:
             handle = getattr(self, name)
             if handle is not None:
                 setattr(self, name, None)
-                handle.error(exception)
+                if exception is not None:
+                    handle.error(exception)
                 handle.stop()
-        self._close_observer()
-        self._reset()
 
     def _resolve_pipeline(self, identity: FrameworkIdentity) -> None:
         meter_provider, tracer_provider = self._meter_provider, self._tracer_provider
@@ -451,12 +453,7 @@ class RunRecorder:
     def fail_checkpoint(self, exception: BaseException) -> None:
         """Ends the checkpoint save (or load) that ``exception`` ended, with status ERROR; it
         does not count as a save (or as the resume point)."""
-        for name in ("_checkpoint", "_load"):
-            handle = getattr(self, name)
-            if handle is not None:
-                setattr(self, name, None)
-                handle.error(exception)
-                handle.stop()
+        self._end_phases(("_checkpoint", "_load"), exception)
         self.mark_boundary()
 
     @property
