@@ -31,6 +31,9 @@ from otel_training.throughput import StepAccumulator
 
 _logger = logging.getLogger("otel_training.integrations")
 _warned: set[str] = set()
+# At the end of a run that ended well, how long the tensor observer's last device results are
+# waited for (s): the training loop is over, and the final collection should have them.
+_FINAL_FLUSH_S = 2.0
 
 
 def warn_once(cause: str, message: str, *args: Any, exc_info: bool = False) -> None:
@@ -270,7 +273,7 @@ class RunRecorder:
         """Ends the phases still open and the run span; a step still open records no point.
         Closes the tensor observer (its last values stay observable until the next run's)."""
         self._end_phases(self._PHASES)
-        self._close_observer()
+        self._close_observer(flush_s=_FINAL_FLUSH_S)
         self._reset()
 
     def fail_run(self, exception: BaseException) -> None:
@@ -329,10 +332,18 @@ class RunRecorder:
         except Exception:
             warn_once("observer", "otel-training: no tensor metrics for this model", exc_info=True)
 
-    def _close_observer(self) -> None:
+    def _close_observer(self, flush_s: float = 0.0) -> None:
+        """Closes the tensor observer; after a run that ended well, its in-flight results
+        (CUDA copies of the last due step) are first published, waiting up to ``flush_s``."""
         observer, self.observer = self.observer, None
-        if observer is not None:
-            observer.close()
+        if observer is None:
+            return
+        if flush_s > 0:
+            try:
+                observer.flush(flush_s)
+            except Exception:
+                warn_once("observer_flush", "otel-training: tensor metrics not flushed")
+        observer.close()
 
     # -- steps ----------------------------------------------------------------------------
 
