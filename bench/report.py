@@ -71,6 +71,7 @@ from otel_training.semconv.spans import (
     MEGATRON_TRAIN_ITERATION,
     SPANS,
 )
+from otel_training.throughput import tflops_per_device
 from otel_training.views import STEP_DURATION_BUCKETS_MS
 
 
@@ -277,7 +278,7 @@ class _Rank:
                 0.3 + 2.0 * math.exp(-step / 500) + 0.05 * r.gauss(0, 1)
             ),
             MEGATRON_TRAINING_TOKENS_PER_SEC: tokens_per_s,
-            MEGATRON_TRAINING_THROUGHPUT_TFLOPS: tokens_per_s * 6 * 7e9 / 1e12,
+            MEGATRON_TRAINING_THROUGHPUT_TFLOPS: tflops_per_device(6 * 7e9, tokens_per_s),
             MEGATRON_TRAINING_MEMORY_ALLOCATED_GB: 61.5
             + 0.3 * math.sin(step / 300)
             + 0.1 * self.rank,

@@ -201,7 +201,8 @@ def test_observe_feeds_tensors_that_no_module_outputs(meter):
 
 
 def test_close_removes_the_hooks_and_the_gauge_source(meter):
-    """After close() the model has no hooks and the gauges no longer read the observer."""
+    """After close() the model has no hooks and the gauges no longer follow the observer (its
+    last values are retired, kept until the next source)."""
     model = Net()
     observer = TensorObserver(model, "activation_rms:1", meter=meter)
     gauges = TensorMetricGauges.for_meter(meter)
@@ -457,3 +458,110 @@ def test_a_disabled_sdk_makes_the_observer_inert():
     model(torch.randn(2, 4)).sum().backward()
     observer.commit()
     assert observer.executor.stats.due_steps == 0 and observer.step == 1
+
+
+# -- the second time (issue 15 item 11) ---------------------------------------------------------
+
+PARAM_FAMILY = "megatron.training.tensor.param_norm"
+
+
+def _filled(value: float) -> Net:
+    model = Net()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.fill_(value)
+    return model
+
+
+def _global_param_norm(model: nn.Module) -> float:
+    return float(
+        torch.linalg.vector_norm(
+            torch.cat([p.detach().double().reshape(-1) for p in model.parameters()])
+        )
+    )
+
+
+def _one_step(observer: TensorObserver, model: nn.Module) -> None:
+    observer.begin_step(1)
+    model(torch.ones(2, 4)).sum().backward()
+    observer.commit()
+    observer.flush()
+
+
+def _process_wide_registrations() -> tuple[int, int, int]:
+    """What an observer registers beyond its model: module registration hooks (both kinds) and
+    flush hooks of the pipeline."""
+    from torch.nn.modules import module as registry
+
+    from otel_training import setup
+
+    return (
+        len(registry._global_module_registration_hooks),
+        len(registry._global_parameter_registration_hooks),
+        len(setup._flush_hooks),
+    )
+
+
+@pytest.mark.parametrize(
+    "meters",
+    [("proxy", "proxy"), ("pipeline", "pipeline"), ("proxy", "pipeline"), ("pipeline", "proxy")],
+)
+def test_a_second_observer_records_exactly_as_the_first(meters):
+    """Observer, close, new observer on another model in one process, through
+    otel_training.get_meter() (a new proxy each call) or the pipeline's own meter in any mix:
+    each exports its own model's norms, and the first leaves no hook, flush hook or value."""
+    import otel_training
+    from otel_training import testing
+
+    telemetry = testing.configure_in_memory()
+    meter_of = {"proxy": otel_training.get_meter, "pipeline": lambda: telemetry.meter}
+    before = _process_wide_registrations()
+    found = []
+    for kind, fill in zip(meters, (0.5, 2.0)):
+        model = _filled(fill)
+        observer = TensorObserver(model, "param_norm:1", meter=meter_of[kind]())
+        _one_step(observer, model)
+        found.append({p.attributes["megatron.training.layer"]: p.value
+                      for _, p in telemetry.points(PARAM_FAMILY)})  # fmt: skip
+        observer.close()
+        assert not any(m._forward_hooks for m in model.modules())
+        assert _process_wide_registrations() == before
+        expected = _global_param_norm(model)
+        assert found[-1]["global"] == pytest.approx(expected, rel=1e-6), kind
+    assert found[0]["global"] != pytest.approx(found[1]["global"])
+    assert set(found[0]) == set(found[1])  # the same series, the second's values only
+
+
+def test_a_closed_observer_keeps_its_last_values_until_the_next_one_starts():
+    """After close() the final collection still has the last values; the next observer on the
+    meter drops them, and until its first step exports nothing stale."""
+    from otel_training import testing
+
+    telemetry = testing.configure_in_memory()
+    model = _filled(0.5)
+    first = TensorObserver(model, "param_norm:1", meter=telemetry.meter)
+    _one_step(first, model)
+    first.close()
+    (value,) = [p.value for _, p in telemetry.points(PARAM_FAMILY)
+                if p.attributes["megatron.training.layer"] == "global"]  # fmt: skip
+    assert value == pytest.approx(_global_param_norm(model), rel=1e-6)
+    second = TensorObserver(_filled(2.0), "param_norm:1", meter=telemetry.meter)
+    assert telemetry.points(PARAM_FAMILY) == []
+    second.close()
+
+
+def test_observers_through_the_proxy_follow_a_new_configure():
+    """An observer built on otel_training.get_meter() before a second configure() exports into
+    the new pipeline, once, and no longer into the first."""
+    import otel_training
+    from otel_training import testing
+
+    first = testing.configure_in_memory()
+    model = _filled(0.5)
+    observer = TensorObserver(model, "param_norm:1", meter=otel_training.get_meter())
+    _one_step(observer, model)
+    assert len(first.points(PARAM_FAMILY)) > 0
+    second = testing.configure_in_memory()
+    layers = [p.attributes["megatron.training.layer"] for _, p in second.points(PARAM_FAMILY)]
+    assert sorted(layers) == sorted(set(layers)) and "global" in layers
+    observer.close()

@@ -201,3 +201,55 @@ def test_unusable_losses_are_dropped_not_raised():
         assert accumulator.end_step(1.0).loss is None
     accumulator.add_micro_batch(loss=torch.tensor([3.0]), tokens=4)
     assert float(accumulator.end_step(1.0).loss) == 3.0
+
+
+def test_throughput_is_the_one_definition_of_the_job_and_device_rates():
+    """throughput(): tokens/s = job tokens / time; per device = that / world size; TFLOP/s per
+    device = FLOPs / (time x 1e12 x world size), Megatron-LM's training_log formula."""
+    from otel_training.throughput import Throughput, global_count, throughput
+
+    # 2 data-parallel ranks, each 3 micro-batches of 4 x 128 tokens, in 0.25 s.
+    job_tokens = global_count(3 * 4 * 128, 2)
+    assert job_tokens == 3072
+    figures = throughput(0.25, world_size=2, tokens_global=job_tokens, flops_per_token=1e9)
+    assert figures.tokens_per_sec_global == pytest.approx(12_288)
+    assert figures.tokens_per_sec_per_device == pytest.approx(6_144)
+    assert figures.tflops_per_device == pytest.approx(6.144)
+    # A framework's own FLOP count of the interval over all devices: 4e12 FLOPs, 2 s, 4 GPUs.
+    counted = throughput(2.0, world_size=4, flops_global=4e12)
+    assert counted.tflops_per_device == pytest.approx(0.5)
+    assert counted.tokens_per_sec_global is None
+    # flops_per_token wins over a framework's count; without tokens there is no TFLOP/s from it.
+    assert throughput(1.0, tokens_global=10, flops_per_token=1e12, flops_global=5e12) == (
+        throughput(1.0, tokens_global=10, flops_per_token=1e12)
+    )
+    assert throughput(1.0, flops_per_token=1e9).tflops_per_device is None
+    assert throughput(2.0, flops_per_token=1e9, flops_global=4e12).tflops_per_device == 2.0
+    for no_time in (0.0, -1.0, None, float("nan")):
+        assert throughput(no_time, tokens_global=10, flops_global=1.0) == Throughput(
+            None, None, None
+        )
+
+
+def test_interval_and_step_figures_come_from_throughput():
+    """StepAccumulator's step and interval rates, and IntervalStats.throughput(), equal
+    throughput() over the same tokens and summed step time."""
+    from otel_training.throughput import Throughput, throughput
+
+    acc = StepAccumulator(data_parallel_size=2, world_size=4)
+    acc.add_micro_batch(1.0, tokens=300)
+    acc.add_tokens_global(60)
+    record = acc.end_step(0.5)
+    acc.add_micro_batch(1.0, tokens=100)
+    acc.end_step(1.5)
+    stats = acc.interval()
+    assert record.tokens_global == 660
+    assert record.tokens_per_sec_per_device == pytest.approx(660 / 0.5 / 4)
+    expected = throughput(2.0, world_size=4, tokens_global=860, flops_per_token=2e9)
+    assert stats.throughput(flops_per_token=2e9) == expected
+    assert expected.tflops_per_device == pytest.approx(2e9 * 860 / (2.0 * 1e12 * 4))
+    assert (stats.tokens_per_sec_global, stats.tokens_per_sec_per_device) == (
+        expected.tokens_per_sec_global,
+        expected.tokens_per_sec_per_device,
+    )
+    assert stats.throughput(count_tokens=False, flops_per_token=2e9) == Throughput(None, None, None)

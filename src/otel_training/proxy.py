@@ -25,6 +25,7 @@ Thread-safe; nothing here raises on the recording paths.
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -182,6 +183,13 @@ class ProxyMeter(metrics_api.Meter):
         proxy.on_meter_set(real)
         return proxy
 
+    def on_rebind(self, listener: Callable[[metrics_api.Meter], object]) -> None:
+        """Calls ``listener(real_meter)`` now and each time this meter rebinds to another
+        pipeline's meter (in ``configure()``, on its thread, this meter's lock held: the
+        listener must not create instruments on this proxy). The listener is held strongly;
+        an exception it raises is logged. Never raises."""
+        self._add(_RebindListener(listener))
+
     def create_counter(self, name: str, unit: str = "", description: str = ""):
         return self._add(api_instrument._ProxyCounter(name, unit, description))
 
@@ -218,6 +226,23 @@ class ProxyMeter(metrics_api.Meter):
 
     def create_observable_gauge(self, name, callbacks=None, unit="", description=""):
         return self._add(api_instrument._ProxyObservableGauge(name, callbacks, unit, description))
+
+
+class _RebindListener:
+    """What :meth:`ProxyMeter.on_rebind` keeps among the proxy's instruments."""
+
+    __slots__ = ("listener",)
+
+    def __init__(self, listener: Callable[[metrics_api.Meter], object]) -> None:
+        self.listener = listener
+
+    def on_meter_set(self, meter: metrics_api.Meter) -> None:
+        try:
+            self.listener(meter)
+        except Exception:
+            logging.getLogger(__name__).warning(
+                "otel-training: a meter rebind listener failed", exc_info=True
+            )
 
 
 _meters: weakref.WeakSet[ProxyMeter] = weakref.WeakSet()

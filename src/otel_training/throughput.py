@@ -1,13 +1,31 @@
-"""Per-step accounting for training throughput and loss, correct under gradient accumulation.
+"""Training throughput: tokens/s for the job and per device, and TFLOP/s per device, defined
+once here and used by `StepAccumulator`, the framework callbacks and the demo; and the per-step
+accounting that feeds them, correct under gradient accumulation.
 
 One optimizer step is made of ``grad_accum`` micro-batches on each of ``data_parallel_size``
 ranks. The numbers that the Megatron-LM training metrics want are per *optimizer step* and per
-*log interval*, and they must not move when only the accumulation setting changes:
+*log interval*, and they must not move when only the accumulation setting changes.
 
-- ``tokens_per_sec`` (global) = tokens of all micro-batches of the interval's optimizer steps on
-  all data-parallel ranks / the summed wall time of those steps, in tokens/s. Per device it is the
-  global rate / ``world_size``. Neither is one micro-batch's tokens over the step time, nor a mean
-  of per-micro-batch rates (both are known bugs: nanochat #177, composer #271, xtuner #977).
+The definitions (:func:`throughput`, :func:`global_count`), over a log interval of optimizer
+steps whose summed wall time is ``duration_s``:
+
+- tokens of the job = this rank's tokens × ``data_parallel_size``: every data-parallel rank
+  processes as many tokens per micro-batch (DDP, FSDP, ZeRO); a count the framework gathered
+  over the ranks is taken as it is;
+- ``tokens_per_sec`` for the job = tokens of the job / ``duration_s``, in tokens/s: the scope of
+  Megatron-LM's ``tokens_per_sec``. Neither one micro-batch's tokens over the step time, nor a
+  mean of per-micro-batch rates (both are known bugs: nanochat #177, composer #271, xtuner #977);
+- ``tokens_per_sec`` per device = the job's rate / ``world_size`` (every GPU of the job, tensor
+  and pipeline parallel ones included);
+- ``throughput_tflops`` per device = FLOPs of the interval over all devices / (``duration_s``
+  × 10^12 × ``world_size``), as Megatron-LM's ``training_log`` computes its "throughput per GPU
+  (TFLOP/s/GPU)" (``num_floating_point_operations(args, batch_size) /
+  (elapsed_time_per_iteration * 10**12 * args.world_size)``, ``megatron/training/training.py``).
+  The FLOPs of the interval are ``flops_per_token`` × tokens of the job, or a framework's own
+  count; ``flops_per_token`` of a GPT-style decoder is :func:`gpt_flops_per_token` (PaLM,
+  Chowdhery et al. 2022, appendix B, which extends Kaplan et al. 2020, section 2.1, with the
+  attention term; Megatron-LM's ``num_floating_point_operations`` has the same leading terms).
+  Model FLOPs, not hardware FLOPs: activation recomputation is not counted;
 - ``loss`` = the mean of the micro-batch losses over the interval's non-skipped optimizer steps
   (not their sum and not the last micro-batch's value: transformers #35204).
 
@@ -24,17 +42,14 @@ Typical use, one process per rank::
         record_training_metrics(meter, step_duration_ms=record.duration_ms)
         if step % log_interval == 0:
             stats = acc.interval()
+            rates = stats.throughput(flops_per_token=gpt_flops_per_token(...))
             record_training_metrics(meter, loss=stats.loss,
-                                    tokens_per_sec=stats.tokens_per_sec_global, ...)
+                                    tokens_per_sec=rates.tokens_per_sec_global,
+                                    throughput_tflops=rates.tflops_per_device, ...)
 
 The module is pure Python and never imports torch: 0-d tensors passed as losses are averaged with
 tensor operations (``torch.stack(...).mean()``, taken from the already imported ``torch`` module)
 so that accounting causes no device synchronisation.
-
-The FLOP count of a GPT-style decoder follows PaLM (Chowdhery et al. 2022, appendix B), which
-extends Kaplan et al. 2020 ("Scaling Laws for Neural Language Models", section 2.1) with the
-attention term; Megatron-LM's ``num_floating_point_operations`` (``megatron/training/training.py``)
-gives the same leading terms.
 """
 
 from __future__ import annotations
@@ -50,8 +65,11 @@ __all__ = [
     "IntervalStats",
     "StepAccumulator",
     "StepRecord",
+    "Throughput",
     "gpt_flops_per_token",
     "tflops_per_device",
+    "throughput",
+    "global_count",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -92,6 +110,74 @@ def _mean(values: Sequence[Any]) -> Any:
     return math.fsum(float(v) for v in values) / len(values)
 
 
+def global_count(count_on_rank: float, data_parallel_size: int) -> float:
+    """The whole job's count (tokens, or model FLOPs) from one rank's: ``count_on_rank ×
+    data_parallel_size``, as if every data-parallel rank processed as much (DDP, FSDP, ZeRO;
+    under tensor or pipeline parallelism pass the data-parallel size, not the world size).
+    Never raises."""
+    return count_on_rank * data_parallel_size
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """The throughput figures of one interval, as :func:`throughput` defines them.
+
+    Attributes:
+        tokens_per_sec_global: Tokens of the job / the interval's wall time, in tokens/s
+            (``megatron.training.tokens_per_sec``); ``None`` without a token count or a time.
+        tokens_per_sec_per_device: ``tokens_per_sec_global / world_size``, in tokens/s per
+            device; ``None`` likewise.
+        tflops_per_device: FLOPs of the interval over all devices / (time × 10^12 ×
+            ``world_size``), in TFLOP/s per device (``megatron.training.throughput_tflops``);
+            ``None`` without a FLOP count or a time.
+    """
+
+    tokens_per_sec_global: float | None
+    tokens_per_sec_per_device: float | None
+    tflops_per_device: float | None
+
+
+def throughput(
+    duration_s: float | None,
+    *,
+    world_size: int = 1,
+    tokens_global: float | None = None,
+    flops_per_token: float | None = None,
+    flops_global: float | None = None,
+) -> Throughput:
+    """The throughput of an interval of optimizer steps: the one definition (module docstring).
+
+    - tokens/s for the job = ``tokens_global / duration_s``;
+    - tokens/s per device = tokens/s for the job / ``world_size``;
+    - TFLOP/s per device = FLOPs / (``duration_s`` × 10^12 × ``world_size``), the FLOPs being
+      ``flops_per_token × tokens_global`` when both are given, else ``flops_global``
+      (Megatron-LM's ``training_log``).
+
+    Args:
+        duration_s: Summed wall time of the interval's optimizer steps, in seconds (evaluations
+            and checkpoint saves between them excluded).
+        world_size: Devices (GPUs) of the job, the divisor of the per-device figures.
+        tokens_global: Tokens of the interval over all data-parallel ranks (:func:`global_count`
+            of this rank's count, or a count the framework gathered); ``None``: not counted.
+        flops_per_token: Training FLOPs per token (forward and backward, e.g.
+            :func:`gpt_flops_per_token`); needs ``tokens_global``.
+        flops_global: Model FLOPs of the interval over all devices, as a framework counts them;
+            used unless ``flops_per_token`` and ``tokens_global`` are both given.
+
+    Returns:
+        The :class:`Throughput`; each figure is ``None`` where its inputs are missing, or the
+        time is not a positive number. Never raises.
+    """
+    if duration_s is None or not duration_s > 0 or world_size < 1:
+        return Throughput(None, None, None)
+    rate = None if tokens_global is None else tokens_global / duration_s
+    flops = flops_global
+    if flops_per_token is not None and tokens_global is not None:
+        flops = flops_per_token * tokens_global
+    tflops = None if flops is None else flops / (duration_s * 1e12 * world_size)
+    return Throughput(rate, None if rate is None else rate / world_size, tflops)
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """One optimizer step, as returned by `StepAccumulator.end_step`.
@@ -123,16 +209,24 @@ class StepRecord:
 
     @property
     def tokens_per_sec_global(self) -> float | None:
-        """Global rate of this step: ``tokens_global / duration_s``, in tokens/s."""
-        if not self.duration_s:
-            return None
-        return self.tokens_global / self.duration_s
+        """Global rate of this step (:func:`throughput`): ``tokens_global / duration_s``, in
+        tokens/s."""
+        return self.throughput().tokens_per_sec_global
 
     @property
     def tokens_per_sec_per_device(self) -> float | None:
-        """Per-device rate of this step: ``tokens_per_sec_global / world_size``, in tokens/s."""
-        rate = self.tokens_per_sec_global
-        return None if rate is None else rate / self.world_size
+        """Per-device rate of this step (:func:`throughput`): ``tokens_per_sec_global /
+        world_size``, in tokens/s."""
+        return self.throughput().tokens_per_sec_per_device
+
+    def throughput(self, *, flops_per_token: float | None = None) -> Throughput:
+        """This step's :class:`Throughput` (:func:`throughput` over its tokens and time)."""
+        return throughput(
+            self.duration_s,
+            world_size=self.world_size,
+            tokens_global=self.tokens_global,
+            flops_per_token=flops_per_token,
+        )
 
 
 @dataclass(frozen=True)
@@ -153,6 +247,7 @@ class IntervalStats:
         tokens_per_sec_per_device: ``tokens_per_sec_global / world_size`` in tokens/s per device
             (GPU); ``None`` when no time was measured.
         mean_step_duration_s: ``duration_s / steps`` in seconds; ``None`` when no steps.
+        world_size: Devices of the job, the divisor of the per-device figures.
     """
 
     steps: int
@@ -163,6 +258,26 @@ class IntervalStats:
     tokens_per_sec_global: float | None
     tokens_per_sec_per_device: float | None
     mean_step_duration_s: float | None
+    world_size: int = 1
+
+    def throughput(
+        self,
+        *,
+        flops_per_token: float | None = None,
+        flops_global: float | None = None,
+        count_tokens: bool = True,
+    ) -> Throughput:
+        """This interval's :class:`Throughput` (:func:`throughput` over its tokens and summed
+        step time), with TFLOP/s from ``flops_per_token`` or a framework's ``flops_global``.
+        ``count_tokens=False``: no token count was given (no tokens/s, and TFLOP/s only from
+        ``flops_global``)."""
+        return throughput(
+            self.duration_s,
+            world_size=self.world_size,
+            tokens_global=self.tokens_global if count_tokens else None,
+            flops_per_token=flops_per_token,
+            flops_global=flops_global,
+        )
 
     @property
     def mean_step_duration_ms(self) -> float | None:
@@ -262,7 +377,16 @@ class StepAccumulator:
                 _warn_once("tokens", "StepAccumulator: dropping invalid token count %r", tokens)
                 return
             tokens = as_int
-        self._step_tokens += tokens * self.data_parallel_size
+        self._step_tokens += global_count(tokens, self.data_parallel_size)
+
+    def add_tokens_global(self, tokens: int) -> None:
+        """Adds ``tokens`` counted over all data-parallel ranks already (a framework's gathered
+        count) to the current optimizer step, without a micro-batch. Never raises; a negative
+        or non-integral count is dropped with a warning."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            _warn_once("tokens", "StepAccumulator: dropping invalid token count %r", tokens)
+            return
+        self._step_tokens += tokens
 
     def end_step(self, duration_s: float, skipped: bool = False) -> StepRecord:
         """Closes the current optimizer step.
@@ -323,16 +447,19 @@ class StepAccumulator:
             and per-device token rates, and the step and skip counts. Never raises.
         """
         duration = self._interval_duration_s
-        rate = self._interval_tokens / duration if duration > 0 else None
+        rates = throughput(
+            duration, world_size=self.world_size, tokens_global=self._interval_tokens
+        )
         stats = IntervalStats(
             steps=self._interval_steps,
             skipped_iters=self._interval_skipped,
             loss=_mean(self._interval_losses),
             tokens_global=self._interval_tokens,
             duration_s=duration,
-            tokens_per_sec_global=rate,
-            tokens_per_sec_per_device=None if rate is None else rate / self.world_size,
+            tokens_per_sec_global=rates.tokens_per_sec_global,
+            tokens_per_sec_per_device=rates.tokens_per_sec_per_device,
             mean_step_duration_s=duration / self._interval_steps if self._interval_steps else None,
+            world_size=self.world_size,
         )
         self._interval_losses = []
         self._interval_steps = 0
@@ -391,9 +518,9 @@ def gpt_flops_per_token(
 
 
 def tflops_per_device(flops_per_token: float, tokens_per_sec_per_device: float) -> float:
-    """Achieved model throughput per device in TFLOP/s (10^12 FLOP/s).
-
-    ``flops_per_token * tokens_per_sec_per_device / 1e12``: the unit of
+    """Achieved model throughput per device in TFLOP/s (10^12 FLOP/s), from a per-device token
+    rate: :func:`throughput` over one second of one device, that is
+    ``flops_per_token * tokens_per_sec_per_device / 1e12``, the unit of
     ``megatron.training.throughput_tflops``, which Megatron-LM reports per GPU.
 
     Args:
@@ -404,4 +531,7 @@ def tflops_per_device(flops_per_token: float, tokens_per_sec_per_device: float) 
     Returns:
         TFLOP/s per device.
     """
-    return flops_per_token * tokens_per_sec_per_device / 1e12
+    figures = throughput(
+        1.0, tokens_global=tokens_per_sec_per_device, flops_per_token=flops_per_token
+    )
+    return figures.tflops_per_device

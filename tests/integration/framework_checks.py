@@ -125,3 +125,127 @@ def classify(spans: Sequence) -> dict[str, list]:
     assert all(s.parent_span_id == segment.span_id for s in in_segment)
     assert [link[1] for link in segment.links] == [run.span_id]
     return {"run": run, "segment": segment, "first": first, **roles}
+
+
+def step_windows(events: Sequence) -> dict[int, tuple[tuple[float, float], tuple[float, float]]]:
+    """``{step: ((start_lo, start_hi), (end_lo, end_hi))}`` from probe events in the order the
+    training thread met them: ``(tag, "-", t, step)`` just before and ``(tag, "+", t, step)``
+    just after the callback's hook at a step boundary (``start``, ``end``, ``eval``, ``save``),
+    ``("begin", "", t, step)`` at a step's first micro-batch. A step starts at the last
+    boundary before its first micro-batch and ends at its ``end``: the callback's clock reads
+    lie inside each bracket."""
+    opened: dict[str, float] = {}
+    boundary: tuple[float, float] | None = None
+    starts: dict[int, tuple[float, float]] = {}
+    windows = {}
+    for tag, side, t, step in events:
+        if tag == "begin":
+            assert boundary is not None, "a step began before the training loop started"
+            starts[step] = boundary
+        elif side == "-":
+            opened[tag] = t
+        else:
+            boundary = (opened.pop(tag), t)
+            if tag == "end":
+                windows[step] = (starts[step], boundary)
+    return windows
+
+
+def duration_bounds(windows: dict, first: int, last: int) -> tuple[float, float]:
+    """The shortest and longest possible summed duration of the steps ``first..last`` (s)."""
+    steps = [windows[step] for step in range(first, last + 1)]
+    shortest = math.fsum(end[0] - start[1] for start, end in steps)
+    longest = math.fsum(end[1] - start[0] for start, end in steps)
+    return shortest, longest
+
+
+THROUGHPUT_GAUGES = ("megatron.training.tokens_per_sec", "megatron.training.throughput_tflops")
+
+
+def throughput_gauges(reader) -> dict[str, float]:
+    """The throughput gauges of an ``InMemoryMetricReader`` now (it collects)."""
+    found = {}
+    data = reader.get_metrics_data()
+    for resource_metrics in data.resource_metrics if data else ():
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if metric.name in THROUGHPUT_GAUGES:
+                    (point,) = metric.data.data_points
+                    found[metric.name] = point.value
+    return found
+
+
+def in_memory_providers():
+    """Providers of a test's own: (callback keyword arguments, metric reader, span exporter)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    reader, exporter = InMemoryMetricReader(), InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    kwargs = {"meter_provider": MeterProvider(metric_readers=[reader]),
+              "tracer_provider": tracer_provider}  # fmt: skip
+    return kwargs, reader, exporter
+
+
+def steps_recorded(reader) -> int:
+    """Points of step_duration_ms in ``reader`` (one per optimizer step that completed)."""
+    from otel_training import testing
+
+    found = [p for _, p in testing.points(reader.get_metrics_data(), STEP)]
+    return found[0].count if found else 0
+
+
+def process_wide_registrations() -> tuple:
+    """What is registered process-wide now: module registration hooks of both kinds, the
+    pipeline's flush hooks, ``sys.excepthook``."""
+    import sys
+
+    from torch.nn.modules import module as registry
+
+    from otel_training import setup
+
+    return (
+        len(registry._global_module_registration_hooks),
+        len(registry._global_parameter_registration_hooks),
+        len(setup._flush_hooks),
+        sys.excepthook,
+    )
+
+
+def run_as_recorded(telemetry, snapshot: dict[str, float]) -> tuple:
+    """What one run exported to an in-memory pipeline, to compare with another run: its
+    iteration numbers, its run spans, the metric names so far. Checks on the way that the
+    ``param_norm`` tensor gauge holds this run's global norm of ``snapshot`` (``param:NAME``
+    -> norm, the test's own at the last commit)."""
+    norm = l2(v for k, v in snapshot.items() if k.startswith("param:"))
+    found = {p.attributes["megatron.training.layer"]: p.value
+             for _, p in telemetry.points("megatron.training.tensor.param_norm")}  # fmt: skip
+    assert found["global"] == pytest.approx(norm, rel=1e-5)
+    spans = telemetry.spans.get_finished_spans()
+    iterations = sorted(s.attributes["megatron.iteration"] for s in iteration_spans(spans))
+    return iterations, len(runs(spans)), sorted({name for name, _ in telemetry.points()})
+
+
+def callbacks_with_readers(options: dict[str, dict]) -> tuple[dict, list[dict]]:
+    """One callback's keyword arguments per entry of ``options`` (name -> its own options),
+    each with an ``InMemoryMetricReader`` and a tracer provider of its own and no tensor
+    metrics; returns ``({name: reader}, [kwargs, ...])``."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+
+    readers = {name: InMemoryMetricReader() for name in options}
+    kwargs = [
+        {
+            "meter_provider": MeterProvider(metric_readers=[readers[name]]),
+            "tracer_provider": TracerProvider(),
+            "tensor_metrics": "none",
+            **own,
+        }
+        for name, own in options.items()
+    ]
+    return readers, kwargs

@@ -91,8 +91,8 @@ def test_metrics_equal_what_lightning_logged_and_the_test_measured(
     intervals = _interval_steps(every, steps)
     assert sorted(losses) == [last for _, last in intervals]
     micro = before["micro_losses"]
-    ends = [before["fit_start"], *before["step_ends"]]
-    after_ends = [after["fit_start"], *after["step_ends"]]
+    ends = [before["train_start"], *before["step_ends"]]
+    after_ends = [after["train_start"], *after["step_ends"]]
     for first, last in intervals:
         batches = range((first - 1) * accumulate, last * accumulate)
         assert losses[last] == pytest.approx(math.fsum(micro[i] for i in batches) / len(batches))

@@ -23,6 +23,9 @@ from typing import Any
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script too
+from framework_checks import callbacks_with_readers, throughput_gauges  # noqa: E402
+
 VOCAB = 256
 
 
@@ -49,21 +52,52 @@ def build_model(seq: int) -> GPT2LMHeadModel:
 
 
 class Probe(TrainerCallback):
-    """Records, at the moments the test needs, what the Trainer did."""
+    """Records, at the moments the test needs, what the Trainer did.
+
+    With ``events``, it appends ``(tag, side, perf_counter(), step)`` at the hooks where the
+    callback sets a step boundary (``start``: on_train_begin, ``end``: on_step_end, ``eval``:
+    on_evaluate, ``save``: on_save; before the callback with ``side="-"``, after it with
+    ``"+"``) and, before the callback, ``("begin", "", t, step)`` at on_step_begin; before its
+    ``eval`` and ``save`` timestamps it sleeps ``pause_s``. It counts each training forward's
+    inputs in ``record["micro"]`` (step, main input elements, rows, even ids) with a forward
+    pre-hook of its own, and with ``readers`` keeps the throughput gauges of each reader at
+    each training log in ``record["intervals"]``.
+    """
 
     def __init__(self, record: dict, *, snapshot_every: int = 0, flush: bool = False,
-                 fail_at_step: int = 0) -> None:  # fmt: skip
+                 fail_at_step: int = 0, events: list | None = None, side: str = "-",
+                 readers: dict | None = None, pause_s: float = 0.0) -> None:  # fmt: skip
         self.record = record
         self.snapshot_every = snapshot_every
         self.flush = flush
         self.fail_at_step = fail_at_step
+        self.events, self.side, self.readers, self.pause_s = events, side, readers, pause_s
+        self.step = 0
+        self.handle = None
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def _event(self, tag: str, step: int, side: str | None = None) -> None:
+        if self.events is not None:
+            mark = self.side if side is None else side
+            self.events.append((tag, mark, time.perf_counter(), step))
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.record["train_begin"] = time.perf_counter()
+        self._event("start", state.global_step)
+        if self.side == "-" and model is not None and self.handle is None:
+            self.handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, module, args, kwargs):
+        if module.training and "input_ids" in kwargs:
+            ids = kwargs["input_ids"]
+            micro = (self.step, int(ids.numel()), int(ids.shape[0]), even_ids({"input_ids": ids}))
+            self.record.setdefault("micro", []).append(micro)
 
     def on_step_begin(self, args, state, control, **kwargs):
+        self.step = state.global_step + 1
         if state.global_step + 1 == self.fail_at_step:
             raise RuntimeError(f"injected failure at step {self.fail_at_step}")
+        if self.side == "-":
+            self._event("begin", state.global_step + 1, "")
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         step = state.global_step + 1
@@ -75,12 +109,33 @@ class Probe(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.record.setdefault("step_ends", []).append(time.perf_counter())
+        self._event("end", state.global_step)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if self.pause_s:
+            time.sleep(self.pause_s)
+        self._event("eval", state.global_step)
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.pause_s:
+            time.sleep(self.pause_s)
+        self._event("save", state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.flush and logs and "loss" in logs:
-            import otel_training
+        if logs and "loss" in logs:
+            if self.readers:
+                self.record.setdefault("intervals", {})[state.global_step] = {
+                    name: throughput_gauges(reader) for name, reader in self.readers.items()
+                }
+            if self.flush:
+                import otel_training
 
-            otel_training.force_flush()
+                otel_training.force_flush()
 
 
 class AfterProbe(Probe):
@@ -88,18 +143,33 @@ class AfterProbe(Probe):
     callbacks of one class)."""
 
 
+def even_ids(inputs) -> int:
+    """The test's own token count of a micro-batch: its even input ids (what
+    ``tokens_per_batch=even_ids`` counts, and the probe counts for itself)."""
+    return int((inputs["input_ids"] % 2 == 0).sum())
+
+
 def train(
     root: Path,
     *,
-    callback_kwargs: dict[str, Any] | None = None,
+    callback_kwargs: dict[str, Any] | list[dict[str, Any]] | None = None,
     args_kwargs: dict[str, Any] | None = None,
     seq: int = 32,
     count: int = 64,
     snapshot_every: int = 0,
     fail_at_step: int = 0,
+    trainer_class: type = Trainer,
+    model: Any = None,
+    resume_from_checkpoint: str | None = None,
+    probe_kwargs: dict[str, Any] | None = None,
+    add_callback: bool = False,
+    callback: Any = None,
 ) -> dict:
-    """Trains with probes before and after the callback; returns the probes' records
-    (``before``, ``after``), the Trainer and the callback."""
+    """Trains with probes before and after the callback (one callback per dict of
+    ``callback_kwargs`` when it is a list); returns the probes' records (``before``,
+    ``after``), the Trainer and the callback (and ``callbacks``); ``callback``: one built
+    already. ``add_callback``: the callbacks are added with ``trainer.add_callback`` after
+    the Trainer is built."""
     from otel_training.integrations.transformers import OtelTrainingCallback
 
     data = samples(seq, count)
@@ -120,33 +190,106 @@ def train(
         **(args_kwargs or {}),
     }
     before, after = {}, {}
-    callback = OtelTrainingCallback(**(callback_kwargs or {}))
-    probes = [
-        Probe(before, snapshot_every=snapshot_every, fail_at_step=fail_at_step),
-        callback,
-        AfterProbe(after, flush=True),
-    ]
-    trainer = Trainer(
-        model=build_model(seq),
+    kwargs_list = callback_kwargs if isinstance(callback_kwargs, list) else [callback_kwargs]
+    callbacks = [OtelTrainingCallback(**(kwargs or {})) for kwargs in kwargs_list]
+    if callback is not None:
+        callbacks = [callback]
+    probe_options = dict(probe_kwargs or {})
+    after_options = {k: v for k, v in probe_options.items() if k != "pause_s"}
+    before_probe = Probe(
+        before, snapshot_every=snapshot_every, fail_at_step=fail_at_step, **probe_options
+    )
+    after_probe = AfterProbe(after, flush=True, side="+", **after_options)
+    trainer = trainer_class(
+        model=model if model is not None else build_model(seq),
         args=TrainingArguments(**options),
         train_dataset=data,
         eval_dataset=data[:8],
-        callbacks=probes,
+        callbacks=[before_probe] if add_callback else [before_probe, *callbacks, after_probe],
     )
+    if add_callback:
+        for callback in [*callbacks, after_probe]:
+            trainer.add_callback(callback)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: more threads only contend on a shared machine
     try:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     finally:
         torch.set_num_threads(threads)
-    return {"before": before, "after": after, "trainer": trainer, "callback": callback}
+    return {
+        "before": before,
+        "after": after,
+        "trainer": trainer,
+        "callback": callbacks[0],
+        "callbacks": callbacks,
+    }
+
+
+THROUGHPUT_FLOPS_PER_TOKEN = 3e6
+THROUGHPUT_PAUSE_S = 0.25  # each evaluation and checkpoint save lasts at least this long
+
+
+def non_embedding_parameters(model: torch.nn.Module) -> int:
+    """Parameters outside ``nn.Embedding`` modules, counted here (the N of the Trainer's
+    ``6 × N × tokens`` FLOP estimate)."""
+    embedding = {
+        id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()
+    }
+    return sum(p.numel() for p in model.parameters() if id(p) not in embedding)
+
+
+def _throughput_run(out: Path) -> dict:
+    """Two callbacks in one 2-rank training, each with providers of its own: ``per_sample``
+    (``tokens_per_sample``, ``flops_per_token``) and ``per_batch`` (``tokens_per_batch``, the
+    Trainer's own FLOP count); gradient accumulation 2, an evaluation every 2 steps and a
+    checkpoint save every 3, both slow."""
+    seq = 32
+    options = {
+        "per_sample": {"tokens_per_sample": seq, "flops_per_token": THROUGHPUT_FLOPS_PER_TOKEN},
+        "per_batch": {"tokens_per_batch": even_ids},
+    }
+    readers, callback_kwargs = callbacks_with_readers(options)
+    events: list = []
+    model = build_model(seq)
+    result = train(
+        out,
+        callback_kwargs=callback_kwargs,
+        args_kwargs={
+            "max_steps": 6,
+            "gradient_accumulation_steps": 2,
+            "logging_steps": 2,
+            "eval_strategy": "steps",
+            "eval_steps": 2,
+            "save_strategy": "steps",
+            "save_steps": 3,
+            "ddp_backend": "gloo",
+        },
+        seq=seq,
+        model=model,
+        probe_kwargs={"events": events, "readers": readers, "pause_s": THROUGHPUT_PAUSE_S},
+    )
+    trainer = result["trainer"]
+    return {
+        "rank": trainer.args.process_index,
+        "world_size": trainer.args.world_size,
+        "steps": trainer.state.global_step,
+        "events": events,
+        "micro": result["before"]["micro"],
+        "intervals": result["after"].get("intervals", {}),
+        "parameters": non_embedding_parameters(model),
+    }
 
 
 def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--throughput", action="store_true")
     args = parser.parse_args(argv)
+    if args.throughput:
+        record = _throughput_run(args.out)
+        (args.out / f"rank{record['rank']}.json").write_text(json.dumps(record))
+        return 0
     result = train(
         args.out,
         callback_kwargs={"tensor_metrics": "none"},

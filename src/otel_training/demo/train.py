@@ -9,8 +9,9 @@ eight Megatron-LM training metrics through `otel_training.instruments.record_tra
   non-skipped steps, averaged over the data-parallel ranks), ``grad_norm`` (global L2 norm before
   clipping, of the last step), ``learning_rate`` (of the step that ran), ``tokens_per_sec``
   (global: the tokens of all data-parallel ranks over this rank's wall time of the interval),
-  ``throughput_tflops`` (TFLOP/s per device: the global rate / world size times
-  `otel_training.throughput.gpt_flops_per_token`), ``skipped_iters`` (count in the interval) and,
+  ``throughput_tflops`` (TFLOP/s per device, with `otel_training.throughput.gpt_flops_per_token`;
+  both rates as `otel_training.throughput.throughput` defines them), ``skipped_iters`` (count in
+  the interval) and,
   on CUDA only, ``memory_allocated_gb`` (``torch.cuda.memory_allocated() / 2**30``: current
   allocated GiB, not the peak).
 
@@ -70,7 +71,7 @@ from otel_training.tensor import (
     TensorObserver,
     parse_schedule,
 )
-from otel_training.throughput import StepAccumulator, gpt_flops_per_token, tflops_per_device
+from otel_training.throughput import StepAccumulator, gpt_flops_per_token
 
 try:
     from tqdm import tqdm
@@ -618,21 +619,21 @@ def _log_interval(
     loss = own_loss
     if torch.is_tensor(own_loss):
         loss = data_parallel.average(own_loss)
-    per_device = stats.tokens_per_sec_per_device
-    tflops = None if per_device is None else tflops_per_device(flops_per_token, per_device)
+    rates = stats.throughput(flops_per_token=flops_per_token)
+    tflops = rates.tflops_per_device
     memory_gib = memory_allocated_gib() if on_cuda else None
     record_training_metrics(
         meter,
         loss=loss,
         grad_norm=grad_norm,
         learning_rate=lr,
-        tokens_per_sec=stats.tokens_per_sec_global,
+        tokens_per_sec=rates.tokens_per_sec_global,
         throughput_tflops=tflops,
         skipped_iters=stats.skipped_iters,
         memory_allocated_gb=memory_gib,
     )
     loss_value = math.nan if loss is None else float(loss)
-    rate = stats.tokens_per_sec_global or 0.0
+    rate = rates.tokens_per_sec_global or 0.0
     result.interval_steps.append(step)
     result.interval_losses.append(loss_value)
     result.interval_rank_losses.append(math.nan if own_loss is None else float(own_loss))

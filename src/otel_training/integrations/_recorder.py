@@ -23,12 +23,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_training import config, setup, spans
+from otel_training.health.ledger import LEDGER
 from otel_training.instruments import record_training_metrics
 from otel_training.memory import memory_allocated_gib
-from otel_training.throughput import StepAccumulator, tflops_per_device
+from otel_training.semconv.attributes import MEGATRON_ITERATION
+from otel_training.throughput import StepAccumulator
 
 _logger = logging.getLogger("otel_training.integrations")
 _warned: set[str] = set()
+# At the end of a run that ended well, how long the tensor observer's last device results are
+# waited for (s): the training loop is over, and the final collection should have them.
+_FINAL_FLUSH_S = 2.0
 
 
 def warn_once(cause: str, message: str, *args: Any, exc_info: bool = False) -> None:
@@ -175,6 +180,12 @@ def count_tokens(batch: Any, tokens_per_sample: int | None, tokens_per_batch) ->
     return None
 
 
+class RunInterrupted(RuntimeError):
+    """What a run that ended without its framework's end hook is recorded with: an exception
+    the caller caught where the framework has no hook for it, or a second fit that started
+    before the first ended."""
+
+
 class RunRecorder:
     """One training run of a framework, recorded as the README's metric table defines it.
 
@@ -184,13 +195,22 @@ class RunRecorder:
         tensor_metrics: A ``TensorObserver`` schedule (``"grad_norm:10,param_norm:10"``,
             ``"none"``); default: ``OTEL_PYTHON_TRAINING_TENSOR_METRICS``, else the observer's.
         flops_per_token: Training FLOPs per token (forward and backward), for
-            ``throughput_tflops``; overrides what the framework estimates.
+            ``throughput_tflops``; overrides what the framework counts.
 
     Step accounting: a step lasts from the previous *boundary* (the end of the previous step,
-    of an evaluation or checkpoint save after it, or the start of the run) to the end of its
-    optimizer update, so its data loading is in it and evaluations and saves are not. Tokens
-    are global counts (all data-parallel ranks) handed in by the callback.
+    of an evaluation or checkpoint save after it, or the start of the training loop) to the end
+    of its optimizer update, so its data loading is in it and evaluations, saves, checkpoint
+    loads and sanity checks are not. Tokens are this rank's, counted for the job by
+    :func:`otel_training.throughput.global_count` with the world size; throughput figures are
+    :func:`otel_training.throughput.throughput`'s.
+
+    Every run starts from a clean state: nothing of a previous run (one that failed included)
+    reaches the next. A run, iteration, evaluation, checkpoint save or load ended by an
+    exception is exported with status ERROR and the exception (:meth:`fail_run`,
+    :meth:`fail_checkpoint`); the step it interrupted records no ``step_duration_ms`` point.
     """
+
+    _PHASES = ("_checkpoint", "_load", "_evaluation", "_optimizer", "_iteration", "_run")
 
     def __init__(
         self,
@@ -206,15 +226,20 @@ class RunRecorder:
         self._flops_per_token = None if flops_per_token is None else float(flops_per_token)
         self._meter = None
         self._recorder: spans.SpanRecorder | None = None
-        self._accumulator: StepAccumulator | None = None
-        self._world_size = 1
-        self._on_cuda = False
         self.observer = None
         self._run = None
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forgets everything of the run (phases, step, interval, counters)."""
+        self._load = None
         self._iteration = None
         self._optimizer = None
         self._evaluation = None
         self._checkpoint = None
+        self._accumulator: StepAccumulator | None = None
+        self._world_size = 1
+        self._on_cuda = False
         self._step: int | None = None
         self._boundary = 0.0
         self._interval_steps = 0
@@ -230,35 +255,45 @@ class RunRecorder:
         return self._run is not None
 
     def start_run(self, identity: FrameworkIdentity, *, on_cuda: bool = False) -> None:
-        """Starts the run: resolves the pipeline, opens the run span, starts the clock."""
+        """Starts the run: resolves the pipeline, opens the run span, starts the clock. A run
+        still open is failed first with :class:`RunInterrupted` (it never ended)."""
         if self._run is not None:
-            self.end_run()
+            self.fail_run(RunInterrupted("the previous run ended without its end hook"))
+        self._reset()
         self._resolve_pipeline(identity)
         self._world_size = max(1, int(identity.world_size))
         self._on_cuda = on_cuda
-        self._accumulator = StepAccumulator(data_parallel_size=1, world_size=self._world_size)
+        self._accumulator = StepAccumulator(
+            data_parallel_size=self._world_size, world_size=self._world_size
+        )
         self._run = self._recorder.start_phase(spans.training_run)
-        self._step = None
-        self._interval_steps = 0
-        self._step_losses, self._interval_losses = [], []
-        self.counts_tokens = False
         self._boundary = time.perf_counter()
 
     def end_run(self) -> None:
-        """Ends the phases still open and the run span."""
-        for name in ("_optimizer", "_iteration", "_evaluation", "_checkpoint", "_run"):
+        """Ends the phases still open and the run span; a step still open records no point.
+        Closes the tensor observer (its last values stay observable until the next run's)."""
+        self._end_phases(self._PHASES)
+        self._close_observer(flush_s=_FINAL_FLUSH_S)
+        self._reset()
+
+    def fail_run(self, exception: BaseException) -> None:
+        """Records ``exception`` on every phase still open and on the run span (status ERROR,
+        an ``exception`` event), ends them, and drops the step it interrupted (no
+        ``step_duration_ms`` point, its micro-batches in no interval)."""
+        self._end_phases(self._PHASES, exception)
+        self._close_observer()
+        self._reset()
+
+    def _end_phases(self, names: tuple[str, ...], exception: BaseException | None = None) -> None:
+        """Ends the phases ``names`` still open, innermost first; with ``exception`` recorded
+        on each (status ERROR)."""
+        for name in names:
             handle = getattr(self, name)
             if handle is not None:
                 setattr(self, name, None)
+                if exception is not None:
+                    handle.error(exception)
                 handle.stop()
-        self._step = None
-
-    def fail_run(self, exception: BaseException) -> None:
-        """Records ``exception`` on the run span (status ERROR, an ``exception`` event) and
-        ends the run."""
-        if self._run is not None:
-            self._run.error(exception)
-        self.end_run()
 
     def _resolve_pipeline(self, identity: FrameworkIdentity) -> None:
         meter_provider, tracer_provider = self._meter_provider, self._tracer_provider
@@ -283,9 +318,7 @@ class RunRecorder:
     def watch_model(self, model: Any) -> None:
         """Builds the ``TensorObserver`` of ``model`` when tensor metrics are scheduled; the
         previous run's observer is closed. Raises nothing; a failure is logged."""
-        if self.observer is not None:
-            self.observer.close()
-            self.observer = None
+        self._close_observer()
         schedule = self._tensor_metrics
         if schedule is None:
             if config.tensor_metric_schedule() == ():
@@ -299,6 +332,19 @@ class RunRecorder:
         except Exception:
             warn_once("observer", "otel-training: no tensor metrics for this model", exc_info=True)
 
+    def _close_observer(self, flush_s: float = 0.0) -> None:
+        """Closes the tensor observer; after a run that ended well, its in-flight results
+        (CUDA copies of the last due step) are first published, waiting up to ``flush_s``."""
+        observer, self.observer = self.observer, None
+        if observer is None:
+            return
+        if flush_s > 0:
+            try:
+                observer.flush(flush_s)
+            except Exception:
+                warn_once("observer_flush", "otel-training: tensor metrics not flushed")
+        observer.close()
+
     # -- steps ----------------------------------------------------------------------------
 
     @property
@@ -307,8 +353,8 @@ class RunRecorder:
         return self._step is not None
 
     def begin_step(self, step: int) -> None:
-        """Opens optimizer step ``step`` (1-based) before its first forward pass: the iteration
-        span, and the tensor observer's step."""
+        """Opens optimizer step ``step`` (1-based, as the framework numbers it) before its first
+        forward pass: the iteration span, and the tensor observer's step."""
         if self._run is None or self._step is not None:
             return
         self._step = step
@@ -318,18 +364,25 @@ class RunRecorder:
         if self.observer is not None:
             self.observer.begin_step(step)
 
-    def add_micro_batch(self, loss: Any = None, tokens_global: int | None = None) -> None:
+    def add_micro_batch(self, loss: Any = None, tokens: int | None = None) -> None:
         """Counts one micro-batch of the open step: its loss (a float or 0-d tensor, kept as
-        it is) and its tokens over all data-parallel ranks."""
+        it is) and its tokens on this rank (``None``: not counted)."""
         if self._accumulator is None:
             return
-        if tokens_global is not None:
+        if tokens is not None:
             self.counts_tokens = True
         if loss is not None:
             # Kept as they are until the interval's mean: one stack and mean per interval
             # rather than per step (StepAccumulator would average every step's losses).
             self._step_losses.append(loss.detach() if hasattr(loss, "detach") else loss)
-        self._accumulator.add_micro_batch(None, tokens=tokens_global or 0)
+        self._accumulator.add_micro_batch(None, tokens=tokens or 0)
+
+    def add_tokens_global(self, tokens: int) -> None:
+        """Counts ``tokens`` of the open step that the framework counted over all ranks."""
+        if self._accumulator is None:
+            return
+        self.counts_tokens = True
+        self._accumulator.add_tokens_global(tokens)
 
     def begin_optimizer(self) -> None:
         """Before the optimizer update: commits the tensor observer (gradients as they are now)
@@ -370,7 +423,8 @@ class RunRecorder:
         self._step = None
 
     def mark_boundary(self) -> None:
-        """The next step starts now (after an evaluation or a checkpoint save)."""
+        """The next step starts now (at the start of the training loop, after an evaluation or
+        a checkpoint save)."""
         self._boundary = time.perf_counter()
 
     # -- evaluation and checkpoints -------------------------------------------------------
@@ -407,6 +461,45 @@ class RunRecorder:
             handle.stop()
         self.mark_boundary()
 
+    def fail_checkpoint(self, exception: BaseException) -> None:
+        """Ends the checkpoint save (or load) that ``exception`` ended, with status ERROR; it
+        does not count as a save (or as the resume point)."""
+        self._end_phases(("_checkpoint", "_load"), exception)
+        self.mark_boundary()
+
+    @property
+    def loading(self) -> bool:
+        """Whether a checkpoint load is open (between :meth:`begin_checkpoint_load` and
+        :meth:`end_checkpoint_load`)."""
+        return self._load is not None
+
+    def begin_checkpoint_load(self, path: str | None) -> None:
+        """Opens a checkpoint-load span (a child of the run) before the framework reads it."""
+        if self._run is None or self._load is not None:
+            return
+        self._load = self._recorder.start_phase(spans.checkpoint_load, path, parent=self._run)
+
+    def end_checkpoint_load(self, iteration: int | None) -> None:
+        """Ends the checkpoint-load span: ``iteration``, the optimizer steps the checkpoint
+        holds (the resume point), goes on the span (``megatron.iteration``) and to the health
+        ledger (``dl.training.checkpoint.iteration{operation=load}``)."""
+        handle, self._load = self._load, None
+        if handle is None:
+            return
+        if iteration is not None:
+            handle.set_attribute(MEGATRON_ITERATION, iteration)
+        handle.stop()
+        # The phase is started before the framework reads the checkpoint, when the iteration it
+        # holds is not known yet: it reaches the ledger here, once read.
+        if iteration is not None:
+            LEDGER.checkpoint_loaded(iteration)
+
+    def record_checkpoint_load(self, path: str | None, iteration: int) -> None:
+        """Records a checkpoint load that the framework finished before any hook (no time of
+        its own): an instant span with the iteration restored, and the resume point."""
+        self.begin_checkpoint_load(path)
+        self.end_checkpoint_load(iteration)
+
     # -- the log interval -----------------------------------------------------------------
 
     def record_interval(
@@ -416,7 +509,7 @@ class RunRecorder:
         loss_scale: float = 1.0,
         grad_norm: Any = None,
         learning_rate: Any = None,
-        flops_per_device: float | None = None,
+        flops_global: float | None = None,
     ) -> None:
         """Records the log interval that ends now and starts the next one.
 
@@ -428,8 +521,8 @@ class RunRecorder:
                 the accumulation steps).
             grad_norm: Global gradient norm before clipping, as the framework computed it.
             learning_rate: The learning rate of the interval's last step.
-            flops_per_device: Model FLOPs of this interval on one device, when the framework
-                estimates them; ``flops_per_token`` of the constructor wins.
+            flops_global: Model FLOPs of the interval over all devices, as the framework counts
+                them; ``flops_per_token`` of the constructor wins.
         """
         if self._accumulator is None:
             return
@@ -440,20 +533,18 @@ class RunRecorder:
             loss = _mean(losses)
             if loss_scale != 1.0:
                 loss = loss * loss_scale
-        tokens_per_sec = stats.tokens_per_sec_global if self.counts_tokens else None
-        tflops = None
-        per_device = stats.tokens_per_sec_per_device if self.counts_tokens else None
-        if self._flops_per_token is not None and per_device is not None:
-            tflops = tflops_per_device(self._flops_per_token, per_device)
-        elif flops_per_device and stats.duration_s > 0:
-            tflops = flops_per_device / stats.duration_s / 1e12
+        figures = stats.throughput(
+            flops_per_token=self._flops_per_token,
+            flops_global=flops_global or None,
+            count_tokens=self.counts_tokens,
+        )
         record_training_metrics(
             self._meter,
             loss=loss,
             grad_norm=grad_norm,
             learning_rate=learning_rate,
-            tokens_per_sec=tokens_per_sec,
-            throughput_tflops=tflops,
+            tokens_per_sec=figures.tokens_per_sec_global,
+            throughput_tflops=figures.tflops_per_device,
             skipped_iters=stats.skipped_iters,
             memory_allocated_gb=memory_allocated_gib() if self._on_cuda else None,
         )

@@ -20,6 +20,7 @@ from otel_training.integrations._recorder import (
     validate_options,
     warn_once,
 )
+from otel_training.throughput import global_count
 
 try:
     from lightning.pytorch import Callback
@@ -46,21 +47,28 @@ class OtelTrainingCallback(_Base):
 
     - ``megatron.training.step_duration_ms``: one point per optimizer step, all micro-batches of
       ``accumulate_grad_batches`` included, from the end of the previous step (or of the
-      validation or checkpoint save after it) to the end of this step's update, in ms;
+      validation or checkpoint save after it, or ``on_train_start``) to the end of this step's
+      update, in ms;
     - every ``log_every_n_steps`` optimizer steps, and for the steps left at the end of ``fit``:
       ``loss``, the mean of the ``training_step`` losses of the interval's micro-batches on this
       rank (Lightning's division by ``accumulate_grad_batches`` undone); ``grad_norm``, the
       total norm that Lightning's clipping computed (only with ``gradient_clip_val`` and the
       ``norm`` algorithm); ``learning_rate`` of the first parameter group in the last step;
-      ``tokens_per_sec`` over all ranks (with ``tokens_per_sample`` or ``tokens_per_batch``);
-      ``throughput_tflops`` per device (``flops_per_token``, else the module's
-      ``flops_per_batch`` attribute, Lightning's ``ThroughputMonitor`` convention);
+      ``tokens_per_sec`` of the job (this rank's count, with ``tokens_per_sample`` or
+      ``tokens_per_batch``, times the world size); ``throughput_tflops`` per device
+      (``flops_per_token``, else the module's ``flops_per_batch`` attribute, per device as
+      Lightning's ``ThroughputMonitor`` has it), both as `otel_training.throughput.throughput`
+      defines them;
       ``memory_allocated_gb`` on CUDA; ``skipped_iters``, steps whose update did not run (AMP
       overflow: the gradient scaler skipped ``optimizer.step()``);
-    - spans: the run (``on_fit_start`` to its end; an exception is recorded on it), each
-      iteration, the optimizer update (from ``on_before_optimizer_step``, clipping included),
-      each checkpoint save (``trainer.save_checkpoint``) and validation loop, per the span
-      groups of ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``;
+    - spans: the run (``setup`` of ``fit`` to its end), each iteration numbered from the
+      trainer's restored ``global_step``, the optimizer update (from
+      ``on_before_optimizer_step``, clipping included), each checkpoint save
+      (``trainer.save_checkpoint``) and load (``fit(ckpt_path=...)``, with the restored
+      ``global_step``), each validation loop (not the sanity check), per the span groups of
+      ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``. An exception that ends ``fit``, caught by the caller
+      or not, ends the run and the phase it interrupted with status ERROR, and that step
+      records no point;
     - tensor metrics of the ``LightningModule`` through ``TensorObserver``, committed in
       ``on_before_optimizer_step`` (gradients before clipping);
     - the rank identity from the trainer (``global_rank``, ``local_rank``, ``world_size``,
@@ -113,11 +121,15 @@ class OtelTrainingCallback(_Base):
         self._tokens_per_sample = tokens_per_sample
         self._tokens_per_batch = tokens_per_batch
         self._restore: list[Callable[[], None]] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forgets everything of a fit (a failed one included)."""
         self._batch_tokens: int | None = None
         self._interval_flops = 0.0
         self._world_size = 1
         self._has_flops = False
-        self._last_global_step = 0
+        self._step_from: int | None = None
         self._updated = False
         self._grad_norm: Any = None
         self._learning_rate: Any = None
@@ -125,9 +137,29 @@ class OtelTrainingCallback(_Base):
     # -- fit ------------------------------------------------------------------------------
 
     @guarded
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Starts the run of a ``fit`` before Lightning restores a checkpoint (``ckpt_path=``):
+        pipeline with the trainer's rank identity, run span, and the taps on checkpoint loads
+        and saves."""
+        if stage == "fit":
+            self._start(trainer)
+
+    @guarded
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        """Starts the run: pipeline with the trainer's rank identity, run span, tensor
-        observer, and the taps on checkpoint saves, clipping and optimizer updates."""
+        """The tensor observer, and the taps on clipping and optimizer updates (the optimizers
+        exist now)."""
+        if not self._run.active:
+            self._start(trainer)
+        self._run.watch_model(pl_module)
+        # Looked up once, as Lightning's ThroughputMonitor does: a missing attribute of an
+        # nn.Module costs an exception on every lookup.
+        self._has_flops = hasattr(pl_module, "flops_per_batch")
+        self._tap_gradient_clipping(trainer)
+        self._tap_optimizer_updates(trainer)
+
+    def _start(self, trainer: Any) -> None:
+        self._untap()
+        self._reset()
         identity = FrameworkIdentity(
             rank=int(trainer.global_rank),
             local_rank=int(trainer.local_rank),
@@ -137,16 +169,15 @@ class OtelTrainingCallback(_Base):
         )
         device = getattr(trainer.strategy, "root_device", None)
         self._run.start_run(identity, on_cuda=getattr(device, "type", None) == "cuda")
-        self._run.watch_model(pl_module)
-        self._last_global_step = int(trainer.global_step)
-        self._interval_flops = 0.0
         self._world_size = identity.world_size
-        # Looked up once, as Lightning's ThroughputMonitor does: a missing attribute of an
-        # nn.Module costs an exception on every lookup.
-        self._has_flops = hasattr(pl_module, "flops_per_batch")
+        self._tap_checkpoint_loads(trainer)
         self._tap_checkpoint_saves(trainer)
-        self._tap_gradient_clipping(trainer)
-        self._tap_optimizer_updates(trainer)
+
+    @guarded
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """The training loop starts: the first step starts now (after the checkpoint load and
+        the sanity check)."""
+        self._run.mark_boundary()
 
     @guarded
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
@@ -157,19 +188,24 @@ class OtelTrainingCallback(_Base):
 
     @guarded
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        """Records ``exception`` on the run span and ends the run."""
+        """Records ``exception`` (status ERROR) on the run and on the iteration, evaluation or
+        checkpoint it interrupted, and ends them; the interrupted step records no point.
+        Lightning calls this for every exception that leaves ``fit``, one the caller catches
+        and ``KeyboardInterrupt`` included."""
         self._run.fail_run(exception)
         self._untap()
+        self._reset()
 
     @guarded
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """Removes the taps if the run ended without ``on_fit_end``."""
+        """Ends the run and removes the taps if the fit ended without ``on_fit_end``."""
         if stage == "fit":
             self._finish()
 
     def _finish(self) -> None:
         self._run.end_run()
         self._untap()
+        self._reset()
 
     # -- steps ----------------------------------------------------------------------------
 
@@ -177,14 +213,15 @@ class OtelTrainingCallback(_Base):
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Opens the optimizer step at its first micro-batch and counts the batch's tokens."""
+        """Opens the optimizer step at its first micro-batch (numbered from the trainer's
+        restored ``global_step``) and counts the batch's tokens."""
         if not self._run.active:
             return
         if not self._run.in_step:
-            self._run.begin_step(int(trainer.global_step) + 1)
+            self._step_from = int(trainer.global_step)
+            self._run.begin_step(self._step_from + 1)
             self._updated = False
-        tokens = count_tokens(batch, self._tokens_per_sample, self._tokens_per_batch)
-        self._batch_tokens = None if tokens is None else tokens * self._world_size
+        self._batch_tokens = count_tokens(batch, self._tokens_per_sample, self._tokens_per_batch)
         if self._has_flops:
             flops = getattr(pl_module, "flops_per_batch", None)
             if isinstance(flops, (int, float)) and not isinstance(flops, bool) and flops > 0:
@@ -203,16 +240,16 @@ class OtelTrainingCallback(_Base):
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Counts the micro-batch; after the last one of a step, ends the step and, at the
-        logging interval, records the interval."""
-        if not self._run.active:
+        """Counts the micro-batch; after the last one of a step (the trainer's ``global_step``
+        moved since the step began), ends the step and, at the logging interval, records the
+        interval."""
+        if not self._run.active or not self._run.in_step:
             return
         self._run.add_micro_batch(_loss_of(outputs), self._batch_tokens)
         self._batch_tokens = None
         global_step = int(trainer.global_step)
-        if global_step == self._last_global_step:
+        if global_step == self._step_from:
             return  # accumulating
-        self._last_global_step = global_step
         self._run.end_step(skipped=not self._updated)
         every = int(getattr(trainer, "log_every_n_steps", 0) or 0)
         if every and global_step % every == 0:
@@ -221,11 +258,12 @@ class OtelTrainingCallback(_Base):
     def _record_interval(self, trainer: Any) -> None:
         automatic = getattr(trainer.lightning_module, "automatic_optimization", True)
         scale = float(trainer.accumulate_grad_batches) if automatic else 1.0
+        flops = self._interval_flops or None
         self._run.record_interval(
             loss_scale=scale,
             grad_norm=self._grad_norm,
             learning_rate=self._learning_rate,
-            flops_per_device=self._interval_flops or None,
+            flops_global=None if flops is None else global_count(flops, self._world_size),
         )
         self._grad_norm = None
         self._interval_flops = 0.0
@@ -234,19 +272,46 @@ class OtelTrainingCallback(_Base):
 
     @guarded
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
-        """Opens the validation loop's evaluation span."""
-        self._run.begin_evaluation(int(trainer.global_step))
+        """Opens the validation loop's evaluation span (not for the sanity check before fit)."""
+        if not getattr(trainer, "sanity_checking", False):
+            self._run.begin_evaluation(int(trainer.global_step))
 
     @guarded
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         """Ends the evaluation span; the next step starts now."""
-        self._run.end_evaluation()
+        if not getattr(trainer, "sanity_checking", False):
+            self._run.end_evaluation()
 
     # -- taps -----------------------------------------------------------------------------
 
+    def _tap_checkpoint_loads(self, trainer: Any) -> None:
+        """Wraps ``trainer.strategy.load_checkpoint`` (what ``fit(ckpt_path=...)`` reads the
+        checkpoint with) in a checkpoint-load span that holds the restored ``global_step``."""
+        strategy = trainer.strategy
+        original = strategy.load_checkpoint
+        run = self._run
+
+        def load_checkpoint(checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                path = os.fspath(checkpoint_path)
+            except TypeError:
+                path = None
+            run.begin_checkpoint_load(path)
+            try:
+                checkpoint = original(checkpoint_path, *args, **kwargs)
+            except BaseException as error:
+                run.fail_checkpoint(error)
+                raise
+            step = checkpoint.get("global_step") if isinstance(checkpoint, Mapping) else None
+            run.end_checkpoint_load(step if isinstance(step, int) else None)
+            return checkpoint
+
+        self._replace(strategy, "load_checkpoint", load_checkpoint)
+
     def _tap_checkpoint_saves(self, trainer: Any) -> None:
         """Wraps ``trainer.save_checkpoint`` (what ``ModelCheckpoint`` calls) in a checkpoint
-        span; Lightning has no callback hook after a save."""
+        span; Lightning has no callback hook after a save. A save that raises ends its span
+        with status ERROR."""
         original = trainer.save_checkpoint
         run = self._run
         io_name = type(getattr(trainer.strategy, "checkpoint_io", None)).__name__.lower()
@@ -255,15 +320,23 @@ class OtelTrainingCallback(_Base):
         def save_checkpoint(filepath: Any, *args: Any, **kwargs: Any) -> Any:
             run.begin_checkpoint(os.fspath(filepath), int(trainer.global_step), strategy)
             try:
-                return original(filepath, *args, **kwargs)
-            finally:
-                run.end_checkpoint()
+                result = original(filepath, *args, **kwargs)
+            except BaseException as error:
+                run.fail_checkpoint(error)
+                raise
+            run.end_checkpoint()
+            return result
 
-        trainer.save_checkpoint = save_checkpoint
+        self._replace(trainer, "save_checkpoint", save_checkpoint)
+
+    def _replace(self, owner: Any, name: str, replacement: Callable) -> None:
+        """Sets ``replacement`` as ``owner``'s own attribute ``name``, until :meth:`_untap`
+        (which removes it only if it is still ours)."""
+        setattr(owner, name, replacement)
 
         def restore() -> None:
-            if trainer.__dict__.get("save_checkpoint") is save_checkpoint:
-                del trainer.save_checkpoint
+            if owner.__dict__.get(name) is replacement:
+                delattr(owner, name)
 
         self._restore.append(restore)
 
@@ -285,13 +358,7 @@ class OtelTrainingCallback(_Base):
             parameters = plugin.main_params(optimizer)
             self._grad_norm = torch.nn.utils.clip_grad_norm_(parameters, clip_val)
 
-        plugin.clip_grad_by_norm = clip_grad_by_norm
-
-        def restore() -> None:
-            if plugin.__dict__.get("clip_grad_by_norm") is clip_grad_by_norm:
-                del plugin.clip_grad_by_norm
-
-        self._restore.append(restore)
+        self._replace(plugin, "clip_grad_by_norm", clip_grad_by_norm)
 
     def _tap_optimizer_updates(self, trainer: Any) -> None:
         """A step post-hook on each optimizer: the update ran (a gradient scaler that finds

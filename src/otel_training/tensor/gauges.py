@@ -1,9 +1,20 @@
-"""Observable gauges of the tensor metrics: one per metric family per meter, fanned out to sources.
+"""Observable gauges of the tensor metrics: one per family per recording meter, read from sources.
 
 The OpenTelemetry Python SDK returns the first instrument for a second
-``create_observable_gauge`` with the same identity and silently ignores the new callbacks, so
-each family has exactly one gauge and one callback per meter (:meth:`TensorMetricGauges.for_meter`
-caches them by meter, weakly), and that callback reads every registered source.
+``create_observable_gauge`` with the same identity and silently ignores the new callbacks. So
+each family has exactly one gauge and one callback per meter that records (an SDK meter of a
+pipeline, or any other meter given), and that callback reads every source registered for that
+meter, whoever registered it and through which meter object:
+
+- a meter that records itself (an SDK ``Meter``, a test double): one
+  :class:`TensorMetricGauges` per meter object (:meth:`TensorMetricGauges.for_meter` caches them
+  by meter, weakly);
+- a :class:`otel_training.proxy.ProxyMeter` (what ``otel_training.get_meter()`` and the
+  OpenTelemetry global hand out, a new object per call): one set of sources per instrumentation
+  scope for the whole process, read by the gauges of the SDK meter the proxy records into now
+  and moved to the next pipeline's at each ``configure()``. Two proxies of one scope, or a proxy
+  and the pipeline's own meter of that scope, therefore share one callback: a second observer,
+  a notebook cell run again or a second fit records exactly as the first did.
 
 Callbacks run on the metric reader's thread, under its lock, once per collection. Ours only
 read host values that an executor has already published (:class:`PublishedValues` swaps a whole
@@ -12,6 +23,10 @@ reduction. A source that raises loses only its own points for that collection; t
 logged at most once a minute per source, family and exception type. Non-finite values are not
 observed (the SDK would drop them silently; ``megatron.training.tensor.grad_nonfinite`` counts
 non-finite gradients).
+
+A source can be *retired* (:meth:`TensorMetricGauges.retire_source`, what a closed observer
+does): its last values stay observable, so that the final collection of a finished run still
+has them, until a new source is added to the same gauges, which drops every retired one.
 """
 
 from __future__ import annotations
@@ -21,10 +36,11 @@ import math
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from otel_training import proxy
 from otel_training.semconv.metrics import METRICS
 from otel_training.tensor._ratelimit import RateLimitedLogger
 
@@ -46,8 +62,11 @@ class ValueSource(Protocol):
     def observe(self, family: str) -> Iterable[tuple[Mapping[str, str | int], float]]: ...
 
 
-_BY_METER: weakref.WeakKeyDictionary[Meter, TensorMetricGauges] = weakref.WeakKeyDictionary()
-_BY_METER_LOCK = threading.Lock()
+# Lock order: a ProxyMeter's lock (held while it calls its rebind listeners), then this one;
+# never the other way round (no proxy is touched while this is held).
+_LOCK = threading.RLock()
+_BY_METER: weakref.WeakKeyDictionary[Any, TensorMetricGauges] = weakref.WeakKeyDictionary()
+_BY_SCOPE: dict[tuple, TensorMetricGauges] = {}
 
 
 class TensorMetricGauges:
@@ -56,13 +75,19 @@ class TensorMetricGauges:
     Use :meth:`for_meter` rather than the constructor: a second set of gauges on the same meter
     would be ignored by the SDK. Creating the gauges never raises: a meter that refuses them is
     logged once and the sources are then never read.
+
+    Args:
+        meter: The meter to create the gauges on.
+        families: The families to create gauges for.
     """
 
     def __init__(self, meter: Meter, families: Iterable[str] = TENSOR_FAMILIES) -> None:
         self._sources: list[weakref.ref[ValueSource] | Callable[[], ValueSource | None]] = []
+        self._retired: list[ValueSource] = []
+        self._followers: list[TensorMetricGauges] = []  # proxy scopes recording here now
         self._lock = threading.Lock()
         self.families = tuple(families)
-        self.instruments = {}
+        self.instruments: dict[str, Any] = {}
         for family in self.families:
             spec = METRICS[family]
             try:
@@ -77,9 +102,13 @@ class TensorMetricGauges:
 
     @classmethod
     def for_meter(cls, meter: Meter) -> TensorMetricGauges:
-        """The gauges of ``meter``, created on first use (thread-safe; the cache holds the
-        meter weakly)."""
-        with _BY_METER_LOCK:
+        """The gauges that record into ``meter``, created on first use (thread-safe; the cache
+        holds a meter weakly). For a :class:`~otel_training.proxy.ProxyMeter`: the sources of
+        its instrumentation scope, read by the gauges of the pipeline it records into now and
+        after each ``configure()``."""
+        if type(meter) is proxy.ProxyMeter:
+            return _FollowingGauges.of(meter)
+        with _LOCK:
             gauges = _BY_METER.get(meter)
             if gauges is None:
                 gauges = cls(meter)
@@ -88,33 +117,68 @@ class TensorMetricGauges:
 
     def add_source(self, source: ValueSource, *, weak: bool = True) -> Callable[[], None]:
         """Reads ``source`` at every collection from now on (held weakly unless ``weak`` is
-        False). Returns a function that removes it."""
+        False); the retired sources are dropped. Returns a function that removes it."""
         try:
             ref = weakref.ref(source) if weak else (lambda: source)
         except TypeError:
             ref = lambda: source  # noqa: E731 - not weak-referenceable: hold it
+        self._drop_retired()
         with self._lock:
             self._sources.append(ref)
 
         def remove() -> None:
             with self._lock:
-                if ref in self._sources:
-                    self._sources.remove(ref)
+                self._sources[:] = [r for r in self._sources if r is not ref]
 
         return remove
+
+    def retire_source(self, source: ValueSource) -> None:
+        """Stops following ``source`` as a live source but keeps its current values observable
+        until the next :meth:`add_source` on these gauges (a finished run's last values reach
+        the final collection; a new run's replace them). Never raises."""
+        with self._lock:
+            self._sources[:] = [r for r in self._sources if r() is not source]
+            if not any(kept is source for kept in self._retired):
+                self._retired.append(source)
+
+    def _recording(self) -> TensorMetricGauges | None:
+        """The gauges whose callbacks read these sources now (themselves, for a meter that
+        records)."""
+        return self
+
+    def _drop_retired(self) -> None:
+        """Drops the retired sources of every set read by the same callbacks as this one."""
+        target = self._recording()
+        sets = [self] if target is None else [target, self]
+        if target is not None:
+            with target._lock:
+                sets.extend(target._followers)
+        for gauges in sets:
+            with gauges._lock:
+                gauges._retired.clear()
+
+    def _live(self) -> list[ValueSource]:
+        """The sources to read now: the live ones (dead weak references are dropped), the
+        retired ones, and those of the proxy scopes recording here."""
+        with self._lock:
+            found: list[ValueSource] = []
+            alive = []
+            for ref in self._sources:
+                source = ref()
+                if source is not None:
+                    alive.append(ref)
+                    found.append(source)
+            self._sources[:] = alive
+            found.extend(self._retired)
+            followers = list(self._followers)
+        for follower in followers:
+            found.extend(follower._live())
+        return found
 
     def _callback(self, family: str) -> Callable[[CallbackOptions], list[Observation]]:
         def callback(options: CallbackOptions) -> list[Observation]:
             observations: list[Observation] = []
-            with self._lock:
-                refs = list(self._sources)
-            for ref in refs:
-                source = ref()
-                if source is None:
-                    with self._lock:
-                        if ref in self._sources:
-                            self._sources.remove(ref)
-                    continue
+            for source in self._live():
                 try:
                     points = [
                         Observation(value, attributes)
@@ -134,3 +198,54 @@ class TensorMetricGauges:
             return observations
 
         return callback
+
+
+class _FollowingGauges(TensorMetricGauges):
+    """The sources of one proxy instrumentation scope: no instruments of their own, read by
+    the gauges of the SDK meter that the scope records into now (moved at each rebind)."""
+
+    def __init__(self, meter: proxy.ProxyMeter) -> None:
+        self._sources = []
+        self._retired = []
+        self._followers = []
+        self._lock = threading.Lock()
+        self.families = TENSOR_FAMILIES
+        self._meter = meter  # held: it keeps following the pipelines for the process
+        self._target: TensorMetricGauges | None = None
+
+    @property
+    def instruments(self) -> dict[str, Any]:  # type: ignore[override]
+        """The gauges of the meter this scope records into now."""
+        target = self._target
+        return {} if target is None else target.instruments
+
+    def _recording(self) -> TensorMetricGauges | None:
+        return self._target
+
+    @classmethod
+    def of(cls, meter: proxy.ProxyMeter) -> TensorMetricGauges:
+        attributes = getattr(meter, "_attributes", None)
+        if isinstance(attributes, Mapping):
+            attributes = tuple(sorted((str(k), str(v)) for k, v in attributes.items()))
+        key = (meter.name, meter.version, meter.schema_url, attributes)
+        with _LOCK:
+            gauges = _BY_SCOPE.get(key)
+            if gauges is not None:
+                return gauges
+            gauges = _BY_SCOPE[key] = cls(meter)
+        meter.on_rebind(gauges._follow)  # outside _LOCK: the proxy's lock comes first
+        return gauges
+
+    def _follow(self, real: Meter) -> None:
+        """The scope records into ``real`` from now on (a rebind of the proxy)."""
+        target = TensorMetricGauges.for_meter(real)
+        previous, self._target = self._target, target
+        if previous is target:
+            return
+        if previous is not None:
+            with previous._lock:
+                previous._followers[:] = [f for f in previous._followers if f is not self]
+            with self._lock:  # a finished run's values do not move into the next pipeline
+                self._retired.clear()
+        with target._lock:
+            target._followers.append(self)

@@ -418,7 +418,7 @@ class TensorObserver:
         self._inert = isinstance(meter, NoOpMeter)
         self._watch: _StructureWatch | None = None
         if self._inert:
-            self._remove_source: Callable[[], None] = lambda: None
+            self._remove_source: Callable[[], None] = _nothing
             return
         self._watch = _StructureWatch()
         self._find_sites()
@@ -949,15 +949,32 @@ class TensorObserver:
         return self.executor.flush(timeout_s)
 
     def close(self) -> None:
-        """Removes the hooks, stops feeding the gauges and releases the executor."""
+        """Removes every hook (the model's forward hooks, the process-wide module registration
+        hooks) and releases the executor (its flush hook); results already complete are
+        published first, without waiting. The values published so far stay observable until
+        another observer starts on the same meter, which drops them: a finished run's last
+        values reach the final collection, and a second observer in the process (a second
+        model, a second fit, a notebook cell run again) records exactly as the first did.
+        Idempotent; never raises."""
         self._end_scope()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
         if self._watch is not None:
             self._watch.close()
-        self._remove_source()
+        try:
+            self.executor.poll()
+        except Exception as error:
+            _warn.warning(("close", id(self), type(error)), "tensor observer: %r", error)
+        remove, self._remove_source = self._remove_source, _nothing
+        if remove is not _nothing:
+            remove()
+            self._gauges.retire_source(self.executor.published)
         self.executor.close()
+
+
+def _nothing() -> None:
+    return None
 
 
 def _is_layer(name: str) -> bool:
