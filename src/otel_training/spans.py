@@ -58,7 +58,6 @@ configured and the group is disabled leaves the function undecorated.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
@@ -66,14 +65,15 @@ from otel_training.config import CUSTOM_SPAN_GROUP, SPAN_GROUPS, span_groups_fro
 from otel_training.phases import (
     NOOP_PHASE,
     RUN,
-    LedgerPhase,
     Phase,
-    _warn_once,
     bound_state,
     enabled_groups,
+    first_iteration_due,
     make,
+    reset_first_iteration,
     state_for,
 )
+from otel_training.phases import warn_once as _warn_once
 from otel_training.semconv.attributes import (
     IS_GOODPUT_SPAN,
     MEGATRON_CHECKPOINT_PATH,
@@ -189,18 +189,6 @@ def dataloader_init(**attributes: Any) -> Phase:
 
 # -- iterations (groups first_iteration, step, forward_backward, optimizer, data_loading) ---
 
-_first_lock = threading.Lock()
-_first_done = False
-
-
-def _first_of_process() -> bool:
-    global _first_done
-    if _first_done:
-        return False
-    with _first_lock:
-        first, _first_done = not _first_done, True
-    return first
-
 
 def training_iteration(
     iteration: int | None = None, *, record_step_duration: bool = False, **attributes: Any
@@ -221,9 +209,18 @@ def training_iteration(
     """
     _with(attributes, MEGATRON_ITERATION, iteration)
     attributes[IS_GOODPUT_SPAN] = True
-    outer = first_iteration(iteration) if _first_of_process() else None
-    if outer is NOOP_PHASE or isinstance(outer, LedgerPhase):
-        outer = None  # no span: the ledger counts a first iteration as warm-up by itself
+    outer = None
+    if first_iteration_due():
+        # Not a phase of the health ledger here: the iteration inside is (its first is warmup).
+        outer = make(
+            MEGATRON_TRAIN_FIRST_ITERATION,
+            "first_iteration",
+            _with({IS_GOODPUT_SPAN: True}, MEGATRON_ITERATION, iteration),
+            iteration=iteration,
+            ledger=False,
+        )
+        if outer is NOOP_PHASE:
+            outer = None
     return make(
         MEGATRON_TRAIN_ITERATION,
         "step",
@@ -577,11 +574,5 @@ class SpanRecorder:
 
 
 def _reset_first_iteration() -> None:
-    """Lets the next :func:`training_iteration` be a first iteration again (for tests, and in
-    a forked child, which is a process of its own)."""
-    global _first_done
-    _first_done = False
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_first_iteration)
+    """Lets the next :func:`training_iteration` be a first iteration again (for tests)."""
+    reset_first_iteration()
