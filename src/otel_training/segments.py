@@ -148,11 +148,11 @@ class TraceSegments:
         self._scope = "" if runs <= 1 else f"run{runs}/"
         self._run_context = self._remote(f"{self._scope}run")
 
-    def end_run(self) -> None:
-        """The run ended: ends its open segment span; the next segment links to nothing of
-        it."""
+    def end_run(self, end_ns: int | None = None) -> None:
+        """The run ended (at ``end_ns``, ns on the process clock; default now): ends its open
+        segment span then; the next segment links to nothing of it."""
         with self._lock:
-            self._end_open()
+            self._end_open(end_ns)
             self._previous = None
             self.run_span = None
 

@@ -485,7 +485,7 @@ class SpanPhase(Phase):
         state = self._state
         state.open.pop(span, None)
         if self._role == RUN and state.segments is not None:
-            state.segments.end_run()
+            state.segments.end_run(end_ns)
         try:
             if getattr(span, "end_time", None) is not None:
                 return True  # ended as truncated at shutdown
