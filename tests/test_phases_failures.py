@@ -8,6 +8,7 @@ import threading
 
 import pytest
 from opentelemetry.trace import StatusCode
+from test_processors_nvtx import record  # noqa: F401 - the fixture
 
 import otel_training as ot
 from otel_training import testing
@@ -220,3 +221,57 @@ def test_an_iteration_truncated_before_it_exits_records_no_step():
         s for s in pipeline.spans.get_finished_spans() if s.name == names.MEGATRON_TRAIN_ITERATION
     ]
     assert span.status.status_code is StatusCode.ERROR  # truncated: SIGTERM
+
+
+def test_nvtx_only_phases_fail_as_spans_do(record):  # noqa: F811
+    """With an NVTX tool attached and the iteration mirrored to NVTX only, an iteration that
+    raised (with, decorator, handle) completes no step and records no step duration; its
+    ranges are balanced, push/pop inside ``with``, start/end for a handle."""
+    records = record(
+        """
+import otel_training as ot
+from otel_training import testing
+from otel_training.health.ledger import LEDGER
+from otel_training.phases import NvtxPhase
+pipeline = testing.configure_in_memory({
+    "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "step,first_iteration",
+    "OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS": "step,first_iteration",
+})
+try:
+    with ot.training_iteration(iteration=1, record_step_duration=True):
+        raise KeyboardInterrupt
+except KeyboardInterrupt:
+    pass
+@ot.training_iteration(iteration=2, record_step_duration=True)
+def step():
+    raise SystemExit(0)
+try:
+    step()
+except SystemExit:
+    pass
+recorder = ot.SpanRecorder()
+handle = recorder.start_phase(ot.training_iteration, iteration=3, record_step_duration=True)
+recorder.error(handle, RuntimeError("NCCL timeout"))
+recorder.stop(handle)
+assert LEDGER.read().iteration is None, LEDGER.read()
+assert pipeline.points("megatron.training.step_duration_ms") == []
+with ot.training_iteration(iteration=4, record_step_duration=True):
+    pass
+assert LEDGER.read().iteration == 4
+assert [p.count for _, p in pipeline.points("megatron.training.step_duration_ms")] == [1]
+assert pipeline.spans.get_finished_spans() == ()
+assert type(ot.training_iteration(iteration=9)) is NvtxPhase
+""",
+    )
+    pushes = [r["message"] for r in records if r["op"] == "push"]
+    pops = [r for r in records if r["op"] == "pop"]
+    starts = [r["message"] for r in records if r["op"] == "start"]
+    ends = [r for r in records if r["op"] == "end"]
+    assert pushes == [
+        names.MEGATRON_TRAIN_FIRST_ITERATION,  # the first iteration's wrapper
+        names.MEGATRON_TRAIN_ITERATION,
+        names.MEGATRON_TRAIN_ITERATION,  # the decorated call
+        names.MEGATRON_TRAIN_ITERATION,  # the last, completed
+    ]
+    assert starts == [names.MEGATRON_TRAIN_ITERATION]  # the handle
+    assert len(pops) == len(pushes) and len(ends) == len(starts)
