@@ -133,3 +133,23 @@ def test_a_recorders_metrics_go_to_its_own_meter_whatever_the_groups(groups):
     assert own["megatron.training.loss"].value == 1.5
     assert own["megatron.training.step_duration_ms"].count == 1
     assert pipeline.points("megatron.training.loss") == []
+
+
+def test_a_first_iteration_started_by_handle_nests_without_becoming_current():
+    """A recorder's first iteration is wrapped in first_iteration as a with-block is, but
+    neither span becomes current (handles may stop on another thread or out of order)."""
+    from opentelemetry import trace as trace_api
+
+    from otel_training.semconv import spans as names
+
+    pipeline = testing.configure_in_memory({"OTEL_PYTHON_TRAINING_SPAN_GROUPS": "all"})
+    recorder = otel_training.SpanRecorder()
+    run = recorder.start_phase(otel_training.training_run)
+    step = recorder.start_phase(otel_training.training_iteration, iteration=1, parent=run)
+    assert trace_api.get_current_span() is trace_api.INVALID_SPAN
+    recorder.stop(step)
+    recorder.stop(run)
+    spans = {span.name: span for span in pipeline.spans.get_finished_spans()}
+    first = spans[names.MEGATRON_TRAIN_FIRST_ITERATION]
+    assert spans[names.MEGATRON_TRAIN_ITERATION].parent.span_id == first.context.span_id
+    assert first.parent.span_id == spans[names.MEGATRON_TRAIN_SEGMENT].context.span_id

@@ -157,8 +157,9 @@ class Phase:
         self._stage = _OPEN
         outer = self._outer
         if outer is not None:
-            outer._start(True, parent)
-            parent = None  # the outer phase is the parent now (it is current)
+            outer._start(make_current, parent)
+            # The outer phase is the parent now: current inside ``with``, else given.
+            parent = None if make_current else outer
         if self._watch:
             state = self._state
             if state is None:
@@ -431,14 +432,14 @@ class SpanPhase(Phase):
         if group not in state.groups or group in state.nvtx_only:
             self._span = _INVALID_SPAN  # made before configure(), for a group without spans
             return
-        attributes = self._attributes
-        if attributes:
-            self._attributes = None
-            for value in attributes.values():
-                if type(value) not in PRIMITIVES:
-                    attributes = self._clean(attributes)
-                    break
         try:
+            attributes = self._attributes
+            if attributes:
+                self._attributes = None
+                for value in attributes.values():
+                    if type(value) not in PRIMITIVES:
+                        attributes = self._clean(attributes)
+                        break
             context = None
             if parent is not None:
                 context = _set_span_in_context(parent.span)
@@ -480,7 +481,7 @@ class SpanPhase(Phase):
             except Exception:
                 pass
         span = self._span
-        if span is _INVALID_SPAN:
+        if span is _INVALID_SPAN or span is None:
             return False
         state = self._state
         state.open.pop(span, None)
