@@ -118,6 +118,7 @@ class Phase:
         "_progress",
         "_record_step_duration",
         "_watch",
+        "_extra",
         "_state",
         "_outer",
         "_stage",
@@ -129,6 +130,8 @@ class Phase:
 
     #: Whether the phase exports something, so that the hooks ``_open``/``_close`` run.
     _exports = False
+    #: Whether the phase always has a start and an end time (a span's).
+    _timed = False
 
     def __init__(
         self,
@@ -143,7 +146,10 @@ class Phase:
         self._record_step_duration = record_step_duration
         # Whether its times and its completion matter beyond the ledger's phase time: then the
         # clock is read at start and stop, and a shutdown meanwhile makes it interrupted.
-        self._watch = record_step_duration or kind in _COMPLETES
+        watch = self._watch = self._timed or record_step_duration or kind in _COMPLETES
+        # Whether there is more to do than the ledger's transition (the disabled groups' common
+        # case, kept to a few attribute reads).
+        self._extra = watch or self._exports or outer is not None
         self._state = state  # None: the configured pipeline's, resolved when it starts
         self._outer = outer  # a phase started before and stopped after this one
         self._stage = _MADE
@@ -155,21 +161,23 @@ class Phase:
         if self._stage:  # started, ended, or the inert no-op
             return self
         self._stage = _OPEN
-        outer = self._outer
-        if outer is not None:
-            outer._start(make_current, parent)
-            # The outer phase is the parent now: current inside ``with``, else given.
-            parent = None if make_current else outer
-        if self._watch:
-            state = self._state
-            if state is None:
-                state = self._state = configured()
-            self._generation = state.generation
-            self._started_ns = _now_ns()
+        if self._extra:
+            outer = self._outer
+            if outer is not None:
+                outer._start(make_current, parent)
+                # The outer phase is the parent now: current inside ``with``, else given.
+                parent = None if make_current else outer
+            if self._watch:
+                state = self._state
+                if state is None:
+                    state = self._state = configured()
+                self._generation = state.generation
+                if self._timed or self._record_step_duration:
+                    self._started_ns = _now_ns()
+            if self._exports:
+                self._open(make_current, parent)
         if self._kind >= 0:
             self._ledger_token = LEDGER.enter(self._kind)
-        if self._exports:
-            self._open(make_current, parent)
         return self
 
     #: ``with`` starts the phase and makes it current.
@@ -187,24 +195,25 @@ class Phase:
             return False
         self._stage = _ENDED
         failed = self._failed
-        if self._watch:
-            end_ns = _now_ns()
-            state = self._state
-            if state.generation != self._generation:
-                failed = True  # its pipeline shut down while it was open
+        if self._extra:
+            end_ns = 0
+            if self._watch:
+                if self._timed or self._record_step_duration:
+                    end_ns = _now_ns()
+                if self._state.generation != self._generation:
+                    failed = True  # its pipeline shut down while it was open
             if self._exports and self._close(end_ns):
                 failed = True  # its span was ended as truncated by that shutdown
             if self._record_step_duration and not failed:
                 instruments.record_training_metrics(
-                    state.meter, step_duration_ms=(end_ns - self._started_ns) / 1e6
+                    self._state.meter, step_duration_ms=(end_ns - self._started_ns) / 1e6
                 )
-        elif self._exports:
-            self._close(0)
         if self._kind >= 0:
             LEDGER.exit(self._ledger_token, self._kind, self._progress, failed)
-        outer = self._outer
-        if outer is not None:
-            outer.__exit__()
+        if self._extra:
+            outer = self._outer
+            if outer is not None:
+                outer.__exit__()
         return False
 
     def stop(self, attributes: Mapping[str, Any] | None = None) -> None:
@@ -342,6 +351,26 @@ class LedgerPhase(Phase):
 
     __slots__ = ()
 
+    def __init__(
+        self,
+        kind: int = NO_PHASE,
+        iteration: int | None = None,
+        record_step_duration: bool = False,
+        state: PhaseState | None = None,
+        outer: Phase | None = None,
+    ) -> None:
+        # Phase.__init__ for a phase that exports nothing and is not timed, spelled out: this
+        # runs once per phase of a disabled group, thousands of times a step.
+        self._kind = kind
+        self._progress = iteration
+        self._record_step_duration = record_step_duration
+        watch = self._watch = record_step_duration or kind in _COMPLETES
+        self._extra = watch or outer is not None
+        self._state = state
+        self._outer = outer
+        self._stage = _MADE
+        self._failed = False
+
 
 class _NoOpPhase(Phase):
     """The phase of a disabled group that has nothing to count: its lifecycle has nothing to
@@ -376,6 +405,7 @@ class SpanPhase(Phase):
     )
 
     _exports = True
+    _timed = True
 
     def __init__(
         self,
@@ -391,7 +421,6 @@ class SpanPhase(Phase):
         kind: int = NO_PHASE,
     ) -> None:
         Phase.__init__(self, kind, iteration, record_step_duration, state, outer)
-        self._watch = True  # a span has a start and an end time
         self._name = name
         self._group = group
         self._attributes = attributes
@@ -642,7 +671,7 @@ def make(
     phase belongs to (a checkpoint load's: the one it restores); ``ledger=False``: not a phase
     of the health ledger (the first-iteration wrapper, whose iteration is)."""
     kind = PHASE_OF_SPAN.get(name, NO_PHASE) if ledger else NO_PHASE
-    if role == RUN:  # whatever its group: every configuration numbers runs alike
+    if role is not None:  # the run, whatever its group: every configuration numbers runs alike
         run_begins()  # its trace segments are its own
         reset_first_iteration()  # its first iteration is a first iteration again
     state = bound_state.get()
@@ -680,6 +709,6 @@ def make(
             return NvtxPhase(
                 found[0], found[1], kind, iteration, record_step_duration, state, outer
             )
-    if kind < 0 and not record_step_duration and outer is None and state.follows_pipeline:
+    if kind < 0 and outer is None and not record_step_duration and state.follows_pipeline:
         return NOOP_PHASE
     return LedgerPhase(kind, iteration, record_step_duration, state, outer)
