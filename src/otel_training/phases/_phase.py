@@ -458,7 +458,7 @@ class SpanPhase(Phase):
     def _open(self, make_current: bool, parent: Phase | None) -> None:
         state = self._state
         group = self._group
-        if group not in state.groups or group in state.nvtx_only:
+        if group not in state.spans:
             self._span = _INVALID_SPAN  # made before configure(), for a group without spans
             return
         try:
@@ -593,32 +593,41 @@ class NvtxPhase(Phase):
     ``with`` a push/pop range (nested on its thread); as a handle started by ``start()``, a
     start/end range (handles may stop out of order or on another thread)."""
 
-    __slots__ = ("_domain", "_event", "_range")
+    __slots__ = ("_target", "_range")
 
     _exports = True
 
     def __init__(
         self,
-        domain: Any,
-        event: Any,
+        target: tuple[Any, Any],
         kind: int = NO_PHASE,
         iteration: int | None = None,
         record_step_duration: bool = False,
         state: PhaseState | None = None,
         outer: Phase | None = None,
     ) -> None:
-        Phase.__init__(self, kind, iteration, record_step_duration, state, outer)
-        self._domain = domain
-        self._event = event
+        # Phase.__init__ for an exported phase that is not timed, spelled out: NVTX-only groups
+        # are the fine-grained ones, thousands of phases a step.
+        self._kind = kind
+        self._progress = iteration
+        self._record_step_duration = record_step_duration
+        self._watch = record_step_duration or kind in _COMPLETES
+        self._extra = True
+        self._state = state
+        self._outer = outer
+        self._stage = _MADE
+        self._failed = False
+        self._target = target  # (domain, event attributes)
         self._range: Any = None
 
     def _open(self, make_current: bool, parent: Phase | None) -> None:
+        domain, event = self._target
         try:
             if make_current:
-                self._domain.push_range(self._event)
+                domain.push_range(event)
                 self._range = _PUSHED
             else:
-                self._range = self._domain.start_range(self._event)
+                self._range = domain.start_range(event)
         except Exception:
             warn_once("nvtx", "an NVTX range could not be opened")
 
@@ -629,9 +638,9 @@ class NvtxPhase(Phase):
         self._range = None
         try:
             if opened is _PUSHED:
-                self._domain.pop_range()
+                self._target[0].pop_range()
             else:
-                self._domain.end_range(opened)
+                self._target[0].end_range(opened)
         except Exception:
             warn_once("nvtx", "an NVTX range could not be closed")
         return False
@@ -641,13 +650,7 @@ class NvtxPhase(Phase):
         if state is not None and state.follows_pipeline:
             state = None
         return functools.partial(
-            NvtxPhase,
-            self._domain,
-            self._event,
-            self._kind,
-            self._progress,
-            self._record_step_duration,
-            state,
+            NvtxPhase, self._target, self._kind, self._progress, self._record_step_duration, state
         )
 
 
@@ -691,24 +694,22 @@ def make(
         state = _state._current
         if state.telemetry is not telemetry:
             state = _state._refresh(telemetry)
-    if group in state.groups:
-        if group not in state.nvtx_only:
-            return SpanPhase(
-                name,
-                group,
-                attributes,
-                record_step_duration,
-                state,
-                iteration=iteration,
-                role=role,
-                outer=outer,
-                kind=kind,
-            )
-        found = state.nvtx_range(name, group)
-        if found is not None:
-            return NvtxPhase(
-                found[0], found[1], kind, iteration, record_step_duration, state, outer
-            )
+    if group in state.spans:
+        return SpanPhase(
+            name,
+            group,
+            attributes,
+            record_step_duration,
+            state,
+            iteration=iteration,
+            role=role,
+            outer=outer,
+            kind=kind,
+        )
+    if group in state.ranges:
+        target = state.range_targets.get(name) or state.range_target(name, group)
+        if target is not None:
+            return NvtxPhase(target, kind, iteration, record_step_duration, state, outer)
     if kind < 0 and outer is None and not record_step_duration and state.follows_pipeline:
         return NOOP_PHASE
     return LedgerPhase(kind, iteration, record_step_duration, state, outer)

@@ -41,9 +41,13 @@ class PhaseState:
     Attributes:
         telemetry: The pipeline, or ``None`` for a recorder's own providers.
         tracer: Its tracer; ``meter``: its meter.
-        groups: The span groups that export something (spans, or NVTX ranges for those in
-            ``nvtx_only``); empty when the pipeline records nothing.
-        nvtx_only: The groups mirrored to NVTX only.
+        groups: The span groups enabled (:func:`enabled_groups`); empty when the pipeline
+            records nothing.
+        spans: Those of them whose phases are spans.
+        ranges: Those mirrored to NVTX only, while an NVTX tool is attached (without one
+            they export nothing).
+        range_targets: (domain, event attributes) of the NVTX range of each phase name seen
+            in ``ranges``.
         segments: The trace segments, or ``None`` (no sampler: a no-op or own provider).
         open: The spans open in this pipeline (``OpenSpans.spans``), truncated at shutdown.
         generation: How many times this pipeline's shutdown began (0 or 1): a phase open
@@ -56,13 +60,14 @@ class PhaseState:
         "tracer",
         "meter",
         "groups",
-        "nvtx_only",
+        "spans",
+        "ranges",
+        "range_targets",
         "segments",
         "open",
         "generation",
         "follows_pipeline",
         "_nvtx",
-        "_nvtx_events",
     )
 
     def __init__(self) -> None:
@@ -70,23 +75,25 @@ class PhaseState:
         self.tracer: trace_api.Tracer | None = None
         self.meter: Any = None
         self.groups: frozenset[str] = frozenset()
-        self.nvtx_only: frozenset[str] = frozenset()
+        self.spans: frozenset[str] = frozenset()
+        self.ranges: frozenset[str] = frozenset()
+        self.range_targets: dict[str, tuple[Any, Any]] = {}
         self.segments: TraceSegments | None = None
         self.open: dict = {}
         self.generation = 0
         self.follows_pipeline = True
         self._nvtx: Any = None  # the NVTX processor, when a tool is attached
-        self._nvtx_events: dict[str, tuple[Any, Any] | None] = {}
 
-    def nvtx_range(self, name: str, group: str) -> tuple[Any, Any] | None:
-        """(domain, event attributes) of the NVTX range of an NVTX-only phase ``name``, or
-        ``None`` when no NVTX tool is attached. Cached per name."""
-        found = self._nvtx_events.get(name)
+    def range_target(self, name: str, group: str) -> tuple[Any, Any] | None:
+        """(domain, event attributes) of the NVTX range of the NVTX-only phase ``name`` of
+        ``group``, registered now and kept in ``range_targets``; ``None`` when NVTX fails."""
+        found = self.range_targets.get(name)
         if found is not None or self._nvtx is None:
             return found
         domain, event = self._nvtx.range_attributes(name, group)
-        found = None if domain is None else (domain, event)
-        self._nvtx_events[name] = found
+        if domain is None:
+            return None
+        found = self.range_targets[name] = (domain, event)
         return found
 
     def _shutting_down(self) -> None:
@@ -142,10 +149,12 @@ def _refresh(telemetry: setup.Telemetry) -> PhaseState:
         settings = telemetry.settings
         recording = not isinstance(telemetry.tracer_provider, trace_api.NoOpTracerProvider)
         state.groups = settings.span_groups if recording else frozenset()
-        state.nvtx_only = settings.nvtx_only_groups & state.groups
+        nvtx_only = settings.nvtx_only_groups & state.groups
+        state.spans = state.groups - nvtx_only
         nvtx = telemetry.nvtx
         if nvtx is not None and nvtx.active:
             state._nvtx = nvtx
+            state.ranges = nvtx_only
         if telemetry.open_spans is not None:
             state.open = telemetry.open_spans.spans
         # First: a phase that ends after this knows its pipeline went away under it.
@@ -158,7 +167,7 @@ def _refresh(telemetry: setup.Telemetry) -> PhaseState:
                     settings.identity.run_id or "run",
                     settings.trace_segment_iterations,
                     sampler,
-                    segment_spans="job" in state.groups,
+                    segment_spans="job" in state.spans,
                     open_spans=state.open,
                 )
                 telemetry.before_shutdown.append(state.segments.close)
@@ -201,7 +210,7 @@ def state_for(
     if groups is None:
         telemetry = setup._current
         groups = (telemetry.settings if telemetry is not None else config.load()).span_groups
-    state.groups = groups if recording else frozenset()
+    state.groups = state.spans = groups if recording else frozenset()
     return state
 
 
