@@ -16,6 +16,7 @@ runs the comparison again in a child process with the tests' NVTX recorder attac
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import subprocess
@@ -155,7 +156,7 @@ leaves = st.one_of(
     st.tuples(st.just("metrics"), metrics),
     st.tuples(st.just("record"), metrics),
     st.tuples(st.just("error"), endings.filter(lambda ending: ending is not None)),
-    st.just(("stop",)),
+    st.tuples(st.just("stop"), st.integers(0, 1)),  # this phase, or the one around it
     st.just(("start",)),
 )
 
@@ -206,6 +207,7 @@ class Runner:
         self.notes: list[tuple] = []
         self.kinds: list[type] = []
         self.recorder = ot.SpanRecorder()
+        self.open: list[Phase] = []  # the handles around the operation running now
 
     def run(self, program: list, handle: Phase | None) -> None:
         for operation in program:
@@ -224,7 +226,11 @@ class Runner:
         try:
             with phase as entered:
                 self.notes.append(("entered", entered is phase))
-                self.run(body, entered)
+                self.open.append(entered)
+                try:
+                    self.run(body, entered)
+                finally:
+                    self.open.pop()
                 if ending is not None:
                     raise _exception(ending)
         except BaseException as error:  # noqa: BLE001 - KeyboardInterrupt, SystemExit too
@@ -257,9 +263,11 @@ class Runner:
         started = self.recorder.start_phase(getattr(ot, name), *args, parent=handle, **kwargs)
         self.kinds.append(type(started))
         self.notes.append(("started", name, _handle(started)))
+        self.open.append(started)
         try:
             self.run(body, started)
         finally:
+            self.open.pop()
             if ending is not None:
                 self.recorder.error(started, _exception(ending))
             self.recorder.event(started, "stopping", {"n": 1})
@@ -296,8 +304,8 @@ class Runner:
             self._guarded("error", lambda: handle.error(_exception(operation[1])))
 
     def _stop(self, operation: tuple, handle: Phase | None) -> None:
-        if handle is not None:
-            self._guarded("stop", handle.stop)
+        if len(self.open) > operation[1]:  # stopped early, inside its block (or a nested one)
+            self._guarded("stop", self.open[-1 - operation[1]].stop)
 
     def _start(self, operation: tuple, handle: Phase | None) -> None:
         if handle is not None:
@@ -338,15 +346,20 @@ def run_under(environ: dict[str, str] | None, program: list) -> tuple[dict, Runn
         patched = mock.patch.dict(os.environ, {})
         testing.configure_in_memory({**variables, **environ})
     logger.addHandler(logged)
-    runner = None
+    runner = Runner()
+    left_current: list[bool] = []
+
+    def run() -> None:  # in a context of its own: whatever it leaves current stays there
+        try:
+            runner.run(program, None)
+        except BaseException as error:  # noqa: BLE001
+            runner.notes.append(("propagated out", _described(error)))
+        left_current.append(trace_api.get_current_span() is not trace_api.INVALID_SPAN)
+
     try:
         with patched, warnings.catch_warnings(record=True) as warned:
             warnings.simplefilter("always")
-            runner = Runner()
-            try:
-                runner.run(program, None)
-            except BaseException as error:  # noqa: BLE001
-                runner.notes.append(("propagated out", _described(error)))
+            contextvars.Context().run(run)
     finally:
         logger.removeHandler(logged)
     outcome = {
@@ -355,6 +368,8 @@ def run_under(environ: dict[str, str] | None, program: list) -> tuple[dict, Runn
         "python warnings": [(w.category.__name__, str(w.message)) for w in warned],
         "ledger": health.LEDGER.read(),
         "ledger open": list(health.LEDGER._stack),
+        # Nothing a phase made current is left current (contexts are restored in order).
+        "span left current": left_current,
     }
     testing.reset()
     return outcome, runner
@@ -404,6 +419,9 @@ EVERYTHING = [
              [("with", ("layer", ("mlp",), {}), "SystemExit(1)", True, [])]),
         ],
     ),
+    ("with", ("training_run", (), {}), None, False,
+     [("with", ("evaluation", (), {"iteration": 3}), None, False, [("stop", 1)]),
+      ("with", ("startup", (), {}), None, False, [])]),
     ("with", ("checkpoint_load", ("/ckpt",), {"iteration": 9}), None, False,
      [("attrs", [1, 2]), ("event", "x", [1, 2]), ("metrics", {"los": 1.0})]),
     ("record", {"loss": "abc", "step_duration_ms": -1.0}),

@@ -119,6 +119,7 @@ class Phase:
         "_record_step_duration",
         "_watch",
         "_extra",
+        "_exports",
         "_state",
         "_outer",
         "_stage",
@@ -128,8 +129,6 @@ class Phase:
         "_generation",
     )
 
-    #: Whether the phase exports something, so that the hooks ``_open``/``_close`` run.
-    _exports = False
     #: Whether the phase always has a start and an end time (a span's).
     _timed = False
 
@@ -147,9 +146,11 @@ class Phase:
         # Whether its times and its completion matter beyond the ledger's phase time: then the
         # clock is read at start and stop, and a shutdown meanwhile makes it interrupted.
         watch = self._watch = self._timed or record_step_duration or kind in _COMPLETES
+        # Whether the phase exports something: then the hooks _open and _close run.
+        self._exports = exports = type(self)._open is not Phase._open
         # Whether there is more to do than the ledger's transition (the disabled groups' common
         # case, kept to a few attribute reads).
-        self._extra = watch or self._exports or outer is not None
+        self._extra = watch or exports or outer is not None
         self._state = state  # None: the configured pipeline's, resolved when it starts
         self._outer = outer  # a phase started before and stopped after this one
         self._stage = _MADE
@@ -192,6 +193,8 @@ class Phase:
         if exc is not None:
             self.error(exc)
         if self._stage != _OPEN:
+            if self._stage == _ENDED and self._exports:
+                self._release()  # a with block ends around a phase stopped inside it
             return False
         self._stage = _ENDED
         failed = self._failed
@@ -204,7 +207,7 @@ class Phase:
                     failed = True  # its pipeline shut down while it was open
             if self._exports and self._close(end_ns):
                 failed = True  # its span was ended as truncated by that shutdown
-            if self._record_step_duration and not failed:
+            if not failed and self._record_step_duration:
                 instruments.record_training_metrics(
                     self._state.meter, step_duration_ms=(end_ns - self._started_ns) / 1e6
                 )
@@ -315,12 +318,16 @@ class Phase:
     # what a subclass exports ------------------------------------------------------------------
 
     def _open(self, make_current: bool, parent: Phase | None) -> None:
-        """Opens what the phase exports (with ``_exports``); never raises."""
+        """Opens what the phase exports (a class that defines it exports); never raises."""
 
     def _close(self, end_ns: int) -> bool:
         """Closes what the phase exports at ``end_ns``; True when a shutdown had closed it
         already (the phase was interrupted). Never raises."""
         return False
+
+    def _release(self) -> None:
+        """Gives back what the phase holds for its ``with`` block (its span as the current
+        one) once nothing opened after it holds more; never raises."""
 
     def _record_error(self, exception: BaseException) -> None:
         """Records an error on what the phase exports; never raises."""
@@ -365,6 +372,7 @@ class LedgerPhase(Phase):
         self._progress = iteration
         self._record_step_duration = record_step_duration
         watch = self._watch = record_step_duration or kind in _COMPLETES
+        self._exports = False
         self._extra = watch or outer is not None
         self._state = state
         self._outer = outer
@@ -404,7 +412,6 @@ class SpanPhase(Phase):
         "_pending",
     )
 
-    _exports = True
     _timed = True
 
     def __init__(
@@ -502,13 +509,8 @@ class SpanPhase(Phase):
         return context
 
     def _close(self, end_ns: int) -> bool:
-        token = self._token
-        if token is not None:
-            self._token = None
-            try:
-                _detach(token)
-            except Exception:
-                pass
+        if self._token is not None:
+            self._release()
         span = self._span
         if span is _INVALID_SPAN or span is None:
             return False
@@ -528,6 +530,17 @@ class SpanPhase(Phase):
         except Exception:
             warn_once("stop", "could not end the span %s", self._name)
         return False
+
+    def _release(self) -> None:
+        # Contexts are restored last in, first out: stopped inside its with block while a
+        # phase opened after it is still current, it stays current until that one has ended.
+        token = self._token
+        if token is not None and trace_api.get_current_span() is self._span:
+            self._token = None
+            try:
+                _detach(token)
+            except Exception:
+                pass
 
     def _record_error(self, exception: BaseException) -> None:
         span = self._span
@@ -595,8 +608,6 @@ class NvtxPhase(Phase):
 
     __slots__ = ("_target", "_range")
 
-    _exports = True
-
     def __init__(
         self,
         target: tuple[Any, Any],
@@ -612,13 +623,12 @@ class NvtxPhase(Phase):
         self._progress = iteration
         self._record_step_duration = record_step_duration
         self._watch = record_step_duration or kind in _COMPLETES
-        self._extra = True
+        self._exports = self._extra = True
         self._state = state
         self._outer = outer
         self._stage = _MADE
         self._failed = False
-        self._target = target  # (domain, event attributes)
-        self._range: Any = None
+        self._target = target  # (domain, event attributes); _range: set when it opens
 
     def _open(self, make_current: bool, parent: Phase | None) -> None:
         domain, event = self._target
