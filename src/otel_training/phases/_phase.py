@@ -199,18 +199,18 @@ class Phase:
         self._stage = _ENDED
         failed = self._failed
         if self._extra:
-            end_ns = 0
             if self._watch:
-                if self._timed or self._record_step_duration:
-                    end_ns = _now_ns()
+                end_ns = _now_ns() if self._timed or self._record_step_duration else 0
                 if self._state.generation != self._generation:
                     failed = True  # its pipeline shut down while it was open
-            if self._exports and self._close(end_ns):
-                failed = True  # its span was ended as truncated by that shutdown
-            if not failed and self._record_step_duration:
-                instruments.record_training_metrics(
-                    self._state.meter, step_duration_ms=(end_ns - self._started_ns) / 1e6
-                )
+                if self._exports and self._close(end_ns):
+                    failed = True  # its span was ended as truncated by that shutdown
+                if not failed and self._record_step_duration:
+                    instruments.record_training_metrics(
+                        self._state.meter, step_duration_ms=(end_ns - self._started_ns) / 1e6
+                    )
+            elif self._exports:
+                self._close(0)
         if self._kind >= 0:
             LEDGER.exit(self._ledger_token, self._kind, self._progress, failed)
         if self._extra:
@@ -628,7 +628,8 @@ class NvtxPhase(Phase):
         self._outer = outer
         self._stage = _MADE
         self._failed = False
-        self._target = target  # (domain, event attributes); _range: set when it opens
+        self._target = target  # (domain, event attributes)
+        self._range: Any = None  # what _open opened: _PUSHED, a range id, or None
 
     def _open(self, make_current: bool, parent: Phase | None) -> None:
         domain, event = self._target
@@ -645,7 +646,6 @@ class NvtxPhase(Phase):
         opened = self._range
         if opened is None:
             return False
-        self._range = None
         try:
             if opened is _PUSHED:
                 self._target[0].pop_range()
