@@ -9,7 +9,7 @@ in :class:`Phase`: ``start`` (``with`` makes it current), ``error``, ``stop``, a
   its phases, with whether the phase completed;
 - records one point of ``megatron.training.step_duration_ms`` for an iteration made with
   ``record_step_duration=True`` that completed;
-- opens and closes what the span group exports, through two hooks of the subclass:
+- opens and closes what the span group exports, through the hooks of the subclass:
   :class:`SpanPhase` a span (made current inside ``with``, routed to its trace segment),
   :class:`NvtxPhase` an NVTX range (a group mirrored to NVTX only), :class:`LedgerPhase`
   nothing (a disabled group). :data:`NOOP_PHASE`, the shared phase of a disabled group that has
