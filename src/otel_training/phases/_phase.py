@@ -58,31 +58,13 @@ from otel_training.phases._state import PhaseState, bound_state, configured, res
 from otel_training.phases._warnings import warn_once
 from otel_training.processors.nvtx import end_ranges_now
 from otel_training.segments import TraceSegments, run_begins
-from otel_training.semconv.metrics import (
-    MEGATRON_TRAINING_GRAD_NORM,
-    MEGATRON_TRAINING_LEARNING_RATE,
-    MEGATRON_TRAINING_LOSS,
-    MEGATRON_TRAINING_MEMORY_ALLOCATED_GB,
-    MEGATRON_TRAINING_SKIPPED_ITERS,
-    MEGATRON_TRAINING_STEP_DURATION_MS,
-    MEGATRON_TRAINING_THROUGHPUT_TFLOPS,
-    MEGATRON_TRAINING_TOKENS_PER_SEC,
-)
 from otel_training.span_values import DEFERRED, PRIMITIVES, attribute_value, text
 
 __all__ = ["NOOP_PHASE", "RUN", "LedgerPhase", "NvtxPhase", "Phase", "SpanPhase", "make"]
 
-# record_metrics keyword -> the metric name, used as the span attribute key.
-METRIC_KEYS: Mapping[str, str] = {
-    "step_duration_ms": MEGATRON_TRAINING_STEP_DURATION_MS,
-    "loss": MEGATRON_TRAINING_LOSS,
-    "throughput_tflops": MEGATRON_TRAINING_THROUGHPUT_TFLOPS,
-    "grad_norm": MEGATRON_TRAINING_GRAD_NORM,
-    "skipped_iters": MEGATRON_TRAINING_SKIPPED_ITERS,
-    "learning_rate": MEGATRON_TRAINING_LEARNING_RATE,
-    "tokens_per_sec": MEGATRON_TRAINING_TOKENS_PER_SEC,
-    "memory_allocated_gb": MEGATRON_TRAINING_MEMORY_ALLOCATED_GB,
-}
+# record_metrics keyword -> the metric name, used as the span attribute key (the instruments'
+# own table: one definition).
+METRIC_KEYS: Mapping[str, str] = {key: spec[0] for key, spec in instruments._SPECS.items()}
 
 #: The role of a phase: the run (its span starts in the run trace and closes the segments).
 RUN = "run"
@@ -129,8 +111,10 @@ class Phase:
         "_generation",
     )
 
-    #: Whether the phase always has a start and an end time (a span's).
-    _timed = False
+    #: Whether the class exports something: then its hooks ``_open`` and ``_close`` run.
+    _EXPORTS = False
+    #: Whether the class's phases always have a start and an end time (a span's).
+    _TIMED = False
 
     def __init__(
         self,
@@ -145,9 +129,8 @@ class Phase:
         self._record_step_duration = record_step_duration
         # Whether its times and its completion matter beyond the ledger's phase time: then the
         # clock is read at start and stop, and a shutdown meanwhile makes it interrupted.
-        watch = self._watch = self._timed or record_step_duration or kind in _COMPLETES
-        # Whether the phase exports something: then the hooks _open and _close run.
-        self._exports = exports = type(self)._open is not Phase._open
+        watch = self._watch = self._TIMED or record_step_duration or kind in _COMPLETES
+        exports = self._exports = self._EXPORTS
         # Whether there is more to do than the ledger's transition (the disabled groups' common
         # case, kept to a few attribute reads).
         self._extra = watch or exports or outer is not None
@@ -173,7 +156,7 @@ class Phase:
                 if state is None:
                     state = self._state = configured()
                 self._generation = state.generation
-                if self._timed or self._record_step_duration:
+                if self._TIMED or self._record_step_duration:
                     self._started_ns = _now_ns()
             if self._exports:
                 self._open(make_current, parent)
@@ -200,7 +183,7 @@ class Phase:
         failed = self._failed
         if self._extra:
             if self._watch:
-                end_ns = _now_ns() if self._timed or self._record_step_duration else 0
+                end_ns = _now_ns() if self._TIMED or self._record_step_duration else 0
                 if self._state.generation != self._generation:
                     failed = True  # its pipeline shut down while it was open
                 if self._exports and self._close(end_ns):
@@ -358,27 +341,6 @@ class LedgerPhase(Phase):
 
     __slots__ = ()
 
-    def __init__(
-        self,
-        kind: int = NO_PHASE,
-        iteration: int | None = None,
-        record_step_duration: bool = False,
-        state: PhaseState | None = None,
-        outer: Phase | None = None,
-    ) -> None:
-        # Phase.__init__ for a phase that exports nothing and is not timed, spelled out: this
-        # runs once per phase of a disabled group, thousands of times a step.
-        self._kind = kind
-        self._progress = iteration
-        self._record_step_duration = record_step_duration
-        watch = self._watch = record_step_duration or kind in _COMPLETES
-        self._exports = False
-        self._extra = watch or outer is not None
-        self._state = state
-        self._outer = outer
-        self._stage = _MADE
-        self._failed = False
-
 
 class _NoOpPhase(Phase):
     """The phase of a disabled group that has nothing to count: its lifecycle has nothing to
@@ -412,7 +374,8 @@ class SpanPhase(Phase):
         "_pending",
     )
 
-    _timed = True
+    _EXPORTS = True
+    _TIMED = True
 
     def __init__(
         self,
@@ -608,6 +571,8 @@ class NvtxPhase(Phase):
 
     __slots__ = ("_target", "_range")
 
+    _EXPORTS = True
+
     def __init__(
         self,
         target: tuple[Any, Any],
@@ -617,17 +582,7 @@ class NvtxPhase(Phase):
         state: PhaseState | None = None,
         outer: Phase | None = None,
     ) -> None:
-        # Phase.__init__ for an exported phase that is not timed, spelled out: NVTX-only groups
-        # are the fine-grained ones, thousands of phases a step.
-        self._kind = kind
-        self._progress = iteration
-        self._record_step_duration = record_step_duration
-        self._watch = record_step_duration or kind in _COMPLETES
-        self._exports = self._extra = True
-        self._state = state
-        self._outer = outer
-        self._stage = _MADE
-        self._failed = False
+        Phase.__init__(self, kind, iteration, record_step_duration, state, outer)
         self._target = target  # (domain, event attributes)
         self._range: Any = None  # what _open opened: _PUSHED, a range id, or None
 
