@@ -163,9 +163,13 @@ class TraceSegments:
             return True
         return not parent.get_span_context().is_valid
 
-    def context_for(self, iteration: int) -> context_api.Context | None:
-        """The context holding this rank's segment span of ``iteration`` (started now if
-        it is a new segment, ending the previous one); ``None`` when it cannot start."""
+    def context_for(
+        self, iteration: int, now_ns: int | None = None
+    ) -> context_api.Context | None:
+        """The context holding this rank's segment span of ``iteration`` (started at
+        ``now_ns``, ns on the process clock, default now, if it is a new segment, ending the
+        previous one then: the start of the phase that opens it); ``None`` when it cannot
+        start."""
         segment = self.segment_of(iteration)
         context = self._context
         if segment == self._segment and context is not None and self._run == _runs:
@@ -173,11 +177,11 @@ class TraceSegments:
         with self._lock:
             self._follow_run()
             if segment != self._segment or self._context is None:
-                self._open(segment)
+                self._open(segment, now_ns)
             return self._context
 
-    def _open(self, segment: int) -> None:
-        now = clock.now_ns()
+    def _open(self, segment: int, now_ns: int | None = None) -> None:
+        now = clock.now_ns() if now_ns is None else now_ns
         self._end_open(now)
         part = f"{self._scope}segment/{segment}"
         if not self._segment_spans:

@@ -468,7 +468,7 @@ class SpanPhase(Phase):
         """``context``, or this rank's segment span of the phase's iteration when the phase
         would otherwise be a child of the run span (or of no span)."""
         if segments.is_run_level(trace_api.get_current_span(context)):
-            return segments.context_for(self._iteration) or context
+            return segments.context_for(self._iteration, self._started_ns) or context
         return context
 
     def _close(self, end_ns: int) -> bool:
