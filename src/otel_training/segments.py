@@ -163,9 +163,7 @@ class TraceSegments:
             return True
         return not parent.get_span_context().is_valid
 
-    def context_for(
-        self, iteration: int, now_ns: int | None = None
-    ) -> context_api.Context | None:
+    def context_for(self, iteration: int, now_ns: int | None = None) -> context_api.Context | None:
         """The context holding this rank's segment span of ``iteration`` (started at
         ``now_ns``, ns on the process clock, default now, if it is a new segment, ending the
         previous one then: the start of the phase that opens it); ``None`` when it cannot

@@ -80,6 +80,7 @@ _COMPLETES = frozenset({ITERATION, CHECKPOINT_SAVE, CHECKPOINT_LOAD})
 _now_ns = clock.now_ns
 _attach = context_api.attach
 _detach = context_api.detach
+_get_current = context_api.get_current
 _set_span_in_context = trace_api.set_span_in_context
 _INVALID_SPAN = trace_api.INVALID_SPAN
 
@@ -371,6 +372,7 @@ class SpanPhase(Phase):
         "_role",
         "_span",
         "_token",
+        "_context",
         "_pending",
     )
 
@@ -459,7 +461,8 @@ class SpanPhase(Phase):
             if role == RUN and segments is not None:
                 segments.run_span = span
             if make_current:
-                self._token = _attach(_set_span_in_context(span))
+                context = self._context = _set_span_in_context(span)
+                self._token = _attach(context)
         except Exception:
             warn_once("start", "could not start the span %s", self._name)
             self._span = _INVALID_SPAN
@@ -498,7 +501,7 @@ class SpanPhase(Phase):
         # Contexts are restored last in, first out: stopped inside its with block while a
         # phase opened after it is still current, it stays current until that one has ended.
         token = self._token
-        if token is not None and trace_api.get_current_span() is self._span:
+        if token is not None and _get_current() is self._context:
             self._token = None
             try:
                 _detach(token)
