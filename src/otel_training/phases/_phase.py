@@ -107,6 +107,7 @@ class Phase:
         "_outer",
         "_stage",
         "_failed",
+        "_target",
         "_ledger_token",
         "_started_ns",
         "_generation",
@@ -124,6 +125,7 @@ class Phase:
         record_step_duration: bool = False,
         state: PhaseState | None = None,
         outer: Phase | None = None,
+        target: Any = None,
     ) -> None:
         self._kind = kind  # the ledger's phase (otel_training.health.ledger), or NO_PHASE
         self._progress = iteration  # the iteration the ledger records when it completes
@@ -139,6 +141,7 @@ class Phase:
         self._outer = outer  # a phase started before and stopped after this one
         self._stage = _MADE
         self._failed = False
+        self._target = target  # where an exporting class exports (NvtxPhase: domain, event)
 
     # the lifecycle: one start path, one stop path ------------------------------------------
 
@@ -572,25 +575,13 @@ class NvtxPhase(Phase):
     ``with`` a push/pop range (nested on its thread); as a handle started by ``start()``, a
     start/end range (handles may stop out of order or on another thread)."""
 
-    __slots__ = ("_target", "_range")
+    __slots__ = ("_range",)
 
     _EXPORTS = True
 
-    def __init__(
-        self,
-        target: tuple[Any, Any],
-        kind: int = NO_PHASE,
-        iteration: int | None = None,
-        record_step_duration: bool = False,
-        state: PhaseState | None = None,
-        outer: Phase | None = None,
-    ) -> None:
-        Phase.__init__(self, kind, iteration, record_step_duration, state, outer)
-        self._target = target  # (domain, event attributes)
-        self._range: Any = None  # what _open opened: _PUSHED, a range id, or None
-
     def _open(self, make_current: bool, parent: Phase | None) -> None:
         domain, event = self._target
+        self._range = None  # what it opened: _PUSHED, a range id, or nothing
         try:
             if make_current:
                 domain.push_range(event)
@@ -618,7 +609,13 @@ class NvtxPhase(Phase):
         if state is not None and state.follows_pipeline:
             state = None
         return functools.partial(
-            NvtxPhase, self._target, self._kind, self._progress, self._record_step_duration, state
+            NvtxPhase,
+            self._kind,
+            self._progress,
+            self._record_step_duration,
+            state,
+            None,
+            self._target,
         )
 
 
@@ -677,7 +674,7 @@ def make(
     if group in state.ranges:
         target = state.range_targets.get(name) or state.range_target(name, group)
         if target is not None:
-            return NvtxPhase(target, kind, iteration, record_step_duration, state, outer)
+            return NvtxPhase(kind, iteration, record_step_duration, state, outer, target)
     if kind < 0 and outer is None and not record_step_duration and state.follows_pipeline:
         return NOOP_PHASE
     return LedgerPhase(kind, iteration, record_step_duration, state, outer)
