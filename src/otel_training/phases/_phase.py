@@ -130,8 +130,8 @@ class Phase:
         self._kind = kind  # the ledger's phase (otel_training.health.ledger), or NO_PHASE
         self._progress = iteration  # the iteration the ledger records when it completes
         self._record_step_duration = record_step_duration
-        # Whether its times and its completion matter beyond the ledger's phase time: then the
-        # clock is read at start and stop, and a shutdown meanwhile makes it interrupted.
+        # Whether its completion matters beyond the ledger's phase time (a span, a step
+        # duration, a step or checkpoint of the ledger): a shutdown meanwhile interrupts it.
         watch = self._watch = self._TIMED or record_step_duration or kind in _COMPLETES
         exports = self._exports = self._EXPORTS
         # Whether there is more to do than the ledger's transition (the disabled groups' common
