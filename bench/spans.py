@@ -19,6 +19,11 @@ Prints, from one run, the cost per iteration of an empty ``with`` block of:
   file, the sink aidot's logger backend adds (like for like with ``aidot``);
 - ``nvtx_only``: ``with layer("forward"):`` in a group mirrored to NVTX only (a push/pop range,
   no span), against ``bare_nvtx``: ``nvtx.start_range``/``nvtx.end_range`` in the same domain;
+- ``disabled_ledger``: ``with microbatch("forward"):`` in a disabled group: no span, no range,
+  but a phase of the health ledger (its time and failure still counted);
+  ``disabled_noop``: ``with activation_offload("offload"):`` in a disabled group that is no
+  phase of the ledger (the shared no-op); ``ledger_alone``: the ledger's own
+  ``LEDGER.enter``/``LEDGER.exit`` of that phase, the floor of ``disabled_ledger``;
 
 and the ratios otel_training/bare_sdk (target <= 1.5) and otel_training/aidot (target <= 0.1),
 with_log_lines/aidot, and the NVTX-only cost (target <= 2 us with a tool attached).
@@ -232,6 +237,9 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
     tracer = sdk.get_tracer("bench")
     training_iteration = otel_training.training_iteration
     layer = otel_training.layer
+    microbatch = otel_training.microbatch
+    activation_offload = otel_training.activation_offload
+    from otel_training.health.ledger import FORWARD_BACKWARD, LEDGER
 
     def ours(n: int) -> tuple[float, float]:
         start, cpu = time.perf_counter_ns(), time.process_time_ns()
@@ -263,6 +271,27 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
             nvtx.end_range(rid)
         return _per_iteration(start, cpu, n)
 
+    def disabled_ledger(n: int) -> tuple[float, float]:
+        start, cpu = time.perf_counter_ns(), time.process_time_ns()
+        for _ in range(n):
+            with microbatch("forward"):  # group microbatch: off
+                pass
+        return _per_iteration(start, cpu, n)
+
+    def disabled_noop(n: int) -> tuple[float, float]:
+        start, cpu = time.perf_counter_ns(), time.process_time_ns()
+        for _ in range(n):
+            with activation_offload("offload"):  # group activation_offload: off
+                pass
+        return _per_iteration(start, cpu, n)
+
+    def ledger_alone(n: int) -> tuple[float, float]:
+        enter, leave = LEDGER.enter, LEDGER.exit
+        start, cpu = time.perf_counter_ns(), time.process_time_ns()
+        for _ in range(n):
+            leave(enter(FORWARD_BACKWARD), FORWARD_BACKWARD)
+        return _per_iteration(start, cpu, n)
+
     def bare(n: int) -> tuple[float, float]:
         start, cpu = time.perf_counter_ns(), time.process_time_ns()
         for i in range(n):
@@ -285,6 +314,9 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
         "with_log_lines": ours_logged,
         "nvtx_only": nvtx_only,
         "bare_nvtx": bare_nvtx,
+        "disabled_ledger": disabled_ledger,
+        "disabled_noop": disabled_noop,
+        "ledger_alone": ledger_alone,
     }
     for run in variants.values():
         run(max(10, iterations // 10))
@@ -339,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         ("bare_sdk", "span + BSP"),
         ("nvtx_only", "layer(), NVTX-only group"),
         ("bare_nvtx", "nvtx.start_range/end_range"),
+        ("disabled_ledger", "microbatch(), group off"),
+        ("disabled_noop", "activation_offload(), off"),
+        ("ledger_alone", "LEDGER.enter + exit"),
     ]
     if "aidot" in result:
         rows += [("aidot", "timed_span(ITERATION)"), ("aidot_bare_sdk", "span + BSP, aidot's venv")]
@@ -363,6 +398,11 @@ def main(argv: list[str] | None = None) -> int:
         f"NVTX-only phase: {median('nvtx_only', 0):.2f} us wall ({median('nvtx_only', 1):.2f} "
         f"us CPU), bare nvtx.start_range/end_range {median('bare_nvtx', 0):.2f} us "
         "(target: NVTX-only <= 2 us with a tool attached)"
+    )
+    print(
+        f"Disabled-group phase: {median('disabled_ledger', 0):.2f} us wall as a phase of the "
+        f"health ledger (the ledger alone {median('ledger_alone', 0):.2f} us: budget <= 1 us "
+        f"per phase transition), {median('disabled_noop', 0):.2f} us as the shared no-op"
     )
     print("(ratios: medians of the per-round ratios; CPU time counts every thread of the process)")
     if args.nvtx_injection and not os.environ.get("NVTX_INJECTION64_PATH"):

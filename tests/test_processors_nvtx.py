@@ -17,7 +17,7 @@ from opentelemetry.trace import INVALID_SPAN
 
 import otel_training
 import otel_training.testing
-from otel_training.phases import LedgerPhase, Phase
+from otel_training.phases import LedgerPhase, SpanPhase
 from otel_training.processors import NvtxSpanProcessor, nvtx
 from otel_training.semconv import spans as names
 
@@ -368,7 +368,7 @@ def test_nvtx_only_phases_without_a_tool_are_the_shared_no_op():
     assert offload is otel_training.spans.NOOP_PHASE
     layer = otel_training.layer("forward", layer_number=1)
     assert type(layer) is LedgerPhase and layer.span is INVALID_SPAN
-    assert type(otel_training.microbatch("forward")) is Phase
+    assert type(otel_training.microbatch("forward")) is SpanPhase
 
 
 def test_the_recorders_buffer_mode_counts_every_call_without_writing_them(record):

@@ -110,3 +110,46 @@ def test_a_recorder_on_both_providers_configures_nothing(monkeypatch):
     recorder.stop(recorder.start_phase(otel_training.optimizer_step, iteration=2))
     assert setup.current() is None
     assert len(exporter.get_finished_spans()) == 1
+
+
+@pytest.mark.parametrize("groups", ["all", "none"])
+def test_a_recorders_metrics_go_to_its_own_meter_whatever_the_groups(groups):
+    """record_metrics and step durations of a recorder's handles reach the recorder's meter,
+    whether the group records spans or not (never the configured pipeline's)."""
+    pipeline = testing.configure_in_memory({"OTEL_PYTHON_TRAINING_SPAN_GROUPS": "all"})
+    _, tracer_provider, reader, meter_provider = _own_providers()
+    recorder = otel_training.SpanRecorder(
+        tracer_provider=tracer_provider, meter_provider=meter_provider, span_groups=groups
+    )
+    # a phase that is no ledger phase (the shared no-op when off), and one that is
+    for function, argument in ((otel_training.activation_offload, "offload"),
+                               (otel_training.microbatch, "forward")):  # fmt: skip
+        handle = recorder.start_phase(function, argument)
+        handle.record_metrics(loss=1.5, los=2.0)
+        recorder.stop(handle)
+    step = recorder.start_phase(otel_training.training_iteration, record_step_duration=True)
+    recorder.stop(step)
+    own = dict((name, point) for name, point in testing.points(reader.get_metrics_data()))
+    assert own["megatron.training.loss"].value == 1.5
+    assert own["megatron.training.step_duration_ms"].count == 1
+    assert pipeline.points("megatron.training.loss") == []
+
+
+def test_a_first_iteration_started_by_handle_nests_without_becoming_current():
+    """A recorder's first iteration is wrapped in first_iteration as a with-block is, but
+    neither span becomes current (handles may stop on another thread or out of order)."""
+    from opentelemetry import trace as trace_api
+
+    from otel_training.semconv import spans as names
+
+    pipeline = testing.configure_in_memory({"OTEL_PYTHON_TRAINING_SPAN_GROUPS": "all"})
+    recorder = otel_training.SpanRecorder()
+    run = recorder.start_phase(otel_training.training_run)
+    step = recorder.start_phase(otel_training.training_iteration, iteration=1, parent=run)
+    assert trace_api.get_current_span() is trace_api.INVALID_SPAN
+    recorder.stop(step)
+    recorder.stop(run)
+    spans = {span.name: span for span in pipeline.spans.get_finished_spans()}
+    first = spans[names.MEGATRON_TRAIN_FIRST_ITERATION]
+    assert spans[names.MEGATRON_TRAIN_ITERATION].parent.span_id == first.context.span_id
+    assert first.parent.span_id == spans[names.MEGATRON_TRAIN_SEGMENT].context.span_id

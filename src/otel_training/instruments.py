@@ -153,9 +153,11 @@ def record_training_metrics(
 
     Never raises: bad values are dropped with one warning per metric and cause; NaN and
     infinity are counted by ``megatron.training.nonfinite_values``. Runs on the calling thread
-    without reading device tensors (see the module docstring) and without I/O.
+    without reading device tensors (see the module docstring) and without I/O. On a no-op
+    meter (a disabled SDK, a rank that does not export) nothing is recorded but the same
+    warnings are given, and device values are not read at all.
     """
-    if metrics is None or _forked_child or isinstance(meter, _NoOpMeter):
+    if metrics is None or _forked_child:
         return
     if type(meter) in _PROXY_METERS:  # record on the real meter it stands for now
         meter = meter._real_meter or meter
@@ -250,13 +252,15 @@ def _write(meter, key: str, write, value) -> None:
 
 
 def _emit_slow(meter, key: str, write, value) -> None:
+    recording = not isinstance(meter, _NoOpMeter)  # a no-op meter: checked, never read
     if device_type(value) not in (None, "cpu"):
-        _deferred.submit(meter, key, write, start_device_read(value))
+        if recording:
+            _deferred.submit(meter, key, write, start_device_read(value))
         return
     number = _to_number(key, value)
     if number is None:
         return
-    if _deferred.pending:
+    if _deferred.pending and recording:
         _deferred.submit(meter, key, write, number)
         return
     _finish(meter, key, write, number)

@@ -8,8 +8,9 @@ pipeline's :class:`OpenSpans` and remove it when it ends (one dict store and one
 the thread that starts or ends it: no span processor, whose dispatch the SDK pays per span).
 Before the providers shut down, each open span gets the attribute
 ``otel_training.span.truncated = true``
-(:data:`otel_training.semconv.attributes.OTEL_TRAINING_SPAN_TRUNCATED`) and is ended now, the
-newest first (children before their parents). On SIGTERM its status also becomes ERROR with the
+(:data:`otel_training.semconv.attributes.OTEL_TRAINING_SPAN_TRUNCATED`) and is ended now (on the
+process clock, :func:`otel_training.clock.now_ns`, as the phases date their spans), the newest
+first (children before their parents). On SIGTERM its status also becomes ERROR with the
 description ``truncated: SIGTERM``; at a normal exit the status is left as it is. Spans of other
 instrumentation (a tracer of the user's own) are not registered. Nothing here raises.
 """
@@ -20,6 +21,7 @@ import logging
 
 from opentelemetry.trace import Span, Status, StatusCode
 
+from otel_training import clock
 from otel_training.semconv.attributes import OTEL_TRAINING_SPAN_TRUNCATED
 
 __all__ = ["OpenSpans"]
@@ -53,7 +55,7 @@ class OpenSpans:
                 span.set_attribute(OTEL_TRAINING_SPAN_TRUNCATED, True)
                 if reason is not None:
                     span.set_status(Status(StatusCode.ERROR, f"truncated: {reason}"))
-                span.end()
+                span.end(end_time=clock.now_ns())  # the process clock, as the phases
                 ended += 1
             except Exception:
                 _logger.debug("could not end a truncated span", exc_info=True)

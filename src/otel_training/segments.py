@@ -16,6 +16,10 @@ ranks of a run side by side, and no trace grows without bound:
   segment starts, when the run ends, or at shutdown.
 
 ``H`` is SHA-256 of ``otel-training/{run id}/{part}``: 16 bytes of trace id, 8 of span id.
+A process that runs more than once under one run id (a second ``fit`` in a notebook, a second
+``training_run()``) gives its k-th run (k >= 2) the parts ``run{k}/run`` and
+``run{k}/segment/{s}``: each run has traces of its own, and ranks that run in step agree. Each
+run starts with no segment open and links to nothing of the run before it.
 Sampling is decided per trace id, so every rank decides alike (``traceidratio`` samplers keep
 or drop a whole segment on every rank). Span ids of the spans themselves still come from each
 process's own generator, so ranks that seed ``random`` alike never collide.
@@ -24,8 +28,8 @@ process's own generator, so ranks that seed ``random`` alike never collide.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
-import time
 from typing import Any
 
 from opentelemetry import context as context_api
@@ -33,10 +37,32 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import sampling as sampling_sdk
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
 
+from otel_training import clock
 from otel_training.semconv.attributes import OTEL_TRAINING_TRACE_SEGMENT
 from otel_training.semconv.spans import MEGATRON_TRAIN_SEGMENT
 
 __all__ = ["TraceSegments", "derived_ids"]
+
+
+# How many runs this process has begun (a forked child starts afresh).
+_runs = 0
+
+
+def run_begins() -> None:
+    """Counts a run of this process (:func:`otel_training.training_run` calls this whether its
+    span is recorded or not, so that every configuration numbers runs alike)."""
+    global _runs
+    _runs += 1
+
+
+def _reset_runs() -> None:
+    """Forgets the runs begun in this process (a forked child; tests)."""
+    global _runs
+    _runs = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_runs)
 
 
 def derived_ids(run_id: str, part: str) -> tuple[int, int]:
@@ -88,7 +114,9 @@ class TraceSegments:
         self._context: context_api.Context | None = None
         self._previous: SpanContext | None = None
         self.run_span: trace_api.Span | None = None
-        self._run_context = self._remote("run")
+        self._run = _runs  # the run of this process the state below belongs to
+        self._scope = "" if _runs <= 1 else f"run{_runs}/"  # the prefix of the k-th run's parts
+        self._run_context = self._remote(f"{self._scope}run")
 
     def segment_of(self, iteration: int) -> int:
         """The segment of ``iteration`` (iterations count from 1)."""
@@ -102,8 +130,31 @@ class TraceSegments:
         return trace_api.set_span_in_context(NonRecordingSpan(parent))
 
     def run_context(self) -> context_api.Context:
-        """The context a rank's run span starts in: the run trace's shared parent."""
+        """The context a rank's run span starts in: the run trace's shared parent (of this
+        process's k-th run, every rank's k-th run alike)."""
+        if self._run != _runs:
+            with self._lock:
+                self._follow_run()
         return self._run_context
+
+    def _follow_run(self) -> None:
+        """A new run began: end what the run before it left open and forget its segments."""
+        if self._run == _runs:
+            return
+        self._end_open()
+        self._previous = None
+        self.run_span = None
+        self._run = runs = _runs
+        self._scope = "" if runs <= 1 else f"run{runs}/"
+        self._run_context = self._remote(f"{self._scope}run")
+
+    def end_run(self, end_ns: int | None = None) -> None:
+        """The run ended (at ``end_ns``, ns on the process clock; default now): ends its open
+        segment span then; the next segment links to nothing of it."""
+        with self._lock:
+            self._end_open(end_ns)
+            self._previous = None
+            self.run_span = None
 
     def is_run_level(self, parent: trace_api.Span) -> bool:
         """True when a phase under ``parent`` belongs to the run itself (its parent is this
@@ -112,23 +163,27 @@ class TraceSegments:
             return True
         return not parent.get_span_context().is_valid
 
-    def context_for(self, iteration: int) -> context_api.Context | None:
-        """The context holding this rank's segment span of ``iteration`` (started now if
-        it is a new segment, ending the previous one); ``None`` when it cannot start."""
+    def context_for(self, iteration: int, now_ns: int | None = None) -> context_api.Context | None:
+        """The context holding this rank's segment span of ``iteration`` (started at
+        ``now_ns``, ns on the process clock, default now, if it is a new segment, ending the
+        previous one then: the start of the phase that opens it); ``None`` when it cannot
+        start."""
         segment = self.segment_of(iteration)
         context = self._context
-        if segment == self._segment and context is not None:
+        if segment == self._segment and context is not None and self._run == _runs:
             return context
         with self._lock:
+            self._follow_run()
             if segment != self._segment or self._context is None:
-                self._open(segment)
+                self._open(segment, now_ns)
             return self._context
 
-    def _open(self, segment: int) -> None:
-        now = time.time_ns()
+    def _open(self, segment: int, now_ns: int | None = None) -> None:
+        now = clock.now_ns() if now_ns is None else now_ns
         self._end_open(now)
+        part = f"{self._scope}segment/{segment}"
         if not self._segment_spans:
-            self._segment, self._context = segment, self._remote(f"segment/{segment}")
+            self._segment, self._context = segment, self._remote(part)
             return
         links = []
         if self._previous is not None:
@@ -138,7 +193,7 @@ class TraceSegments:
         try:
             span = self._tracer.start_span(
                 MEGATRON_TRAIN_SEGMENT,
-                context=self._remote(f"segment/{segment}"),
+                context=self._remote(part),
                 links=links,
                 attributes={OTEL_TRAINING_TRACE_SEGMENT: segment},
                 start_time=now,
@@ -159,7 +214,7 @@ class TraceSegments:
         self._open_spans.pop(span, None)
         try:
             if getattr(span, "end_time", None) is None:
-                span.end(end_time=now)
+                span.end(end_time=clock.now_ns() if now is None else now)
         except Exception:
             pass
         self._span = self._context = None

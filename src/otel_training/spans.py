@@ -33,32 +33,37 @@ spans as NVTX ranges and JSON lines.
 groups and presets): ``default`` records the run, startup, checkpoint saves, evaluations and
 the first iteration; ``per_step`` adds iterations, forward-backward, optimizer, model building,
 checkpoint loads, communication and data loading; ``all`` adds micro-batches, layers and
-activation offload. A phase of a disabled group costs one set lookup and returns a shared no-op
-object; nothing is created. A group listed in ``OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS`` is
-mirrored to NVTX only: a push/pop range, no span, about a microsecond with a tool attached.
+activation offload. A phase of a disabled group costs a set lookup and returns a shared no-op
+object, or a small one that feeds the health ledger. A group listed in
+``OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS`` is mirrored to NVTX only: an NVTX range, no span. The
+groups change what is exported, never how a call behaves: what it returns, raises (nothing),
+warns and gives the health ledger (:mod:`otel_training.phases`).
 
 **One trace across ranks.** The run span of every rank is in one trace, and the iterations,
 evaluations and checkpoint saves of each segment of N iterations are in another, shared by all
 ranks without any communication (:mod:`otel_training.segments`).
 
-**The first iteration.** The first :func:`training_iteration` of a process is wrapped in a
-``megatron.train.first_iteration`` span (group ``first_iteration``, on by default), as in
-Megatron-LM: its one-off costs (compilation, CUDA graph capture) stand apart.
+**The first iteration.** The first :func:`training_iteration` of a process, and the first
+after each :func:`training_run` starts, is wrapped in a ``megatron.train.first_iteration`` span
+(group ``first_iteration``, on by default), as in Megatron-LM: its one-off costs (compilation,
+CUDA graph capture) stand apart.
 
 An exception that leaves a phase is recorded on its span (status ERROR, an ``exception`` event
 with type, message and stack trace, and ``error.type``) and re-raised unchanged. ``SystemExit(0)``
-and ``GeneratorExit`` are not errors.
+and ``GeneratorExit`` are not errors; still, a phase that any exception left, or that was open
+when its pipeline shut down, did not complete: no step duration, no completed step or
+checkpoint in the health ledger.
 
 Attribute values: see :mod:`otel_training.span_values` (a CUDA tensor is read by a background
 thread, never on the training thread). As a decorator (``@checkpoint_save(strategy="async")``),
-the group is checked at each call, except that a decorator applied while telemetry is
-configured and the group is disabled leaves the function undecorated.
+each call is a phase; decorated before ``configure()``, the group is checked at each call;
+decorated after, the function keeps what its group did then (left undecorated when the group
+was off and there was nothing to count).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
@@ -66,14 +71,15 @@ from otel_training.config import CUSTOM_SPAN_GROUP, SPAN_GROUPS, span_groups_fro
 from otel_training.phases import (
     NOOP_PHASE,
     RUN,
-    LedgerPhase,
     Phase,
-    _warn_once,
     bound_state,
     enabled_groups,
+    first_iteration_due,
     make,
+    reset_first_iteration,
     state_for,
 )
+from otel_training.phases import warn_once as _warn_once
 from otel_training.semconv.attributes import (
     IS_GOODPUT_SPAN,
     MEGATRON_CHECKPOINT_PATH,
@@ -189,18 +195,6 @@ def dataloader_init(**attributes: Any) -> Phase:
 
 # -- iterations (groups first_iteration, step, forward_backward, optimizer, data_loading) ---
 
-_first_lock = threading.Lock()
-_first_done = False
-
-
-def _first_of_process() -> bool:
-    global _first_done
-    if _first_done:
-        return False
-    with _first_lock:
-        first, _first_done = not _first_done, True
-    return first
-
 
 def training_iteration(
     iteration: int | None = None, *, record_step_duration: bool = False, **attributes: Any
@@ -216,14 +210,24 @@ def training_iteration(
         iteration: The iteration number (attribute ``megatron.iteration``), from 1.
         record_step_duration: Also record the phase's wall time, in milliseconds, as one point
             of ``megatron.training.step_duration_ms`` on the configured meter (one point per
-            optimizer step), whether or not the iteration span is recorded.
+            optimizer step that completed: none for one that raised or was interrupted by a
+            shutdown), whether or not the iteration span is recorded.
         **attributes: More span attributes.
     """
     _with(attributes, MEGATRON_ITERATION, iteration)
     attributes[IS_GOODPUT_SPAN] = True
-    outer = first_iteration(iteration) if _first_of_process() else None
-    if outer is NOOP_PHASE or isinstance(outer, LedgerPhase):
-        outer = None  # no span: the ledger counts a first iteration as warm-up by itself
+    outer = None
+    if first_iteration_due():
+        # Not a phase of the health ledger here: the iteration inside is (its first is warmup).
+        outer = make(
+            MEGATRON_TRAIN_FIRST_ITERATION,
+            "first_iteration",
+            _with({IS_GOODPUT_SPAN: True}, MEGATRON_ITERATION, iteration),
+            iteration=iteration,
+            ledger=False,
+        )
+        if outer is NOOP_PHASE:
+            outer = None
     return make(
         MEGATRON_TRAIN_ITERATION,
         "step",
@@ -486,7 +490,9 @@ class SpanRecorder:
 
     Spans started here are not made current: give ``parent=`` to nest them. A span with a
     ``megatron.iteration`` attribute whose parent is the run goes to its trace segment. Every
-    method never raises; a disabled group gives the shared no-op handle.
+    method never raises; a handle of a disabled group exports nothing and behaves as any other
+    (its health-ledger phase, its failure and its metrics still count). A handle of a group
+    mirrored to NVTX only is a start/end NVTX range.
 
     Args:
         tracer_provider: Where the spans go; default: the tracer of the configured pipeline
@@ -572,16 +578,12 @@ class SpanRecorder:
         handle.add_event(name, attributes)
 
     def error(self, handle: Phase, exception: BaseException) -> None:
-        """Records ``exception`` on the span of ``handle`` (status ERROR, exception event)."""
+        """Records that ``exception`` ended the phase of ``handle``: it does not complete, and
+        its span gets status ERROR and the exception event (see :meth:`Phase.error`). Call it
+        before :meth:`stop`."""
         handle.error(exception)
 
 
 def _reset_first_iteration() -> None:
-    """Lets the next :func:`training_iteration` be a first iteration again (for tests, and in
-    a forked child, which is a process of its own)."""
-    global _first_done
-    _first_done = False
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_first_iteration)
+    """Lets the next :func:`training_iteration` be a first iteration again (for tests)."""
+    reset_first_iteration()

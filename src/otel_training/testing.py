@@ -25,8 +25,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.util._once import Once
 
 from otel_training import instruments, log_bridge, setup, spans
-from otel_training import phases as _phase
+from otel_training import segments as _segments
 from otel_training.health import ledger as health_ledger
+from otel_training.phases import _warnings as _phase_warnings
 
 __all__ = [
     "InMemoryTelemetry",
@@ -151,7 +152,8 @@ def reset() -> None:
     instruments._warned.clear()
     spans._reset_first_iteration()
     health_ledger.LEDGER.reset()
-    _phase._warned.clear()
+    _phase_warnings.warned.clear()
+    _segments._reset_runs()
     metrics_internal._METER_PROVIDER_SET_ONCE = Once()
     metrics_internal._METER_PROVIDER = None
     metrics_internal._PROXY_METER_PROVIDER = metrics_internal._ProxyMeterProvider()

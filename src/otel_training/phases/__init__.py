@@ -1,0 +1,45 @@
+"""The phases of training behind :mod:`otel_training.spans`: one lifecycle whatever the group.
+
+- :mod:`~otel_training.phases._phase`: :class:`Phase` and its lifecycle (start, error, stop,
+  record_metrics, decorator), what each kind exports (:class:`SpanPhase`, :class:`NvtxPhase`,
+  :class:`LedgerPhase`, :data:`NOOP_PHASE`), and :func:`make`, which picks one;
+- :mod:`~otel_training.phases._state`: the configured pipeline's tracer, meter, groups, NVTX
+  domain, trace segments and open spans, per pipeline (or per recorder on its own providers);
+- :mod:`~otel_training.phases._exceptions`: an exception as the phases record it on a span;
+- :mod:`~otel_training.phases._deferred`: spans whose attributes wait for device values, ended
+  on a background thread.
+"""
+
+from otel_training.phases._phase import (
+    NOOP_PHASE,
+    RUN,
+    LedgerPhase,
+    NvtxPhase,
+    Phase,
+    SpanPhase,
+    make,
+)
+from otel_training.phases._state import (
+    bound_state,
+    enabled_groups,
+    first_iteration_due,
+    reset_first_iteration,
+    state_for,
+)
+from otel_training.phases._warnings import warn_once
+
+__all__ = [
+    "NOOP_PHASE",
+    "RUN",
+    "LedgerPhase",
+    "NvtxPhase",
+    "Phase",
+    "SpanPhase",
+    "bound_state",
+    "enabled_groups",
+    "first_iteration_due",
+    "make",
+    "reset_first_iteration",
+    "state_for",
+    "warn_once",
+]
