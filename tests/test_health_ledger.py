@@ -378,3 +378,22 @@ def test_a_forked_child_starts_its_own_ledger():
     os.waitpid(pid, 0)
     assert os.read(read_fd, 64) == b"None"
     assert ledger.read().iteration == 5
+
+
+@pytest.mark.parametrize("groups", ["all", "none"])
+def test_an_iteration_set_while_open_is_what_the_ledger_records(groups):
+    """megatron.iteration set on an open load or save (known once read) reaches the ledger,
+    whether or not the group records spans."""
+    ot.configure(
+        environ={
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_PYTHON_TRAINING_SPAN_GROUPS": groups,
+        }
+    )
+    with ot.checkpoint_load() as load:
+        load.set_attribute("megatron.iteration", 40)
+    with ot.checkpoint_save() as save:
+        save.set_attribute("megatron.iteration", 41)
+    reading = health.LEDGER.read()
+    assert (reading.loaded_iteration, reading.saved_iteration) == (40, 41)

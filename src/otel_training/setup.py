@@ -497,4 +497,9 @@ def _announce(destination: str) -> None:
     if log_bridge.has_handlers_besides_bridge(_logger):
         _logger.info("otel-training %s", destination)
     else:
-        print(f"otel-training {destination}", file=sys.stderr)
+        # One write of the whole line: under `python -u` (torchrun's workers) print() writes
+        # the text and the newline apart, and the lines of several ranks then interleave.
+        try:
+            sys.stderr.write(f"otel-training {destination}\n")
+        except (OSError, ValueError, AttributeError):  # stderr closed or absent (pythonw)
+            pass

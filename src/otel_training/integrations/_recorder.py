@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_training import config, setup, spans
-from otel_training.health.ledger import LEDGER
 from otel_training.instruments import record_training_metrics
 from otel_training.memory import memory_allocated_gib
 from otel_training.semconv.attributes import MEGATRON_ITERATION
@@ -486,13 +485,9 @@ class RunRecorder:
         handle, self._load = self._load, None
         if handle is None:
             return
-        if iteration is not None:
+        if iteration is not None:  # known once read: the span's and the ledger's resume point
             handle.set_attribute(MEGATRON_ITERATION, iteration)
         handle.stop()
-        # The phase is started before the framework reads the checkpoint, when the iteration it
-        # holds is not known yet: it reaches the ledger here, once read.
-        if iteration is not None:
-            LEDGER.checkpoint_loaded(iteration)
 
     def record_checkpoint_load(self, path: str | None, iteration: int) -> None:
         """Records a checkpoint load that the framework finished before any hook (no time of

@@ -58,6 +58,7 @@ from otel_training.phases._state import PhaseState, bound_state, configured, res
 from otel_training.phases._warnings import warn_once
 from otel_training.processors.nvtx import end_ranges_now
 from otel_training.segments import TraceSegments, run_begins
+from otel_training.semconv.attributes import MEGATRON_ITERATION
 from otel_training.span_values import DEFERRED, PRIMITIVES, attribute_value, text
 
 __all__ = ["NOOP_PHASE", "RUN", "LedgerPhase", "NvtxPhase", "Phase", "SpanPhase", "make"]
@@ -255,7 +256,12 @@ class Phase:
         return False
 
     def set_attribute(self, key: str, value: Any) -> None:
-        """Sets one attribute (see :mod:`otel_training.span_values` for the values taken)."""
+        """Sets one attribute (see :mod:`otel_training.span_values` for the values taken).
+        ``megatron.iteration`` (an int) is also the iteration the health ledger records when
+        the phase completes, whatever its group: a checkpoint load's resume point, known only
+        once the checkpoint is read."""
+        if key == MEGATRON_ITERATION and type(value) is int:
+            self._progress = value
 
     def set_attributes(self, attributes: Mapping[str, Any] | None = None, **more: Any) -> None:
         """Sets several attributes: those of ``attributes``, then the keyword ones."""
@@ -417,6 +423,8 @@ class SpanPhase(Phase):
         return span is not None and self._stage == _OPEN and span.is_recording()
 
     def set_attribute(self, key: str, value: Any) -> None:  # noqa: D102 - documented on Phase
+        if key == MEGATRON_ITERATION and type(value) is int:
+            self._progress = value
         span = self._span
         if span is None:
             if self._stage == _MADE:  # set when it starts
