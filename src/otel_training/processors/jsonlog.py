@@ -63,6 +63,8 @@ IDENTITY_KEYS = (
     "dl.node_rank",
     "dl.job.id",
     "dl.run.id",
+    "dl.run.attempt",
+    "process.creation.time",
 )
 
 _START = 0
