@@ -44,6 +44,12 @@ VARIANTS = {
     "slurm": {"signal": "SIGKILL", "counter": "SLURM_RESTART_COUNT", "dirs": False},
     # No counter: attempts are told apart and ordered by process.creation.time.
     "no_counter": {"signal": "SIGKILL", "counter": None, "dirs": False},
+    # The default span groups (no per-step spans): the last evidence of life is the last
+    # export or span line; a kill loses the time since (docs/health.md, "Precision").
+    "default_groups": {
+        "signal": "SIGKILL", "counter": "TORCHELASTIC_RESTART_COUNT", "dirs": True,
+        "groups": "default",
+    },
     # Rank 0 killed alone: rank 1 fails in the next all_reduce and exits (no single writer).
     "rank0_first": {
         "signal": "SIGKILL", "counter": "TORCHELASTIC_RESTART_COUNT", "dirs": True,
@@ -90,7 +96,7 @@ def _env(base: Path, variant: dict, attempt: int, rank: int, port: int) -> dict[
         MASTER_PORT=str(port),
         TORCHELASTIC_RUN_ID="truth-job",
         OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(base / "telemetry"),
-        OTEL_PYTHON_TRAINING_SPAN_GROUPS="per_step",
+        OTEL_PYTHON_TRAINING_SPAN_GROUPS=variant.get("groups", "per_step"),
         OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM="true",
         TRUTH_LOG=str(base / f"truth-a{attempt}-rank{rank}.jsonl"),
         CHECKPOINT_DIR=str(base / "checkpoints"),
@@ -101,6 +107,10 @@ def _env(base: Path, variant: dict, attempt: int, rank: int, port: int) -> dict[
     if attempt == 0:
         env["HOLD_AT"] = str(HOLD_AT)
     return env
+
+
+def _holds(path: Path) -> bool:
+    return any(e["event"] == "hold" for e in _read_log(path))
 
 
 def _read_log(path: Path) -> list[dict[str, Any]]:
@@ -154,7 +164,7 @@ def run_variant(base: Path, name: str, *, timeout_s: float = 180.0) -> Outcome:
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:  # both ranks hold inside step 48
-            held = [r for r in (0, 1) if any(e["event"] == "hold" for e in _read_log(first.logs[r]))]
+            held = [r for r in (0, 1) if _holds(first.logs[r])]
             if len(held) == 2:
                 break
             if any(p.poll() is not None for p in processes.values()):
@@ -197,9 +207,7 @@ def run_variant(base: Path, name: str, *, timeout_s: float = 180.0) -> Outcome:
 
 
 def _stderr(base: Path, attempt: int) -> str:
-    return " | ".join(
-        (base / f"stderr-a{attempt}-rank{r}.txt").read_text()[-1500:] for r in (0, 1)
-    )
+    return " | ".join((base / f"stderr-a{attempt}-rank{r}.txt").read_text()[-1500:] for r in (0, 1))
 
 
 def _intervals(entries: list[dict], phase: str) -> list[tuple[float, float, int | None]]:

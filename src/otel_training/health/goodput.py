@@ -315,13 +315,30 @@ class Timeline:
         return result
 
     def step_samples(self) -> list[tuple[float, float]]:
-        """``(iteration, step time)`` after the first completed step, for the median step."""
-        return [
+        """``(iteration, step time)`` after the first completed step, for the median step:
+        the samples taken after the warm-up step, and before them the warm-up step's own
+        iteration with no step time (the step phases count from its end)."""
+        found = [
             (s.iteration, sum(s.phase_s[p] for p in _STEP_TIME))  # type: ignore[index]
             for s in self.samples
             if s.iteration is not None and s.phase_s is not None and s.open_phase != "warmup"
             and s.phase_s[WARMUP] > 0
         ]  # fmt: skip
+        first = self.warmup_iteration()
+        if first is not None and (not found or found[0][0] > first):
+            found.insert(0, (first, 0.0))
+        return found
+
+    def warmup_iteration(self) -> int | None:
+        """The iteration of the process's first step (its warm-up), or ``None``."""
+        for span in self.process.spans:
+            if span.phase == WARMUP and span.iteration is not None:
+                return span.iteration
+        iterations = [s for s in self.process.spans if s.phase == _ledger.ITERATION]
+        if iterations and iterations[0].iteration is not None:
+            return iterations[0].iteration
+        loaded = _loaded(self.process)
+        return None if loaded is None else loaded + 1
 
 
 # -- an attempt's facts ------------------------------------------------------------------------
@@ -367,15 +384,31 @@ def completion_s(process: Process, iteration: int) -> float | None:
 
 
 def _last_progress(process: Process) -> tuple[int | None, float | None]:
-    """The last completed step of ``process`` and when (or its load, before any step)."""
-    best: tuple[int | None, float | None] = (None, None)
+    """The last completed step of ``process`` (the highest iteration seen) and when it last
+    progressed (Unix seconds), from its samples, its iteration spans and warm-up span (their
+    ends), its checkpoint saves and evaluations (their starts: the step they hold had
+    completed); after a load and before any step, the load."""
+    iteration: int | None = None
+    when: float | None = None
+
+    def see(i: int | None, t: float | None) -> None:
+        nonlocal iteration, when
+        if i is not None and (iteration is None or i > iteration):
+            iteration = i
+        if t is not None and (when is None or t > when):
+            when = t
+
     for sample in process.samples:
-        if sample.progress_s is not None and (best[1] is None or sample.progress_s >= best[1]):
-            best = (sample.iteration, sample.progress_s)
-    for span in _iteration_spans(process):
-        if best[1] is None or (span.end_s or 0.0) > best[1]:
-            best = (span.iteration if span.iteration is not None else best[0], span.end_s)
-    return best
+        if sample.progress_s is not None:
+            see(sample.iteration, sample.progress_s)
+    for span in process.spans:
+        if span.failed or span.truncated:
+            continue
+        if span.phase in (_ledger.ITERATION, WARMUP) and span.end_s is not None:
+            see(span.iteration, span.end_s)
+        elif span.phase in (SAVE, EVALUATE) and span.iteration is not None:
+            see(span.iteration, span.start_s)
+    return iteration, when
 
 
 def _loaded(process: Process) -> int | None:
@@ -549,7 +582,9 @@ def _attempt(
     threshold = policy.threshold_s(phase, median, longest_phase_s(reference, phase, own_end))
     item.hang_threshold_s = threshold
     progress_at = last_progress_s if last_progress_s is not None else timeline.created
-    hung = end - progress_at > threshold
+    # Without per-step spans the last progress known may be up to one export interval old.
+    stale = 0.0 if _iteration_spans(reference) else reference.export_interval_s
+    hung = end - progress_at > threshold + stale
     end_vec = timeline.at(own_end)
     if hung:
         cut_at = min(max(progress_at, timeline.created), own_end)
@@ -559,29 +594,26 @@ def _attempt(
     else:
         cut_at, cut_vec = own_end, end_vec
     # the steps after the iteration the next attempt restored are lost
-    restored = None
+    boundary = None
     if following is not None:
         restored = _restored(following)
-    boundary = None
-    if restored is not None and (last_iteration is None or restored < last_iteration):
-        if item.resumed_from is not None and restored <= item.resumed_from:
-            boundary = timeline.created  # restored no step of this attempt: all lost
+        if restored is None:
+            notes.append(
+                f"Attempt {attempt.number}: what the next attempt resumed from is not in the "
+                "files (no checkpoint load, no iteration); no progress is counted as lost."
+            )
+        elif item.resumed_from is not None and restored <= item.resumed_from:
+            boundary = timeline.created  # the next attempt kept no step of this one
         else:
             boundary = completion_s(reference, restored)
-            if boundary is None:
+            if boundary is None and (last_iteration is None or restored < last_iteration):
                 boundary = timeline.created
                 notes.append(
                     f"Attempt {attempt.number}: when step {restored} completed is not in the "
                     "files; all of its steps are counted as lost."
                 )
-        first_lost = restored + 1 if restored >= (item.resumed_from or 0) else None
-        if first_lost is not None and last_iteration is not None and last_iteration >= first_lost:
-            item.lost_iterations = (first_lost, last_iteration)
-    elif following is not None and restored is None:
-        notes.append(
-            f"Attempt {attempt.number}: the next attempt loaded no checkpoint; lost progress "
-            "is counted from its first iteration."
-        )
+        if restored is not None and last_iteration is not None and last_iteration > restored:
+            item.lost_iterations = (max(restored, item.resumed_from or 0) + 1, last_iteration)
     keep_vec = cut_vec if boundary is None else timeline.at(min(boundary, cut_at))
     lost = sum(max(cut_vec[p] - keep_vec[p], 0.0) for p in _LOOP)
     if boundary is not None:  # the reference rank ended first: the others' time is lost too

@@ -46,6 +46,8 @@ __all__ = [
     "MEGATRON_TRAINING_ROUTER_STATISTIC",
     "MEGATRON_UPDATE_SUCCESSFUL",
     "NUM_MICROBATCHES",
+    "OTEL_TRAINING_HANG_PROGRESS_AGE",
+    "OTEL_TRAINING_HANG_THRESHOLD",
     "OTEL_TRAINING_SPAN_TRUNCATED",
     "OTEL_TRAINING_TRACE_SEGMENT",
     "AttributeSpec",
@@ -388,6 +390,27 @@ Megatron-LM's name, without a namespace.
 """
 
 
+OTEL_TRAINING_HANG_PROGRESS_AGE: Final = "otel_training.hang.progress_age"
+"""Seconds since the rank's last completed optimizer step, when it suspected a hang.
+
+Type: double. Point attribute. Stability: development. Examples: ``61.5``.
+
+On the log record (and the span JSON lines' stacks record) that a rank's watchdog writes once when
+its progress age exceeds the hang threshold for the phase it is in (docs/health.md); the record's
+body holds every thread's Python stack.
+"""
+
+
+OTEL_TRAINING_HANG_THRESHOLD: Final = "otel_training.hang.threshold"
+"""The hang threshold H, in seconds, for the phase the rank was in when it suspected a hang.
+
+Type: double. Point attribute. Stability: development. Examples: ``60.0``, ``600.0``.
+
+max(5 x median step, OTEL_PYTHON_TRAINING_HANG_FLOOR_S) in a step phase; the phase budgets of
+docs/health.md in checkpoint saves and loads, evaluations, startup and warm-up.
+"""
+
+
 OTEL_TRAINING_SPAN_TRUNCATED: Final = "otel_training.span.truncated"
 """True on a span that was still open when telemetry shut down (at interpreter exit, on SIGTERM, or
 when configure() replaced the pipeline) and was ended then.
@@ -667,6 +690,25 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             name=NUM_MICROBATCHES,
             type="int",
             brief="Micro-batches in the forward-backward schedule of an iteration.",
+            stability="development",
+            resource=False,
+        ),
+        OTEL_TRAINING_HANG_PROGRESS_AGE: AttributeSpec(
+            name=OTEL_TRAINING_HANG_PROGRESS_AGE,
+            type="double",
+            brief=(
+                "Seconds since the rank's last completed optimizer step, when it suspected a hang."
+            ),
+            stability="development",
+            resource=False,
+        ),
+        OTEL_TRAINING_HANG_THRESHOLD: AttributeSpec(
+            name=OTEL_TRAINING_HANG_THRESHOLD,
+            type="double",
+            brief=(
+                "The hang threshold H, in seconds, for the phase the rank was in when it suspected "
+                "a hang."
+            ),
             stability="development",
             resource=False,
         ),
