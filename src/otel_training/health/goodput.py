@@ -37,6 +37,7 @@ Nothing here raises.
 from __future__ import annotations
 
 import bisect
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -53,6 +54,7 @@ __all__ = [
     "Timeline",
     "completion_s",
     "longest_phase_s",
+    "median_step_s",
     "reference_process",
 ]
 
@@ -210,7 +212,12 @@ class Timeline:
                 iterations.append((span.start_s, end))
         if not spans[WARMUP] and iterations:  # the first iteration of a process is its warm-up
             spans[WARMUP].append(min(iterations))
+            iterations.remove(min(iterations))
         self.intervals = {p: _merge(v) for p, v in spans.items()}
+        #: The steps after the warm-up (per-step spans): a step's own time, the rest is other.
+        self.steps = _merge(
+            [i for i in iterations if not spans[WARMUP] or i[0] >= spans[WARMUP][0][1]]
+        )
         warmup = self.intervals[WARMUP]
         self.first_iteration_s: float | None = warmup[0][0] if warmup else None
         if self.first_iteration_s is None:
@@ -277,9 +284,27 @@ class Timeline:
         step_total = sum(delta[p] for p in _STEP)
         if step_total > 0:
             room = min(max((t - a) - sum(result), 0.0), step_total)
-            for p in _STEP:
-                result[p] = delta[p] * room / step_total
+            self._split(result, delta, room, a, t, _overlap(self.steps, a, c))
         return result
+
+    def _split(
+        self, result: list[float], delta: Sequence[float], room: float, a: float, t: float,
+        whole: float,
+    ) -> None:  # fmt: skip
+        """Adds ``room`` seconds of step phases to ``result`` in the proportions of ``delta``;
+        with per-step spans, their overlap with ``[a, t]`` (scaled to the steps' own time in
+        ``delta``, ``whole`` their overlap with the interval) is the steps' own time and the
+        rest ``other``."""
+        own = sum(delta[p] for p in _STEP_TIME)
+        if self.steps and own > 0 and whole > 0:
+            part = min(own * _overlap(self.steps, a, t) / whole, room)
+            for p in _STEP_TIME:
+                result[p] += delta[p] * part / own
+            result[OTHER] += room - part
+            return
+        total = sum(delta[p] for p in _STEP)
+        for p in _STEP:
+            result[p] += delta[p] * room / total
 
     def _after(self, t: float) -> list[float]:
         """The phase time between the last sample and ``t``: placed by the spans, the rest
@@ -310,8 +335,16 @@ class Timeline:
             if last.open_s > 0 and last.open_s >= (t - a):  # it had been open longer
                 result[stuck] += rest
                 return result
+        shares = self.shares
+        own_share = sum(shares[p] for p in _STEP_TIME)
+        if self.steps and own_share > 0:  # per-step spans: their time is the steps' own
+            own = min(_overlap(self.steps, a, t), rest)
+            for p in _STEP_TIME:
+                result[p] += own * shares[p] / own_share
+            result[OTHER] += rest - own
+            return result
         for p in _STEP:
-            result[p] += rest * self.shares[p]
+            result[p] += rest * shares[p]
         return result
 
     def step_samples(self) -> list[tuple[float, float]]:
@@ -430,6 +463,21 @@ def _first_iteration(process: Process) -> int | None:
     if loaded is not None:
         found = [i for i in found if i > loaded]
     return min(found) if found else None
+
+
+def median_step_s(process: Process, timeline: Timeline | None = None) -> float | None:
+    """The median step of ``process``, seconds: of its iteration spans after the first (each
+    step exactly) when it has two or more, else :func:`otel_training.health.hang.median_step_s`
+    of its export samples (``None`` when neither tells)."""
+    durations = [
+        s.end_s - s.start_s
+        for s in _iteration_spans(process)
+        if s.end_s is not None and s.phase == _ledger.ITERATION
+    ]
+    if len(durations) >= 2:
+        return statistics.median(durations)
+    timeline = timeline or Timeline(process)
+    return _hang.median_step_s(timeline.step_samples())
 
 
 def reference_process(attempt: Attempt, end_s: float) -> Process | None:
@@ -560,12 +608,7 @@ def _attempt(
     item.resumed_from = _loaded(reference)
     last_iteration, last_progress_s = _last_progress(reference)
     item.last_iteration = last_iteration
-    median = _hang.median_step_s(timeline.step_samples())
-    if median is None:
-        durations = sorted(
-            s.end_s - s.start_s for s in _iteration_spans(reference)[1:] if s.end_s is not None
-        )
-        median = durations[len(durations) // 2] if durations else None
+    median = median_step_s(reference, timeline)
     item.median_step_s = median
     warmup = timeline.intervals[WARMUP]
     if warmup:

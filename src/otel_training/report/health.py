@@ -244,8 +244,7 @@ def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _h
             default=process.start_s or last.time_s,
         )
         phase = last.open_phase or "other"
-        steps = [x for x in _goodput.Timeline(process).step_samples()]
-        median = _hang.median_step_s(steps)
+        median = _goodput.median_step_s(process)
         longest = _goodput.longest_phase_s(process, phase, at_s)
         states.append(
             _hang.RankState(
