@@ -150,6 +150,11 @@ class Watchdog:
 
     # -- one reading -----------------------------------------------------------------------
 
+    def _own_ident(self) -> int | None:
+        """The watchdog thread's id when it is the caller (its own stack is left out)."""
+        thread = self._thread
+        return thread.ident if thread is threading.current_thread() else None
+
     def median_step_s(self) -> float | None:
         """This rank's median step, seconds, from the watchdog's readings."""
         return _hang.median_step_s(self._steps)
@@ -185,7 +190,7 @@ class Watchdog:
             "progress_age_s": reading.age_s,
             "threshold_s": threshold,
             "iteration": reading.iteration,
-            "threads": thread_stacks(self.ledger._thread, skip=threading.get_ident()),
+            "threads": thread_stacks(self.ledger._thread, skip=self._own_ident()),
         }
         self.emit(record)
         return record
