@@ -27,7 +27,11 @@ def test_killed_and_restarted_job_matches_its_truth_log(tmp_path):
     assert abs(found_errors["goodput_points"]) <= 0.5, report
     first, second = found["attempts"]
     assert (first["attempt"], second["attempt"]) == (0, 1)
-    assert first["lost_iterations"] == [41, 47] and first["last_iteration"] == 47
+    # Steps 41-47 and the cut tail are lost progress (their time is checked above). Step 47
+    # ended about 0.1 s before the kill: its span line is on disk when the span writer's last
+    # flush (every 0.2 s) came after it; otherwise its time is in the cut tail.
+    assert first["lost_iterations"] in ([41, 47], [41, 46])
+    assert first["last_iteration"] == first["lost_iterations"][1]
     assert second["resumed_from"] == 40 and second["last_iteration"] == 100
     assert first["ended"] == "killed" and second["ended"] == "completed"
     assert found["hang"] is None and found["job"] == "truth-job"
