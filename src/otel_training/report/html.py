@@ -220,6 +220,7 @@ def _build(run: Run, jinja2, plotly) -> str:
     step_plots = figures.step_duration_plots(run, axis)
     heatmaps = figures.tensor_heatmaps(run, axis)
     timeline, _ = figures.timeline_plot(run)
+    health, health_plots, health_empty = _health(run)
     axis_lead = (
         f"x axis: optimizer step, from {axis.source} (a value is placed at the step reached "
         "when it was exported)."
@@ -228,6 +229,17 @@ def _build(run: Run, jinja2, plotly) -> str:
         "record <code>step_duration_ms</code> each step, or turn on iteration spans)."
     )
     sections = [
+        _Section(
+            "health",
+            "Run health",
+            "Goodput over every attempt of this job, where each rank's time went, the progress "
+            "a crash would lose, stragglers and a hang's culprit (definitions: "
+            "<code>docs/health.md</code>; the same figures as <code>otel-training health</code>)."
+            if health is not None
+            else "",
+            [_plot_html(p, plotly) for p in health_plots],
+            health_empty,
+        ),
         _Section(
             "curves",
             "Training curves",
@@ -349,9 +361,30 @@ def _build(run: Run, jinja2, plotly) -> str:
         files=files,
         directory=str(run.directory),
         plots=plots,
+        health=health,
         plotly_js=markupsafe.Markup(plotly.offline.get_plotlyjs()) if plots else "",
         built_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
     )
+
+
+def _health(run: Run) -> tuple[dict[str, Any] | None, list, str]:
+    """The "Run health" section: its tables, plots, and what to say when there is none.
+    Never raises: a job that cannot be assessed is a sentence."""
+    from otel_training.report.health import assess_job
+    from otel_training.report.health_figures import health_plots, health_tables
+
+    try:
+        health = assess_job(run.directory)
+    except Exception as error:  # the report must not fail for its health section
+        return None, [], f"Run health could not be assessed ({type(error).__name__}: {error})."
+    if not any(p.ledger for p in health.processes):
+        return (
+            None,
+            [],
+            "No health ledger in these files (<code>dl.training.phase.time</code>): they were "
+            "written by a version without it, or with metrics off.",
+        )
+    return health_tables(health), health_plots(health), ""
 
 
 def _version() -> str:
