@@ -53,8 +53,10 @@ __all__ = [
     "account",
     "Timeline",
     "completion_s",
+    "last_progress",
     "longest_phase_s",
     "median_step_s",
+    "phase_at_end",
     "reference_process",
 ]
 
@@ -416,16 +418,20 @@ def completion_s(process: Process, iteration: int) -> float | None:
     return None
 
 
-def _last_progress(process: Process) -> tuple[int | None, float | None]:
+def last_progress(
+    process: Process, before_s: float | None = None
+) -> tuple[int | None, float | None]:
     """The last completed step of ``process`` (the highest iteration seen) and when it last
-    progressed (Unix seconds), from its samples, its iteration spans and warm-up span (their
-    ends), its checkpoint saves and evaluations (their starts: the step they hold had
-    completed); after a load and before any step, the load."""
+    progressed (Unix seconds; up to ``before_s`` when given), from its samples, its iteration
+    spans and warm-up span (their ends), its checkpoint saves and evaluations (their starts:
+    the step they hold had completed); after a load and before any step, the load."""
     iteration: int | None = None
     when: float | None = None
 
     def see(i: int | None, t: float | None) -> None:
         nonlocal iteration, when
+        if before_s is not None and t is not None and t > before_s:
+            return
         if i is not None and (iteration is None or i > iteration):
             iteration = i
         if t is not None and (when is None or t > when):
@@ -517,7 +523,7 @@ def longest_phase_s(process: Process, phase: str, before_s: float) -> float | No
     return max(runs) if runs else None
 
 
-def _phase_at_end(process: Process, timeline: Timeline, end_s: float) -> str:
+def phase_at_end(process: Process, timeline: Timeline, end_s: float) -> str:
     last = timeline.samples[-1] if timeline.samples else None
     phase = last.open_phase if last is not None and last.open_phase else "other"
     after = last.time_s if last is not None else timeline.created
@@ -606,7 +612,7 @@ def _attempt(
     item.reference_rank = reference.rank
     timeline = Timeline(reference)
     item.resumed_from = _loaded(reference)
-    last_iteration, last_progress_s = _last_progress(reference)
+    last_iteration, last_progress_s = last_progress(reference)
     item.last_iteration = last_iteration
     median = median_step_s(reference, timeline)
     item.median_step_s = median
@@ -621,7 +627,7 @@ def _attempt(
     own_end = min(timeline.end, end)
     gap = max(end - own_end, 0.0)
     # the hang at the end: no progress for longer than H in the phase open then
-    phase = _phase_at_end(reference, timeline, own_end)
+    phase = phase_at_end(reference, timeline, own_end)
     threshold = policy.threshold_s(phase, median, longest_phase_s(reference, phase, own_end))
     item.hang_threshold_s = threshold
     progress_at = last_progress_s if last_progress_s is not None else timeline.created

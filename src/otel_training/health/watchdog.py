@@ -277,7 +277,7 @@ class _Sink:
         except Exception:
             _logger.debug("could not emit the stacks log record", exc_info=True)
         _logger.warning(
-            "otel-training: no progress for %.0f s in %s (hang threshold %.0f s): the Python "
+            "otel-training: no progress for %.1f s in %s (hang threshold %.1f s): the Python "
             "stacks of %d threads are in %s",
             record["progress_age_s"],
             record["phase"],

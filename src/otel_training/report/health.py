@@ -223,7 +223,10 @@ def assess(
 
 def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _hang.HangVerdict:
     """The hang verdict of ``attempt``'s ranks at ``at_s`` (:func:`otel_training.health.hang.
-    judge`), from each rank's last export before it."""
+    judge`): each rank's progress age from the last progress its files show before ``at_s``,
+    its phase from its last export (or a phase span started after it), silent when its last
+    export is older than :func:`otel_training.health.hang.silence_s` while another rank's is
+    not."""
     processes = [p for p in attempt.processes if p.samples]
     last_export = {
         id(p): max((s.time_s for s in p.samples if s.time_s <= at_s), default=None)
@@ -237,22 +240,22 @@ def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _h
     anyone_exports = not all(quiet.values())
     states = []
     for process in processes:
-        samples = [s for s in process.samples if s.time_s <= at_s] or process.samples[:1]
-        last = samples[-1]
-        progress = max(
-            (s.progress_s for s in samples if s.progress_s is not None),
-            default=process.start_s or last.time_s,
-        )
-        phase = last.open_phase or "other"
-        median = _goodput.median_step_s(process)
-        longest = _goodput.longest_phase_s(process, phase, at_s)
+        iteration, progress = _goodput.last_progress(process, at_s)
+        if progress is None:
+            progress = process.start_s or process.samples[0].time_s
+        timeline = _goodput.Timeline(process)
+        phase = _goodput.phase_at_end(process, timeline, min(at_s, timeline.end))
         states.append(
             _hang.RankState(
                 rank=process.rank,
                 phase=phase,
                 progress_age_s=max(at_s - progress, 0.0),
-                threshold_s=policy.threshold_s(phase, median, longest),
-                iteration=last.iteration,
+                threshold_s=policy.threshold_s(
+                    phase,
+                    _goodput.median_step_s(process, timeline),
+                    _goodput.longest_phase_s(process, phase, at_s),
+                ),
+                iteration=iteration,
                 silent=quiet[id(process)] and anyone_exports,
             )
         )
