@@ -19,6 +19,10 @@ Prints, from one run, the cost per iteration of an empty ``with`` block of:
   file, the sink aidot's logger backend adds (like for like with ``aidot``);
 - ``nvtx_only``: ``with layer("forward"):`` in a group mirrored to NVTX only (a push/pop range,
   no span), against ``bare_nvtx``: ``nvtx.start_range``/``nvtx.end_range`` in the same domain;
+- ``ledger``: the health ledger's own cost per phase transition (``docs/health.md``): a step of
+  ``Ledger.enter``/``exit`` for the iteration and its data loading, forward/backward and
+  optimizer (8 transitions), per transition; every phase pays it, whatever its span group
+  (target <= 1 us);
 
 and the ratios otel_training/bare_sdk (target <= 1.5) and otel_training/aidot (target <= 0.1),
 with_log_lines/aidot, and the NVTX-only cost (target <= 2 us with a tool attached).
@@ -232,6 +236,15 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
     tracer = sdk.get_tracer("bench")
     training_iteration = otel_training.training_iteration
     layer = otel_training.layer
+    from otel_training.health import ledger as health_ledger
+
+    own_ledger = health_ledger.Ledger()
+    DATA, FB, OPT, ITERATION = (
+        health_ledger.DATA_LOADING,
+        health_ledger.FORWARD_BACKWARD,
+        health_ledger.OPTIMIZER,
+        health_ledger.ITERATION,
+    )
 
     def ours(n: int) -> tuple[float, float]:
         start, cpu = time.perf_counter_ns(), time.process_time_ns()
@@ -263,6 +276,21 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
             nvtx.end_range(rid)
         return _per_iteration(start, cpu, n)
 
+    def ledger(n: int) -> tuple[float, float]:
+        enter, leave = own_ledger.enter, own_ledger.exit
+        start, cpu = time.perf_counter_ns(), time.process_time_ns()
+        for i in range(n):
+            step = enter(ITERATION)
+            token = enter(DATA)
+            leave(token, DATA)
+            token = enter(FB)
+            leave(token, FB)
+            token = enter(OPT)
+            leave(token, OPT)
+            leave(step, ITERATION, i)
+        wall, cpu_us = _per_iteration(start, cpu, n)
+        return wall / 8, cpu_us / 8  # per transition
+
     def bare(n: int) -> tuple[float, float]:
         start, cpu = time.perf_counter_ns(), time.process_time_ns()
         for i in range(n):
@@ -285,6 +313,7 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
         "with_log_lines": ours_logged,
         "nvtx_only": nvtx_only,
         "bare_nvtx": bare_nvtx,
+        "ledger": ledger,
     }
     for run in variants.values():
         run(max(10, iterations // 10))
@@ -339,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         ("bare_sdk", "span + BSP"),
         ("nvtx_only", "layer(), NVTX-only group"),
         ("bare_nvtx", "nvtx.start_range/end_range"),
+        ("ledger", "health ledger, a transition"),
     ]
     if "aidot" in result:
         rows += [("aidot", "timed_span(ITERATION)"), ("aidot_bare_sdk", "span + BSP, aidot's venv")]
@@ -363,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
         f"NVTX-only phase: {median('nvtx_only', 0):.2f} us wall ({median('nvtx_only', 1):.2f} "
         f"us CPU), bare nvtx.start_range/end_range {median('bare_nvtx', 0):.2f} us "
         "(target: NVTX-only <= 2 us with a tool attached)"
+    )
+    print(
+        f"health ledger: {1000 * median('ledger', 0):.0f} ns wall ({1000 * median('ledger', 1):.0f}"
+        " ns CPU) per phase transition (target <= 1 us)"
     )
     print("(ratios: medians of the per-round ratios; CPU time counts every thread of the process)")
     if args.nvtx_injection and not os.environ.get("NVTX_INJECTION64_PATH"):
