@@ -237,12 +237,15 @@ compatibility with its dashboards.
 
 
 IS_GOODPUT_SPAN: Final = "is_goodput_span"
-"""True on the spans that count towards a run's goodput (productive time).
+"""True on the spans that take part in Megatron-LM's goodput accounting.
 
 Type: boolean. Span attribute. Stability: development. Examples: ``true``.
 
-Megatron-LM's name, without a namespace: set on the run, startup, model building, data loader
-building, checkpoint, first-iteration and iteration spans.
+Megatron-LM's name, without a namespace: its mark of a resiliency-accounting boundary (without it a
+span is profiling-only), set on the run, startup, model building, data loader building, checkpoint,
+first-iteration and iteration spans. It does not mean productive time: checkpoint saves carry it and
+are badput. Kept for wire compatibility; otel-training computes goodput from the health ledger
+(dl.training.phase.time, docs/health.md), never from this flag.
 """
 
 
@@ -561,7 +564,7 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
         IS_GOODPUT_SPAN: AttributeSpec(
             name=IS_GOODPUT_SPAN,
             type="boolean",
-            brief="True on the spans that count towards a run's goodput (productive time).",
+            brief="True on the spans that take part in Megatron-LM's goodput accounting.",
             stability="development",
             resource=False,
         ),
