@@ -34,7 +34,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
+import resource
 import shutil
 import sys
 import tempfile
@@ -589,6 +591,12 @@ def _attempt(
     return now
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its children that have ended (the readers)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
 
@@ -619,9 +627,9 @@ def main(argv: list[str] | None = None) -> int:
             f"files in {sum(len(list(r.iterdir())) for r in runs)} files (generated in "
             f"{generated_s:.1f} s); the last attempt's run directory {last_bytes / 2**20:,.0f} MiB"
         )
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), _cpu_s()
         health = assess_job(runs[-1], now_s=time.time())
-        health_s = time.perf_counter() - started
+        health_s, health_cpu_s = time.perf_counter() - started, _cpu_s() - cpu
         account = health.account
         flagged = [
             f"rank {s.rank} (attempt {item.account.attempt}, {s.cause}, score {s.score:.2f})"
@@ -630,7 +638,8 @@ def main(argv: list[str] | None = None) -> int:
             for s in item.stragglers.stragglers
         ]
         print(
-            f"otel-training health: {health_s:6.2f} s  (every attempt, all ranks: "
+            f"otel-training health: {health_s:6.2f} s  ({health_cpu_s:.2f} s CPU in all processes; "
+            f"{os.cpu_count()} CPUs; every attempt, all ranks: "
             f"{account.wall_s / 3600:.1f} h of wall time, goodput {100 * account.goodput:.1f} %, "
             f"lost progress {account.buckets['lost_progress'] / 60:.0f} min, downtime "
             f"{account.buckets['downtime'] / 60:.0f} min; stragglers: "

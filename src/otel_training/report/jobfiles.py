@@ -18,7 +18,9 @@ Nothing here raises on a file: what cannot be read is a note.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,15 @@ _KEPT = frozenset(
         _ledger.ITERATION,
     }
 )
+#: The span names read: those of the phases kept, and the run's and its segments' (whose open
+#: start lines tell a process that never shut down).
+_SPAN_NAMES = frozenset(
+    name.encode() for name, phase in _ledger.PHASE_OF_SPAN.items() if phase in _KEPT
+) | {b"megatron.train", b"megatron.train.segment"}
+#: A span line's name, read without parsing the line (a ``stacks`` record has none).
+_NAME = re.compile(rb'"name":\s*"([^"\\]*)"')
+#: The last lines of a span file are read whatever their span.
+_TAIL_LINES = 64
 
 
 def _last_line(path: Path, limit: int = 1 << 20) -> bytes | None:
@@ -210,11 +221,28 @@ class _Reader:
         self.writers: dict[tuple[Path, int], set[tuple]] = {}
         # phase.time of processes exported with delta temporality: running totals
         self._delta_totals: dict[int, list[float]] = {}
+        # the process of each (file, resource identity) seen
+        self._cache: dict[tuple, Process | None] = {}
         # per process (by id): its phase spans by span id, and the ids of spans still open
         self._spans: dict[int, dict[str, PhaseSpan]] = {}
         self._open: dict[int, set[str]] = {}
 
     def process(self, resource: Mapping[str, Any], file: RunFile) -> Process | None:
+        cache_key = (
+            id(file),
+            resource.get("dl.run.id"),
+            resource.get("dl.run.attempt"),
+            resource.get("process.creation.time"),
+            resource.get("dl.rank"),
+            resource.get("dl.job.id"),
+        )
+        if cache_key in self._cache:
+            return self._cache[cache_key]
+        process = self._process(resource, file)
+        self._cache[cache_key] = process
+        return process
+
+    def _process(self, resource: Mapping[str, Any], file: RunFile) -> Process | None:
         key = job_key(resource)
         if self.job is not None and key is not None and key != self.job:
             self.other_jobs.add(key)
@@ -429,9 +457,16 @@ class _Reader:
         self.bytes_read += len(data)
         lines = data.split(b"\n")
         last = len(lines) - 1
+        # Span lines of the steps' inner phases say nothing the ledger does not: skipped unread
+        # (but the last lines, whatever they are: the last evidence of life).
+        skip_before = last - _TAIL_LINES if file.signal == "spans" else -1
         for i, raw in enumerate(lines):
             if not raw.strip():
                 continue
+            if i < skip_before and b'"span_' in raw[:40]:
+                found = _NAME.search(raw, 0, 400)
+                if found is not None and found[1] not in _SPAN_NAMES:
+                    continue
             try:
                 decode(orjson.loads(raw), file)
             except orjson.JSONDecodeError:
@@ -444,7 +479,49 @@ class _Reader:
         if bad:
             self.notes.append(f"{file.path.name}: {bad} unreadable lines skipped.")
 
+    def collect(self) -> _Part:
+        """What this reader found, its spans in their processes (picklable: a worker
+        process's result)."""
+        for table in (self.processes, self.unplaced):
+            for process in table.values():
+                process.spans = list(self._spans.get(id(process), {}).values())
+                process.open_spans = len(self._open.get(id(process), ()))
+        return _Part(
+            self.processes, self.unplaced, self.writers, self.notes, self.bytes_read,
+            self.other_jobs,
+        )  # fmt: skip
+
+
+@dataclass
+class _Part:
+    """What the files read held: processes by identity (and those of span lines without a
+    creation time), who wrote where, notes."""
+
+    processes: dict[tuple, Process]
+    unplaced: dict[tuple, Process]
+    writers: dict[tuple[Path, int], set[tuple]]
+    notes: list[str]
+    bytes_read: int
+    other_jobs: set[str]
+
+    def merge(self, other: _Part) -> None:
+        """Adds ``other`` (another file's) to this one."""
+        for mine, theirs in ((self.processes, other.processes), (self.unplaced, other.unplaced)):
+            for identity, process in theirs.items():
+                known = mine.get(identity)
+                if known is None:
+                    mine[identity] = process
+                else:
+                    _absorb(known, process)
+        for key, identities in other.writers.items():
+            self.writers.setdefault(key, set()).update(identities)
+        self.notes += other.notes
+        self.bytes_read += other.bytes_read
+        self.other_jobs |= other.other_jobs
+
     def finish(self, mtimes: Mapping[tuple[Path, int], float]) -> list[Process]:
+        """The processes, span lines without a creation time given to the process alive at
+        their time, each with its last evidence of life."""
         processes = list(self.processes.values())
         by_identity = dict(self.processes)
         for identity, loose in self.unplaced.items():
@@ -454,19 +531,9 @@ class _Reader:
                 by_identity[identity] = loose
                 continue
             by_identity[identity] = home
-            self._spans.setdefault(id(home), {}).update(self._spans.get(id(loose), {}))
-            home.stacks.extend(loose.stacks)
-            self._open.setdefault(id(home), set()).update(self._open.get(id(loose), ()))
-            home.signal = home.signal or loose.signal
-            home.directories |= loose.directories
-            for time_s in (loose.first_s, loose.last_s):
-                if time_s is not None:
-                    home.see(time_s)
+            _absorb(home, loose)
         for process in processes:
-            process.spans = sorted(
-                self._spans.get(id(process), {}).values(), key=lambda s: s.start_s
-            )
-            process.open_spans = len(self._open.get(id(process), ()))
+            process.spans.sort(key=lambda s: s.start_s)
             process.samples.sort(key=lambda s: s.time_s)
             process.stacks.sort(key=lambda r: r.get("time_ns") or 0)
             process.alive_s = process.last_s
@@ -482,6 +549,21 @@ class _Reader:
             if 0 < mtime - newest.last_s <= newest.export_interval_s + 1.0:
                 newest.alive_s = max(newest.alive_s or 0.0, mtime)
         return processes
+
+
+def _absorb(process: Process, other: Process) -> None:
+    """Adds what ``other`` (the same process, from another file) holds to ``process``."""
+    process.samples += other.samples
+    process.spans += other.spans
+    process.stacks += other.stacks
+    process.open_spans += other.open_spans
+    process.signal = process.signal or other.signal
+    process.directories |= other.directories
+    if len(other.resource) > len(process.resource):
+        process.resource = other.resource
+    for time_s in (other.first_s, other.last_s):
+        if time_s is not None:
+            process.see(time_s)
 
 
 def _home(loose: Process, processes: list[Process]) -> Process | None:
@@ -508,12 +590,56 @@ def _point_phase(point: Mapping[str, Any]) -> int | None:
     return None
 
 
-def read_job(directories: Iterable[Path], job: str | None = None) -> Job:
-    """Reads the rank files of ``directories`` into the processes of ``job`` (lines of other
-    jobs in the same files are skipped, with a note). Never raises."""
-    directories = list(directories)
+#: From this many bytes of files, :func:`read_job` reads files in worker processes.
+PARALLEL_BYTES = 64 * 2**20
+
+
+def _read_file(file: RunFile, job: str | None) -> _Part:
+    """Reads one file; the unit of work of a worker process."""
     reader = _Reader(job)
+    reader.read(file)
+    return reader.collect()
+
+
+def _read_all(files: list[RunFile], job: str | None, workers: int) -> list[_Part]:
+    if workers <= 1 or len(files) <= 1:
+        return [_read_file(file, job) for file in files]
+    import concurrent.futures
+    import multiprocessing
+    import threading
+
+    # fork is quick and safe while this process has no other thread; spawn otherwise.
+    single = threading.active_count() == 1
+    method = "fork" if single and "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    order = sorted(range(len(files)), key=lambda i: -_size(files[i].path))  # largest first
+    results: list[Any] = [None] * len(files)
+    try:
+        with concurrent.futures.ProcessPoolExecutor(
+            max_workers=min(workers, len(files)), mp_context=multiprocessing.get_context(method)
+        ) as pool:
+            futures = {pool.submit(_read_file, files[i], job): i for i in order}
+            for future in concurrent.futures.as_completed(futures):
+                results[futures[future]] = future.result()
+    except (OSError, RuntimeError, concurrent.futures.process.BrokenProcessPool):
+        return [_read_file(file, job) for file in files]  # no processes here: in this one
+    return results
+
+
+def read_job(
+    directories: Iterable[Path], job: str | None = None, *, workers: int | None = None
+) -> Job:
+    """Reads the rank files of ``directories`` into the processes of ``job`` (lines of other
+    jobs in the same files are skipped, with a note). Never raises.
+
+    Args:
+        directories: The job's run directories.
+        job: Its key (:func:`otel_training.health.evidence.job_key`); ``None``: every line.
+        workers: Processes that read files side by side; default: the CPU count when the
+            files hold more than :data:`PARALLEL_BYTES`, else 1 (this process).
+    """
+    directories = list(directories)
     mtimes: dict[tuple[Path, int], float] = {}
+    chosen: list[RunFile] = []
     for directory in directories:
         files = run_files(directory)
         span_ranks = {f.rank for f in files if f.signal == "spans" and _size(f.path) > 0}
@@ -523,10 +649,17 @@ def read_job(directories: Iterable[Path], job: str | None = None) -> Job:
             mtimes[key] = max(mtimes.get(key, 0.0), mtime)
             if file.signal == "traces" and file.rank in span_ranks:
                 continue  # the span lines say the same, and the starts of open spans
-            reader.read(file)
-    job_result = Job(job, directories, reader.finish(mtimes), reader.notes, reader.bytes_read)
-    if reader.other_jobs:
-        names = sorted(reader.other_jobs)
+            if file.signal in ("metrics", "spans", "traces"):
+                chosen.append(file)
+    if workers is None:
+        total = sum(_size(f.path) for f in chosen)
+        workers = (os.cpu_count() or 1) if total > PARALLEL_BYTES else 1
+    merged = _Part({}, {}, {}, [], 0, set())
+    for part in _read_all(chosen, job, workers):
+        merged.merge(part)
+    job_result = Job(job, directories, merged.finish(mtimes), merged.notes, merged.bytes_read)
+    if merged.other_jobs:
+        names = sorted(merged.other_jobs)
         job_result.notes.append(
             f"Lines of {len(names)} other job(s) in the same files were skipped "
             f"({', '.join(names[:3])}{'...' if len(names) > 3 else ''})."
