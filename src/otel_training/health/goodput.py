@@ -464,6 +464,11 @@ def _loaded(process: Process) -> int | None:
 def _first_iteration(process: Process) -> int | None:
     """The first step the process completed, or ``None``."""
     found = [s.iteration for s in _iteration_spans(process) if s.iteration is not None]
+    found += [
+        s.iteration
+        for s in process.spans
+        if s.phase == WARMUP and s.iteration is not None and s.end_s is not None and not s.failed
+    ]
     found += [s.iteration for s in process.samples if s.iteration is not None]
     loaded = _loaded(process)
     if loaded is not None:
@@ -644,6 +649,7 @@ def _attempt(
         cut_at, cut_vec = own_end, end_vec
     # the steps after the iteration the next attempt restored are lost
     boundary = None
+    first = _first_iteration(reference)
     if following is not None:
         restored = _restored(following)
         if restored is None:
@@ -651,7 +657,9 @@ def _attempt(
                 f"Attempt {attempt.number}: what the next attempt resumed from is not in the "
                 "files (no checkpoint load, no iteration); no progress is counted as lost."
             )
-        elif item.resumed_from is not None and restored <= item.resumed_from:
+        elif (item.resumed_from is not None and restored <= item.resumed_from) or (
+            first is not None and restored < first
+        ):
             boundary = timeline.created  # the next attempt kept no step of this one
         else:
             boundary = completion_s(reference, restored)
@@ -662,7 +670,8 @@ def _attempt(
                     "files; all of its steps are counted as lost."
                 )
         if restored is not None and last_iteration is not None and last_iteration > restored:
-            item.lost_iterations = (max(restored, item.resumed_from or 0) + 1, last_iteration)
+            lost_from = max(restored + 1, first if first is not None else restored + 1)
+            item.lost_iterations = (lost_from, last_iteration)
     keep_vec = cut_vec if boundary is None else timeline.at(min(boundary, cut_at))
     lost = sum(max(cut_vec[p] - keep_vec[p], 0.0) for p in _LOOP)
     if boundary is not None:  # the reference rank ended first: the others' time is lost too
