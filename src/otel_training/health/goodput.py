@@ -53,6 +53,7 @@ __all__ = [
     "account",
     "Timeline",
     "completion_s",
+    "is_live",
     "last_progress",
     "longest_phase_s",
     "median_step_s",
@@ -612,7 +613,8 @@ def _attempt(
             f"Attempt {attempt.number}: no rank exported the health ledger "
             "(dl.training.phase.time); its time is counted as other."
         )
-        item.ended = _ending(attempt, None, False, following is None, now_s, live_s)
+        live = following is None and is_live(attempt, now_s, live_s)
+        item.ended = _ending(attempt, None, False, following is None, live)
         return item
     item.reference_rank = reference.rank
     timeline = Timeline(reference)
@@ -636,9 +638,10 @@ def _attempt(
     threshold = policy.threshold_s(phase, median, longest_phase_s(reference, phase, own_end))
     item.hang_threshold_s = threshold
     progress_at = last_progress_s if last_progress_s is not None else timeline.created
-    # Without per-step spans the last progress known may be up to one export interval old.
-    stale = 0.0 if _iteration_spans(reference) else reference.export_interval_s
-    hung = end - progress_at > threshold + stale
+    # judged at its end, or now while it runs (as hang.judge judges it)
+    live = following is None and is_live(attempt, now_s, live_s)
+    judged = now_s if live and now_s is not None else end
+    hung = judged - progress_at > threshold
     end_vec = timeline.at(own_end)
     if hung:
         cut_at = min(max(progress_at, timeline.created), own_end)
@@ -691,7 +694,7 @@ def _attempt(
     buckets["other"] = max((end - start) - known, 0.0)  # the ledger's other, and the rest
     if known > (end - start) + 1e-6:  # rounding of the samples: take it from productive
         item.productive_s = max(item.productive_s - (known - (end - start)), 0.0)
-    item.ended = _ending(attempt, reference, hung, following is None, now_s, live_s)
+    item.ended = _ending(attempt, reference, hung, following is None, live)
     return item
 
 
@@ -704,23 +707,23 @@ def _restored(attempt: Attempt) -> int | None:
     return min(firsts) - 1 if firsts else None
 
 
-def _ending(
-    attempt: Attempt,
-    reference: Process | None,
-    hung: bool,
-    last: bool,
-    now_s: float | None,
-    live_s: float | None,
-) -> str:
+def is_live(attempt: Attempt, now_s: float | None, live_s: float | None = None) -> bool:
+    """Whether ``attempt`` still runs at ``now_s``: its last evidence is within ``live_s``
+    (default: two export intervals plus a second) and not every process shut down (a
+    shutdown ends all of a process's spans)."""
+    if now_s is None:
+        return False
+    window = live_s
+    if window is None:
+        window = _hang.silence_s(max(p.export_interval_s for p in attempt.processes))
+    closed = all(p.spans and not p.open_spans for p in attempt.processes)
+    return now_s - attempt.end_s <= window and not closed
+
+
+def _ending(attempt: Attempt, reference: Process | None, hung: bool, last: bool, live: bool) -> str:
     processes = attempt.processes
-    if last and now_s is not None:
-        window = live_s
-        if window is None:
-            window = _hang.silence_s(max(p.export_interval_s for p in processes))
-        # recent evidence, and not every process shut down (which ends all of its spans)
-        closed = all(p.spans and not p.open_spans for p in processes)
-        if now_s - attempt.end_s <= window and not closed:
-            return "hung" if hung else "running"
+    if live:
+        return "hung" if hung else "running"
     if hung:
         return "hung"
     ordered = ([reference] if reference is not None else []) + list(processes)

@@ -199,7 +199,7 @@ def assess(
     items = []
     for attempt, attempt_account in zip(ordered, account.attempts):
         item = AttemptHealth(attempt_account, attempt)
-        live = attempt_account.ended in ("running", "hung") and attempt is ordered[-1]
+        live = attempt is ordered[-1] and _goodput.is_live(attempt, now_s)
         at = now_s if live else attempt.end_s
         item.hang = judge_attempt(attempt, at, policy)
         if item.hang.hung:
