@@ -11,6 +11,7 @@ file.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -76,7 +77,11 @@ class JobHealth:
 
     def to_json(self) -> dict[str, Any]:
         """The document of ``otel-training health --json`` (``docs/health.md``): times in Unix
-        seconds, durations in seconds."""
+        seconds, durations in seconds; a value that is not a finite number is ``null`` (strict
+        JSON)."""
+        return _finite(self._document())
+
+    def _document(self) -> dict[str, Any]:
         account = self.account
         hang = self.hang
         stragglers = [
@@ -113,6 +118,17 @@ class JobHealth:
             "directories": [str(d) for d in self.directories],
             "notes": list(self.notes),
         }
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, infinities) as ``None``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _attempt_json(item: AttemptHealth) -> dict[str, Any]:
