@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,7 +212,7 @@ class Job:
         directories: The run directories read.
         processes: Every process found.
         notes: Plain sentences for a person.
-        files: Bytes read.
+        bytes_read: Bytes of files read.
     """
 
     job_id: str | None
@@ -248,13 +248,6 @@ def attempts(processes: Iterable[Process]) -> list[Attempt]:
             Attempt(number if number is not None else position, number is not None, group)
         )
     return result
-
-
-def iter_ledger_processes(attempt: Attempt) -> Iterator[Process]:
-    """The processes of ``attempt`` that exported the ledger, by rank."""
-    for process in attempt.processes:
-        if process.ledger:
-            yield process
 
 
 def job_key(resource: Mapping[str, Any]) -> str | None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -738,8 +738,3 @@ def _ending(attempt: Attempt, reference: Process | None, hung: bool, last: bool,
     if any(p.open_spans for p in processes):
         return "killed"
     return "completed" if last else "exited"
-
-
-def bucket_items(buckets: Mapping[str, float]) -> list[tuple[str, float]]:
-    """``buckets`` in the order of :data:`BUCKETS`."""
-    return [(name, buckets.get(name, 0.0)) for name in BUCKETS]
