@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test lint bench bench-spans bench-tensor bench-overhead gpu-check bench-bad-day \
-	bench-report bench-integrations bench-scale bench-prometheus semconv clean
+	bench-report bench-integrations bench-scale bench-prometheus bench-health semconv clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,9 +55,15 @@ gpu-check:
 bench-bad-day: setup
 	$(PY) bench/bad_day.py
 
-# A synthetic 10,000-step 8-rank run (about 1 GB in a temporary directory, removed after).
+# A synthetic 10,000-step job of 8 ranks in 3 attempts (about 1 GB in a temporary directory,
+# removed after): the report, the trace, and otel-training health over every attempt.
 bench-report: setup
 	$(PY) bench/report.py
+
+# The ground truth of docs/health.md in all its variants (SIGKILL, SIGTERM, SLURM_RESTART_COUNT,
+# no restart counter, rank 0 killed first, default span groups): each bucket's error.
+bench-health: setup
+	$(PY) bench/health.py
 
 # The Lightning and Hugging Face callbacks against the same training without them.
 bench-integrations: setup

@@ -1,23 +1,29 @@
 """The report and the trace of a long multi-rank run: build time and output size.
 
 Writes, into a temporary directory, the files that the embedded default would leave after a
-10,000-step run on 8 ranks (the defaults; see the flags), synthetically but in the real
-formats and at realistic rates:
+10,000-step job on 8 ranks in 3 attempts (the defaults; see the flags): attempt k is killed
+inside a step, the next one starts a minute later in its own run directory
+(``bench-a{k}``, one ``dl.job.id``), loads the last checkpoint and goes on; synthetically but
+in the real formats and at realistic rates:
 
 - ``metrics-rank{R}.jsonl``: one OTLP-JSON ``ExportMetricsServiceRequest`` per 5 s export
   (cumulative temporality): the Megatron-LM gauges (loss, learning rate, grad norm, tokens/s,
   TFLOP/s, memory; logged every 10 steps), the step-duration histogram (one observation per
   step, the default buckets), skipped iterations and non-finite values, and the tensor gauges
   of 24 layers (grad norm, param norm, activation RMS, router balance x 3 statistics, router
-  entropy; computed every 50 steps, exported at every collection like any observable gauge);
+  entropy; computed every 50 steps, exported at every collection like any observable gauge), and
+  the health ledger (``dl.training.phase.time`` and ``.elapsed`` per phase, progress, checkpoint
+  iteration and age; rank 5 computes 25 % longer and waits as much less, a straggler);
 - ``spans-rank{R}.jsonl``: start and end lines (docs/spans.md) of the run, startup with a
   checkpoint load, every iteration with its forward/backward and optimizer step, an evaluation
   every 500 steps and a checkpoint save every 1,000;
 - ``traces-rank{R}.jsonl``: the same spans as OTLP-JSON in batches of 512.
 
-Then times, in this process, ``load_run`` (reading every file), ``build_report`` and
-``write_chrome_trace``, and prints the input size, the times, and the HTML and trace sizes,
-with the report's share of the input (HTML bytes per input byte).
+Then times, in this process, ``load_run`` (reading every file of the last attempt),
+``build_report`` (its Run health section reads every attempt), ``write_chrome_trace``, and
+``otel-training health``'s assessment of the whole job (every attempt, all ranks), and prints
+the input size, the times, the HTML and trace sizes, with the report's share of the input (HTML
+bytes per input byte), and the job's goodput.
 
 Run: ``make bench-report`` or ``.venv/bin/python bench/report.py [--steps N --ranks N]``
 (writes about 1 GB to the temporary directory, removed at the end unless ``--keep``).
@@ -28,14 +34,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
+import resource
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from otel_training.health.ledger import PHASES
 from otel_training.report import build_report, load_run, write_chrome_trace
+from otel_training.report.health import assess_job
+from otel_training.resource import iso8601
 from otel_training.semconv.attributes import (
     MEGATRON_CHECKPOINT_PATH,
     MEGATRON_CHECKPOINT_SIZE,
@@ -103,9 +114,18 @@ def _kv(key: str, value) -> dict:
 class _Rank:
     """Writes one rank's three files as the run goes."""
 
-    def __init__(self, directory: Path, rank: int, world_size: int, run_id: str, layers: int):
+    def __init__(
+        self,
+        directory: Path,
+        rank: int,
+        world_size: int,
+        run_id: str,
+        layers: int,
+        attempt: int = 0,
+        created_ns: int = 0,
+    ):
         self.rank, self.layers = rank, layers
-        self.random = random.Random(rank)
+        self.random = random.Random(rank + 1000 * attempt)
         self.resource = {
             "service.name": "llama-pretrain",
             "service.instance.id": f"{run_id}-rank{rank}",
@@ -115,6 +135,9 @@ class _Rank:
             "dl.world_size": world_size,
             "dl.node_rank": rank // 4,
             "dl.run.id": run_id,
+            "dl.job.id": "bench-job",
+            "dl.run.attempt": attempt,
+            "process.creation.time": iso8601(created_ns / 1e9),
         }
         self.resource_otlp = {"attributes": [_kv(k, v) for k, v in self.resource.items()]}
         self.resource_json = json.dumps(self.resource)
@@ -130,6 +153,85 @@ class _Rank:
         self.tensors: dict[tuple, float] = {}
         self.skipped = 0
         self.nonfinite = 0
+        # the health ledger, as the process's observable instruments would read it
+        self.created_ns = created_ns
+        self.phase_s = dict.fromkeys(PHASES, 0.0)
+        self.accounted_ns = created_ns
+        self.open_phase = "startup"
+        self.open_since_ns = created_ns
+        self.iteration: int | None = None
+        self.progress_ns: int | None = None
+        self.saved: int | None = None
+        self.loaded: int | None = None
+        self.safe_ns: int | None = None
+        self.completed: dict[int, int] = {}
+
+    def spend(self, phase: str, until_ns: int) -> None:
+        """The ledger: the time up to ``until_ns`` goes to ``phase``."""
+        if until_ns > self.accounted_ns:
+            self.phase_s[phase] += (until_ns - self.accounted_ns) / 1e9
+            self.accounted_ns = until_ns
+        if phase != self.open_phase:
+            self.open_phase, self.open_since_ns = phase, until_ns
+
+    def ledger_metrics(self, time_ns: int) -> list[dict]:
+        """The ledger's seven instruments at ``time_ns`` (the time since the last accounting
+        goes to the phase open then)."""
+        totals = dict(self.phase_s)
+        totals[self.open_phase] += max(0, time_ns - self.accounted_ns) / 1e9
+        phase_points = [
+            {
+                "startTimeUnixNano": str(self.created_ns),
+                "timeUnixNano": str(time_ns),
+                "asDouble": value,
+                "attributes": [_kv("dl.training.phase", phase)],
+            }
+            for phase, value in totals.items()
+        ]
+        elapsed = [
+            {
+                "timeUnixNano": str(time_ns),
+                "asDouble": (time_ns - self.open_since_ns) / 1e9
+                if phase == self.open_phase
+                else 0.0,
+                "attributes": [_kv("dl.training.phase", phase)],
+            }
+            for phase in PHASES
+        ]
+
+        def gauge(name: str, value: float, attributes=()) -> dict:
+            point = {"timeUnixNano": str(time_ns), "asDouble": value}
+            if attributes:
+                point["attributes"] = [_kv(k, v) for k, v in attributes]
+            return {"name": name, "gauge": {"dataPoints": [point]}}
+
+        metrics = [
+            {
+                "name": "dl.training.phase.time",
+                "unit": "s",
+                "sum": {
+                    "dataPoints": phase_points,
+                    "aggregationTemporality": 2,
+                    "isMonotonic": True,
+                },
+            },
+            {"name": "dl.training.phase.elapsed", "unit": "s", "gauge": {"dataPoints": elapsed}},
+        ]
+        progress = self.progress_ns if self.progress_ns is not None else self.created_ns
+        metrics.append(gauge("dl.training.progress.age", (time_ns - progress) / 1e9))
+        if self.iteration is not None:
+            metrics.append(gauge("dl.training.progress.iteration", float(self.iteration)))
+            metrics.append(gauge("dl.training.progress.timestamp", progress / 1e9))
+        operation = "megatron.checkpoint.operation"
+        if self.saved is not None:
+            metrics.append(gauge("dl.training.checkpoint.iteration", float(self.saved),
+                                 [(operation, "save")]))  # fmt: skip
+        if self.loaded is not None:
+            metrics.append(gauge("dl.training.checkpoint.iteration", float(self.loaded),
+                                 [(operation, "load")]))  # fmt: skip
+        if self.safe_ns is not None:
+            metrics.append(gauge("dl.training.checkpoint.age", (time_ns - self.safe_ns) / 1e9))
+        return metrics
 
     def span_id(self) -> str:
         return f"{self.random.getrandbits(64):016x}"
@@ -164,6 +266,17 @@ class _Rank:
         self.pending.append(item)
         if len(self.pending) >= 512:
             self.flush_traces()
+        return span_id
+
+    def span_start(self, name, start_ns, parent, attributes=None, span_id=None) -> str:
+        """A start line only: the span never ended (its process was killed inside it)."""
+        span_id = span_id or self.span_id()
+        line = {
+            "record": "span_start", "name": name, "trace_id": self.trace_id, "span_id": span_id,
+            "parent_span_id": parent, "start_time_ns": start_ns, "attributes": attributes or {},
+            "rank": self.rank, "resource": self.resource,
+        }  # fmt: skip
+        self.spans.write(json.dumps(line) + "\n")
         return span_id
 
     def flush_traces(self) -> None:
@@ -252,6 +365,7 @@ class _Rank:
         for (family, attributes), value in self.tensors.items():
             by_family.setdefault(family, []).append(point(value, attributes))
         metrics += [gauge(family, points) for family, points in by_family.items()]
+        metrics += self.ledger_metrics(time_ns)
         document = {
             "resourceMetrics": [
                 {
@@ -323,13 +437,61 @@ class _Rank:
             handle.close()
 
 
-def generate(directory: Path, steps: int, ranks: int, layers: int, step_s: float) -> None:
-    """Writes the files of the run (see the module docstring)."""
-    run_id = "bench" + "0" * 27
-    writers = [_Rank(directory, r, ranks, run_id, layers) for r in range(ranks)]
+#: Seconds between an attempt's death and the next one's first process.
+DOWNTIME_S = 60.0
+#: Shares of a step: data loading, forward/backward, communication (waiting), optimizer.
+STEP_SHARES = {"data_loading": 0.03, "forward_backward": 0.60, "communication": 0.22,
+               "optimizer": 0.15}  # fmt: skip
+#: Rank 5's forward/backward is this much longer (and it waits as much less): a straggler.
+STRAGGLER_RANK, STRAGGLER_COMPUTE = 5, 1.3
+
+
+def generate(
+    directory: Path, steps: int, ranks: int, layers: int, step_s: float, attempts: int = 3
+) -> list[Path]:
+    """Writes the files of the job (see the module docstring): one run directory per attempt,
+    returned in order."""
     t0 = 1_796_000_000 * 10**9
-    startup_ns = int(45e9)
     common = random.Random(1234)
+    created, first_step, resumed = t0, 1, 0
+    directories = []
+    for attempt in range(attempts):
+        final = attempt == attempts - 1
+        # killed 437 steps after its share of the job (not at a checkpoint)
+        last = steps if final else min(steps, round(steps * (attempt + 1) / attempts) + 437)
+        run_dir = directory / f"bench-a{attempt}"
+        run_dir.mkdir(parents=True)
+        directories.append(run_dir)
+        ended = _attempt(
+            run_dir, attempt, created, first_step, last, resumed, steps, ranks, layers, step_s,
+            common, killed=not final,
+        )  # fmt: skip
+        resumed = (last - 1) // CHECKPOINT_INTERVAL * CHECKPOINT_INTERVAL
+        first_step = resumed + 1
+        created = ended + int(DOWNTIME_S * 1e9)
+    return directories
+
+
+def _attempt(
+    directory: Path,
+    attempt: int,
+    t0: int,
+    first_step: int,
+    last: int,
+    resumed: int,
+    steps: int,
+    ranks: int,
+    layers: int,
+    step_s: float,
+    common: random.Random,
+    *,
+    killed: bool,
+) -> int:
+    """One attempt: startup with a checkpoint load of ``resumed``, steps ``first_step`` to
+    ``last`` (the last one cut by the kill when ``killed``). Returns when it ended (ns)."""
+    run_id = f"bench-a{attempt}"
+    writers = [_Rank(directory, r, ranks, run_id, layers, attempt, t0) for r in range(ranks)]
+    startup_ns = int(45e9)
     for w in writers:
         w.start_ns = t0
         w.root = w.span_id()
@@ -341,13 +503,29 @@ def generate(directory: Path, steps: int, ranks: int, layers: int, step_s: float
             t0 + int(20e9) + skew,
             t0 + int(40e9) + skew,
             startup,
-            {MEGATRON_CHECKPOINT_TYPE: "global", MEGATRON_ITERATION: 0},
+            {MEGATRON_CHECKPOINT_TYPE: "global", MEGATRON_ITERATION: resumed},
         )
+        w.spend("startup", t0 + int(20e9) + skew)
+        w.spend("checkpoint_load", t0 + int(40e9) + skew)
+        w.loaded = w.iteration = resumed
+        w.progress_ns = w.safe_ns = t0 + int(40e9) + skew
+        w.spend("startup", t0 + startup_ns + skew)
     now = t0 + startup_ns
     next_export = t0 + int(EXPORT_INTERVAL_S * 1e9)
-    for step in range(1, steps + 1):
+    for step in range(first_step, last + 1):
         base = step_s * math.exp(0.05 * common.gauss(0, 1))
         end = now + int(base * 1e9)
+        if killed and step == last:  # killed half-way through this step: its start only
+            for w in writers:
+                w.span_start(
+                    MEGATRON_TRAIN_ITERATION, now + w.skew, w.root, {MEGATRON_ITERATION: step}
+                )
+            now += int(base * 0.5e9)
+            while next_export <= now:
+                for w in writers:
+                    w.export(next_export + w.skew)
+                next_export += int(EXPORT_INTERVAL_S * 1e9)
+            break
         for w in writers:
             duration = base * (1.03 if w.rank == 5 else 1.0)  # rank 5 a bit slower inside
             start_ns, end_ns = now + w.skew, end + w.skew
@@ -355,20 +533,20 @@ def generate(directory: Path, steps: int, ranks: int, layers: int, step_s: float
                 MEGATRON_TRAIN_ITERATION, start_ns, end_ns, w.root, {MEGATRON_ITERATION: step}
             )
             split = start_ns + int((end_ns - start_ns) * 0.82)
-            w.span(
-                FORWARD_BACKWARD,
-                start_ns,
-                split,
-                iteration,
-                {MEGATRON_ITERATION: step},
-            )
-            w.span(
-                OPTIMIZER,
-                split,
-                end_ns - 1000,
-                iteration,
-                {MEGATRON_ITERATION: step},
-            )
+            w.span(FORWARD_BACKWARD, start_ns, split, iteration, {MEGATRON_ITERATION: step})
+            w.span(OPTIMIZER, split, end_ns - 1000, iteration, {MEGATRON_ITERATION: step})
+            if step == first_step:  # the first iteration of a process: warm-up, all of it
+                w.spend("warmup", end_ns)
+            else:
+                at = start_ns
+                for phase, share in STEP_SHARES.items():
+                    if w.rank == STRAGGLER_RANK and phase in ("forward_backward", "communication"):
+                        extra = STEP_SHARES["forward_backward"] * (STRAGGLER_COMPUTE - 1)
+                        share += extra if phase == "forward_backward" else -extra
+                    at += int((end_ns - start_ns) * share)
+                    w.spend(phase, min(at, end_ns) if phase != "optimizer" else end_ns)
+            w.iteration, w.progress_ns = step, end_ns
+            w.completed[step] = end_ns
             w.observe_step(duration * 1e3)
             if step % LOG_INTERVAL == 0:
                 w.log(step, steps, duration)
@@ -379,9 +557,9 @@ def generate(directory: Path, steps: int, ranks: int, layers: int, step_s: float
             if step == 7_000:
                 w.nonfinite += 1
         now = end
-        for interval, name, length_s in (
-            (EVAL_INTERVAL, MEGATRON_EVALUATE, 20.0),
-            (CHECKPOINT_INTERVAL, MEGATRON_CHECKPOINT_SAVE, 30.0),
+        for interval, name, length_s, phase in (
+            (EVAL_INTERVAL, MEGATRON_EVALUATE, 20.0, "evaluate"),
+            (CHECKPOINT_INTERVAL, MEGATRON_CHECKPOINT_SAVE, 30.0, "checkpoint_save"),
         ):
             if step % interval == 0:
                 stop = now + int(length_s * 1e9)
@@ -396,16 +574,28 @@ def generate(directory: Path, steps: int, ranks: int, layers: int, step_s: float
                                 MEGATRON_CHECKPOINT_SIZE: 14 * 2**30 // len(writers),
                             }
                         )
+                        w.saved, w.safe_ns = step, w.completed.get(step, now + w.skew)
                     w.span(name, now + w.skew, stop + w.skew, w.root, attributes)
+                    w.spend(phase, stop + w.skew)
                 now = stop
         while next_export <= now:
             for w in writers:
                 w.export(next_export + w.skew)
             next_export += int(EXPORT_INTERVAL_S * 1e9)
     for w in writers:
-        w.span(MEGATRON_TRAIN, t0 + w.skew, now + w.skew, None, span_id=w.root)
-        w.export(now + w.skew)
+        if killed:  # no end of the run span, no final export: a SIGKILL
+            w.span_start(MEGATRON_TRAIN, t0 + w.skew, None, {}, span_id=w.root)
+        else:
+            w.span(MEGATRON_TRAIN, t0 + w.skew, now + w.skew, None, span_id=w.root)
+            w.export(now + w.skew)
         w.close()
+    return now
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its children that have ended (the readers)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def _size(path: Path) -> int:
@@ -418,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--step-s", type=float, default=1.2, help="mean step time, seconds")
+    parser.add_argument("--attempts", type=int, default=3, help="attempts of the job")
     parser.add_argument("--keep", action="store_true", help="keep the generated directory")
     parser.add_argument("--reuse", type=Path, help="a directory kept by --keep: read it again")
     args = parser.parse_args(argv)
@@ -426,16 +617,37 @@ def main(argv: list[str] | None = None) -> int:
     try:
         started = time.perf_counter()
         if args.reuse is None:
-            generate(directory, args.steps, args.ranks, args.layers, args.step_s)
+            generate(directory, args.steps, args.ranks, args.layers, args.step_s, args.attempts)
         generated_s = time.perf_counter() - started
-        input_bytes = _size(directory)
+        runs = sorted(p for p in directory.iterdir() if p.is_dir())
+        input_bytes = sum(_size(r) for r in runs)
+        last_bytes = _size(runs[-1])
         print(
-            f"run: {args.steps:,} steps, {args.ranks} ranks, {args.layers} layers, exports every "
-            f"{EXPORT_INTERVAL_S:g} s; {input_bytes / 2**20:,.0f} MiB of files in "
-            f"{len(list(directory.iterdir()))} files (generated in {generated_s:.1f} s)"
+            f"job: {args.steps:,} steps, {args.ranks} ranks, {len(runs)} attempts, {args.layers} "
+            f"layers, exports every {EXPORT_INTERVAL_S:g} s; {input_bytes / 2**20:,.0f} MiB of "
+            f"files in {sum(len(list(r.iterdir())) for r in runs)} files (generated in "
+            f"{generated_s:.1f} s); the last attempt's run directory {last_bytes / 2**20:,.0f} MiB"
+        )
+        started, cpu = time.perf_counter(), _cpu_s()
+        health = assess_job(runs[-1], now_s=time.time())
+        health_s, health_cpu_s = time.perf_counter() - started, _cpu_s() - cpu
+        account = health.account
+        flagged = [
+            f"rank {s.rank} (attempt {item.account.attempt}, {s.cause}, score {s.score:.2f})"
+            for item in health.attempts
+            if item.stragglers
+            for s in item.stragglers.stragglers
+        ]
+        print(
+            f"otel-training health: {health_s:6.2f} s  ({health_cpu_s:.2f} s CPU in all processes; "
+            f"{os.cpu_count()} CPUs; every attempt, all ranks: "
+            f"{account.wall_s / 3600:.1f} h of wall time, goodput {100 * account.goodput:.1f} %, "
+            f"lost progress {account.buckets['lost_progress'] / 60:.0f} min, downtime "
+            f"{account.buckets['downtime'] / 60:.0f} min; stragglers: "
+            f"{', '.join(flagged) or 'none'})"
         )
         started = time.perf_counter()
-        run = load_run(directory)
+        run = load_run(runs[-1])
         load_s = time.perf_counter() - started
         started = time.perf_counter()
         page = build_report(run)
@@ -446,14 +658,14 @@ def main(argv: list[str] | None = None) -> int:
         trace_bytes = trace_path.stat().st_size
         trace_path.unlink()
         html_bytes = len(page.encode("utf-8"))
-        print(f"load_run:           {load_s:6.2f} s  ({input_bytes / 2**20 / load_s:,.0f} MiB/s)")
+        print(f"load_run:           {load_s:6.2f} s  ({last_bytes / 2**20 / load_s:,.0f} MiB/s)")
         print(f"build_report:       {report_s:6.2f} s  -> HTML {html_bytes / 2**20:.1f} MiB")
         print(f"report end to end:  {load_s + report_s:6.2f} s")
         print(
             f"write_chrome_trace: {trace_s:6.2f} s  -> trace {trace_bytes / 2**20:.1f} MiB "
             f"({len(run.spans):,} spans)"
         )
-        print(f"HTML / input: {html_bytes / input_bytes:.4f}; notes: {len(run.notes)}")
+        print(f"HTML / input: {html_bytes / last_bytes:.4f}; notes: {len(run.notes)}")
         if keep:
             print(f"kept: {directory}")
     finally:

@@ -236,3 +236,31 @@ def test_cli_version(capsys):
         cli.main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.startswith("otel-training ")
+
+
+def test_the_demo_resumes_from_the_newest_checkpoint(tmp_path, capsys, monkeypatch):
+    """A second run with the same --checkpoint-dir loads its newest checkpoint (a
+    checkpoint_load the health ledger records) and trains the steps after it: two attempts of
+    one job, the second resumed from step 6."""
+    from otel_training.report.health import assess_job
+
+    monkeypatch.setenv("OTEL_PYTHON_TRAINING_RUN_ID", "demo-job")
+    small = ["--layers", "1", "--d-model", "16", "--heads", "2", "--seq-len", "16",
+             "--batch-size", "2", "--quiet", "--device", "cpu", "--max-data-bytes", "200000",
+             "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-interval", "3",
+             "--log-interval", "1"]  # fmt: skip
+    monkeypatch.setenv("OTEL_PYTHON_TRAINING_RUN_ATTEMPT", "0")
+    assert cli.main(["demo", "--steps", "6", *small]) == 0
+    assert "resumed" not in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "step-000003.pt", "step-000006.pt",
+    ]  # fmt: skip
+    monkeypatch.setenv("OTEL_PYTHON_TRAINING_RUN_ATTEMPT", "1")
+    assert cli.main(["demo", "--steps", "9", *small]) == 0
+    out = capsys.readouterr().out
+    assert "over 3 steps, resumed from step 6" in out and "otel-training health" in out
+    health = assess_job(tmp_path / "telemetry").to_json()
+    first, second = health["attempts"]
+    assert (first["attempt"], first["last_iteration"]) == (0, 6)
+    assert (second["attempt"], second["resumed_from"], second["last_iteration"]) == (1, 6, 9)
+    assert health["badput_s"]["checkpoint_load"] > 0

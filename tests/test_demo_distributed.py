@@ -103,8 +103,9 @@ def test_summary_names_the_ranks_and_ends_with_how_to_view_the_files(tmp_path):
     lines = format_summary(result, "telemetry: metrics to X", str(tmp_path)).splitlines()
     assert "parameters identical on every rank" in "\n".join(lines)
     assert any("rank 1: own loss 2.6000" in line for line in lines)
-    assert lines[-1].endswith(f"otel-training trace {tmp_path}")
+    assert f"otel-training trace {tmp_path}" in lines[-1]
     assert f"otel-training report {tmp_path}" in lines[-1]
+    assert lines[-1].endswith(f"otel-training health {tmp_path}")
 
 
 def test_an_expert_no_token_chose_still_gets_a_zero_gradient():

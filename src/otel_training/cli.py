@@ -11,6 +11,9 @@ Subcommands:
   timeline) of a run of the embedded default's files. Needs the ``report`` extra (plotly).
 - ``trace [DIR] [--output trace.json]``: the spans of all ranks of a run as one Chrome
   trace-event file for Perfetto UI or ``chrome://tracing``.
+- ``health [DIR] [--json]``: goodput and badput over all attempts of the job, a hang and its
+  culprits, stragglers (``docs/health.md``); a terminal summary, or with ``--json`` one JSON
+  document. Works on a job that is still running or hung.
 
 ``DIR`` is a run directory, or an output directory whose ``latest`` link or newest
 subdirectory is taken; by default ``OTEL_PYTHON_TRAINING_OUTPUT_DIR``. Both show every attempt
@@ -81,6 +84,26 @@ def _build_parser() -> argparse.ArgumentParser:
     trace.add_argument("directory", nargs="?", metavar="DIR", help=where)
     trace.add_argument(
         "--output", "-o", default="trace.json", help="the JSON file to write (%(default)s)"
+    )
+    health = commands.add_parser(
+        "health",
+        help="goodput, hangs and stragglers of a job, over all of its attempts",
+        description="Goodput and badput of a job over all of its attempts (the run directories "
+        "of one dl.job.id), a hang and its culprits, stragglers with their cause; from the "
+        "embedded default's files, also while the job runs (docs/health.md). Thresholds: "
+        "OTEL_PYTHON_TRAINING_HANG_FLOOR_S, OTEL_PYTHON_TRAINING_HANG_PHASE_BUDGET_S, "
+        "OTEL_PYTHON_TRAINING_HANG_STARTUP_S, OTEL_PYTHON_TRAINING_STRAGGLER_WINDOW_STEPS.",
+    )
+    health.add_argument(
+        "directory",
+        nargs="?",
+        metavar="DIR",
+        help="any run directory of the job, or the output directory (its 'latest' link or "
+        "newest run is taken); default: $OTEL_PYTHON_TRAINING_OUTPUT_DIR or "
+        "./otel-training-telemetry",
+    )
+    health.add_argument(
+        "--json", action="store_true", help="print one JSON document instead of a summary"
     )
     return parser
 
@@ -161,6 +184,25 @@ def _run_trace(directory: str | None, output: str) -> int:
     return 0
 
 
+def _run_health(directory: str | None, as_json: bool) -> int:
+    import json
+
+    from otel_training.report import RunNotFoundError
+    from otel_training.report.health import assess_job, format_text
+
+    try:
+        health = assess_job(directory)
+    except RunNotFoundError as error:
+        hint = "" if directory else " (pass DIR or set OTEL_PYTHON_TRAINING_OUTPUT_DIR)"
+        print(f"{_PROG} health: error: no run found: {error}{hint}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(json.dumps(health.to_json(), indent=1, allow_nan=False, default=str), flush=True)
+    else:
+        print(format_text(health), flush=True)
+    return 0
+
+
 def _run_demo(argv: Sequence[str]) -> int:
     if importlib.util.find_spec("torch") is None:
         print(f"{_PROG}: error: {_TORCH_HINT}", file=sys.stderr)
@@ -198,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         The exit status: 0 on success, 1 when an optional dependency is missing or an output
-        file cannot be written, 2 on a usage error or when ``report``/``trace`` find no run
+        file cannot be written, 2 on a usage error or when ``report``/``trace``/``health`` find
+        no run
         (argparse exits with ``SystemExit`` for ``--help``, ``--version`` and bad flags).
     """
     parser = _build_parser()
@@ -211,6 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_report(args.directory, args.output)
     if args.command == "trace":
         return _run_trace(args.directory, args.output)
+    if args.command == "health":
+        return _run_health(args.directory, args.json)
     parser.print_help(sys.stderr)
     return 2
 

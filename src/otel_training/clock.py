@@ -49,15 +49,32 @@ def perf_to_unix_ns(perf_ns: int) -> int:
 
 def process_start_unix_s(pid: int | None = None) -> float | None:
     """When the kernel started process ``pid`` (default: this one), in Unix seconds, from
-    ``/proc/PID/stat`` field 22 (clock ticks since boot) and ``/proc/stat``'s ``btime``;
-    ``None`` where ``/proc`` does not tell. Resolution: one clock tick (10 ms)."""
+    ``/proc/PID/stat`` field 22 (clock ticks since boot) and the boot time; ``None`` where
+    ``/proc`` does not tell. Resolution: one clock tick (10 ms), plus the boot time's 10 ms."""
     try:
         with open(f"/proc/{'self' if pid is None else pid}/stat", "rb") as stat:
             fields = stat.read().rsplit(b")", 1)[1].split()
         start_ticks = int(fields[19])  # field 22 of proc(5), after pid and comm
-        with open("/proc/stat", "rb") as stat:
-            boot = next(int(line.split()[1]) for line in stat if line.startswith(b"btime"))
+        boot = _boot_unix_s()
+        if boot is None:
+            return None
         return boot + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _boot_unix_s() -> float | None:
+    """When this machine booted, in Unix seconds: now minus ``/proc/uptime`` (10 ms), else
+    ``/proc/stat``'s ``btime``, which is whole seconds (cut, not rounded: a start time from it
+    is up to 1 s early)."""
+    try:
+        with open("/proc/uptime", "rb") as uptime:
+            return time.time() - float(uptime.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/proc/stat", "rb") as stat:
+            return float(next(int(line.split()[1]) for line in stat if line.startswith(b"btime")))
     except (OSError, ValueError, IndexError, StopIteration):
         return None
 
@@ -74,7 +91,7 @@ def process_creation_unix_s() -> float:
     if _creation is None or _creation[0] != pid:
         anchor = _anchor_unix_ns / 1e9
         started = process_start_unix_s()
-        # btime is whole seconds: a start read from /proc may lie up to 1 s after the anchor.
+        # Ticks and boot time are 10 ms each: a start read from /proc may lie after the anchor.
         _creation = (pid, anchor if started is None else min(started, anchor))
     return _creation[1]
 

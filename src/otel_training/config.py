@@ -26,6 +26,8 @@ from typing import Final
 
 from otel_training import environment_variables as ev
 from otel_training._env import EnvReader, redact_url, show
+from otel_training.health import hang as _hang
+from otel_training.health import straggler as _straggler
 from otel_training.identity import RankIdentity, read_identity
 from otel_training.limits import DEFAULT_VALUE_LENGTH, Limits
 from otel_training.semconv.spans import (
@@ -118,6 +120,8 @@ EXPORT_STRATEGIES: Final = ("single_rank", "all_ranks", "sampled", "first_rank_p
 EXPORT_REPLICATED_POLICIES: Final = ("auto", "all", "pp_first")
 #: Values of OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM.
 STEP_DURATION_HISTOGRAMS: Final = ("explicit", "exponential")
+#: Largest hang threshold or budget accepted (OTEL_PYTHON_TRAINING_HANG_*), in seconds: a week.
+MAX_HANG_S: Final = 7 * 24 * 3600.0
 #: Iterations of one trace segment when OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS is unset.
 DEFAULT_TRACE_SEGMENT_ITERATIONS: Final = 1000
 
@@ -377,6 +381,10 @@ class Settings:
     jsonlog_dir: str | None = None
     identity: RankIdentity = field(default_factory=RankIdentity)
     tensor_metrics: tuple[tuple[str, int], ...] | None = None
+    #: The hang thresholds of docs/health.md (OTEL_PYTHON_TRAINING_HANG_*), in seconds.
+    hang: _hang.HangPolicy = field(default_factory=_hang.HangPolicy)
+    #: Optimizer steps per straggler window (OTEL_PYTHON_TRAINING_STRAGGLER_WINDOW_STEPS).
+    straggler_window_steps: int = _straggler.DEFAULT_WINDOW_STEPS
 
     @property
     def shutdown_timeout_s(self) -> float:
@@ -1131,4 +1139,24 @@ class _Parser(EnvReader):
             jsonlog_dir=self.raw(ev.OTEL_PYTHON_TRAINING_JSONLOG_DIR),
             identity=read_identity(self),
             tensor_metrics=self.tensor_metrics(),
+            hang=_hang.HangPolicy(
+                floor_s=self.positive(
+                    ev.OTEL_PYTHON_TRAINING_HANG_FLOOR_S,
+                    _hang.DEFAULT_FLOOR_S,
+                    maximum=MAX_HANG_S,
+                ),
+                phase_budget_s=self.positive(
+                    ev.OTEL_PYTHON_TRAINING_HANG_PHASE_BUDGET_S,
+                    _hang.DEFAULT_PHASE_BUDGET_S,
+                    maximum=MAX_HANG_S,
+                ),
+                startup_s=self.positive(
+                    ev.OTEL_PYTHON_TRAINING_HANG_STARTUP_S,
+                    _hang.DEFAULT_STARTUP_S,
+                    maximum=MAX_HANG_S,
+                ),
+            ),
+            straggler_window_steps=self.positive_int(
+                ev.OTEL_PYTHON_TRAINING_STRAGGLER_WINDOW_STEPS, _straggler.DEFAULT_WINDOW_STEPS
+            ),
         )

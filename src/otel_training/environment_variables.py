@@ -151,10 +151,39 @@ ids. Records still need to pass their logger's level (``logging.basicConfig(leve
 ``false`` removes the bridge that an earlier ``configure()`` added. See ``docs/logs.md``.
 """
 
+OTEL_PYTHON_TRAINING_HANG_FLOOR_S: Final = "OTEL_PYTHON_TRAINING_HANG_FLOOR_S"
+"""The floor of the hang threshold, in seconds, default 60: a rank whose progress age (seconds
+since its last completed optimizer step) exceeds H = max(5 x median step, this floor) in a step
+phase is stalled (``docs/health.md``). Read alike by each rank's watchdog (which then writes
+its threads' Python stacks once) and by ``otel-training health``; the Prometheus rules of
+``collector-config/rules/training.yaml`` carry the same number.
+"""
+
+OTEL_PYTHON_TRAINING_HANG_PHASE_BUDGET_S: Final = "OTEL_PYTHON_TRAINING_HANG_PHASE_BUDGET_S"
+"""The least hang threshold of a checkpoint save or load and of an evaluation, in seconds,
+default 600: inside those phases a rank is stalled only after max(2 x the longest one seen,
+this budget, the step threshold) (``docs/health.md``).
+"""
+
+OTEL_PYTHON_TRAINING_HANG_STARTUP_S: Final = "OTEL_PYTHON_TRAINING_HANG_STARTUP_S"
+"""The hang threshold of ``startup`` and ``warmup`` (the first iteration of a process), in
+seconds, default 1800 (NVRx's initial timeout): compilation and first-touch allocation may take
+that long (``docs/health.md``).
+"""
+
+OTEL_PYTHON_TRAINING_STRAGGLER_WINDOW_STEPS: Final = "OTEL_PYTHON_TRAINING_STRAGGLER_WINDOW_STEPS"
+"""Optimizer steps per straggler window, default 20: a rank is a straggler when its busy time
+per step (data loading + forward/backward + optimizer) exceeds 1.2 x the median of its peers
+for 2 consecutive windows (``docs/health.md``). Read by ``otel-training health`` and the report.
+"""
+
 __all__ = [
     "OTEL_PYTHON_TRAINING_EXPORT_RANKS",
     "OTEL_PYTHON_TRAINING_EXPORT_REPLICATED",
     "OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL",
+    "OTEL_PYTHON_TRAINING_HANG_FLOOR_S",
+    "OTEL_PYTHON_TRAINING_HANG_PHASE_BUDGET_S",
+    "OTEL_PYTHON_TRAINING_HANG_STARTUP_S",
     "OTEL_PYTHON_TRAINING_JSONLOG_DIR",
     "OTEL_PYTHON_TRAINING_LOGGING",
     "OTEL_PYTHON_TRAINING_NVTX",
@@ -166,6 +195,7 @@ __all__ = [
     "OTEL_PYTHON_TRAINING_SPAN_GROUPS",
     "OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS",
     "OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM",
+    "OTEL_PYTHON_TRAINING_STRAGGLER_WINDOW_STEPS",
     "OTEL_PYTHON_TRAINING_TENSOR_METRICS",
 ]
 

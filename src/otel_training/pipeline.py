@@ -65,6 +65,7 @@ from otel_training.ids import ProcessLocalIdGenerator
 from otel_training.open_spans import OpenSpans
 from otel_training.processors import CheckpointMetricsSpanProcessor, span_mirrors
 from otel_training.processors.exception_logs import ExceptionLogSpanProcessor
+from otel_training.processors.jsonlog import JsonLogSpanProcessor
 from otel_training.processors.nvtx import NvtxSpanProcessor
 from otel_training.resource import identity_attributes
 from otel_training.semconv.attributes import DL_RANK, DL_RUN_ID
@@ -90,6 +91,8 @@ class Pipeline:
         files: Streams opened for the exporters, to close after shutdown.
         logger_provider: The SDK ``LoggerProvider``, or a no-op one when no log exporter
             and no extra log processor is configured.
+        span_lines: The processor writing the span JSON lines, or None (the hang watchdog
+            writes its ``stacks`` records there too).
     """
 
     meter_provider: metrics_api.MeterProvider
@@ -100,6 +103,7 @@ class Pipeline:
     open_spans: OpenSpans | None = None
     files: list[TextIO] = field(default_factory=list)
     logger_provider: logs_api.LoggerProvider = field(default_factory=logs_api.NoOpLoggerProvider)
+    span_lines: JsonLogSpanProcessor | None = None
 
 
 def _with_default(base: str) -> list[str]:
@@ -307,6 +311,7 @@ def build(
         open_spans=OpenSpans(),
         files=outputs.files,
         logger_provider=logger_provider,
+        span_lines=next((p for p in mirrors if isinstance(p, JsonLogSpanProcessor)), None),
     )
 
 

@@ -38,8 +38,10 @@ from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_training import config, instruments, lifecycle, log_bridge, pipeline, proxy
+from otel_training.health import watchdog
 from otel_training.open_spans import OpenSpans
 from otel_training.pipeline import INSTRUMENTATION_NAME
+from otel_training.processors.jsonlog import JsonLogSpanProcessor
 from otel_training.processors.nvtx import NvtxSpanProcessor
 
 _logger = logging.getLogger("otel_training")
@@ -89,6 +91,8 @@ class Telemetry:
     before_shutdown: list[Callable[[], object]] = field(default_factory=list, repr=False)
     logger_provider: logs_api.LoggerProvider = field(default_factory=logs_api.NoOpLoggerProvider)
     open_spans: OpenSpans | None = field(default=None, repr=False)
+    #: The span JSON lines' processor, or None (the hang watchdog writes its stacks there).
+    span_lines: JsonLogSpanProcessor | None = field(default=None, repr=False)
     _files: list[TextIO] = field(default_factory=list, repr=False)
     _shutdown_started: bool = field(default=False, repr=False)
     _shutdown_finished: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -300,6 +304,7 @@ def configure(
             nvtx=built.nvtx,
             logger_provider=built.logger_provider,
             open_spans=built.open_spans,
+            span_lines=built.span_lines,
             _files=built.files,
         )
         previous = _current
@@ -312,6 +317,9 @@ def configure(
             lifecycle.install(
                 _shutdown_all, _flush_all, on_sigterm=telemetry.settings.shutdown_on_sigterm
             )
+            # This rank's hang watchdog follows the pipeline (docs/health.md).
+            if watchdog.start(telemetry) is not None:
+                telemetry.before_shutdown.append(lambda: watchdog.stop(telemetry))
         if previous is not None and previous is not telemetry and previous in _live:
             _retire(previous)
         log_bridge.bridge_root_logger(settings.logs.bridge_root_logger)

@@ -27,6 +27,7 @@ from opentelemetry.util._once import Once
 from otel_training import instruments, log_bridge, setup, spans
 from otel_training import segments as _segments
 from otel_training.health import ledger as health_ledger
+from otel_training.health import watchdog as health_watchdog
 from otel_training.phases import _warnings as _phase_warnings
 
 __all__ = [
@@ -142,6 +143,7 @@ def reset() -> None:
         thread.join(5.0)
     setup._retiring.clear()
     setup._live.clear()
+    health_watchdog.stop()
     setup._current = None
     setup._globals_installed = False
     instruments.record_in_this_process()

@@ -55,6 +55,7 @@ from otel_training.instruments import record_training_metrics
 from otel_training.memory import memory_allocated_gib
 from otel_training.semconv.attributes import MEGATRON_CHECKPOINT_SIZE
 from otel_training.spans import (
+    checkpoint_load,
     checkpoint_save,
     data_loading,
     evaluation,
@@ -120,7 +121,10 @@ class DemoConfig:
     )
     checkpoint_dir: str | None = field(
         default=None,
-        metadata=_opt("directory of the checkpoints (default: a temporary one, removed at exit)"),
+        metadata=_opt(
+            "directory of the checkpoints, resumed from its newest one (default: a temporary "
+            "one, removed at exit)"
+        ),
     )
     max_data_bytes: int | None = field(
         default=None, metadata=_opt("read at most about this many bytes of sources")
@@ -210,6 +214,8 @@ class TrainResult:
         world_size: number of data-parallel ranks.
         backend: the ``torch.distributed`` backend, or ``None`` for a single process.
         ranks: one `RankSummary` per rank, in rank order, gathered on every rank at the end.
+        resumed_from: the step of the checkpoint the run resumed from (the newest in
+            ``--checkpoint-dir``), or ``None``.
     """
 
     steps: int
@@ -231,6 +237,7 @@ class TrainResult:
     world_size: int = 1
     backend: str | None = None
     ranks: list[RankSummary] = field(default_factory=list)
+    resumed_from: int | None = None
 
     @property
     def first_loss(self) -> float:
@@ -383,9 +390,42 @@ def _save_checkpoint(
     path = os.path.join(directory, f"step-{step:06d}.pt")
     with checkpoint_save(path, iteration=step) as save:
         state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
-        torch.save(state, path)
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)  # a process killed while saving leaves no half file
         save.set_attribute(MEGATRON_CHECKPOINT_SIZE, os.path.getsize(path))
     return path
+
+
+def newest_checkpoint(directory: str | None) -> tuple[str, int] | None:
+    """The newest ``step-NNNNNN.pt`` in ``directory`` and its step, or ``None``."""
+    if directory is None or not os.path.isdir(directory):
+        return None
+    found = []
+    for name in os.listdir(directory):
+        stem, dot, suffix = name.partition(".")
+        if dot and suffix == "pt" and stem.startswith("step-") and stem[5:].isdigit():
+            found.append((int(stem[5:]), os.path.join(directory, name)))
+    if not found:
+        return None
+    step, path = max(found)
+    return path, step
+
+
+def _resume(
+    model: GPT, optimizer: torch.optim.Optimizer, config: DemoConfig, device: torch.device
+) -> int | None:
+    """Loads the newest checkpoint of ``--checkpoint-dir`` (every rank reads it) inside a
+    checkpoint-load span that carries the step it holds. Returns that step, or ``None``."""
+    newest = newest_checkpoint(config.checkpoint_dir)
+    if newest is None:
+        return None
+    path, step = newest
+    with checkpoint_load(path, iteration=step) as load:
+        state = torch.load(path, map_location=device, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        load.set_attribute(MEGATRON_CHECKPOINT_SIZE, os.path.getsize(path))
+    return int(state["step"])
 
 
 def _checkpoint_directory(
@@ -428,6 +468,9 @@ def _train(
                 model, device_ids=[device.index] if device.type == "cuda" else None
             )
         optimizer = _make_optimizer(model, config)
+        resumed_from = _resume(model, optimizer, config, device)
+        if resumed_from is not None:  # other batches than the run that saved it drew
+            generator.manual_seed(config.seed + data_parallel.rank + 7919 * resumed_from)
         checkpoint_dir = _checkpoint_directory(config, data_parallel, stack)
     observer = _tensor_observer(model, config, meter, data_parallel)
     n_params = sum(p.numel() for p in model.parameters())
@@ -474,7 +517,9 @@ def _train(
         rank=data_parallel.rank,
         world_size=data_parallel.world_size,
         backend=data_parallel.backend,
+        resumed_from=resumed_from,
     )
+    first_step = 1 if resumed_from is None else resumed_from + 1
     ranks = ""
     if data_parallel.is_distributed:
         ranks = (
@@ -487,11 +532,13 @@ def _train(
         f"data: {corpus.train.numel():,} train / {corpus.eval.numel():,} held-out bytes from "
         f"{corpus.n_files} stdlib files | device: {device}{ranks}"
     )
+    if resumed_from is not None:
+        say(f"resumed from step {resumed_from} ({newest_checkpoint(config.checkpoint_dir)[0]})")
 
     model.train()
     step_started = time.perf_counter()
     try:
-        for step in range(1, config.steps + 1):
+        for step in range(first_step, config.steps + 1):
             with training_iteration(iteration=step):
                 lr = _lr_at(config, step)
                 for group in optimizer.param_groups:
@@ -534,7 +581,7 @@ def _train(
             now = time.perf_counter()
             record = accumulator.end_step(now - step_started, skipped=skipped)
             step_started = now
-            result.steps = step
+            result.steps = step - first_step + 1
             result.skipped_iters += int(skipped)
             record_training_metrics(meter, step_duration_ms=record.duration_ms)
             if progress is not None:
@@ -668,7 +715,8 @@ def format_summary(
     lines = [
         f"loss {result.first_loss:.3f} -> {result.last_loss:.3f} "
         f"(first vs last interval) over {result.steps} steps"
-        + (f", {result.skipped_iters} skipped" if result.skipped_iters else ""),
+        + (f", {result.skipped_iters} skipped" if result.skipped_iters else "")
+        + (f", resumed from step {result.resumed_from}" if result.resumed_from is not None else ""),
         f"wall time {result.wall_time_s:.1f} s on {result.device}",
     ]
     if result.interval_tokens_per_sec:
@@ -696,6 +744,6 @@ def format_summary(
         ranks = f"ranks 0-{result.world_size - 1}" if result.world_size > 1 else "rank 0"
         lines.append(
             f"files ({ranks}): {output_dir} | view: otel-training report {output_dir} ; "
-            f"otel-training trace {output_dir}"
+            f"otel-training trace {output_dir} ; otel-training health {output_dir}"
         )
     return "\n".join(lines)

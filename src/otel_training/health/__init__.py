@@ -1,8 +1,20 @@
 """Run health: where each rank's time goes, whether training progresses, what was productive.
 
-:mod:`otel_training.health.ledger` is the per-rank ledger that the phases and callbacks feed;
-:mod:`otel_training.health.metrics` exposes it as observable instruments (``dl.training.*``).
-Job-level figures (goodput, a hang's culprit, stragglers) are computed where the ranks' data
-meet, never by a collective: ``otel-training health`` and the Prometheus rules of
-``collector-config/rules/training.yaml``. Definitions: ``docs/health.md``.
+Per rank, in the training process:
+
+- :mod:`~otel_training.health.ledger`: the ledger that the phases and callbacks feed;
+- :mod:`~otel_training.health.metrics`: it as observable instruments (``dl.training.*``);
+- :mod:`~otel_training.health.watchdog`: the thread that writes the stacks of a rank that
+  stopped progressing.
+
+Job-level figures, computed where the ranks' data meet, never by a collective (by
+``otel-training health`` and the report, :mod:`otel_training.report.health`, and by the
+Prometheus rules of ``collector-config/rules/training.yaml``), each defined in one module:
+
+- :mod:`~otel_training.health.goodput`: goodput and badput over all attempts;
+- :mod:`~otel_training.health.hang`: the hang threshold, stalled ranks, a hung job's culprits;
+- :mod:`~otel_training.health.straggler`: busy time, the leave-one-out score, the cause;
+- :mod:`~otel_training.health.evidence`: what the files hold per process, and the attempts.
+
+Definitions: ``docs/health.md``.
 """

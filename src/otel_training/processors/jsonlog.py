@@ -70,6 +70,7 @@ IDENTITY_KEYS = (
 _START = 0
 _END = 1
 _OPEN = 2  # a started span in the queue, as on_start left it
+_RECORD = 3  # another record (a rank's thread stacks), as write_record left it
 _STATUS = {StatusCode.UNSET: "UNSET", StatusCode.OK: "OK", StatusCode.ERROR: "ERROR"}
 
 
@@ -210,6 +211,19 @@ class JsonLogSpanProcessor(SpanProcessor):
         if size >= _WAKE_AT and not self._wake.is_set():  # a batch is ready: write it now
             self._wake.set()
 
+    def write_record(self, record: Mapping[str, Any], resource: Any = None) -> None:
+        """Queues one line that is not a span (``record`` names its kind, such as
+        ``stacks``), written like the span lines with ``rank`` and ``resource`` (the rank
+        identity of ``resource``, an SDK ``Resource``). Any thread; never raises (a full queue
+        drops it, counted)."""
+        if self._closed:
+            return
+        if len(self._queue) >= self._max_queue_size:
+            self._drop()
+            return
+        self._queue.append((_RECORD, dict(record), resource))
+        self._wake.set()
+
     def _drop(self) -> None:
         with self._drop_lock:
             self.dropped += 1
@@ -286,6 +300,11 @@ class JsonLogSpanProcessor(SpanProcessor):
 
     def _line(self, item: tuple) -> str:
         """One line of ``item`` (this runs for every record, on the writer's thread)."""
+        if item[0] == _RECORD:
+            _, record, resource = item
+            rank, identity = self._identity(resource)
+            record.update(rank=rank, resource=identity)
+            return _dumps(jsonable(record, self._value_length))
         try:
             line = self._format(item)
         except Exception:

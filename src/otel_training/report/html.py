@@ -231,7 +231,20 @@ def _build(job: Job, jinja2, plotly) -> str:
             "lowest and highest point, heatmaps the last value per column, the timeline merges "
             "runs of one span name (captions say which). The files have every point."
         )
+    health, health_plots, health_empty = _health(job)
+    health_section = _Section(
+        "health",
+        "Run health",
+        "Goodput over every attempt of this job, where each rank's time went, the progress "
+        "a crash would lose, stragglers and a hang's culprit (definitions: "
+        "<code>docs/health.md</code>; the same figures as <code>otel-training health</code>)."
+        if health is not None
+        else "",
+        [_plot_html(p, plotly) for p in health_plots],
+        health_empty,
+    )
     plots = [p for a in attempts for s in a["sections"] for p in s.plots]
+    plots += health_section.plots
     latest = attempts[-1]
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("otel_training.report", "templates"),
@@ -253,6 +266,8 @@ def _build(job: Job, jinja2, plotly) -> str:
         notes=notes,
         attempts=attempts,
         attempt_rows=[a["row"] for a in attempts],
+        health_section=health_section,
+        health=health,
         plots=plots,
         plotly_js=markupsafe.Markup(plotly.offline.get_plotlyjs()) if plots else "",
         built_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
@@ -442,3 +457,24 @@ def write_report(source: Run | Job, path: str | os.PathLike) -> Path:
     path = Path(path).absolute()
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def _health(job: Job) -> tuple[dict[str, Any] | None, list, str]:
+    """The job-level "Run health" section (every attempt of the job, once): its tables, plots,
+    and what to say when there is none. Never raises: a job that cannot be assessed is a
+    sentence."""
+    from otel_training.report.health import assess_job
+    from otel_training.report.health_figures import health_plots, health_tables
+
+    try:
+        health = assess_job(job.runs[-1].directory)
+    except Exception as error:  # the report must not fail for its health section
+        return None, [], f"Run health could not be assessed ({type(error).__name__}: {error})."
+    if not any(p.ledger for p in health.processes):
+        return (
+            None,
+            [],
+            "No health ledger in these files (<code>dl.training.phase.time</code>): they were "
+            "written by a version without it, or with metrics off.",
+        )
+    return health_tables(health), health_plots(health), ""

@@ -50,6 +50,8 @@ probably still in progress."""
 _STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
 _STATUS_NAMES = {"STATUS_CODE_UNSET": "UNSET", "STATUS_CODE_OK": "OK", "STATUS_CODE_ERROR": "ERROR"}
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+#: Records of the span JSON lines that are not spans: a rank's thread stacks (docs/health.md).
+_OTHER_RECORDS = frozenset({"stacks"})
 
 
 class _Torn(Exception):
@@ -417,6 +419,8 @@ class _FileReader:
     def spans_line(self, record: dict[str, Any], file_rank: int) -> None:
         kind = record["record"]
         if kind not in ("span_start", "span_end"):
+            if kind in _OTHER_RECORDS:  # read by otel_training.report.jobfiles
+                return
             raise ValueError(f"unknown record {kind!r}")
         resource = record.get("resource") or {}
         part = self.part(resource)

@@ -46,6 +46,8 @@ __all__ = [
     "MEGATRON_TRAINING_ROUTER_STATISTIC",
     "MEGATRON_UPDATE_SUCCESSFUL",
     "NUM_MICROBATCHES",
+    "OTEL_TRAINING_HANG_PROGRESS_AGE",
+    "OTEL_TRAINING_HANG_THRESHOLD",
     "OTEL_TRAINING_SPAN_TRUNCATED",
     "OTEL_TRAINING_TRACE_SEGMENT",
     "AttributeSpec",
@@ -239,12 +241,15 @@ compatibility with its dashboards.
 
 
 IS_GOODPUT_SPAN: Final = "is_goodput_span"
-"""True on the spans that count towards a run's goodput (productive time).
+"""True on the spans that take part in Megatron-LM's goodput accounting.
 
 Type: boolean. Span attribute. Stability: development. Examples: ``true``.
 
-Megatron-LM's name, without a namespace: set on the run, startup, model building, data loader
-building, checkpoint, first-iteration and iteration spans.
+Megatron-LM's name, without a namespace: its mark of a resiliency-accounting boundary (without it a
+span is profiling-only), set on the run, startup, model building, data loader building, checkpoint,
+first-iteration and iteration spans. It does not mean productive time: checkpoint saves carry it and
+are badput. Kept for wire compatibility; otel-training computes goodput from the health ledger
+(dl.training.phase.time, docs/health.md), never from this flag.
 """
 
 
@@ -389,6 +394,27 @@ NUM_MICROBATCHES: Final = "num_microbatches"
 Type: int. Span attribute. Stability: development. Examples: ``8``.
 
 Megatron-LM's name, without a namespace.
+"""
+
+
+OTEL_TRAINING_HANG_PROGRESS_AGE: Final = "otel_training.hang.progress_age"
+"""Seconds since the rank's last completed optimizer step, when it suspected a hang.
+
+Type: double. Point attribute. Stability: development. Examples: ``61.5``.
+
+On the log record (and the span JSON lines' stacks record) that a rank's watchdog writes once when
+its progress age exceeds the hang threshold for the phase it is in (docs/health.md); the record's
+body holds every thread's Python stack.
+"""
+
+
+OTEL_TRAINING_HANG_THRESHOLD: Final = "otel_training.hang.threshold"
+"""The hang threshold H, in seconds, for the phase the rank was in when it suspected a hang.
+
+Type: double. Point attribute. Stability: development. Examples: ``60.0``, ``600.0``.
+
+max(5 x median step, OTEL_PYTHON_TRAINING_HANG_FLOOR_S) in a step phase; the phase budgets of
+docs/health.md in checkpoint saves and loads, evaluations, startup and warm-up.
 """
 
 
@@ -545,7 +571,7 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
         IS_GOODPUT_SPAN: AttributeSpec(
             name=IS_GOODPUT_SPAN,
             type="boolean",
-            brief="True on the spans that count towards a run's goodput (productive time).",
+            brief="True on the spans that take part in Megatron-LM's goodput accounting.",
             stability="development",
             resource=False,
         ),
@@ -674,6 +700,25 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             name=NUM_MICROBATCHES,
             type="int",
             brief="Micro-batches in the forward-backward schedule of an iteration.",
+            stability="development",
+            resource=False,
+        ),
+        OTEL_TRAINING_HANG_PROGRESS_AGE: AttributeSpec(
+            name=OTEL_TRAINING_HANG_PROGRESS_AGE,
+            type="double",
+            brief=(
+                "Seconds since the rank's last completed optimizer step, when it suspected a hang."
+            ),
+            stability="development",
+            resource=False,
+        ),
+        OTEL_TRAINING_HANG_THRESHOLD: AttributeSpec(
+            name=OTEL_TRAINING_HANG_THRESHOLD,
+            type="double",
+            brief=(
+                "The hang threshold H, in seconds, for the phase the rank was in when it suspected "
+                "a hang."
+            ),
             stability="development",
             resource=False,
         ),

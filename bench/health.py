@@ -1,0 +1,76 @@
+"""The ground truth of ``docs/health.md`` in all its variants: how far ``otel-training health``
+is from the truth, per bucket.
+
+Each variant runs the 2-rank gloo job of ``tests/integration/health_job.py`` (its own truth
+log: ``time.time()`` at every phase boundary), kills attempt 0 inside step 48, restarts it 1.5 s
+later as attempt 1 (it loads step 40 and runs to 100), and compares ``otel-training health
+--json`` with the truth computed from the truth logs alone
+(``tests/integration/health_truth.py``):
+
+- ``sigkill``: both ranks SIGKILLed; ``TORCHELASTIC_RESTART_COUNT``; a run directory per attempt
+  (this one also runs in ``make test``: ``tests/integration/test_health_ground_truth.py``);
+- ``sigterm``: both ranks SIGTERMed (telemetry's handler flushes, spans truncated);
+- ``slurm``: ``SLURM_RESTART_COUNT``; both attempts in one run directory;
+- ``no_counter``: no restart counter; attempts told apart and ordered by creation time;
+- ``rank0_first``: rank 0 SIGKILLed alone; rank 1 fails in its next all_reduce;
+- ``default_groups``: the default span groups (no per-step spans).
+
+Prints, per variant, each bucket's error in seconds against the tolerance max(1 % of W, 2 step
+times), the goodput error in points (target 0.5), and the lost steps; exits 1 when a per-step
+variant misses a target. About 40 s a variant on a shared 2-core machine.
+
+Run: ``make bench-health`` or ``.venv/bin/python bench/health.py [VARIANT ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+
+from health_truth import BUCKETS, VARIANTS, errors, run_variant  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("variants", nargs="*", metavar="VARIANT", help=", ".join(VARIANTS))
+    args = parser.parse_args(argv)
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants: {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
+    names = args.variants or list(VARIANTS)
+    failed = []
+    header = " ".join(f"{b[:9]:>9s}" for b in (*BUCKETS, "productive"))
+    print(f"{'variant':15s} {'W s':>6s} {'tol s':>6s} {header} {'goodput':>8s}  lost steps  s")
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix=f"otel-training-health-{name}-") as base:
+            outcome = run_variant(Path(base), name)
+        found = errors(outcome)
+        tolerance = outcome.truth["tolerance_s"]
+        lost = outcome.health["attempts"][0]["lost_iterations"]
+        missed = [b for b in (*BUCKETS, "productive") if abs(found[b]) > tolerance]
+        if abs(found["goodput_points"]) > 0.5:
+            missed.append("goodput")
+        cells = " ".join(f"{found[b]:+9.3f}" for b in (*BUCKETS, "productive"))
+        print(
+            f"{name:15s} {outcome.truth['wall_s']:6.1f} {tolerance:6.3f} {cells} "
+            f"{found['goodput_points']:+7.2f}p  {str(lost):10s} {outcome.seconds:3.0f}"
+            + (f"  MISSED: {', '.join(missed)}" if missed else ""),
+            flush=True,
+        )
+        if missed and VARIANTS[name].get("groups", "per_step") == "per_step":
+            failed.append(name)
+    print(
+        "errors: health minus truth, seconds per bucket (goodput in points); tolerance "
+        "max(1 % of W, 2 step times); the default span groups place the end of a killed "
+        "attempt only to its last export or span line (docs/health.md, Precision)"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""What a job left on disk, per process: the data that goodput, hangs and stragglers are
+computed from (``docs/health.md``).
+
+:mod:`otel_training.report.jobfiles` fills these from the embedded default's files: per process
+(one rank of one attempt), the ledger's ``dl.training.*`` at each metric export
+(:class:`Sample`), its phase spans (:class:`PhaseSpan`), the ``stacks`` records of a rank that
+suspected a hang, and its last evidence of life.
+
+**Processes** are told apart by their Resource, ``(dl.run.id, dl.run.attempt,
+process.creation.time, dl.rank)``, whether the attempts of a job wrote separate run
+directories (``{run}-a{attempt}``) or appended to the same files.
+
+**Attempts** (:func:`attempts`): the processes with the same ``dl.run.attempt``; without it,
+each rank's processes of one run id in the order of their creation (the k-th process of every
+rank is attempt k); ordered by their first ``process.creation.time``.
+
+**The job**: the processes whose ``dl.job.id`` is the same, else whose run id is the same
+without its ``-a{attempt}`` suffix (:func:`job_key`). Nothing here raises.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from otel_training.health import ledger as _ledger
+
+__all__ = [
+    "DEFAULT_EXPORT_INTERVAL_S",
+    "Attempt",
+    "Job",
+    "PhaseSpan",
+    "Process",
+    "Sample",
+    "attempts",
+    "job_key",
+    "parse_time",
+]
+
+PHASES = _ledger.PHASES
+_ATTEMPT_SUFFIX = re.compile(r"-a\d+$")
+#: Default export interval of the embedded default's metrics, seconds.
+DEFAULT_EXPORT_INTERVAL_S = 5.0
+
+
+@dataclass
+class Sample:
+    """The ledger of one process at one metric export.
+
+    Attributes:
+        time_s: Export time, Unix seconds.
+        phase_s: Cumulative seconds per phase (:data:`PHASES` order), or ``None`` when the
+            export has no ``dl.training.phase.time`` (an older version).
+        open_phase: The innermost phase then (``dl.training.phase.elapsed > 0``), or ``None``.
+        open_s: How long it had been open, seconds.
+        iteration: ``dl.training.progress.iteration``, or ``None``.
+        progress_s: ``dl.training.progress.timestamp``, or ``None``.
+        saved_iteration: ``dl.training.checkpoint.iteration{operation=save}``, or ``None``.
+        loaded_iteration: ``dl.training.checkpoint.iteration{operation=load}``, or ``None``.
+        checkpoint_age_s: ``dl.training.checkpoint.age``, or ``None``.
+        sm_clock_hz: Mean ``dl.gpu.clock.speed{dl.gpu.clock.domain=sm}`` of its devices.
+        temperature_c: Mean ``hw.temperature`` of its devices.
+    """
+
+    time_s: float
+    phase_s: tuple[float, ...] | None = None
+    open_phase: str | None = None
+    open_s: float = 0.0
+    iteration: int | None = None
+    progress_s: float | None = None
+    saved_iteration: int | None = None
+    loaded_iteration: int | None = None
+    checkpoint_age_s: float | None = None
+    sm_clock_hz: float | None = None
+    temperature_c: float | None = None
+
+
+@dataclass
+class PhaseSpan:
+    """A span of one of the ledger's phases (:data:`otel_training.health.ledger.PHASE_OF_SPAN`).
+
+    Attributes:
+        name: The span name.
+        phase: Its ledger code (``ledger.ITERATION`` for an iteration).
+        start_s: Start, Unix seconds.
+        end_s: End, or ``None`` when only its start line was written (never ended).
+        iteration: ``megatron.iteration``, or ``None``.
+        failed: Status ERROR not from truncation (the phase raised).
+        truncated: Ended at exit or on a signal (``otel_training.span.truncated``).
+    """
+
+    name: str
+    phase: int
+    start_s: float
+    end_s: float | None = None
+    iteration: int | None = None
+    failed: bool = False
+    truncated: bool = False
+
+
+@dataclass
+class Process:
+    """What one process (one rank of one attempt) left in the files.
+
+    Attributes:
+        rank: ``dl.rank``.
+        run_id: ``dl.run.id``.
+        job_id: ``dl.job.id``, or ``None``.
+        attempt: ``dl.run.attempt``, or ``None``.
+        created_s: ``process.creation.time``, Unix seconds, or ``None``.
+        resource: Its resource attributes (the last seen).
+        samples: Its ledger at each export, by time.
+        spans: Its phase spans, by start.
+        stacks: Its ``stacks`` records (thread stacks written when it suspected a hang).
+        first_s: Its earliest record, Unix seconds.
+        last_s: Its latest record (an export, a span start or end).
+        alive_s: The last evidence of life: ``last_s``, or the modification time of its files
+            when that is later by at most one export interval plus a second.
+        open_spans: Spans with a start line and no end line.
+        signal: ``SIGTERM`` (or another reason) when spans were truncated on a signal.
+        directories: The run directories its lines are in.
+    """
+
+    rank: int
+    run_id: str | None = None
+    job_id: str | None = None
+    attempt: int | None = None
+    created_s: float | None = None
+    resource: dict[str, Any] = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
+    spans: list[PhaseSpan] = field(default_factory=list)
+    stacks: list[dict[str, Any]] = field(default_factory=list)
+    first_s: float | None = None
+    last_s: float | None = None
+    alive_s: float | None = None
+    open_spans: int = 0
+    signal: str | None = None
+    directories: set[Path] = field(default_factory=set)
+
+    @property
+    def pipeline_rank(self) -> int | None:
+        """``dl.pipeline_parallel.rank``, or ``None``."""
+        value = self.resource.get("dl.pipeline_parallel.rank")
+        return value if isinstance(value, int) else None
+
+    @property
+    def start_s(self) -> float | None:
+        """``created_s``, else the first record."""
+        return self.created_s if self.created_s is not None else self.first_s
+
+    @property
+    def export_interval_s(self) -> float:
+        """The median time between its exports (the default, 5 s, with fewer than 3)."""
+        times = [s.time_s for s in self.samples]
+        gaps = sorted(b - a for a, b in zip(times, times[1:]) if b > a)
+        return gaps[len(gaps) // 2] if len(gaps) >= 2 else DEFAULT_EXPORT_INTERVAL_S
+
+    @property
+    def ledger(self) -> list[Sample]:
+        """The samples that carry the ledger's phase times."""
+        return [s for s in self.samples if s.phase_s is not None]
+
+    def see(self, time_s: float) -> None:
+        """Widens ``first_s``/``last_s`` to include ``time_s``."""
+        if self.first_s is None or time_s < self.first_s:
+            self.first_s = time_s
+        if self.last_s is None or time_s > self.last_s:
+            self.last_s = time_s
+
+
+@dataclass
+class Attempt:
+    """The processes of one attempt (incarnation) of the job.
+
+    Attributes:
+        number: ``dl.run.attempt``, else its position among the job's attempts (from 0).
+        numbered: ``number`` is ``dl.run.attempt`` (not a position).
+        processes: One per rank as a rule, by rank.
+    """
+
+    number: int
+    numbered: bool
+    processes: list[Process]
+
+    @property
+    def start_s(self) -> float:
+        """The first process start (``process.creation.time``)."""
+        return min(p.start_s for p in self.processes if p.start_s is not None)
+
+    @property
+    def end_s(self) -> float:
+        """The last evidence of life of any of its processes."""
+        return max(p.alive_s or p.last_s or p.start_s or 0.0 for p in self.processes)
+
+    @property
+    def run_ids(self) -> list[str]:
+        """Its run ids (one as a rule)."""
+        return sorted({p.run_id for p in self.processes if p.run_id is not None})
+
+
+@dataclass
+class Job:
+    """All processes of one job, and what was odd about its files.
+
+    Attributes:
+        job_id: ``dl.job.id``, else the run id without its attempt suffix; ``None`` when no
+            file named either.
+        directories: The run directories read.
+        processes: Every process found.
+        notes: Plain sentences for a person.
+        bytes_read: Bytes of files read.
+    """
+
+    job_id: str | None
+    directories: list[Path]
+    processes: list[Process] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    bytes_read: int = 0
+
+
+def attempts(processes: Iterable[Process]) -> list[Attempt]:
+    """The job's attempts (the module docstring), ordered by their first process start."""
+    numbered: dict[int, list[Process]] = {}
+    unnumbered: dict[tuple[str | None, int], list[Process]] = {}
+    by_run_rank: dict[tuple[str | None, int], list[Process]] = {}
+    for process in processes:
+        if process.start_s is None:
+            continue
+        if process.attempt is not None:
+            numbered.setdefault(process.attempt, []).append(process)
+        else:
+            by_run_rank.setdefault((process.run_id, process.rank), []).append(process)
+    for (run_id, _rank), group in by_run_rank.items():
+        for k, process in enumerate(sorted(group, key=lambda p: p.start_s or 0.0)):
+            unnumbered.setdefault((run_id, k), []).append(process)
+    groups: list[tuple[int | None, list[Process]]] = [
+        (number, group) for number, group in numbered.items()
+    ] + [(None, group) for group in unnumbered.values()]
+    groups.sort(key=lambda g: min(p.start_s or 0.0 for p in g[1]))
+    result = []
+    for position, (number, group) in enumerate(groups):
+        group.sort(key=lambda p: (p.rank, p.start_s or 0.0))
+        result.append(
+            Attempt(number if number is not None else position, number is not None, group)
+        )
+    return result
+
+
+def job_key(resource: Mapping[str, Any]) -> str | None:
+    """The job a resource belongs to: ``dl.job.id``, else ``dl.run.id`` without ``-a{N}``."""
+    job = resource.get("dl.job.id")
+    if job:
+        return str(job)
+    run = resource.get("dl.run.id")
+    return _ATTEMPT_SUFFIX.sub("", str(run)) if run else None
+
+
+def parse_time(text: Any) -> float | None:
+    """``process.creation.time`` (ISO 8601, ``2026-12-01T20:30:00.123Z``) as Unix seconds;
+    ``None`` when it is not one."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        moment = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=_dt.timezone.utc)
+    return moment.timestamp()

@@ -1,0 +1,740 @@
+"""Goodput and badput of a job over all of its attempts (``docs/health.md``, "Goodput").
+
+The one place goodput is defined; ``otel-training health`` and the report call
+:func:`account`. Per attempt i (:class:`~otel_training.health.evidence.Attempt`), from a
+reference rank (the lowest rank that exported the ledger until the attempt's end):
+
+- ``S_i``: the first ``process.creation.time`` of its processes; ``E_i``: their last evidence
+  of life (cut at ``S_{i+1}`` when attempts overlap). Wall time ``W = E_n - S_1``.
+- ``downtime``: ``S_{i+1} - E_i``, the gaps with no process of the job alive.
+- The reference rank's ledger splits ``[its creation, E_i]`` into the phases of
+  ``dl.training.phase`` (cumulative at each export; between exports the phase spans place
+  ``checkpoint_save``, ``checkpoint_load``, ``evaluate`` and ``warmup`` in time and the step
+  phases fill the rest; after the last export the spans do, and the step phases fill the rest
+  in the attempt's proportions). Time before the reference rank was created is ``startup``.
+- ``b_i``: when the step that attempt i+1 restored completed (``checkpoint.iteration
+  {operation=load}`` of attempt i+1; without a load, its first iteration - 1). The step phases
+  (``warmup``, ``data_loading``, ``forward_backward``, ``optimizer``, ``communication``,
+  ``other``) after ``b_i`` are ``lost_progress``: the steps after the restored iteration, and
+  the cut tail (the step in flight when the attempt ended). The last attempt loses nothing.
+- ``hang``: when at ``E_i`` the reference rank's progress age (``E_i`` minus its last completed
+  step) exceeded H for its phase (:mod:`otel_training.health.hang`), everything from that last
+  step to ``E_i`` (instead of ``lost_progress`` or any other bucket).
+- ``warmup_excess``: the first step of the process minus the attempt's median step
+  (:func:`otel_training.health.hang.median_step_s`), when that step is kept; the rest of it is
+  productive.
+- Of the kept steps: ``data_wait`` = ``data_loading``; productive = ``forward_backward +
+  optimizer + communication`` (+ the warm-up step less its excess); ``other`` = ``other``.
+- ``startup``, ``checkpoint_load``, ``checkpoint_save``, ``evaluate``: their phases.
+- ``other`` is then ``W`` minus productive minus the other buckets, so that the buckets and
+  productive time add up to ``W`` exactly.
+
+``goodput = productive / W``. Also per attempt, Meta's time-to-start (its first step's end
+minus ``S_i``) and time-to-recover (the first step's end of attempt i+1 minus ``E_i``).
+Nothing here raises.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from otel_training.health import hang as _hang
+from otel_training.health import ledger as _ledger
+from otel_training.health.evidence import Attempt, PhaseSpan, Process, Sample
+
+__all__ = [
+    "BUCKETS",
+    "AttemptAccount",
+    "JobAccount",
+    "account",
+    "Timeline",
+    "completion_s",
+    "is_live",
+    "last_progress",
+    "longest_phase_s",
+    "median_step_s",
+    "phase_at_end",
+    "reference_process",
+]
+
+#: The badput buckets, in the order of the JSON and the report.
+BUCKETS: Final = (
+    "startup",
+    "checkpoint_load",
+    "warmup_excess",
+    "checkpoint_save",
+    "evaluate",
+    "data_wait",
+    "lost_progress",
+    "hang",
+    "downtime",
+    "other",
+)
+#: How an attempt ended (:attr:`AttemptAccount.ended`).
+ENDINGS: Final = ("running", "hung", "completed", "exited", "killed", "failed", "sigterm")
+
+_N = len(_ledger.PHASES)
+STARTUP, CHECKPOINT_LOAD, WARMUP, DATA, FB, OPT, COMM, SAVE, EVALUATE, OTHER = range(_N)
+#: Phases placed in time by their spans.
+_PLACED = (CHECKPOINT_LOAD, SAVE, EVALUATE, WARMUP)
+#: The phases of the training loop: kept or lost with the steps.
+_LOOP = (WARMUP, DATA, FB, OPT, COMM, OTHER)
+#: The phases of a step after the first, that fill the time no span places.
+_STEP = (DATA, FB, OPT, COMM, OTHER)
+#: The phases of a step's own time (the median step).
+_STEP_TIME = (DATA, FB, OPT, COMM)
+
+
+@dataclass
+class AttemptAccount:
+    """One attempt's share of the job's wall time (the module docstring).
+
+    Attributes:
+        attempt: ``dl.run.attempt``, else its position.
+        numbered: ``attempt`` is ``dl.run.attempt``.
+        run_id: Its ``dl.run.id``.
+        start_s: ``S_i``, Unix seconds.
+        end_s: ``E_i`` (cut at the next attempt's start), Unix seconds.
+        reference_rank: The rank its account is taken from, or ``None`` (no ledger).
+        ranks: Its ranks.
+        resumed_from: The iteration its checkpoint load restored, or ``None``.
+        last_iteration: The last step it completed, or ``None``.
+        ended: How it ended, one of :data:`ENDINGS`.
+        productive_s: Productive seconds.
+        buckets: Seconds per bucket of :data:`BUCKETS` (its ``downtime`` is the gap after it).
+        lost_iterations: ``(first, last)`` completed steps lost, or ``None``.
+        median_step_s: Its median step, seconds, or ``None``.
+        hang_threshold_s: H at its end, seconds.
+        first_step_end_s: When its first step completed, Unix seconds, or ``None``.
+        time_to_start_s: ``first_step_end_s - start_s``, or ``None``.
+        time_to_recover_s: The next attempt's first step end minus ``end_s``, or ``None``.
+    """
+
+    attempt: int
+    numbered: bool
+    run_id: str | None
+    start_s: float
+    end_s: float
+    reference_rank: int | None
+    ranks: list[int]
+    resumed_from: int | None = None
+    last_iteration: int | None = None
+    ended: str = "exited"
+    productive_s: float = 0.0
+    buckets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
+    lost_iterations: tuple[int, int] | None = None
+    median_step_s: float | None = None
+    hang_threshold_s: float | None = None
+    first_step_end_s: float | None = None
+    time_to_start_s: float | None = None
+    time_to_recover_s: float | None = None
+
+    @property
+    def wall_s(self) -> float:
+        """Its seconds: ``end_s - start_s`` plus the downtime after it."""
+        return self.end_s - self.start_s + self.buckets["downtime"]
+
+
+@dataclass
+class JobAccount:
+    """The job's goodput (the module docstring).
+
+    Attributes:
+        start_s: ``S_1``, Unix seconds.
+        end_s: ``E_n``, Unix seconds.
+        wall_s: ``W``, seconds.
+        productive_s: Productive seconds.
+        goodput: ``productive_s / wall_s`` (0 for an empty job).
+        buckets: Seconds per bucket of :data:`BUCKETS`.
+        attempts: Per attempt.
+        notes: What limited the account, for a person.
+    """
+
+    start_s: float
+    end_s: float
+    wall_s: float
+    productive_s: float
+    goodput: float
+    buckets: dict[str, float]
+    attempts: list[AttemptAccount]
+    notes: list[str] = field(default_factory=list)
+
+
+# -- one process's phase times at any moment -----------------------------------------------
+
+
+def _merge(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _overlap(intervals: Sequence[tuple[float, float]], a: float, b: float) -> float:
+    total = 0.0
+    for start, end in intervals:
+        if end <= a:
+            continue
+        if start >= b:
+            break
+        total += min(end, b) - max(start, a)
+    return max(total, 0.0)
+
+
+class Timeline:
+    """One process's phase times (cumulative seconds per phase since its creation) at any
+    moment up to its last evidence of life, from its ledger samples and phase spans (see the
+    module docstring). ``at(t)[p]`` sums to ``t - created`` over the phases."""
+
+    def __init__(self, process: Process) -> None:
+        self.process = process
+        created = process.start_s or 0.0
+        self.created = created
+        self.end = max(process.alive_s or process.last_s or created, created)
+        samples = [s for s in process.ledger if s.time_s > created]
+        self.samples: list[Sample] = samples
+        self.times = [created] + [s.time_s for s in samples]
+        self.totals: list[tuple[float, ...]] = [(0.0,) * _N] + [s.phase_s for s in samples]  # type: ignore[misc]
+        spans: dict[int, list[tuple[float, float]]] = {p: [] for p in _PLACED}
+        iterations = []
+        for span in process.spans:
+            end = span.end_s if span.end_s is not None else self.end
+            if span.phase in spans:
+                spans[span.phase].append((span.start_s, end))
+            elif span.phase == _ledger.ITERATION:
+                iterations.append((span.start_s, end))
+        if not spans[WARMUP] and iterations:  # the first iteration of a process is its warm-up
+            spans[WARMUP].append(min(iterations))
+            iterations.remove(min(iterations))
+        self.intervals = {p: _merge(v) for p, v in spans.items()}
+        #: The steps after the warm-up (per-step spans): a step's own time, the rest is other.
+        self.steps = _merge(
+            [i for i in iterations if not spans[WARMUP] or i[0] >= spans[WARMUP][0][1]]
+        )
+        warmup = self.intervals[WARMUP]
+        self.first_iteration_s: float | None = warmup[0][0] if warmup else None
+        if self.first_iteration_s is None:
+            # the first sample with warm-up time: startup and loads came before it
+            for t, totals in zip(self.times, self.totals):
+                if totals[WARMUP] > 0:
+                    self.first_iteration_s = t - totals[WARMUP]
+                    break
+        self.shares = self._step_shares()
+
+    def _step_shares(self) -> tuple[float, ...]:
+        """Each step phase's share of the step phases' time in the last samples where steps
+        ran (the proportions the time after the last export is split in)."""
+        found = [0.0] * _N
+        for i in range(len(self.samples) - 1, 0, -1):
+            a, b = self.samples[i - 1], self.samples[i]
+            if (a.iteration or 0) >= (b.iteration or 0):
+                continue
+            for p in _STEP:
+                found[p] += b.phase_s[p] - a.phase_s[p]  # type: ignore[index]
+            if sum(found) > 0 and i < len(self.samples) - 3:
+                break
+        if sum(found) <= 0 and self.totals:
+            found = [self.totals[-1][p] if p in _STEP else 0.0 for p in range(_N)]
+        total = sum(found)
+        if total <= 0:
+            return tuple(1.0 if p == OTHER else 0.0 for p in range(_N))
+        return tuple(v / total for v in found)
+
+    def at(self, t: float) -> list[float]:
+        """Cumulative seconds per phase at Unix time ``t`` (clamped to the process's life)."""
+        t = min(max(t, self.created), self.end)
+        k = bisect.bisect_right(self.times, t) - 1
+        base = list(self.totals[k])
+        if k + 1 < len(self.times):
+            portion = self._within(k, t)
+        else:
+            portion = self._after(t)
+        return [b + p for b, p in zip(base, portion)]
+
+    def _within(self, k: int, t: float) -> list[float]:
+        """The phase time between sample k and ``t``, before sample k + 1."""
+        a, c = self.times[k], self.times[k + 1]
+        delta = [y - x for x, y in zip(self.totals[k], self.totals[k + 1])]
+        if c <= a:
+            return [0.0] * _N
+        result = [0.0] * _N
+        fraction = (t - a) / (c - a)
+        for p in _PLACED:
+            if delta[p] <= 0:
+                continue
+            whole = _overlap(self.intervals[p], a, c)
+            result[p] = delta[p] * (
+                _overlap(self.intervals[p], a, t) / whole if whole > 0 else fraction
+            )
+        if delta[STARTUP] > 0:
+            first = self.first_iteration_s
+            if first is not None and first > a:
+                result[STARTUP] = min(
+                    delta[STARTUP], max(0.0, min(t, first) - a - result[CHECKPOINT_LOAD])
+                )
+            else:
+                result[STARTUP] = delta[STARTUP] * fraction
+        step_total = sum(delta[p] for p in _STEP)
+        if step_total > 0:
+            room = min(max((t - a) - sum(result), 0.0), step_total)
+            self._split(result, delta, room, a, t, _overlap(self.steps, a, c))
+        return result
+
+    def _split(
+        self, result: list[float], delta: Sequence[float], room: float, a: float, t: float,
+        whole: float,
+    ) -> None:  # fmt: skip
+        """Adds ``room`` seconds of step phases to ``result`` in the proportions of ``delta``;
+        with per-step spans, their overlap with ``[a, t]`` (scaled to the steps' own time in
+        ``delta``, ``whole`` their overlap with the interval) is the steps' own time and the
+        rest ``other``."""
+        own = sum(delta[p] for p in _STEP_TIME)
+        if self.steps and own > 0 and whole > 0:
+            part = min(own * _overlap(self.steps, a, t) / whole, room)
+            for p in _STEP_TIME:
+                result[p] += delta[p] * part / own
+            result[OTHER] += room - part
+            return
+        total = sum(delta[p] for p in _STEP)
+        for p in _STEP:
+            result[p] += delta[p] * room / total
+
+    def _after(self, t: float) -> list[float]:
+        """The phase time between the last sample and ``t``: placed by the spans, the rest
+        startup before the first iteration, else the step phases in the attempt's
+        proportions (or the phase open at the last sample, when it had been open longer than
+        the time since)."""
+        a = self.times[-1]
+        result = [0.0] * _N
+        if t <= a:
+            return result
+        for p in _PLACED:
+            result[p] = _overlap(self.intervals[p], a, t)
+        rest = max((t - a) - sum(result), 0.0)
+        first = self.first_iteration_s
+        begun = first is not None and first <= t
+        if not begun:
+            open_phase = self.samples[-1].open_phase if self.samples else "startup"
+            result[CHECKPOINT_LOAD if open_phase == "checkpoint_load" else STARTUP] += rest
+            return result
+        if first is not None and first > a:
+            before = max(0.0, first - a - _overlap(self.intervals[CHECKPOINT_LOAD], a, first))
+            before = min(before, rest)
+            result[STARTUP] += before
+            rest -= before
+        last = self.samples[-1] if self.samples else None
+        if last is not None and last.open_phase in _hang.STEP_PHASES:
+            stuck = _ledger.PHASES.index(last.open_phase)
+            if last.open_s > 0 and last.open_s >= (t - a):  # it had been open longer
+                result[stuck] += rest
+                return result
+        shares = self.shares
+        own_share = sum(shares[p] for p in _STEP_TIME)
+        if self.steps and own_share > 0:  # per-step spans: their time is the steps' own
+            own = min(_overlap(self.steps, a, t), rest)
+            for p in _STEP_TIME:
+                result[p] += own * shares[p] / own_share
+            result[OTHER] += rest - own
+            return result
+        for p in _STEP:
+            result[p] += rest * shares[p]
+        return result
+
+    def step_samples(self) -> list[tuple[float, float]]:
+        """``(iteration, step time)`` after the first completed step, for the median step:
+        the samples taken after the warm-up step, and before them the warm-up step's own
+        iteration with no step time (the step phases count from its end)."""
+        found = [
+            (s.iteration, sum(s.phase_s[p] for p in _STEP_TIME))  # type: ignore[index]
+            for s in self.samples
+            if s.iteration is not None and s.phase_s is not None and s.open_phase != "warmup"
+            and s.phase_s[WARMUP] > 0
+        ]  # fmt: skip
+        first = self.warmup_iteration()
+        if first is not None and (not found or found[0][0] > first):
+            found.insert(0, (first, 0.0))
+        return found
+
+    def warmup_iteration(self) -> int | None:
+        """The iteration of the process's first step (its warm-up), or ``None``."""
+        for span in self.process.spans:
+            if span.phase == WARMUP and span.iteration is not None:
+                return span.iteration
+        iterations = [s for s in self.process.spans if s.phase == _ledger.ITERATION]
+        if iterations and iterations[0].iteration is not None:
+            return iterations[0].iteration
+        loaded = _loaded(self.process)
+        return None if loaded is None else loaded + 1
+
+
+# -- an attempt's facts ------------------------------------------------------------------------
+
+
+def _iteration_spans(process: Process) -> list[PhaseSpan]:
+    return [
+        s
+        for s in process.spans
+        if s.phase == _ledger.ITERATION and s.end_s is not None and not s.failed and not s.truncated
+    ]
+
+
+def completion_s(process: Process, iteration: int) -> float | None:
+    """When ``process`` completed step ``iteration`` (Unix seconds), from the best evidence
+    its files hold, in order: the iteration span's end; a sample whose progress is that step
+    (its timestamp); a sample whose last save holds it (export time minus checkpoint age); the
+    start of the save of that step; the progress timestamps of the samples around it,
+    interpolated. ``None`` when none tells."""
+    for span in _iteration_spans(process):
+        if span.iteration == iteration:
+            return span.end_s
+    for sample in process.samples:
+        if sample.iteration == iteration and sample.progress_s is not None:
+            return sample.progress_s
+    for sample in process.samples:
+        if sample.saved_iteration == iteration and sample.checkpoint_age_s is not None:
+            return sample.time_s - sample.checkpoint_age_s
+    for span in process.spans:
+        if span.phase == _ledger.CHECKPOINT_SAVE and span.iteration == iteration:
+            return span.start_s
+    points = sorted(
+        (s.iteration, s.progress_s)
+        for s in process.samples
+        if s.iteration is not None and s.progress_s is not None
+    )
+    below = [p for p in points if p[0] < iteration]
+    above = [p for p in points if p[0] > iteration]
+    if below and above:
+        (i0, t0), (i1, t1) = below[-1], above[0]
+        return t0 + (t1 - t0) * (iteration - i0) / (i1 - i0)
+    return None
+
+
+def last_progress(
+    process: Process, before_s: float | None = None
+) -> tuple[int | None, float | None]:
+    """The last completed step of ``process`` (the highest iteration seen) and when it last
+    progressed (Unix seconds; up to ``before_s`` when given), from its samples, its iteration
+    spans and warm-up span (their ends), its checkpoint saves and evaluations (their starts:
+    the step they hold had completed); after a load and before any step, the load."""
+    iteration: int | None = None
+    when: float | None = None
+
+    def see(i: int | None, t: float | None) -> None:
+        nonlocal iteration, when
+        if before_s is not None and t is not None and t > before_s:
+            return
+        if i is not None and (iteration is None or i > iteration):
+            iteration = i
+        if t is not None and (when is None or t > when):
+            when = t
+
+    for sample in process.samples:
+        if sample.progress_s is not None:
+            see(sample.iteration, sample.progress_s)
+    for span in process.spans:
+        if span.failed or span.truncated:
+            continue
+        if span.phase in (_ledger.ITERATION, WARMUP) and span.end_s is not None:
+            see(span.iteration, span.end_s)
+        elif span.phase in (SAVE, EVALUATE) and span.iteration is not None:
+            see(span.iteration, span.start_s)
+    return iteration, when
+
+
+def _loaded(process: Process) -> int | None:
+    """The iteration the attempt's load restored."""
+    for sample in process.samples:
+        if sample.loaded_iteration is not None:
+            return sample.loaded_iteration
+    for span in process.spans:
+        if span.phase == _ledger.CHECKPOINT_LOAD and span.iteration is not None and not span.failed:
+            return span.iteration
+    return None
+
+
+def _first_iteration(process: Process) -> int | None:
+    """The first step the process completed, or ``None``."""
+    found = [s.iteration for s in _iteration_spans(process) if s.iteration is not None]
+    found += [
+        s.iteration
+        for s in process.spans
+        if s.phase == WARMUP and s.iteration is not None and s.end_s is not None and not s.failed
+    ]
+    found += [s.iteration for s in process.samples if s.iteration is not None]
+    loaded = _loaded(process)
+    if loaded is not None:
+        found = [i for i in found if i > loaded]
+    return min(found) if found else None
+
+
+def median_step_s(process: Process, timeline: Timeline | None = None) -> float | None:
+    """The median step of ``process``, seconds: of its iteration spans after the first (each
+    step exactly) when it has two or more, else :func:`otel_training.health.hang.median_step_s`
+    of its export samples (``None`` when neither tells)."""
+    durations = [
+        s.end_s - s.start_s
+        for s in _iteration_spans(process)
+        if s.end_s is not None and s.phase == _ledger.ITERATION
+    ]
+    if len(durations) >= 2:
+        return statistics.median(durations)
+    timeline = timeline or Timeline(process)
+    return _hang.median_step_s(timeline.step_samples())
+
+
+def reference_process(attempt: Attempt, end_s: float) -> Process | None:
+    """The lowest rank of ``attempt`` that exported the ledger until within one export
+    interval (plus a second) of ``end_s``; else the one that exported last."""
+    with_ledger = [p for p in attempt.processes if p.ledger]
+    if not with_ledger:
+        return None
+    complete = [
+        p
+        for p in with_ledger
+        if (p.alive_s or p.last_s or 0.0) >= end_s - p.export_interval_s - 1.0
+    ]
+    if complete:
+        return min(complete, key=lambda p: (p.rank, -(p.alive_s or 0.0)))
+    return max(with_ledger, key=lambda p: p.alive_s or p.last_s or 0.0)
+
+
+def longest_phase_s(process: Process, phase: str, before_s: float) -> float | None:
+    """The longest completed occurrence of ``phase`` on ``process`` that ended before
+    ``before_s``, seconds (spans, else the open times of its samples)."""
+    code = _ledger.PHASES.index(phase) if phase in _ledger.PHASES else -1
+    spans = [
+        s.end_s - s.start_s
+        for s in process.spans
+        if s.phase == code and s.end_s is not None and s.end_s < before_s
+    ]
+    if spans:
+        return max(spans)
+    runs, current = [], 0.0
+    for sample in process.samples:
+        if sample.open_phase == phase:
+            current = max(current, sample.open_s)
+        elif current:
+            runs.append(current)
+            current = 0.0
+    return max(runs) if runs else None
+
+
+def phase_at_end(process: Process, timeline: Timeline, end_s: float) -> str:
+    last = timeline.samples[-1] if timeline.samples else None
+    phase = last.open_phase if last is not None and last.open_phase else "other"
+    after = last.time_s if last is not None else timeline.created
+    for span in process.spans:
+        if span.start_s > after and (span.end_s is None or span.end_s >= end_s):
+            name = {
+                _ledger.ITERATION: "forward_backward",
+            }.get(span.phase)
+            phase = name or _ledger.PHASES[span.phase]
+            after = span.start_s
+    return phase
+
+
+# -- the account ------------------------------------------------------------------------------
+
+
+def account(
+    attempts: Sequence[Attempt],
+    policy: _hang.HangPolicy | None = None,
+    *,
+    now_s: float | None = None,
+    live_s: float | None = None,
+) -> JobAccount:
+    """Goodput and badput of the job whose attempts are ``attempts`` (ordered).
+
+    Args:
+        attempts: The job's attempts, ordered (:func:`otel_training.health.evidence.attempts`).
+        policy: The hang thresholds (default: the defaults).
+        now_s: Now, Unix seconds: an attempt whose last evidence is within ``live_s`` of it is
+            ``running`` (``None``: none is).
+        live_s: How recent the last evidence of a running attempt is, seconds (default: two
+            export intervals plus a second).
+    """
+    policy = policy or _hang.HangPolicy()
+    notes: list[str] = []
+    if not attempts:
+        return JobAccount(0.0, 0.0, 0.0, 0.0, 0.0, dict.fromkeys(BUCKETS, 0.0), [], notes)
+    starts = [a.start_s for a in attempts]
+    ends = [a.end_s for a in attempts]
+    accounts: list[AttemptAccount] = []
+    for i, attempt in enumerate(attempts):
+        end = min(ends[i], starts[i + 1]) if i + 1 < len(attempts) else ends[i]
+        end = max(end, starts[i])
+        following = attempts[i + 1] if i + 1 < len(attempts) else None
+        accounts.append(_attempt(attempt, starts[i], end, following, policy, now_s, live_s, notes))
+    for i, item in enumerate(accounts):
+        if i + 1 < len(accounts):
+            item.buckets["downtime"] = max(0.0, starts[i + 1] - ends[i])
+            next_first = accounts[i + 1].first_step_end_s
+            if next_first is not None:
+                item.time_to_recover_s = next_first - ends[i]
+    start, end = starts[0], max(a.end_s for a in accounts)
+    wall = end - start
+    buckets = {b: sum(a.buckets[b] for a in accounts) for b in BUCKETS}
+    productive = sum(a.productive_s for a in accounts)
+    return JobAccount(
+        start, end, wall, productive, productive / wall if wall > 0 else 0.0, buckets,
+        accounts, notes,
+    )  # fmt: skip
+
+
+def _attempt(
+    attempt: Attempt,
+    start: float,
+    end: float,
+    following: Attempt | None,
+    policy: _hang.HangPolicy,
+    now_s: float | None,
+    live_s: float | None,
+    notes: list[str],
+) -> AttemptAccount:
+    ranks = sorted({p.rank for p in attempt.processes})
+    run_ids = attempt.run_ids
+    item = AttemptAccount(
+        attempt.number, attempt.numbered, run_ids[0] if run_ids else None, start, end, None, ranks
+    )
+    reference = reference_process(attempt, attempt.end_s)
+    if reference is None:
+        item.buckets["other"] = end - start
+        notes.append(
+            f"Attempt {attempt.number}: no rank exported the health ledger "
+            "(dl.training.phase.time); its time is counted as other."
+        )
+        live = following is None and is_live(attempt, now_s, live_s)
+        item.ended = _ending(attempt, None, False, following is None, live)
+        return item
+    item.reference_rank = reference.rank
+    timeline = Timeline(reference)
+    item.resumed_from = _loaded(reference)
+    last_iteration, last_progress_s = last_progress(reference)
+    item.last_iteration = last_iteration
+    median = median_step_s(reference, timeline)
+    item.median_step_s = median
+    warmup = timeline.intervals[WARMUP]
+    if warmup:
+        item.first_step_end_s = warmup[0][1]
+    else:
+        first = _first_iteration(reference)
+        item.first_step_end_s = None if first is None else completion_s(reference, first)
+    if item.first_step_end_s is not None:
+        item.time_to_start_s = item.first_step_end_s - start
+    own_end = min(timeline.end, end)
+    gap = max(end - own_end, 0.0)
+    # the hang at the end: no progress for longer than H in the phase open then
+    phase = phase_at_end(reference, timeline, own_end)
+    threshold = policy.threshold_s(phase, median, longest_phase_s(reference, phase, own_end))
+    item.hang_threshold_s = threshold
+    progress_at = last_progress_s if last_progress_s is not None else timeline.created
+    # judged at its end, or now while it runs (as hang.judge judges it)
+    live = following is None and is_live(attempt, now_s, live_s)
+    judged = now_s if live and now_s is not None else end
+    hung = judged - progress_at > threshold
+    end_vec = timeline.at(own_end)
+    if hung:
+        cut_at = min(max(progress_at, timeline.created), own_end)
+        cut_vec = timeline.at(cut_at)
+        item.buckets["hang"] = sum(end_vec) - sum(cut_vec) + gap
+        gap = 0.0
+    else:
+        cut_at, cut_vec = own_end, end_vec
+    # the steps after the iteration the next attempt restored are lost
+    boundary = None
+    first = _first_iteration(reference)
+    if following is not None:
+        restored = _restored(following)
+        if restored is None:
+            notes.append(
+                f"Attempt {attempt.number}: what the next attempt resumed from is not in the "
+                "files (no checkpoint load, no iteration); no progress is counted as lost."
+            )
+        elif (item.resumed_from is not None and restored <= item.resumed_from) or (
+            first is not None and restored < first
+        ):
+            boundary = timeline.created  # the next attempt kept no step of this one
+        else:
+            boundary = completion_s(reference, restored)
+            if boundary is None and (last_iteration is None or restored < last_iteration):
+                boundary = timeline.created
+                notes.append(
+                    f"Attempt {attempt.number}: when step {restored} completed is not in the "
+                    "files; all of its steps are counted as lost."
+                )
+        if restored is not None and last_iteration is not None and last_iteration > restored:
+            lost_from = max(restored + 1, first if first is not None else restored + 1)
+            item.lost_iterations = (lost_from, last_iteration)
+    keep_vec = cut_vec if boundary is None else timeline.at(min(boundary, cut_at))
+    lost = sum(max(cut_vec[p] - keep_vec[p], 0.0) for p in _LOOP)
+    if boundary is not None:  # the reference rank ended first: the others' time is lost too
+        lost += gap
+    buckets = item.buckets
+    buckets["startup"] = cut_vec[STARTUP] + max((reference.start_s or start) - start, 0.0)
+    buckets["checkpoint_load"] = cut_vec[CHECKPOINT_LOAD]
+    buckets["checkpoint_save"] = cut_vec[SAVE]
+    buckets["evaluate"] = cut_vec[EVALUATE]
+    buckets["lost_progress"] = lost
+    warm = keep_vec[WARMUP]
+    excess = max(warm - median, 0.0) if warm > 0 and median is not None else 0.0
+    buckets["warmup_excess"] = excess
+    buckets["data_wait"] = keep_vec[DATA]
+    item.productive_s = (warm - excess) + keep_vec[FB] + keep_vec[OPT] + keep_vec[COMM]
+    known = item.productive_s + sum(v for k, v in buckets.items() if k not in ("other", "downtime"))
+    buckets["other"] = max((end - start) - known, 0.0)  # the ledger's other, and the rest
+    if known > (end - start) + 1e-6:  # rounding of the samples: take it from productive
+        item.productive_s = max(item.productive_s - (known - (end - start)), 0.0)
+    item.ended = _ending(attempt, reference, hung, following is None, live)
+    return item
+
+
+def _restored(attempt: Attempt) -> int | None:
+    """The iteration attempt i+1 restored: its load, else its first step - 1."""
+    loads = [x for x in (_loaded(p) for p in attempt.processes) if x is not None]
+    if loads:
+        return min(loads)
+    firsts = [x for x in (_first_iteration(p) for p in attempt.processes) if x is not None]
+    return min(firsts) - 1 if firsts else None
+
+
+def is_live(attempt: Attempt, now_s: float | None, live_s: float | None = None) -> bool:
+    """Whether ``attempt`` still runs at ``now_s``: its last evidence is within ``live_s``
+    (default: two export intervals plus a second) and not every process shut down (a
+    shutdown ends all of a process's spans)."""
+    if now_s is None:
+        return False
+    window = live_s
+    if window is None:
+        window = _hang.silence_s(max(p.export_interval_s for p in attempt.processes))
+    closed = all(p.spans and not p.open_spans for p in attempt.processes)
+    return now_s - attempt.end_s <= window and not closed
+
+
+def _ending(attempt: Attempt, reference: Process | None, hung: bool, last: bool, live: bool) -> str:
+    processes = attempt.processes
+    if live:
+        return "hung" if hung else "running"
+    if hung:
+        return "hung"
+    ordered = ([reference] if reference is not None else []) + list(processes)
+    for process in ordered:
+        if process.signal:
+            return process.signal.lower()
+    if reference is not None:
+        iterations = _iteration_spans(reference)
+        failed = [s for s in reference.spans if s.phase == _ledger.ITERATION and s.failed]
+        if failed and (not iterations or failed[-1].start_s > (iterations[-1].end_s or 0.0)):
+            return "failed"
+    if any(p.open_spans for p in processes):
+        return "killed"
+    return "completed" if last else "exited"

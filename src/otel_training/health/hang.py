@@ -1,0 +1,246 @@
+"""Hangs: the threshold H, stalled ranks, a hung job and its culprits (``docs/health.md``).
+
+The one place these are defined. Each rank's watchdog (:mod:`otel_training.health.watchdog`)
+applies :meth:`HangPolicy.threshold_s` to its own ledger; ``otel-training health`` and the
+report apply it and :func:`judge` to the embedded default's files; the Prometheus rules of
+``collector-config/rules/training.yaml`` are the same definitions in PromQL. Everything here is
+pure arithmetic on numbers given by the caller: no clock, no I/O, nothing raises.
+
+**Threshold.** H depends on the phase a rank is in (the ledger's innermost phase):
+
+- a step phase (``data_loading``, ``forward_backward``, ``optimizer``, ``communication``,
+  ``other``): ``max(5 x median step, floor)``, floor 60 s
+  (``OTEL_PYTHON_TRAINING_HANG_FLOOR_S``); 5 is NVRx's safety factor;
+- ``checkpoint_save``, ``checkpoint_load``, ``evaluate``: ``max(2 x the longest one seen on
+  this rank, 600 s, the step threshold)`` (``OTEL_PYTHON_TRAINING_HANG_PHASE_BUDGET_S``), so
+  a long save is no hang (FlagScale PR #1267);
+- ``startup``, ``warmup``: ``max(1800 s, the step threshold)``
+  (``OTEL_PYTHON_TRAINING_HANG_STARTUP_S``; NVRx's initial timeout).
+
+The median step is :func:`median_step_s` of the rank's own samples.
+
+**Stalled, hung, culprits.** A rank is *stalled* when its progress age (seconds since its last
+completed optimizer step, or since the load or process start before one) exceeds H for its
+phase; *silent* when its exports stopped (:func:`silence_s`) while another rank of the attempt
+still exports (a GIL held by a C call, SIGSTOP, death). The job is *hung* when every exporting
+rank is stalled (every rank, when none exports). Its culprits are the ranks of the first of
+these rules that names any (:data:`CULPRIT_RULES`):
+
+1. ``silent``: the silent ranks;
+2. ``outside_communication``: while at least half of the ranks are in ``communication``, the
+   ranks that are not (they never reached the collective the others wait in);
+3. ``lowest_progress``: the ranks with the lowest progress iteration, when the ranks differ.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+__all__ = [
+    "CULPRIT_RULES",
+    "DEFAULT_FLOOR_S",
+    "DEFAULT_PHASE_BUDGET_S",
+    "DEFAULT_STARTUP_S",
+    "INITIAL_PHASES",
+    "LONG_PHASES",
+    "STEP_PHASES",
+    "HangPolicy",
+    "HangVerdict",
+    "RankState",
+    "judge",
+    "median_step_s",
+    "silence_s",
+]
+
+#: Floor of H in a step phase, seconds (``OTEL_PYTHON_TRAINING_HANG_FLOOR_S``).
+DEFAULT_FLOOR_S: Final = 60.0
+#: Least H of a checkpoint save or load or an evaluation, seconds
+#: (``OTEL_PYTHON_TRAINING_HANG_PHASE_BUDGET_S``).
+DEFAULT_PHASE_BUDGET_S: Final = 600.0
+#: H of startup and warm-up, seconds (``OTEL_PYTHON_TRAINING_HANG_STARTUP_S``).
+DEFAULT_STARTUP_S: Final = 1800.0
+#: H in a step phase is this many median steps (NVRx's safety factor), at least the floor.
+STEP_FACTOR: Final = 5.0
+#: H in a long phase is this many times the longest one of that phase seen on the rank.
+PHASE_FACTOR: Final = 2.0
+#: The phases of a training step, and ``other`` (between steps).
+STEP_PHASES: Final = frozenset(
+    {"data_loading", "forward_backward", "optimizer", "communication", "other"}
+)
+#: Phases that may legitimately last long without progress: their own budget.
+LONG_PHASES: Final = frozenset({"checkpoint_save", "checkpoint_load", "evaluate"})
+#: Before the first step of a process completes.
+INITIAL_PHASES: Final = frozenset({"startup", "warmup"})
+#: The phases summed per step for the median step (a step's own time; ``other`` and the long
+#: phases are not part of a step).
+STEP_TIME_PHASES: Final = ("data_loading", "forward_backward", "optimizer", "communication")
+#: A rank is silent after this many export intervals without an export (plus one second).
+SILENT_INTERVALS: Final = 2.0
+#: Rule 2 applies while at least this share of the ranks is in ``communication``.
+COMMUNICATION_MAJORITY: Final = 0.5
+#: The culprit rules, in order of precedence.
+CULPRIT_RULES: Final = ("silent", "outside_communication", "lowest_progress")
+
+
+@dataclass(frozen=True)
+class HangPolicy:
+    """The numbers of H (see the module docstring), all in seconds.
+
+    Attributes:
+        floor_s: Least H in a step phase.
+        phase_budget_s: Least H in ``checkpoint_save``, ``checkpoint_load``, ``evaluate``.
+        startup_s: H in ``startup`` and ``warmup``.
+        step_factor: H in a step phase is this many median steps.
+        phase_factor: H in a long phase is this many times the longest one seen.
+    """
+
+    floor_s: float = DEFAULT_FLOOR_S
+    phase_budget_s: float = DEFAULT_PHASE_BUDGET_S
+    startup_s: float = DEFAULT_STARTUP_S
+    step_factor: float = STEP_FACTOR
+    phase_factor: float = PHASE_FACTOR
+
+    def step_threshold_s(self, median_step_s: float | None) -> float:
+        """H in a step phase: ``max(step_factor x median_step_s, floor_s)``; the floor while
+        the median step is not known (``None``)."""
+        if median_step_s is None or not median_step_s > 0:
+            return self.floor_s
+        return max(self.step_factor * median_step_s, self.floor_s)
+
+    def threshold_s(
+        self,
+        phase: str | None,
+        median_step_s: float | None = None,
+        longest_s: float | None = None,
+    ) -> float:
+        """H for a rank whose innermost phase is ``phase``.
+
+        Args:
+            phase: A value of ``dl.training.phase`` (``None`` or another value: a step phase).
+            median_step_s: The rank's median step time, seconds (:func:`median_step_s`).
+            longest_s: The longest completed occurrence of ``phase`` seen on the rank,
+                seconds (used for the long phases).
+        """
+        step = self.step_threshold_s(median_step_s)
+        if phase in LONG_PHASES:
+            longest = self.phase_factor * longest_s if longest_s and longest_s > 0 else 0.0
+            return max(longest, self.phase_budget_s, step)
+        if phase in INITIAL_PHASES:
+            return max(self.startup_s, step)
+        return step
+
+
+def median_step_s(samples: Iterable[tuple[float, float]]) -> float | None:
+    """The median step time, seconds, of one rank from samples ``(iteration, step time)``
+    taken over time: ``iteration`` its progress (last completed optimizer step), ``step time``
+    its cumulative ``data_loading + forward_backward + optimizer + communication`` phase time
+    (:data:`STEP_TIME_PHASES`). Each pair of consecutive samples whose iteration advanced
+    gives one mean step (step time gained / iterations gained); the median of those. ``None``
+    with fewer than one such pair. Samples taken while the warm-up step ran (its time is the
+    ``warmup`` phase, not a step phase) give short means: leave out samples before the first
+    completed step."""
+    means = []
+    previous: tuple[float, float] | None = None
+    for iteration, total in samples:
+        if previous is not None and iteration > previous[0] and total >= previous[1]:
+            means.append((total - previous[1]) / (iteration - previous[0]))
+        previous = (iteration, total)
+    return statistics.median(means) if means else None
+
+
+def silence_s(export_interval_s: float) -> float:
+    """Seconds without an export after which a rank is silent: two export intervals plus one
+    second (an export that is late by less than an interval is not silence)."""
+    return SILENT_INTERVALS * max(export_interval_s, 0.0) + 1.0
+
+
+@dataclass(frozen=True)
+class RankState:
+    """One rank as a judge of a hang sees it, at one moment.
+
+    Attributes:
+        rank: ``dl.rank``.
+        phase: Its innermost phase at its last export (``dl.training.phase.elapsed > 0``).
+        progress_age_s: Seconds from its last completed step (or load, or process start) to
+            the moment judged.
+        threshold_s: H for ``phase`` on this rank (:meth:`HangPolicy.threshold_s`).
+        iteration: Its progress iteration, or ``None`` before any.
+        silent: Its exports stopped while another rank's go on (see :func:`silence_s`).
+    """
+
+    rank: int
+    phase: str
+    progress_age_s: float
+    threshold_s: float
+    iteration: int | None = None
+    silent: bool = False
+
+    @property
+    def stalled(self) -> bool:
+        """Its progress age exceeds H for its phase."""
+        return self.progress_age_s > self.threshold_s
+
+
+@dataclass(frozen=True)
+class HangVerdict:
+    """What :func:`judge` found.
+
+    Attributes:
+        stalled_ranks: Ranks whose progress age exceeds H for their phase, ascending.
+        silent_ranks: Ranks whose exports stopped while others' go on, ascending.
+        hung: Every exporting rank (every rank, when none exports) is stalled.
+        culprits: The ranks named by the first rule of :data:`CULPRIT_RULES` that names any
+            (empty when the job is not hung).
+        rule: That rule, or ``None``.
+        since_s: Seconds since the last progress of any rank (the smallest progress age).
+        phases: Each rank's innermost phase.
+    """
+
+    stalled_ranks: tuple[int, ...]
+    silent_ranks: tuple[int, ...]
+    hung: bool
+    culprits: tuple[int, ...]
+    rule: str | None
+    since_s: float
+    phases: Mapping[int, str] = field(default_factory=dict)
+
+
+def judge(states: Sequence[RankState]) -> HangVerdict:
+    """Stalled ranks, whether the job is hung, and its culprits (the module docstring's
+    rules), from the ranks of one attempt."""
+    ranks = sorted(states, key=lambda s: s.rank)
+    stalled = tuple(s.rank for s in ranks if s.stalled)
+    silent = tuple(s.rank for s in ranks if s.silent)
+    exporting = [s for s in ranks if not s.silent] or ranks
+    hung = bool(exporting) and all(s.stalled for s in exporting)
+    since = min((s.progress_age_s for s in ranks), default=0.0)
+    phases = {s.rank: s.phase for s in ranks}
+    culprits: tuple[int, ...] = ()
+    rule = None
+    if hung:
+        rule, culprits = _culprits(ranks)
+    return HangVerdict(stalled, silent, hung, culprits, rule, max(since, 0.0), phases)
+
+
+def _culprits(ranks: Sequence[RankState]) -> tuple[str | None, tuple[int, ...]]:
+    silent = [s.rank for s in ranks if s.silent]
+    if silent and len(silent) < len(ranks):
+        return "silent", tuple(silent)
+    in_communication = sum(1 for s in ranks if s.phase == "communication")
+    if in_communication and in_communication >= COMMUNICATION_MAJORITY * len(ranks):
+        outside = [s.rank for s in ranks if s.phase != "communication"]
+        if outside:
+            return "outside_communication", tuple(outside)
+    known = [s for s in ranks if s.iteration is not None]
+    iterations = {s.iteration for s in known}
+    if len(iterations) > 1 or (known and len(known) < len(ranks)):
+        lowest = min(iterations) if iterations else None
+        # a rank with no progress at all is behind every rank with some
+        behind = [s.rank for s in ranks if s.iteration is None] or [
+            s.rank for s in known if s.iteration == lowest
+        ]
+        return "lowest_progress", tuple(behind)
+    return None, ()

@@ -1,0 +1,428 @@
+"""``otel-training health``: goodput, a hang and its culprits, stragglers, for one job.
+
+:func:`assess_job` reads every attempt of the job that a directory shows
+(:mod:`otel_training.report.jobfiles`) and applies the definitions of
+:mod:`otel_training.health` (goodput, hang, straggler; ``docs/health.md``). The result,
+:class:`JobHealth`, is the JSON of ``otel-training health --json`` (:meth:`JobHealth.to_json`),
+the terminal summary (:func:`format_text`) and the report's "Run health" section. Works on a
+job that is still running or hung: ``now`` is the moment judged. Nothing here raises on a
+file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from otel_training import config
+from otel_training.health import goodput as _goodput
+from otel_training.health import hang as _hang
+from otel_training.health import straggler as _straggler
+from otel_training.health.evidence import Attempt, Job, Process, attempts
+from otel_training.health.ledger import PHASES
+from otel_training.report.jobfiles import job_directories, read_job
+
+__all__ = ["JobHealth", "assess_job", "format_text"]
+
+
+@dataclass
+class AttemptHealth:
+    """One attempt: its account, and its hang and stragglers."""
+
+    account: _goodput.AttemptAccount
+    attempt: Attempt
+    hang: _hang.HangVerdict | None = None
+    stacks: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    stragglers: _straggler.StragglerReport | None = None
+
+
+@dataclass
+class JobHealth:
+    """The health of one job (the module docstring).
+
+    Attributes:
+        job: ``dl.job.id`` (else the run id without its attempt suffix).
+        directories: The run directories read.
+        judged_s: The moment judged, Unix seconds.
+        account: Goodput and badput (:mod:`otel_training.health.goodput`).
+        attempts: Per attempt, with its hang verdict and stragglers.
+        policy: The hang thresholds used.
+        window_steps: Steps per straggler window asked for.
+        notes: What was odd about the files, or limited the figures.
+        processes: Every process read.
+    """
+
+    job: str | None
+    directories: list[Path]
+    judged_s: float
+    account: _goodput.JobAccount
+    attempts: list[AttemptHealth]
+    policy: _hang.HangPolicy
+    window_steps: int
+    notes: list[str] = field(default_factory=list)
+    processes: list[Process] = field(default_factory=list)
+
+    @property
+    def hang(self) -> AttemptHealth | None:
+        """The last attempt whose ranks were hung (at its end, or now while running)."""
+        for item in reversed(self.attempts):
+            if item.hang is not None and item.hang.hung:
+                return item
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        """The document of ``otel-training health --json`` (``docs/health.md``): times in Unix
+        seconds, durations in seconds; a value that is not a finite number is ``null`` (strict
+        JSON)."""
+        return _finite(self._document())
+
+    def _document(self) -> dict[str, Any]:
+        account = self.account
+        hang = self.hang
+        stragglers = [
+            {
+                "rank": s.rank,
+                "score": round(s.score, 4),
+                "cause": s.cause,
+                "windows": s.windows,
+                "attempt": item.account.attempt,
+                "excess_s": {k: round(v, 6) for k, v in s.excess_s.items()},
+            }
+            for item in self.attempts
+            if item.stragglers is not None
+            for s in item.stragglers.stragglers
+        ]
+        return {
+            "job": self.job,
+            "wall_s": account.wall_s,
+            "goodput": account.goodput,
+            "productive_s": account.productive_s,
+            "badput_s": dict(account.buckets),
+            "attempts": [_attempt_json(item) for item in self.attempts],
+            "hang": None if hang is None else _hang_json(hang),
+            "stragglers": stragglers,
+            "start": account.start_s,
+            "end": account.end_s,
+            "judged_at": self.judged_s,
+            "thresholds": {
+                "hang_floor_s": self.policy.floor_s,
+                "hang_phase_budget_s": self.policy.phase_budget_s,
+                "hang_startup_s": self.policy.startup_s,
+                "straggler_window_steps": self.window_steps,
+            },
+            "directories": [str(d) for d in self.directories],
+            "notes": list(self.notes),
+        }
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, infinities) as ``None``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _attempt_json(item: AttemptHealth) -> dict[str, Any]:
+    a = item.account
+    return {
+        "attempt": a.attempt,
+        "run_id": a.run_id,
+        "start": a.start_s,
+        "end": a.end_s,
+        "resumed_from": a.resumed_from,
+        "last_iteration": a.last_iteration,
+        "ended": a.ended,
+        "numbered": a.numbered,
+        "ranks": a.ranks,
+        "reference_rank": a.reference_rank,
+        "productive_s": a.productive_s,
+        "goodput": a.productive_s / a.wall_s if a.wall_s > 0 else 0.0,
+        "badput_s": dict(a.buckets),
+        "lost_iterations": list(a.lost_iterations) if a.lost_iterations else None,
+        "median_step_s": a.median_step_s,
+        "hang_threshold_s": a.hang_threshold_s,
+        "time_to_start_s": a.time_to_start_s,
+        "time_to_recover_s": a.time_to_recover_s,
+        "hang": None if item.hang is None or not item.hang.hung else _hang_json(item),
+    }
+
+
+def _hang_json(item: AttemptHealth) -> dict[str, Any]:
+    verdict = item.hang
+    assert verdict is not None
+    return {
+        "stalled_ranks": list(verdict.stalled_ranks),
+        "culprits": list(verdict.culprits),
+        "since_s": verdict.since_s,
+        "phases": {str(rank): phase for rank, phase in verdict.phases.items()},
+        "rule": verdict.rule,
+        "silent_ranks": list(verdict.silent_ranks),
+        "attempt": item.account.attempt,
+        "stacks": {str(rank): records for rank, records in item.stacks.items()},
+    }
+
+
+def assess_job(
+    directory: str | os.PathLike | None = None,
+    *,
+    now_s: float | None = None,
+    settings: config.Settings | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> JobHealth:
+    """The health of the job that ``directory`` shows (a run directory of it, or the output
+    directory; default: the environment's).
+
+    Args:
+        directory: Where to look (see :func:`otel_training.report.jobfiles.job_directories`).
+        now_s: The moment judged, Unix seconds (default: now): a job whose last evidence is
+            within two export intervals of it is running, and its hang is judged at it.
+        settings: The thresholds (default: :func:`otel_training.config.load` of ``environ``:
+            ``OTEL_PYTHON_TRAINING_HANG_*`` and ``OTEL_PYTHON_TRAINING_STRAGGLER_WINDOW_STEPS``).
+        environ: The variables to read instead of ``os.environ``.
+
+    Raises:
+        otel_training.report.RunNotFoundError: when ``directory`` holds no run.
+    """
+    settings = settings or config.load(environ)
+    now = time.time() if now_s is None else now_s
+    key, directories = job_directories(directory, environ)
+    job = read_job(directories, key)
+    return assess(
+        job, now_s=now, policy=settings.hang, window_steps=settings.straggler_window_steps
+    )
+
+
+def assess(
+    job: Job,
+    *,
+    now_s: float,
+    policy: _hang.HangPolicy | None = None,
+    window_steps: int = _straggler.DEFAULT_WINDOW_STEPS,
+) -> JobHealth:
+    """:func:`assess_job` of a job already read."""
+    policy = policy or _hang.HangPolicy()
+    ordered = attempts(job.processes)
+    account = _goodput.account(ordered, policy, now_s=now_s)
+    items = []
+    for attempt, attempt_account in zip(ordered, account.attempts):
+        item = AttemptHealth(attempt_account, attempt)
+        live = attempt is ordered[-1] and _goodput.is_live(attempt, now_s)
+        at = now_s if live else attempt.end_s
+        item.hang = judge_attempt(attempt, at, policy)
+        if item.hang.hung:
+            item.stacks = _stacks(attempt)
+        item.stragglers = _straggler.assess(_counters(attempt), window_steps)
+        items.append(item)
+    notes = list(job.notes) + list(account.notes)
+    for item in items:
+        report = item.stragglers
+        if report is not None and report.windows and not report.attributed:
+            notes.append(
+                f"Attempt {item.account.attempt}: no rank recorded the communication phase "
+                "(grad_sync('finish'), p2p receives, barriers), so waiting cannot be told from "
+                "working: straggler causes are unattributed."
+            )
+    return JobHealth(
+        job.job_id, job.directories, now_s, account, items, policy, window_steps, notes,
+        job.processes,
+    )  # fmt: skip
+
+
+def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _hang.HangVerdict:
+    """The hang verdict of ``attempt``'s ranks at ``at_s`` (:func:`otel_training.health.hang.
+    judge`): each rank's progress age from the last progress its files show before ``at_s``,
+    its phase from its last export (or a phase span started after it), silent when its last
+    export is older than :func:`otel_training.health.hang.silence_s` while another rank's is
+    not."""
+    processes = [p for p in attempt.processes if p.samples]
+    last_export = {
+        id(p): max((s.time_s for s in p.samples if s.time_s <= at_s), default=None)
+        for p in processes
+    }
+    quiet = {
+        id(p): last_export[id(p)] is None
+        or at_s - last_export[id(p)] > _hang.silence_s(p.export_interval_s)  # type: ignore[operator]
+        for p in processes
+    }
+    anyone_exports = not all(quiet.values())
+    states = []
+    for process in processes:
+        iteration, progress = _goodput.last_progress(process, at_s)
+        if progress is None:
+            progress = process.start_s or process.samples[0].time_s
+        timeline = _goodput.Timeline(process)
+        phase = _goodput.phase_at_end(process, timeline, min(at_s, timeline.end))
+        states.append(
+            _hang.RankState(
+                rank=process.rank,
+                phase=phase,
+                progress_age_s=max(at_s - progress, 0.0),
+                threshold_s=policy.threshold_s(
+                    phase,
+                    _goodput.median_step_s(process, timeline),
+                    _goodput.longest_phase_s(process, phase, at_s),
+                ),
+                iteration=iteration,
+                silent=quiet[id(process)] and anyone_exports,
+            )
+        )
+    return _hang.judge(states)
+
+
+def _stacks(attempt: Attempt) -> dict[int, list[dict[str, Any]]]:
+    """The latest ``stacks`` record of each rank of ``attempt``."""
+    found = {}
+    for process in attempt.processes:
+        if process.stacks:
+            record = dict(process.stacks[-1])
+            record.pop("resource", None)
+            found[process.rank] = [record]
+    return found
+
+
+def _counters(attempt: Attempt) -> list[_straggler.RankCounters]:
+    """Each rank's busy and communication counters after its first completed step."""
+    result = []
+    index = {name: i for i, name in enumerate(PHASES)}
+    for process in attempt.processes:
+        rows = [
+            s
+            for s in process.ledger
+            if s.iteration is not None and s.phase_s[index["warmup"]] > 0  # type: ignore[index]
+            and s.open_phase != "warmup"
+        ]  # fmt: skip
+        if len(rows) < 2:
+            continue
+        clocks = [s.sm_clock_hz for s in process.samples if s.sm_clock_hz]
+        temperatures = [s.temperature_c for s in process.samples if s.temperature_c is not None]
+        result.append(
+            _straggler.RankCounters(
+                rank=process.rank,
+                iterations=[float(s.iteration) for s in rows],  # type: ignore[arg-type]
+                phase_s={
+                    phase: [s.phase_s[index[phase]] for s in rows]  # type: ignore[index]
+                    for phase in _straggler.PHASES
+                },
+                peer_group=process.pipeline_rank,
+                sm_clock_hz=sum(clocks) / len(clocks) if clocks else None,
+                temperature_c=sum(temperatures) / len(temperatures) if temperatures else None,
+            )
+        )
+    return result
+
+
+# -- the terminal summary ---------------------------------------------------------------------
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    if abs(seconds) < 120:
+        return f"{seconds:.1f} s"
+    minutes, s = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {s:02d} s"
+
+
+def _table(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right)]
+        lines.append("  " + "  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  " + "  ".join("-" * w for w in widths))
+    return lines
+
+
+def format_text(health: JobHealth) -> str:
+    """The terminal summary of ``otel-training health`` (plain text)."""
+    a = health.account
+    lines = [
+        f"job {health.job or '(unnamed)'}: {len(health.attempts)} attempt"
+        f"{'s' if len(health.attempts) != 1 else ''}, wall {_duration(a.wall_s)}, "
+        f"goodput {100 * a.goodput:.1f} % ({_duration(a.productive_s)} productive)",
+        "",
+    ]
+    header = ["", "total", *[f"attempt {x.account.attempt}" for x in health.attempts]]
+    rows = [header, ["productive", _duration(a.productive_s),
+                     *[_duration(x.account.productive_s) for x in health.attempts]]]  # fmt: skip
+    for name in _goodput.BUCKETS:
+        rows.append(
+            [name, _duration(a.buckets[name]),
+             *[_duration(x.account.buckets[name]) for x in health.attempts]]
+        )  # fmt: skip
+    lines += _table(rows, [False] + [True] * (len(header) - 1))
+    lines.append("")
+    rows = [["attempt", "run", "ranks", "resumed from", "last step", "lost steps", "ended",
+             "time to start", "time to recover"]]  # fmt: skip
+    for x in health.attempts:
+        acc = x.account
+        lost = acc.lost_iterations
+        rows.append(
+            [
+                str(acc.attempt) + ("" if acc.numbered else " (by start time)"),
+                acc.run_id or "–",
+                str(len(acc.ranks)),
+                "–" if acc.resumed_from is None else str(acc.resumed_from),
+                "–" if acc.last_iteration is None else str(acc.last_iteration),
+                "–" if lost is None else f"{lost[0]}–{lost[1]}",
+                acc.ended,
+                _duration(acc.time_to_start_s),
+                _duration(acc.time_to_recover_s),
+            ]
+        )
+    lines += _table(rows, [False, False, True, True, True, True, False, True, True])
+    hang = health.hang
+    lines.append("")
+    if hang is None:
+        lines.append("hang: none")
+    else:
+        v = hang.hang
+        assert v is not None
+        lines.append(
+            f"hang: attempt {hang.account.attempt} has made no progress for "
+            f"{_duration(v.since_s)}; stalled ranks {_ranks(v.stalled_ranks)}; culprit"
+            f"{'s' if len(v.culprits) != 1 else ''} {_ranks(v.culprits)}"
+            f" ({(v.rule or '').replace('_', ' ')})"
+        )
+        for rank, phase in sorted(v.phases.items()):
+            lines.append(
+                f"  rank {rank}: in {phase}" + ("  <- culprit" if rank in v.culprits else "")
+            )
+        for rank, records in sorted(hang.stacks.items()):
+            if rank not in v.culprits:
+                continue
+            for record in records:
+                for thread in record.get("threads", ())[:1]:
+                    lines.append(f"  rank {rank}, thread {thread.get('name')}:")
+                    lines += [
+                        "    " + s for s in str(thread.get("stack", "")).rstrip().splitlines()
+                    ]
+    flagged = [(x.account.attempt, s) for x in health.attempts if x.stragglers
+               for s in x.stragglers.stragglers]  # fmt: skip
+    if flagged:
+        lines.append("stragglers:")
+        for attempt, s in flagged:
+            lines.append(
+                f"  attempt {attempt}, rank {s.rank}: score {s.score:.2f} in {s.windows} windows, "
+                f"cause {s.cause}"
+            )
+    else:
+        lines.append("stragglers: none")
+    for note in health.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(str(r) for r in ranks) if ranks else "none"

@@ -1,0 +1,332 @@
+"""The report's "Run health" section: figures and tables of a job's health.
+
+From :class:`otel_training.report.health.JobHealth` (every attempt of the job the run belongs
+to): goodput and badput of each attempt as a bar over wall time, where each rank's time went
+(its ledger's phases), the progress at risk over time (``dl.training.checkpoint.age``),
+straggler scores per window, and a hang's culprits with their threads' stacks. Needs the
+``report`` extra (plotly); imported only when a report is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import plotly.graph_objects as go
+
+from otel_training.health import goodput as _goodput
+from otel_training.health.ledger import PHASES
+from otel_training.report.figures import PALETTE, Plot, _layout
+from otel_training.report.health import JobHealth
+from otel_training.report.series import round_significant
+
+__all__ = ["health_plots", "health_tables"]
+
+#: A colour per bucket: productive green, the bucket colours after.
+BUCKET_COLORS = {
+    "productive": "#2ca02c",
+    "startup": "#9edae5",
+    "checkpoint_load": "#c5b0d5",
+    "warmup_excess": "#ffbb78",
+    "checkpoint_save": "#9467bd",
+    "evaluate": "#17becf",
+    "data_wait": "#ff7f0e",
+    "lost_progress": "#d62728",
+    "hang": "#8c564b",
+    "downtime": "#7f7f7f",
+    "other": "#c7c7c7",
+}
+PHASE_COLORS = {
+    "startup": "#9edae5",
+    "checkpoint_load": "#c5b0d5",
+    "warmup": "#ffbb78",
+    "data_loading": "#ff7f0e",
+    "forward_backward": "#2ca02c",
+    "optimizer": "#98df8a",
+    "communication": "#1f77b4",
+    "checkpoint_save": "#9467bd",
+    "evaluate": "#17becf",
+    "other": "#c7c7c7",
+}
+
+
+def _r(value: float) -> float:
+    return round_significant(value, 6)  # type: ignore[return-value]
+
+
+def goodput_plot(health: JobHealth) -> Plot | None:
+    """Each attempt's wall time from the job's start, cut into productive time and the
+    badput buckets (in that order, each as long as its share), the downtime after it last."""
+    account = health.account
+    if not account.attempts or account.wall_s <= 0:
+        return None
+    t0 = account.start_s
+    names = ["productive", *[b for b in _goodput.BUCKETS if b != "downtime"], "downtime"]
+    bars: dict[str, dict[str, list]] = {
+        n: {"base": [], "x": [], "y": [], "text": []} for n in names
+    }
+    rows = []
+    for item in account.attempts:
+        row = f"attempt {item.attempt}"
+        rows.append(row)
+        at = item.start_s - t0
+        total = item.end_s - item.start_s
+        for name in names:
+            seconds = item.productive_s if name == "productive" else item.buckets[name]
+            if seconds <= 0:
+                continue
+            bar = bars[name]
+            bar["base"].append(_r(at))
+            bar["x"].append(_r(seconds))
+            bar["y"].append(row)
+            share = seconds / total if name != "downtime" and total > 0 else None
+            bar["text"].append(
+                f"attempt {item.attempt}: {name} {seconds:.1f} s"
+                + (f" ({100 * share:.1f} % of the attempt)" if share is not None else "")
+            )
+            at += seconds
+    traces = [
+        go.Bar(
+            base=bar["base"], x=bar["x"], y=bar["y"], orientation="h", name=name,
+            hovertext=bar["text"], hoverinfo="text", marker={"color": BUCKET_COLORS[name]},
+            width=0.6,
+        )
+        for name, bar in bars.items()
+        if bar["x"]
+    ]  # fmt: skip
+    layout = _layout(
+        "seconds since the job's first process started",
+        height=min(600, 140 + 40 * len(rows)),
+        barmode="overlay",
+        yaxis={"autorange": "reversed", "categoryorder": "array", "categoryarray": rows},
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+        margin={"l": 80, "r": 20, "t": 30, "b": 45},
+    )
+    points = sum(len(b["x"]) for b in bars.values())
+    caption = (
+        f"Goodput {100 * account.goodput:.1f} % of {account.wall_s:.1f} s. Each attempt's bar "
+        "starts at its first process and is cut into its productive time and badput buckets "
+        "(lengths in seconds, not in the order they happened); grey at the end: downtime "
+        "before the next attempt. Definitions: docs/health.md."
+    )
+    return Plot("plot-health-goodput", "Goodput and badput by attempt", caption,
+                go.Figure(traces, layout), points)  # fmt: skip
+
+
+def phases_plot(health: JobHealth) -> Plot | None:
+    """Where each rank's time went: its ledger's phase times at its last export, per attempt."""
+    rows: list[str] = []
+    values: dict[str, list[float]] = {p: [] for p in PHASES}
+    for item in health.attempts:
+        for process in sorted(item.attempt.processes, key=lambda p: p.rank):
+            ledger = process.ledger
+            if not ledger:
+                continue
+            rows.append(f"a{item.account.attempt} rank {process.rank}")
+            last = ledger[-1].phase_s
+            for i, phase in enumerate(PHASES):
+                values[phase].append(_r(last[i]))  # type: ignore[index]
+    if not rows:
+        return None
+    traces = [
+        go.Bar(x=values[p], y=rows, orientation="h", name=p, marker={"color": PHASE_COLORS[p]},
+               hovertemplate=f"%{{y}}: {p} %{{x:.3g}} s<extra></extra>")
+        for p in PHASES
+        if any(values[p])
+    ]  # fmt: skip
+    layout = _layout(
+        "seconds (at the last export of each process)",
+        height=min(900, 140 + 24 * len(rows)),
+        barmode="stack",
+        yaxis={"autorange": "reversed"},
+        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+        margin={"l": 100, "r": 20, "t": 30, "b": 45},
+    )
+    points = sum(1 for p in PHASES for v in values[p] if v)
+    caption = (
+        "Each process's <code>dl.training.phase.time</code>: the seconds it spent with each "
+        "phase innermost, from its start to its last export. Busy time (data loading + "
+        "forward/backward + optimizer) that is longer on one rank while its communication is "
+        "shorter is a straggler; the others wait for it in communication."
+    )
+    return Plot("plot-health-phases", "Where each rank's time goes", caption,
+                go.Figure(traces, layout), points)  # fmt: skip
+
+
+def risk_plot(health: JobHealth) -> Plot | None:
+    """The progress at risk (``dl.training.checkpoint.age``) of each rank over time."""
+    t0 = health.account.start_s
+    traces = []
+    points = 0
+    for item in health.attempts:
+        for process in sorted(item.attempt.processes, key=lambda p: p.rank):
+            xs = [_r(s.time_s - t0) for s in process.samples if s.checkpoint_age_s is not None]
+            ys = [_r(s.checkpoint_age_s) for s in process.samples if s.checkpoint_age_s is not None]
+            if not xs:
+                continue
+            points += len(xs)
+            traces.append(
+                go.Scatter(
+                    x=xs, y=ys, mode="lines+markers", marker={"size": 4},
+                    name=f"attempt {item.account.attempt}, rank {process.rank}",
+                    line={"color": PALETTE[process.rank % len(PALETTE)], "width": 1.5},
+                    legendgroup=f"rank {process.rank}",
+                )
+            )  # fmt: skip
+    if not traces:
+        return None
+    layout = _layout("seconds since the job's first process started", "progress at risk (s)")
+    caption = (
+        "<code>dl.training.checkpoint.age</code> at each export: the seconds of training a "
+        "crash would lose then (since the step the last good checkpoint holds). It drops at "
+        "each save; a line that keeps climbing means saves fail or stopped."
+    )
+    return Plot("plot-health-risk", "Progress at risk", caption, go.Figure(traces, layout), points)
+
+
+def straggler_plot(health: JobHealth) -> Plot | None:
+    """The straggler score of each rank in each window, per attempt."""
+    columns: list[str] = []
+    ranks = sorted(
+        {r for item in health.attempts if item.stragglers for r in item.stragglers.scores}
+    )
+    if not ranks:
+        return None
+    z: dict[int, list[float | None]] = {r: [] for r in ranks}
+    for item in health.attempts:
+        report = item.stragglers
+        if report is None or not report.windows:
+            continue
+        for w, (first, last) in enumerate(report.windows):
+            columns.append(f"a{item.account.attempt} {first:.0f}–{last:.0f}")
+            for r in ranks:
+                row = report.scores.get(r)
+                value = row[w] if row is not None and w < len(row) else None
+                z[r].append(None if value is None else _r(value))
+    if not columns:
+        return None
+    step = max(1, len(columns) // 240)
+    kept = list(range(0, len(columns), step))
+    figure = go.Figure(
+        go.Heatmap(
+            z=[[z[r][i] for i in kept] for r in ranks],
+            x=[columns[i] for i in kept],
+            y=[f"rank {r}" for r in ranks],
+            zmin=0.8, zmax=1.6, zmid=1.0, colorscale="RdBu", reversescale=True,
+            colorbar={"title": {"text": "score"}},
+            hovertemplate="%{y}, steps %{x}: score %{z:.3f}<extra></extra>",
+        ),
+        _layout("window (attempt, steps)", "", height=min(700, 160 + 22 * len(ranks)),
+                xaxis={"type": "category", "title": {"text": "window (attempt, steps)"}}),
+    )  # fmt: skip
+    flagged = [
+        f"rank {s.rank} (attempt {item.account.attempt}: score {s.score:.2f} in {s.windows} "
+        f"windows, cause {s.cause})"
+        for item in health.attempts
+        if item.stragglers
+        for s in item.stragglers.stragglers
+    ]
+    caption = (
+        "Busy time per step (data loading + forward/backward + optimizer) over the median of "
+        "the rank's peers (same pipeline stage, the rank left out). Above 1.2 in 2 consecutive "
+        "windows a rank is a straggler: "
+        + ("; ".join(flagged) if flagged else "none")
+        + "."
+        + (f" Every {step}th window shown." if step > 1 else "")
+    )
+    return Plot("plot-health-stragglers", "Stragglers by window", caption, figure,
+                len(kept) * len(ranks), step > 1)  # fmt: skip
+
+
+def health_plots(health: JobHealth) -> list[Plot]:
+    """The section's figures (those with data). Never raises for missing data."""
+    return [
+        p
+        for p in (
+            goodput_plot(health),
+            phases_plot(health),
+            risk_plot(health),
+            straggler_plot(health),
+        )  # fmt: skip
+        if p is not None
+    ]
+
+
+def health_tables(health: JobHealth) -> dict[str, Any]:
+    """The section's tables: buckets by attempt, the attempts, the hang and its stacks."""
+    a = health.account
+    headers = ["total", *[f"attempt {x.account.attempt}" for x in health.attempts]]
+    rows = []
+
+    def cell(seconds: float, whole: float) -> str:
+        return f"{seconds:,.1f} s ({100 * seconds / whole:.1f} %)" if whole > 0 else "–"
+
+    per_attempt = [x.account for x in health.attempts]
+    rows.append(
+        ["productive", cell(a.productive_s, a.wall_s)]
+        + [cell(x.productive_s, x.wall_s) for x in per_attempt]
+    )
+    for name in _goodput.BUCKETS:
+        rows.append(
+            [name, cell(a.buckets[name], a.wall_s)]
+            + [cell(x.buckets[name], x.wall_s) for x in per_attempt]
+        )
+
+    def seconds(value: float | None) -> str:
+        return "–" if value is None else f"{value:.1f} s"
+
+    def text(value: Any) -> str:
+        return "–" if value is None else str(value)
+
+    attempts = []
+    for acc in per_attempt:
+        lost = acc.lost_iterations
+        attempts.append(
+            {
+                "attempt": acc.attempt,
+                "run_id": text(acc.run_id),
+                "ranks": len(acc.ranks),
+                "resumed_from": text(acc.resumed_from),
+                "last_iteration": text(acc.last_iteration),
+                "lost": "–" if lost is None else f"{lost[0]}–{lost[1]}",
+                "ended": acc.ended,
+                "time_to_start": seconds(acc.time_to_start_s),
+                "time_to_recover": seconds(acc.time_to_recover_s),
+            }
+        )
+    hang = None
+    item = health.hang
+    if item is not None and item.hang is not None:
+        verdict = item.hang
+        stacks = []
+        for rank, records in sorted(item.stacks.items()):
+            for record in records:
+                for thread in record.get("threads", ()):
+                    stacks.append(
+                        {
+                            "rank": rank,
+                            "culprit": rank in verdict.culprits,
+                            "thread": f"{thread.get('name')}"
+                            + (" (training thread)" if thread.get("training") else ""),
+                            "stack": str(thread.get("stack", "")),
+                        }
+                    )
+        hang = {
+            "attempt": item.account.attempt,
+            "since_s": f"{verdict.since_s:.1f} s",
+            "stalled": ", ".join(map(str, verdict.stalled_ranks)) or "none",
+            "culprits": ", ".join(map(str, verdict.culprits)) or "none named",
+            "rule": (verdict.rule or "").replace("_", " "),
+            "phases": [(r, p, r in verdict.culprits) for r, p in sorted(verdict.phases.items())],
+            "stacks": stacks,
+        }
+    return {
+        "goodput": f"{100 * a.goodput:.1f} %",
+        "wall": f"{a.wall_s:,.1f} s",
+        "headers": headers,
+        "rows": rows,
+        "attempts": attempts,
+        "hang": hang,
+        "job": health.job or "–",
+        "directories": [str(d) for d in health.directories],
+        "notes": list(health.notes),
+    }

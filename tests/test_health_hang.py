@@ -1,0 +1,161 @@
+"""Hang thresholds, stalled ranks, a hung job and its culprits (health/hang.py,
+docs/health.md), each rule pinned by an example computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from otel_training import config
+from otel_training.health import hang
+from otel_training.health.hang import HangPolicy, RankState, judge
+
+
+def test_h_in_a_step_phase_is_five_median_steps_at_least_the_floor():
+    """max(5 x median step, floor): 60 s for 2 s steps, 100 s for 20 s steps."""
+    policy = HangPolicy()
+    assert policy.threshold_s("forward_backward", 2.0) == 60.0
+    assert policy.threshold_s("communication", 20.0) == 100.0
+    assert policy.threshold_s("other", None) == 60.0  # no median yet: the floor
+    assert HangPolicy(floor_s=1.0).threshold_s("data_loading", 0.05) == 1.0
+
+
+def test_long_phases_get_twice_the_longest_seen_at_least_ten_minutes():
+    """A checkpoint save: max(2 x longest save seen, 600 s, the step threshold)."""
+    policy = HangPolicy()
+    assert policy.threshold_s("checkpoint_save", 2.0, None) == 600.0
+    assert policy.threshold_s("checkpoint_save", 2.0, 400.0) == 800.0
+    assert policy.threshold_s("evaluate", 200.0, 10.0) == 1000.0  # 5 x 200 s steps
+    assert policy.threshold_s("checkpoint_load", 1.0, 1.0) == 600.0
+
+
+def test_startup_and_warmup_get_thirty_minutes():
+    """The initial budget of NVRx and DLRover: 1,800 s."""
+    assert HangPolicy().threshold_s("startup") == 1800.0
+    assert HangPolicy().threshold_s("warmup", 1.0) == 1800.0
+    assert HangPolicy(startup_s=60.0).threshold_s("warmup", 20.0) == 100.0
+
+
+def test_the_floor_is_read_from_the_environment_like_the_ranks_read_it():
+    """OTEL_PYTHON_TRAINING_HANG_FLOOR_S and the budgets, with the one bad-value policy."""
+    settings = config.load(
+        {
+            "OTEL_PYTHON_TRAINING_HANG_FLOOR_S": "1.5",
+            "OTEL_PYTHON_TRAINING_HANG_PHASE_BUDGET_S": "30",
+            "OTEL_PYTHON_TRAINING_HANG_STARTUP_S": "90",
+            "OTEL_PYTHON_TRAINING_STRAGGLER_WINDOW_STEPS": "50",
+        }
+    )
+    assert settings.hang == HangPolicy(floor_s=1.5, phase_budget_s=30.0, startup_s=90.0)
+    assert settings.straggler_window_steps == 50
+    assert config.load({}).hang == HangPolicy(60.0, 600.0, 1800.0)
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "-3", "nan", "1e99"])
+def test_a_bad_floor_warns_once_and_uses_the_default(raw, caplog):
+    """A value that is not a positive number (or beyond a week): one warning, then 60 s."""
+    settings = config.load({"OTEL_PYTHON_TRAINING_HANG_FLOOR_S": raw})
+    assert settings.hang.floor_s == 60.0
+    assert sum("OTEL_PYTHON_TRAINING_HANG_FLOOR_S" in r.message for r in caplog.records) == 1
+
+
+def test_the_median_step_is_the_median_of_interval_means():
+    """Samples (iteration, cumulative step time): the mean per step of each interval, then
+    the median; intervals without a step left out."""
+    samples = [(10, 1.0), (20, 2.0), (20, 2.0), (30, 5.0), (40, 6.0)]
+    # means: 0.1, (no step), 0.3, 0.1 -> median 0.1
+    assert hang.median_step_s(samples) == pytest.approx(0.1)
+    assert hang.median_step_s([(5, 1.0)]) is None
+
+
+def state(rank, phase="communication", age=100.0, threshold=60.0, iteration=10, silent=False):
+    return RankState(rank, phase, age, threshold, iteration, silent)
+
+
+def test_a_job_is_hung_when_every_exporting_rank_is_stalled():
+    """Stalled = progress age above H; one rank still progressing means no hang."""
+    verdict = judge([state(0), state(1, age=10.0)])
+    assert verdict.stalled_ranks == (0,) and not verdict.hung and verdict.culprits == ()
+    verdict = judge([state(0), state(1)])
+    assert verdict.hung and verdict.since_s == 100.0
+
+
+def test_rule_one_silent_ranks_while_peers_export():
+    """A rank that stopped exporting (GIL held, SIGSTOP, dead) is the culprit."""
+    verdict = judge([state(0), state(1, phase="forward_backward", silent=True), state(2)])
+    assert verdict.hung and verdict.rule == "silent" and verdict.culprits == (1,)
+    assert verdict.silent_ranks == (1,)
+
+
+def test_rule_two_ranks_outside_communication_while_most_wait_in_it():
+    """Ranks 0, 2, 3 wait in communication; rank 1 never reached the collective."""
+    ranks = [state(0), state(1, phase="forward_backward"), state(2), state(3)]
+    verdict = judge(ranks)
+    assert verdict.rule == "outside_communication" and verdict.culprits == (1,)
+    assert verdict.phases == {0: "communication", 1: "forward_backward", 2: "communication",
+                              3: "communication"}  # fmt: skip
+
+
+def test_rule_three_the_lowest_progress():
+    """Nobody in communication: the ranks at the lowest iteration."""
+    ranks = [state(0, "data_loading", iteration=12), state(1, "data_loading", iteration=11),
+             state(2, "optimizer", iteration=11)]  # fmt: skip
+    verdict = judge(ranks)
+    assert verdict.rule == "lowest_progress" and verdict.culprits == (1, 2)
+
+
+def test_no_culprit_when_the_ranks_cannot_be_told_apart():
+    """All in the same phase at the same iteration: hung, no culprit named."""
+    verdict = judge([state(0, "data_loading"), state(1, "data_loading")])
+    assert verdict.hung and verdict.culprits == () and verdict.rule is None
+
+
+def test_when_no_rank_exports_all_are_judged():
+    """Every rank silent (the job died): hung when all were stalled, no silent culprit."""
+    verdict = judge([state(0, silent=True), state(1, "forward_backward", silent=True)])
+    assert verdict.hung and verdict.rule == "outside_communication" and verdict.culprits == (1,)
+
+
+def test_silence_is_two_export_intervals_and_a_second():
+    """5 s exports: silent after 11 s."""
+    assert hang.silence_s(5.0) == 11.0
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["communication", "forward_backward", "data_loading"]),
+            st.floats(0, 1000),
+            st.integers(0, 5),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_culprits_are_always_stalled_or_silent_ranks_of_a_hung_job(ranks):
+    """Whatever the ranks: culprits only when hung, and only ranks of the job."""
+    verdict = judge([state(i, p, a, 60.0, it, s) for i, (p, a, it, s) in enumerate(ranks)])
+    if not verdict.hung:
+        assert verdict.culprits == ()
+    assert set(verdict.culprits) <= set(range(len(ranks)))
+    assert verdict.since_s == min(a for _, a, _, _ in ranks)
+
+
+def test_the_health_variables_are_documented():
+    """Each OTEL_PYTHON_TRAINING_HANG_* and _STRAGGLER_* variable is in docs/health.md and the
+    README's configuration table."""
+    from pathlib import Path
+
+    from otel_training import environment_variables
+
+    root = Path(__file__).resolve().parents[1]
+    health = (root / "docs" / "health.md").read_text()
+    readme = (root / "README.md").read_text()
+    names = [n for n in environment_variables.__all__ if "_HANG_" in n or "_STRAGGLER_" in n]
+    assert len(names) == 4
+    for name in names:
+        assert name in health, name
+        short = name.replace("OTEL_PYTHON_TRAINING", "")
+        assert name in readme or short in readme, name

@@ -1,0 +1,170 @@
+"""The hang watchdog (health/watchdog.py): once per stall, every thread's Python stack, as a
+log record with its trace context and as a stacks record of the span JSON lines; a thread of
+its own, stopped at shutdown, none in a forked child."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+from health_sim import FakeClock
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+
+import otel_training as ot
+from otel_training.health import ledger as L
+from otel_training.health import watchdog
+from otel_training.health.hang import HangPolicy
+from otel_training.health.watchdog import Watchdog
+
+
+def scripted(floor_s: float = 10.0, budget_s: float = 600.0):
+    clock = FakeClock(1_800_000_000.0)
+    ledger = L.Ledger(clock.t, perf=clock.perf, unix=clock.unix)
+    records = []
+    dog = Watchdog(HangPolicy(floor_s=floor_s, phase_budget_s=budget_s), records.append,
+                   ledger=ledger)  # fmt: skip
+    return clock, ledger, dog, records
+
+
+def steps(clock, ledger, dog, n: int, seconds: float = 0.1) -> None:
+    for _ in range(n):
+        token = ledger.enter(L.ITERATION)
+        clock.t += seconds
+        ledger.exit(token, L.ITERATION)
+        dog.check()
+
+
+def test_a_stall_longer_than_h_writes_the_stacks_once():
+    """10 s floor: nothing at 9 s without progress, one record at 11 s, none after."""
+    clock, ledger, dog, records = scripted()
+    steps(clock, ledger, dog, 20)
+    stuck = ledger.enter(L.ITERATION)
+    clock.t += 9.0
+    assert dog.check() is None
+    clock.t += 2.0
+    record = dog.check()
+    assert record is not None and records == [record]
+    assert record["record"] == "stacks" and record["phase"] == "forward_backward"
+    assert record["progress_age_s"] == pytest.approx(11.0) and record["threshold_s"] == 10.0
+    assert record["iteration"] == 20
+    threads = record["threads"]
+    assert threads[0]["training"] and threads[0]["id"] == threading.get_ident()
+    assert "test_a_stall_longer_than_h_writes_the_stacks_once" in threads[0]["stack"]
+    clock.t += 30.0
+    assert dog.check() is None  # the same stall
+    ledger.exit(stuck, L.ITERATION)
+    steps(clock, ledger, dog, 5)
+    ledger.enter(L.ITERATION)
+    clock.t += 11.0
+    assert dog.check() is not None and len(records) == 2  # a new stall
+
+
+def test_the_median_step_raises_h_above_the_floor():
+    """4 s steps: H = 20 s, not the 10 s floor."""
+    clock, ledger, dog, records = scripted()
+    steps(clock, ledger, dog, 10, seconds=4.0)
+    assert dog.median_step_s() == pytest.approx(4.0)
+    ledger.enter(L.ITERATION)
+    clock.t += 15.0
+    assert dog.check() is None
+    clock.t += 6.0
+    assert dog.check()["threshold_s"] == pytest.approx(20.0)
+
+
+def test_a_checkpoint_save_within_its_budget_is_no_hang():
+    """A 50 s save with a 60 s budget: quiet; past it, one record naming checkpoint_save."""
+    clock, ledger, dog, records = scripted(floor_s=10.0, budget_s=60.0)
+    steps(clock, ledger, dog, 10)
+    ledger.enter(L.CHECKPOINT_SAVE)
+    for _ in range(50):
+        clock.t += 1.0
+        assert dog.check() is None
+    clock.t += 11.0
+    record = dog.check()
+    assert record["phase"] == "checkpoint_save" and record["threshold_s"] == 60.0
+
+
+def test_the_longest_save_seen_sets_the_next_budget():
+    """After a 100 s save, a second save gets 2 x 100 s."""
+    clock, ledger, dog, records = scripted(floor_s=10.0, budget_s=60.0)
+    steps(clock, ledger, dog, 10)
+    save = ledger.enter(L.CHECKPOINT_SAVE)
+    for _ in range(100):
+        clock.t += 1.0
+        dog.check()
+    ledger.exit(save, L.CHECKPOINT_SAVE, 10)
+    steps(clock, ledger, dog, 3)
+    ledger.enter(L.CHECKPOINT_SAVE)
+    clock.t += 150.0
+    assert dog.check() is None
+    clock.t += 60.0
+    assert dog.check()["threshold_s"] == pytest.approx(200.0, abs=2.0)
+
+
+def stuck_in_forward(seconds: float) -> None:
+    """The function a person should see in the stack."""
+    with ot.forward_backward(iteration=6):
+        time.sleep(seconds)
+
+
+def test_a_configured_rank_writes_a_log_record_and_a_span_line(tmp_path, monkeypatch):
+    """Floor 0.3 s, a step stuck 1.5 s: a WARN log record in the step's trace and a stacks
+    line in spans-rank0.jsonl, both with the training thread's stack; the thread stops at
+    shutdown."""
+    exporter = InMemoryLogRecordExporter()
+    telemetry = ot.configure(
+        environ={"OTEL_PYTHON_TRAINING_HANG_FLOOR_S": "0.3",
+                 "OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path),
+                 "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "per_step", "OTEL_LOGS_EXPORTER": "none"},
+        log_processors=[SimpleLogRecordProcessor(exporter)],
+    )  # fmt: skip
+    dog = watchdog.current()
+    assert dog is not None and dog.running
+    for step in range(1, 6):
+        with ot.training_iteration(iteration=step):
+            time.sleep(0.01)
+    with ot.training_iteration(iteration=6) as iteration_phase:
+        stuck_in_forward(1.5)
+    assert telemetry.shutdown()
+    assert not dog.running
+    (record,) = [r for r in exporter.get_finished_logs() if r.log_record.attributes.get(
+        "otel_training.hang.threshold") is not None]  # fmt: skip
+    log = record.log_record
+    assert log.severity_text == "WARN"
+    assert log.attributes["dl.training.phase"] == "forward_backward"
+    assert log.attributes["otel_training.hang.progress_age"] > 0.3
+    assert "stuck_in_forward" in log.attributes["code.stacktrace"]
+    assert "stuck_in_forward" in log.body
+    span_context = iteration_phase._span.get_span_context()
+    assert log.trace_id == span_context.trace_id
+    lines = [
+        json.loads(x) for x in (tmp_path / "latest" / "spans-rank0.jsonl").read_text().splitlines()
+    ]
+    (stacks,) = [x for x in lines if x["record"] == "stacks"]
+    assert stacks["rank"] == 0 and stacks["resource"]["dl.run.id"]
+    assert stacks["trace_id"] == f"{span_context.trace_id:032x}"
+    assert "stuck_in_forward" in stacks["threads"][0]["stack"] and stacks["threads"][0]["training"]
+    assert not any(t["name"] == "otel-training-watchdog" for t in stacks["threads"])
+
+
+def test_a_rank_that_does_not_export_runs_no_watchdog():
+    """The SDK disabled: no thread."""
+    ot.configure(environ={"OTEL_SDK_DISABLED": "true"})
+    assert watchdog.current() is None
+    assert "otel-training-watchdog" not in {t.name for t in threading.enumerate()}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_runs_no_watchdog(tmp_path):
+    """A DataLoader worker: the parent's watchdog is not the child's."""
+    ot.configure(environ={"OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path)})
+    assert watchdog.current() is not None
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os._exit(0 if watchdog.current() is None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert watchdog.current() is not None

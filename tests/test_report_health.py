@@ -1,0 +1,149 @@
+"""otel-training health (report/health.py, cli.py): the JSON of issue 16 item 3, a hang judged
+while the job runs, the terminal summary, the command's exit status."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from health_sim import SimRank
+
+from otel_training import cli
+from otel_training.health import ledger as L
+from otel_training.health.evidence import Job
+from otel_training.report.health import assess, format_text
+
+T0 = 1_800_000_000.0
+
+
+def hung_job(*, silent_rank: bool = False) -> tuple[Job, float]:
+    """Two ranks, 30 steps; then rank 1 is stuck in compute (or stops exporting altogether)
+    while rank 0 waits in the collective, for 120 s of exports."""
+    ranks = [SimRank(T0, rank=r) for r in (0, 1)]
+    for sim in ranks:
+        sim.advance(2.0)
+        for _ in range(30):
+            sim.step()
+    ranks[0].ledger.enter(L.ITERATION)
+    ranks[0].ledger.enter(L.COMMUNICATION)
+    ranks[1].ledger.enter(L.ITERATION)
+    if silent_rank:
+        ranks[1].advance(1.0)
+        ranks[1].next_export = float("inf")  # no more exports: SIGSTOP, a GIL held
+        ranks[1].advance(119.0)
+    else:
+        ranks[1].advance(120.0)
+    ranks[0].advance(120.0)
+    ranks[1].process.stacks.append(
+        {"record": "stacks", "time_ns": int((T0 + 70) * 1e9), "phase": "forward_backward",
+         "threads": [{"name": "MainThread", "training": True, "stack": "  in stuck_here\n"}]}
+    )  # fmt: skip
+    processes = [sim.process for sim in ranks]
+    for process in processes:
+        process.alive_s = process.last_s
+        process.open_spans = 1
+    return Job("job", [], processes), ranks[0].now + 1.0
+
+
+def test_the_json_has_the_shape_of_the_issue():
+    """Exactly the keys and types of issue 16 item 3 (more keys welcome)."""
+    job, now = hung_job()
+    document = assess(job, now_s=now).to_json()
+    assert json.loads(json.dumps(document, allow_nan=False)) == document
+    assert isinstance(document["job"], str)
+    for key in ("wall_s", "goodput", "productive_s"):
+        assert isinstance(document[key], float)
+    assert list(document["badput_s"]) == [
+        "startup", "checkpoint_load", "warmup_excess", "checkpoint_save", "evaluate",
+        "data_wait", "lost_progress", "hang", "downtime", "other",
+    ]  # fmt: skip
+    assert all(isinstance(v, float) for v in document["badput_s"].values())
+    (attempt,) = document["attempts"]
+    types = {"attempt": int, "run_id": str, "start": float, "end": float,
+             "last_iteration": int, "ended": str}  # fmt: skip
+    for key, kind in types.items():
+        assert isinstance(attempt[key], kind), key
+    assert attempt["resumed_from"] is None
+    hang = document["hang"]
+    assert isinstance(hang["stalled_ranks"], list) and isinstance(hang["culprits"], list)
+    assert isinstance(hang["since_s"], float)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in hang["phases"].items())
+    assert isinstance(document["stragglers"], list)
+
+
+def test_a_rank_stuck_outside_the_collective_is_the_culprit():
+    """Rank 0 waits in communication, rank 1 computes for 2 minutes: hung, culprit rank 1, its
+    stacks in the verdict, the attempt hung."""
+    job, now = hung_job()
+    document = assess(job, now_s=now).to_json()
+    hang = document["hang"]
+    assert hang["culprits"] == [1] and hang["rule"] == "outside_communication"
+    assert hang["stalled_ranks"] == [0, 1]
+    assert hang["phases"] == {"0": "communication", "1": "forward_backward"}
+    assert 120.0 < hang["since_s"] < 122.0
+    assert "stuck_here" in hang["stacks"]["1"][0]["threads"][0]["stack"]
+    assert document["attempts"][0]["ended"] == "hung"
+    assert document["badput_s"]["hang"] > 119.0
+
+
+def test_a_rank_that_went_silent_is_the_culprit():
+    """Rank 1's exports stop while rank 0's go on: silent, the first rule."""
+    job, now = hung_job(silent_rank=True)
+    hang = assess(job, now_s=now).to_json()["hang"]
+    assert hang["culprits"] == [1] and hang["rule"] == "silent" and hang["silent_ranks"] == [1]
+
+
+def test_a_healthy_job_has_no_hang():
+    """Judged right after its last export, progressing: hang null."""
+    job, _ = hung_job()
+    for process in job.processes:
+        process.samples = [s for s in process.samples if s.time_s < T0 + 10]
+        process.alive_s = process.last_s = process.samples[-1].time_s
+    assert assess(job, now_s=T0 + 10).to_json()["hang"] is None
+
+
+def test_the_summary_names_goodput_the_culprit_and_its_stack():
+    """The terminal summary: goodput, every bucket, the attempt, the culprit and its stack."""
+    job, now = hung_job()
+    text = format_text(assess(job, now_s=now))
+    assert "goodput" in text and "lost_progress" in text and "downtime" in text
+    assert "culprit 1" in text and "rank 1: in forward_backward  <- culprit" in text
+    assert "in stuck_here" in text
+
+
+def test_the_command_reports_a_directory_without_a_run(tmp_path, capsys):
+    """No run in DIR: one line on stderr, exit status 2."""
+    assert cli.main(["health", str(tmp_path)]) == 2
+    assert "no run found" in capsys.readouterr().err
+
+
+def test_the_command_on_a_real_run(tmp_path):
+    """A real run of a few steps: --json parses, the summary prints, both exit 0."""
+    script = (
+        "import otel_training as ot\n"
+        "t = ot.configure()\n"
+        "with ot.checkpoint_load(iteration=3):\n    pass\n"
+        "for i in range(4, 30):\n"
+        "    with ot.training_iteration(iteration=i):\n"
+        "        with ot.data_loading(iteration=i):\n            pass\n"
+        "t.shutdown()\n"
+    )
+    env = {"OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+    found = subprocess.run(
+        [sys.executable, "-m", "otel_training.cli", "health", "--json", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert found.returncode == 0, found.stderr
+    document = json.loads(found.stdout)
+    (attempt,) = document["attempts"]
+    assert attempt["resumed_from"] == 3 and attempt["last_iteration"] == 29
+    assert attempt["ended"] == "completed" and document["hang"] is None
+    assert abs(document["productive_s"] + sum(document["badput_s"].values())
+               - document["wall_s"]) < 1e-6  # fmt: skip
+    text = subprocess.run(
+        [sys.executable, "-m", "otel_training.cli", "health", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert text.returncode == 0 and "goodput" in text.stdout

@@ -1,0 +1,125 @@
+"""The report's Run health section (report/health_figures.py, html.py): its figures have the
+job's data, and a rank killed while hung shows its culprit with its stack, escaped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from health_sim import SimRank
+from support import import_or_unavailable
+
+from otel_training.health.evidence import Job
+from otel_training.report.health import assess
+
+import_or_unavailable("plotly")
+
+from otel_training.report.health_figures import health_plots, health_tables  # noqa: E402
+
+T0 = 1_800_000_000.0
+
+
+def straggling_job() -> Job:
+    """Two ranks of 400 steps; rank 1 computes 50 % longer (and waits as much less)."""
+    sims = [SimRank(T0, rank=r) for r in (0, 1)]
+    for sim in sims:
+        sim.advance(1.0)
+        for _ in range(400):
+            slow = sim.process.rank == 1
+            sim.step(compute=0.09 if slow else 0.06, communication=0.005 if slow else 0.035)
+        sim.end()
+    return Job("job", [], [s.process for s in sims])
+
+
+def test_the_figures_hold_the_job():
+    """Goodput by attempt, each rank's phases, progress at risk, stragglers: drawn with data."""
+    health = assess(straggling_job(), now_s=T0 + 10_000)
+    plots = {p.id: p for p in health_plots(health)}
+    assert set(plots) == {
+        "plot-health-goodput", "plot-health-phases", "plot-health-risk", "plot-health-stragglers",
+    }  # fmt: skip
+    assert all(p.points > 0 for p in plots.values())
+    assert "rank 1 (attempt 0: score 1.33" in plots["plot-health-stragglers"].caption
+    assert "cause compute" in plots["plot-health-stragglers"].caption
+    tables = health_tables(health)
+    assert tables["rows"][0][0] == "productive" and len(tables["rows"]) == 11
+    assert tables["attempts"][0]["ended"] == "completed" and tables["hang"] is None
+
+
+STALL = """
+import time
+import otel_training as ot
+ot.configure()
+for step in range(1, 6):
+    with ot.training_iteration(iteration=step):
+        pass
+def waits_for_a_peer_that_never_comes():
+    with ot.forward_backward(iteration=6):
+        print("stuck", flush=True)
+        time.sleep(60)
+with ot.training_iteration(iteration=6):
+    waits_for_a_peer_that_never_comes()
+"""
+
+
+def test_a_rank_killed_while_hung_shows_its_culprit_and_stack(tmp_path, monkeypatch):
+    """Stalled past a 0.3 s floor, killed 1 s later (exports every 0.3 s): the report names
+    the hang, the culprit phase and the stack the watchdog wrote (HTML-escaped)."""
+    from otel_training.report import find_run_directory, load_run, write_report
+
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+        "OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path),
+        "OTEL_PYTHON_TRAINING_HANG_FLOOR_S": "0.3",
+        "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "per_step",
+        "OTEL_METRIC_EXPORT_INTERVAL": "300",
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-c", STALL], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout.readline().strip() == "stuck"
+        deadline = time.monotonic() + 30
+        spans = None
+        while time.monotonic() < deadline:  # the watchdog's stacks line on disk
+            found = list(tmp_path.glob("*/spans-rank0.jsonl"))
+            if found and '"stacks"' in found[0].read_text():
+                spans = found[0]
+                break
+            time.sleep(0.05)
+        assert spans is not None
+        time.sleep(1.0)
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.stdout.close()
+    monkeypatch.setenv("OTEL_PYTHON_TRAINING_HANG_FLOOR_S", "0.3")  # the reader's H is the rank's
+    page = write_report(load_run(find_run_directory(tmp_path)), tmp_path / "r.html").read_text()
+    assert 'id="health-hang"' in page and "forward_backward" in page
+    assert "waits_for_a_peer_that_never_comes" in page
+    assert "&lt;module&gt;" in page  # the stack's text is escaped
+    assert 'id="plot-health-goodput"' in page
+
+
+@pytest.mark.parametrize("damage", ["no ledger", "no files"])
+def test_a_run_without_health_data_says_so(tmp_path, damage):
+    """Files without the ledger (an older version) or no run: a sentence, not an error."""
+    from report_files import span_lines, write_lines
+
+    from otel_training.report import load_run
+    from otel_training.report.html import build_report
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if damage == "no ledger":
+        write_lines(run_dir / "spans-rank0.jsonl", span_lines("megatron.train", "aa" * 8, None,
+                                                             10**18, 10**18 + 10**9))  # fmt: skip
+    page = build_report(load_run(run_dir))
+    assert 'id="health"' in page
+    assert "No health ledger" in page or "could not be assessed" in page
