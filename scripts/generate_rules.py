@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate the Prometheus rules of otel-training's run health: ``collector-config/rules/training.yaml``.
+"""Generate otel-training's run-health Prometheus rules: ``collector-config/rules/training.yaml``.
 
 One source for every variant of the rules: the shipped file (production parameters: 60 s hang
 floor, 15 s evaluation, 5 min straggler windows) and the variants the tests and benchmarks load
@@ -176,10 +176,7 @@ def _peer_reference(expr: str, by: str) -> str:
         f"(sum by ({by}) ({expr}) - on ({by}) group_right () ({expr}))\n"
         f"  / on ({by}) group_left () (count by ({by}) ({expr}) - 1)"
     )
-    median = (
-        f"0 * ({expr})\n"
-        f"  + on ({by}) group_left () quantile by ({by}) (0.5, {expr})"
-    )
+    median = f"0 * ({expr})\n  + on ({by}) group_left () quantile by ({by}) (0.5, {expr})"
     either = (
         f"(\n{_indent(loo_mean)}\n"
         f"  and on ({by}) ((count by ({by}) ({expr}) >= 2) <= 3)\n"
@@ -368,8 +365,7 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
                 "label_replace(\n"
                 + _indent(
                     with_open_phase(
-                        f"(max by ({RANK}) (dl_training_progress_age_seconds)"
-                        f" and {has_progress})",
+                        f"(max by ({RANK}) (dl_training_progress_age_seconds) and {has_progress})",
                         training,
                     )
                 )
@@ -447,8 +443,7 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             labels=(("dl_hang_reason", "lowest_progress"),),
         ),
         Rule(
-            "A rank that makes no progress: its hang age exceeds the threshold of its open "
-            "phase.",
+            "A rank that makes no progress: its hang age exceeds the threshold of its open phase.",
             "rank:dl_training_hang_age:seconds > rank:dl_training_hang_threshold:seconds",
             alert="TrainingRankStalled",
             labels=(("severity", "warning"),),
@@ -506,8 +501,7 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
         ),
         Rule(
             "The progress a crash would lose grows: checkpoint saves fail or do not happen.",
-            f"max by ({RUN}) (dl_training_checkpoint_age_seconds) > "
-            f"{number(p.checkpoint_stale_s)}",
+            f"max by ({RUN}) (dl_training_checkpoint_age_seconds) > {number(p.checkpoint_stale_s)}",
             alert="TrainingCheckpointStale",
             labels=(("severity", "warning"),),
             annotations=(
@@ -530,7 +524,7 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
         )
         cause_rules.append((cause, share))
     throttled = (
-        f"(\n  min by ({RANK}) (dl_gpu_clock_speed_hertz{{dl_gpu_clock_domain=\"sm\"}})\n"
+        f'(\n  min by ({RANK}) (dl_gpu_clock_speed_hertz{{dl_gpu_clock_domain="sm"}})\n'
         f"  < {number(p.throttle_clock_ratio)} * "
         + _indent(
             _peer_reference(
@@ -555,7 +549,8 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
         )
 
     no_communication = (
-        f'and on ({RANK}) (rank:dl_training_phase_per_step:seconds{{dl_training_phase="communication"}} == 0)'
+        f"and on ({RANK}) (\n"
+        f'  rank:dl_training_phase_per_step:seconds{{dl_training_phase="communication"}} == 0\n)'
     )
     data_share, compute_share = (share for _, share in cause_rules)
     share = number(p.cause_share)
@@ -622,7 +617,8 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             f"{number(p.throttle_temperature_c)} °C hotter ...",
             f"and {flagged}\nand on ({RANK}) (\n{_indent(compute_share)}\n  >= {share}\n)\n"
             f"and on ({RANK}) {throttled}\n"
-            f'unless on ({RANK}) rank:dl_training_straggler_cause:info{{cause=~"unattributed|data"}}',
+            f"unless on ({RANK}) rank:dl_training_straggler_cause:info"
+            '{cause=~"unattributed|data"}',
         ),
         cause_info(
             "compute",
@@ -654,7 +650,7 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
                 (
                     "summary",
                     "Rank {{ $labels.dl_rank }} of {{ $labels.job }} is busy "
-                    "{{ $value | printf \"%.2f\" }} times as long per step as its peers.",
+                    '{{ $value | printf "%.2f" }} times as long per step as its peers.',
                 ),
                 (
                     "cause",

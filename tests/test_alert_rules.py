@@ -10,37 +10,26 @@ straggler windows). Each promtool run takes well under a second.
 from __future__ import annotations
 
 import bisect
-import importlib.util
 import math
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import yaml
-from support import unavailable
+from support import load_script, unavailable
 
 from otel_training.health.ledger import PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "generate_rules.py"
 RULES = ROOT / "collector-config" / "rules" / "training.yaml"
 INTERVAL_S = 15
 LABELS = {"job": "train", "dl_run_id": "run-1"}
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("generate_rules", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-generate_rules = _generator()
+generate_rules = load_script("generate_rules")
 
 
 @pytest.fixture(scope="module")
@@ -416,7 +405,8 @@ def test_a_checkpoint_within_budget_raises_nothing_during_or_after_it(promtool, 
     checks.append(
         Check(
             save_start + 300,
-            'max by (dl_rank, dl_hang_threshold) (rank:dl_training_hang_threshold:seconds{dl_rank="0"})',
+            "max by (dl_rank, dl_hang_threshold) "
+            '(rank:dl_training_hang_threshold:seconds{dl_rank="0"})',
             {(("dl_hang_threshold", "pause_budget"), ("dl_rank", "0")): 600},
         )
     )
@@ -481,9 +471,7 @@ def test_startup_and_warmup_have_their_own_budget(promtool, tmp_path):
 # -- silence and its culprits ----------------------------------------------------------------
 
 
-def test_a_silent_rank_is_reported_after_its_for_and_is_the_culprit_of_the_hang(
-    promtool, tmp_path
-):
+def test_a_silent_rank_is_reported_after_its_for_and_is_the_culprit_of_the_hang(promtool, tmp_path):
     """Rank 1 stops answering scrapes (SIGSTOP, GIL held) while rank 0 waits in communication:
     TrainingRankSilent is pending at once and fires only after its 1 min `for`; the job is
     hung once rank 0 is stalled, with rank 1 the culprit (silent)."""
@@ -522,9 +510,7 @@ def test_a_rank_is_silent_only_while_its_peers_export(promtool, tmp_path):
     )
 
 
-def test_over_otlp_a_rank_is_silent_once_its_latest_sample_is_older_than_fresh(
-    promtool, tmp_path
-):
+def test_over_otlp_a_rank_is_silent_once_its_latest_sample_is_older_than_fresh(promtool, tmp_path):
     """Without stale markers (the OTLP path), a rank that stops exporting counts as exporting
     until its latest sample is 60 s old, then is silent."""
     job = Job(2).steps(60)
@@ -569,9 +555,7 @@ def test_without_silence_or_stray_phase_the_culprit_is_the_rank_behind(promtool,
 # -- checkpoints --------------------------------------------------------------------------------
 
 
-def test_checkpoint_stale_fires_when_a_crash_would_lose_more_than_its_threshold(
-    promtool, tmp_path
-):
+def test_checkpoint_stale_fires_when_a_crash_would_lose_more_than_its_threshold(promtool, tmp_path):
     """No save since the first iteration began (at 30 s): TrainingCheckpointStale fires at the
     first sample past the threshold after it, not at the one before; a save resets it. The
     rules are rendered with a 10 min threshold (the shipped 3 h would take 720 evaluations)."""
@@ -647,9 +631,7 @@ def test_a_data_straggler_between_two_is_flagged_with_cause_data(promtool, tmp_p
     run_promtool(promtool, tmp_path, job, start + 700, _straggler_checks(start, 1, "data"))
 
 
-def test_without_communication_phase_stragglers_are_unattributed_not_guessed(
-    promtool, tmp_path
-):
+def test_without_communication_phase_stragglers_are_unattributed_not_guessed(promtool, tmp_path):
     """Three ranks without a communication phase (the all-reduce hides in backward), rank 2's
     data loading twice as slow: busy times stay equal, so no straggler is flagged, and every
     rank's cause reads "unattributed"."""
@@ -704,9 +686,7 @@ def _productive_share(rank: Rank, start: float, end: float) -> float:
     return spent / (end - start)
 
 
-def test_goodput_is_the_productive_share_of_time_and_a_stall_is_not_productive(
-    promtool, tmp_path
-):
+def test_goodput_is_the_productive_share_of_time_and_a_stall_is_not_productive(promtool, tmp_path):
     """Per attempt: (forward/backward + optimizer + communication) / time since the process
     started; live: the same over the last 5 min. Once the job is stalled, live goodput falls
     to 0 after a window without steps, and the stalled time leaves the attempt's goodput."""
@@ -718,15 +698,17 @@ def test_goodput_is_the_productive_share_of_time_and_a_stall_is_not_productive(
     late = _after(last_step, 600)  # stalled for 10 min (H = 60 s)
     attempt_late = _productive_share(rank, 0, late) - (late - last_step) / late
     run = (("dl_run_id", "run-1"), ("job", "train"))
+    attempt = "round(run:dl_training_goodput_attempt:ratio, 0.001)"
+    live = "round(run:dl_training_goodput_live:ratio, 0.01)"
     run_promtool(
         promtool,
         tmp_path,
         job,
         late,
         [
-            Check(at, "round(run:dl_training_goodput_attempt:ratio, 0.001)", {run: round(_productive_share(rank, 0, at), 3)}),
-            Check(at, "round(run:dl_training_goodput_live:ratio, 0.01)", {run: round(_productive_share(rank, at - 300, at), 2)}),
-            Check(late, "round(run:dl_training_goodput_live:ratio, 0.01)", {run: 0}),
-            Check(late, "round(run:dl_training_goodput_attempt:ratio, 0.001)", {run: round(attempt_late, 3)}),
+            Check(at, attempt, {run: round(_productive_share(rank, 0, at), 3)}),
+            Check(at, live, {run: round(_productive_share(rank, at - 300, at), 2)}),
+            Check(late, live, {run: 0}),
+            Check(late, attempt, {run: round(attempt_late, 3)}),
         ],
     )
