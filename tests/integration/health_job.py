@@ -53,6 +53,16 @@ E2E_PARAMETERS = generate_rules.Parameters(
 )
 
 
+#: Dashboard panels that need several ranks or a hang, read by test_health_alerts.py against
+#: this job (the one-rank demo of test_prometheus.py cannot show them): title -> why.
+PANELS_OF_THIS_JOB = {
+    "Busy score of the slowest rank": "a busy score needs peers of the same pipeline stage",
+    "Busy score per rank": "a busy score needs peers of the same pipeline stage",
+    "Straggler cause": "a busy score needs peers of the same pipeline stage",
+    "Hang culprit": "a culprit exists only while a run is hung",
+}
+
+
 def _unix(active_at: str) -> float:
     """Prometheus' RFC 3339 time (nanoseconds, Z) as Unix seconds."""
     trimmed = re.sub(r"(\.\d{6})\d*", r"\1", active_at).replace("Z", "+00:00")
