@@ -44,6 +44,7 @@ DEFAULTS = {
     "evaluate_steps": [],  # more evaluations, at these steps
     "evaluate_s": 2.0,
     "mark_step": None,
+    "report_every": 0,  # print "at <step> <unix time>" every this many steps
     "straggler": None,  # {"rank": r, "from_step": n, "phase": "fb" | "data", "factor": x}
     "hang": "sleep",  # how to hang on SIGUSR1: "sleep" | "gil"
 }
@@ -75,6 +76,8 @@ def main() -> None:
     for step in range(1, plan["steps"] + 1):
         if step == plan["mark_step"]:
             print(f"mark {step} {time.time():.6f}", flush=True)
+        if plan["report_every"] and step % plan["report_every"] == 0:
+            print(f"at {step} {time.time():.6f}", flush=True)
         straggling = straggler.get("rank") == rank and step >= straggler["from_step"]
         if straggling and step == straggler["from_step"]:
             print(f"straggle {time.time():.6f}", flush=True)
