@@ -11,11 +11,12 @@ shipped source with a 1 s hang floor, 1 s evaluation and 10 s straggler windows
   (TrainingJobHung), how many named rank 2 alone as the culprit (TrainingHangCulprit), and the
   latency from the injection to the evaluation that declared the hang and to the one that named
   the culprit (Prometheus' activeAt): median, p95, max;
-- ``straggler``: M runs (default 10), alternately rank 1's forward/backward 50 % slower and
-  rank 2's data loading twice as slow, from step 200: how many were flagged
-  (TrainingStraggler) within two windows of the slow-down, with the right cause and no other
-  rank flagged; the time to the flag in windows; the flagged rank's busy score and the naive
-  wall-clock step ratio (slowest / median mean step time, the dashboard's old panel) then;
+- ``straggler``: M episodes (default 10) in one job, alternately rank 1's forward/backward
+  50 % slower and rank 2's data loading twice as slow, each until flagged and then undone:
+  how many were flagged (TrainingStraggler) within two windows of the slow-down, with the
+  right cause and no other rank flagged; the time to the flag in windows; the flagged rank's
+  busy score and the naive wall-clock step ratio (slowest / median mean step time over a
+  window, the dashboard's old panel) then;
 - ``control``: a healthy job of at least 2,000 steps and 100 straggler windows, with a 1 s
   checkpoint save every 200 steps, a 2 s evaluation every 500 and 1 % of steps three times as
   slow: alerts fired (any), straggler flags per window.
@@ -31,6 +32,7 @@ import argparse
 import json
 import math
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -153,49 +155,67 @@ def _naive_and_score(job: HealthJob, rank: int) -> tuple[float | None, float | N
     return naive, score
 
 
-def run_stragglers(binary: str, runs: int) -> dict[str, Any]:
+def run_stragglers(binary: str, episodes: int) -> dict[str, Any]:
+    """One job; in turn rank 1 (forward/backward x1.5) and rank 2 (data loading x2) straggle
+    until flagged (or four windows), then recover until no straggler fires and one more
+    window passes."""
+    plan = {
+        **QUIET,
+        "on_sigusr2": {
+            str(spec["rank"]): {"phase": spec["phase"], "factor": spec["factor"]}
+            for spec in STRAGGLERS
+        },
+    }
     cases = []
-    for trial in range(runs):
-        spec = STRAGGLERS[trial % len(STRAGGLERS)]
-        plan = {
-            **QUIET,
-            "straggler": {k: spec[k] for k in ("rank", "phase", "factor")} | {"from_step": 200},
-        }
-        case: dict[str, Any] = {"trial": trial, **spec}
-        with tempfile.TemporaryDirectory(prefix="health-straggler-") as workdir:
-            with HealthJob(binary, Path(workdir), plan) as job:
-                since = job.stamp(spec["rank"], "straggle", timeout_s=120)
+    with tempfile.TemporaryDirectory(prefix="health-straggler-") as workdir:
+        with HealthJob(binary, Path(workdir), plan) as job:
+            time.sleep(2 * WINDOW_S)  # full windows of even ranks first
+            for trial in range(episodes):
+                spec = STRAGGLERS[trial % len(STRAGGLERS)]
+                rank = spec["rank"]
+                case: dict[str, Any] = {"trial": trial, **spec}
+                job.signal(rank, signal.SIGUSR2)
+                since = job.stamp(rank, "straggle", timeout_s=30)
                 try:
                     record = job.wait_fired(
-                        "TrainingStraggler", 4 * WINDOW_S, since=since, dl_rank=str(spec["rank"])
+                        "TrainingStraggler", 4 * WINDOW_S, since=since, dl_rank=str(rank)
                     )
                     case["windows"] = (record.firing_seen - since) / WINDOW_S
                     case["cause_seen"] = record.annotations.get("cause")
-                    case["naive_ratio"], case["score"] = _naive_and_score(job, spec["rank"])
+                    case["naive_ratio"], case["score"] = _naive_and_score(job, rank)
                 except TimeoutError:
-                    case["windows"] = None
-                    case["cause_seen"] = None
-                time.sleep(WINDOW_S)  # another window: would another rank be flagged?
-                flagged = {int(r.labels["dl_rank"]) for r in job.fired("TrainingStraggler")}
-        case["others_flagged"] = sorted(flagged - {spec["rank"]})
-        case["ok"] = (
-            case["windows"] is not None
-            and case["windows"] <= 2
-            and case["cause_seen"] == spec["cause"]
-            and not case["others_flagged"]
-        )
-        cases.append(case)
-        print(
-            f"straggler #{trial + 1} rank {spec['rank']} {spec['phase']} x{spec['factor']}: "
-            + (
-                f"flagged after {case['windows']:.2f} windows, cause {case['cause_seen']}, "
-                f"score {case['score']:.2f}, naive wall-step ratio {case['naive_ratio']:.3f}"
-                if case["windows"] is not None
-                else "NOT flagged"
-            )
-            + f", other ranks flagged {case['others_flagged']}",
-            flush=True,
-        )
+                    case["windows"] = case["cause_seen"] = None
+                job.signal(rank, signal.SIGUSR2)
+                recovered = job.stamp(rank, "recover", timeout_s=30)
+                others = job.fired(
+                    "TrainingStraggler", since, lambda r, me=str(rank): r.labels["dl_rank"] != me
+                )
+                case["others_flagged"] = sorted({int(r.labels["dl_rank"]) for r in others})
+                poll_quiet = time.time() + 6 * WINDOW_S
+                while job.firing_now("TrainingStraggler") and time.time() < poll_quiet:
+                    time.sleep(0.5)
+                case["resolved_s"] = time.time() - recovered
+                time.sleep(WINDOW_S)
+                case["ok"] = (
+                    case["windows"] is not None
+                    and case["windows"] <= 2
+                    and case["cause_seen"] == spec["cause"]
+                    and not case["others_flagged"]
+                )
+                cases.append(case)
+                print(
+                    f"straggler #{trial + 1} rank {rank} {spec['phase']} x{spec['factor']}: "
+                    + (
+                        f"flagged after {case['windows']:.2f} windows, cause "
+                        f"{case['cause_seen']}, score {case['score']:.2f}, naive wall-step "
+                        f"ratio {case['naive_ratio']:.3f}"
+                        if case["windows"] is not None
+                        else "NOT flagged"
+                    )
+                    + f", other ranks flagged {case['others_flagged']}, resolved "
+                    f"{case['resolved_s']:.1f} s after recovery",
+                    flush=True,
+                )
     windows = [c["windows"] for c in cases if c["windows"] is not None]
     summary = {
         "runs": len(cases),
@@ -235,7 +255,7 @@ def run_control(binary: str, min_steps: int, min_windows: int) -> dict[str, Any]
             ended = time.time()
             time.sleep(3)  # alerts evaluated up to the end
             fired = job.fired()
-            pending = [r for r in job.alerts.values() if r.firing_seen is None]
+            pending = [r for r in job.alerts if r.firing_seen is None]
     windows = int((ended - first) // WINDOW_S)
     stragglers = [r for r in fired if r.name == "TrainingStraggler"]
     flagged_windows = {
@@ -269,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="", help="comma-separated: hang,straggler,control")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so that each job's ranks and Prometheus are stopped.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     binary = find_prometheus()
     if binary is None or shutil.which("promtool") is None:
         print("needs Debian's prometheus (apt-get install -y prometheus)", file=sys.stderr)

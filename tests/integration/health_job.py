@@ -7,7 +7,8 @@ The rules are rendered by scripts/generate_rules.py from the source of the shipp
 the Python Prometheus exporter, one port each (base + LOCAL_RANK); the scrape job is named
 after their service and attaches their identity as target labels, as collector-config/README.md
 says the direct-scrape path needs. A thread polls ``/api/v1/alerts`` every 0.2 s and keeps,
-for every alert, when it was first seen pending and firing and Prometheus' ``activeAt``.
+for every activation of an alert (a name, labels and Prometheus' ``activeAt``), when it was
+first seen pending and firing.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def _unix(active_at: str) -> float:
 
 @dataclass
 class AlertRecord:
-    """What the poller saw of one alert (one name and label set)."""
+    """What the poller saw of one activation of an alert (a name and label set, from the
+    evaluation that found it active until it resolved)."""
 
     name: str
     labels: dict[str, str]
@@ -103,7 +105,8 @@ class HealthJob:
         self.base_port = free_port_run(ranks)
         self.master_port = free_port()
         self.ranks: list[DriverProcess] = []
-        self.alerts: dict[tuple[str, tuple[tuple[str, str], ...]], AlertRecord] = {}
+        self.alerts: list[AlertRecord] = []
+        self._active: dict[tuple[str, tuple[tuple[str, str], ...]], AlertRecord] = {}
         self.poll_errors = 0
         self.started_at = 0.0
         self._stop = threading.Event()
@@ -232,21 +235,27 @@ class HealthJob:
                 alerts = []
             now = time.time()
             with self._lock:
+                seen = set()
                 for alert in alerts:
                     labels = dict(alert["labels"])
                     if labels.get("dl_run_id", self.run_id) != self.run_id:
                         continue
                     name = labels.pop("alertname")
                     key = (name, tuple(sorted(labels.items())))
-                    record = self.alerts.get(key)
-                    if record is None:
-                        record = AlertRecord(name, labels, _unix(alert["activeAt"]))
-                        self.alerts[key] = record
+                    seen.add(key)
+                    active_at = _unix(alert["activeAt"])
+                    record = self._active.get(key)
+                    if record is None or record.active_at != active_at:
+                        record = AlertRecord(name, labels, active_at)
+                        self._active[key] = record
+                        self.alerts.append(record)
                     if alert["state"] == "pending" and record.pending_seen is None:
                         record.pending_seen = now
                     if alert["state"] == "firing" and record.firing_seen is None:
                         record.firing_seen = now
                         record.annotations = dict(alert.get("annotations") or {})
+                for key in set(self._active) - seen:
+                    del self._active[key]
             self._stop.wait(0.2)
 
     def fired(
@@ -259,11 +268,20 @@ class HealthJob:
         with self._lock:
             return [
                 record
-                for record in self.alerts.values()
+                for record in self.alerts
                 if record.firing_seen is not None
                 and record.firing_seen >= since
                 and (name is None or record.name == name)
                 and where(record)
+            ]
+
+    def firing_now(self, name: str) -> list[AlertRecord]:
+        """The activations of ``name`` that were firing at the last poll."""
+        with self._lock:
+            return [
+                record
+                for (alert, _), record in self._active.items()
+                if alert == name and record.firing_seen is not None
             ]
 
     def wait_fired(

@@ -10,9 +10,11 @@ The plan is a JSON object in argv[1] (keys of ``DEFAULTS``). Lines on stdout:
 ``ready`` once the exporter serves (then it waits for ``go`` on stdin), ``mark <step> <unix
 time>`` when it reaches ``mark_step``, ``straggle <unix time>`` when its straggler starts,
 ``inject <unix time>`` right before it hangs itself, ``done`` after the last step (then it
-waits for ``quit`` or the end of stdin). SIGUSR1 asks it to hang in its next forward/backward,
-the way the plan's ``hang`` says: ``sleep`` (a wait that releases the GIL) or ``gil`` (one C
-call that holds it).
+waits for ``quit``). SIGUSR1 asks it to hang in its next forward/backward, the way the plan's
+``hang`` says: ``sleep`` (a wait that releases the GIL) or ``gil`` (one C call that holds it).
+SIGUSR2 turns the rank's straggler of ``on_sigusr2`` on (``straggle <unix time>``) or off
+(``recover <unix time>``) from its next step. The rank exits when its stdin closes (its
+harness is gone).
 
 A collective that fails because a peer died raises on gloo; NCCL blocks instead until its
 watchdog fires (10 min). The rank does what NCCL does: it stays inside
@@ -46,6 +48,7 @@ DEFAULTS = {
     "mark_step": None,
     "report_every": 0,  # print "at <step> <unix time>" every this many steps
     "straggler": None,  # {"rank": r, "from_step": n, "phase": "fb" | "data", "factor": x}
+    "on_sigusr2": {},  # {"<rank>": {"phase": "fb" | "data", "factor": x}}, toggled by SIGUSR2
     "hang": "sleep",  # how to hang on SIGUSR1: "sleep" | "gil"
 }
 
@@ -68,16 +71,28 @@ def main() -> None:
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         return
+    quit_ = threading.Event()
+    threading.Thread(target=_watch_stdin, args=(quit_,), daemon=True).start()
     slow = random.Random(rank)
     tensor = torch.zeros(1)
-    straggler = plan["straggler"] or {}
+    straggler = dict(plan["straggler"] or {})
     hang = threading.Event()
     signal.signal(signal.SIGUSR1, lambda signum, frame: hang.set())
+    toggled = threading.Event()  # set by SIGUSR2, cleared when the step loop applies it
+    on_demand = plan["on_sigusr2"].get(str(rank))
+    signal.signal(signal.SIGUSR2, lambda signum, frame: toggled.set())
     for step in range(1, plan["steps"] + 1):
         if step == plan["mark_step"]:
             print(f"mark {step} {time.time():.6f}", flush=True)
         if plan["report_every"] and step % plan["report_every"] == 0:
             print(f"at {step} {time.time():.6f}", flush=True)
+        if toggled.is_set() and on_demand:
+            toggled.clear()
+            if straggler:
+                straggler = {}
+                print(f"recover {time.time():.6f}", flush=True)
+            else:
+                straggler = {"rank": rank, "from_step": step, **on_demand}
         straggling = straggler.get("rank") == rank and step >= straggler["from_step"]
         if straggling and step == straggler["from_step"]:
             print(f"straggle {time.time():.6f}", flush=True)
@@ -110,10 +125,17 @@ def main() -> None:
             with ot.evaluation(step):
                 time.sleep(plan["evaluate_s"])
     print("done", flush=True)
+    quit_.wait()
+    telemetry.shutdown()
+
+
+def _watch_stdin(quit_: threading.Event) -> None:
+    """Sets ``quit_`` on a ``quit`` line; ends the process when stdin closes without one."""
     for line in sys.stdin:
         if line.strip() == "quit":
-            break
-    telemetry.shutdown()
+            quit_.set()
+            return
+    os._exit(0)
 
 
 if __name__ == "__main__":
