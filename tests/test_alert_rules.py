@@ -4,7 +4,7 @@ Each test builds the series a small job of ranks would export (the ledger's metr
 every 15 s as the stack does) from a timeline of phases written here, independently of the
 rules, and states when each alert must and must not fire. The rules are those shipped
 (:func:`generate_rules.render` with its defaults: 60 s hang floor, 15 s evaluation, 5 min
-straggler windows). Each promtool run takes well under a second.
+straggler windows). Each promtool run needs under a second of CPU.
 """
 
 from __future__ import annotations
@@ -331,6 +331,23 @@ def test_the_rules_classify_every_phase_of_the_ledger_once():
     assert pauses | training == set(PHASES) and not pauses & training
     assert set(generate_rules.BUSY) <= training and set(generate_rules.PRODUCTIVE) <= training
     assert "communication" not in generate_rules.BUSY
+
+
+def test_a_variant_changes_only_its_parameters(capsys):
+    """`generate_rules.py --stdout --hang-floor-s 30 --interval-s 5` prints the same rules
+    with a 30 s floor and 5 s evaluation, and says so in its header; `--check` passes on
+    the committed file; a window shorter than two evaluations is refused."""
+    assert generate_rules.main(["--stdout", "--hang-floor-s", "30", "--interval-s", "5"]) == 0
+    variant = capsys.readouterr().out
+    shipped = RULES.read_text()
+    assert "Parameters: interval_s=5, hang_floor_s=30." in variant
+    assert variant.count("interval: 5s") == shipped.count("interval: 15s") == 3
+    squeeze = " ".join(variant.split())
+    assert "5 * last_over_time(run:dl_training_step_median:seconds[6h]), 30 )" in squeeze
+    assert variant.count("\n") == shipped.count("\n")
+    assert generate_rules.main(["--check"]) == 0
+    with pytest.raises(ValueError, match="straggler_window_s"):
+        generate_rules.Parameters(interval_s=60, straggler_window_s=90)
 
 
 # -- hangs --------------------------------------------------------------------------------------
