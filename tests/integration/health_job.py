@@ -309,7 +309,8 @@ def hang_latency_s(job: HealthJob, injected_at: float, timeout_s: float = 30) ->
     ``{"detected_s", "culprit_s", "culprits", "reasons", "silent"}``: seconds from the
     injection to the first evaluation that found the job hung (TrainingJobHung's activeAt)
     and that named a culprit, the ranks named and why, and the ranks TrainingRankSilent
-    named. Latencies are None when the alert did not fire within ``timeout_s``."""
+    named (waited for when a culprit is silent). Latencies are None when the alert did not
+    fire within ``timeout_s``."""
     result: dict[str, Any] = {"detected_s": None, "culprit_s": None, "culprits": [], "reasons": []}
     try:
         hung = job.wait_fired("TrainingJobHung", timeout_s, since=injected_at)
@@ -322,6 +323,12 @@ def hang_latency_s(job: HealthJob, injected_at: float, timeout_s: float = 30) ->
     culprits = job.fired("TrainingHangCulprit", since=injected_at)
     result["culprits"] = sorted({int(record.labels["dl_rank"]) for record in culprits})
     result["reasons"] = sorted({record.labels["dl_hang_reason"] for record in culprits})
+    if "silent" in result["reasons"]:
+        # A failed scrape, then the alert's own `for`: it may fire after the culprit.
+        try:
+            job.wait_fired("TrainingRankSilent", timeout_s, since=injected_at)
+        except TimeoutError:
+            pass
     result["silent"] = sorted(
         {int(record.labels["dl_rank"]) for record in job.fired("TrainingRankSilent")}
     )
