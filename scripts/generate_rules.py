@@ -697,9 +697,20 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             record="job:dl_training_goodput_live:ratio",
         ),
         Rule(
+            "Rolling goodput of a job across its attempts: the mean of its live goodput over "
+            "the rolling window, over the time some rank was alive (the downtime between "
+            "attempts and the progress a restart lost are in otel-training health only).",
+            f"avg_over_time(job:dl_training_goodput_live:ratio[{rolling}])",
+            record="job:dl_training_goodput_rolling:ratio",
+        ),
+    ]
+    first_alert = next(i for i, rule in enumerate(hang) if rule.alert)
+    hang[first_alert:first_alert] = [
+        Rule(
             "Goodput of each rank's attempt so far: productive time, less the training time "
             "since the last step of a stalled rank, / time since the process started (kept "
-            "for the lookback after the rank ends).",
+            "for the lookback after the rank ends). In this group, after the hang age, so "
+            "that both read the same evaluation.",
             f"(\n  sum by ({RANK}) (last_over_time(dl_training_phase_time_seconds_total"
             f'{{dl_training_phase=~"{productive}"}}[{lb}]))\n'
             f"  - on ({RANK}) (\n{_indent(stalled_tail, 4)}\n"
@@ -714,24 +725,18 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             f"avg by ({RUN}) (rank:dl_training_goodput_attempt:ratio)",
             record="run:dl_training_goodput_attempt:ratio",
         ),
-        Rule(
-            "Rolling goodput of a job across its attempts: the mean of its live goodput over "
-            "the rolling window, over the time some rank was alive (the downtime between "
-            "attempts and the progress a restart lost are in otel-training health only).",
-            f"avg_over_time(job:dl_training_goodput_live:ratio[{rolling}])",
-            record="job:dl_training_goodput_rolling:ratio",
-        ),
     ]
     return {
         "otel-training-hang": (
-            "Progress, hangs and their culprits, silence, checkpoints.",
+            "Progress, hangs and their culprits, silence, checkpoints, and the goodput of each "
+            "attempt (here, to read the hang age of the same evaluation).",
             hang,
         ),
         "otel-training-stragglers": (
             "Stragglers: busy time per step against the peers of the same pipeline stage.",
             stragglers,
         ),
-        "otel-training-goodput": ("Goodput: live, per attempt, rolling.", goodput),
+        "otel-training-goodput": ("Goodput: live and rolling.", goodput),
     }
 
 
