@@ -60,6 +60,7 @@ class Rank:
     saves: list[tuple[float, int]] = field(default_factory=list)  # (completed at, iteration)
     silent_from: float = math.inf
     stale: bool = True  # a failed scrape (direct path) or just no more samples (OTLP)
+    devices: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
 
     @property
     def t(self) -> float:
@@ -192,6 +193,11 @@ class Job:
         self.ranks[rank].stale = stale
         return self
 
+    def device(self, rank: int, series: str, labels: Mapping[str, str], value: float) -> Job:
+        """``rank`` also exports the device metric ``series`` at ``value`` throughout."""
+        self.ranks[rank].devices.append((series, dict(labels), value))
+        return self
+
     def input_series(self, until: float) -> list[dict[str, str]]:
         """promtool's input_series, one sample every INTERVAL_S from 0 to ``until``."""
         times = [i * INTERVAL_S for i in range(int(until // INTERVAL_S) + 1)]
@@ -199,6 +205,8 @@ class Job:
         for rank in self.ranks:
             rank.freeze()
             identity = {**LABELS, "dl_rank": str(rank.rank), "instance": f"node:{rank.rank}"}
+            for name, labels, value in rank.devices:
+                out[_series(name, {**identity, **labels})] = [f"{value:g}"] * len(times)
             silence_marked = False
             for t in times:
                 if t >= rank.silent_from:
@@ -646,6 +654,33 @@ def test_a_data_straggler_between_two_is_flagged_with_cause_data(promtool, tmp_p
     start = job.t
     job.steps(150, data=1.5, slower={1: {"data": 2.0}}).hang({})
     run_promtool(promtool, tmp_path, job, start + 700, _straggler_checks(start, 1, "data"))
+
+
+def test_a_compute_straggler_whose_gpu_runs_a_lower_clock_is_gpu_throttle(promtool, tmp_path):
+    """Four ranks, rank 3's forward/backward 50 % slower and its SM clock at 80 % of its
+    peers' (dl.gpu.clock.speed): the cause is gpu_throttle, not compute; a rank hotter by
+    5 °C only is no hint."""
+    job = Job(4).steps(120)
+    start = job.t
+    job.steps(150, slower={3: {"fb": 1.5}}).hang({})
+    sm = {"dl_gpu_clock_domain": "sm", "hw_id": "gpu0"}
+    for rank in range(4):
+        job.device(rank, "dl_gpu_clock_speed_hertz", sm, 1.41e9 if rank != 3 else 1.13e9)
+        job.device(rank, "hw_temperature_celsius", {"hw_id": "gpu0"}, 60 + 5 * (rank == 0))
+    run_promtool(
+        promtool,
+        tmp_path,
+        job,
+        start + 700,
+        [
+            Check(
+                start + 600,
+                "count by (dl_rank, cause) (rank:dl_training_straggler_cause:info "
+                "and on (dl_rank) (rank:dl_training_straggler_score:ratio > 1.2))",
+                ranks(3, cause="gpu_throttle"),
+            )
+        ],
+    )
 
 
 def test_without_communication_phase_stragglers_are_unattributed_not_guessed(promtool, tmp_path):
