@@ -8,7 +8,8 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test lint bench bench-spans bench-tensor bench-overhead gpu-check bench-bad-day \
-	bench-report bench-integrations bench-scale bench-prometheus bench-health semconv clean
+	bench-report bench-integrations bench-scale bench-prometheus bench-health \
+	bench-health-alerts semconv rules clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -80,8 +81,17 @@ bench-scale: setup
 bench-prometheus: setup
 	$(PY) bench/prometheus_scale.py
 
+# Hangs (4 ways x 5), stragglers (10) and a healthy control against the run-health rules,
+# with 4 gloo ranks and Debian's Prometheus (about half an hour, mostly waiting).
+bench-health-alerts: setup
+	$(PY) bench/health_alerts.py
+
 semconv: setup
 	$(PY) scripts/generate_semconv.py
+
+# collector-config/rules/training.yaml, from scripts/generate_rules.py.
+rules: setup
+	$(PY) scripts/generate_rules.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info otel-training-telemetry

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -50,3 +51,18 @@ def build_shared_library(source: Path, library: Path, *flags: str) -> Path:
         text=True,
     )
     return library
+
+
+def load_script(name: str) -> ModuleType:
+    """The module ``scripts/<name>.py`` of the repository, imported once (scripts are not a
+    package)."""
+    import sys
+
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module

@@ -176,7 +176,11 @@ def test_the_open_phase_and_how_long_it_has_been_open():
     ledger.exit(inner, CHECKPOINT_SAVE)
     ledger.exit(save, CHECKPOINT_SAVE)
     fake.advance(0.5)
-    assert ledger.read().open_phase == "startup" and ledger.read().open_s == pytest.approx(0.5)
+    # startup, outside any phase, has been open since process creation (2 s before the save)
+    assert ledger.read().open_phase == "startup" and ledger.read().open_s == pytest.approx(7.5)
+    spend(ledger, fake, ITERATION, 1.0)
+    fake.advance(0.5)
+    assert ledger.read().open_phase == "other" and ledger.read().open_s == pytest.approx(0.5)
 
 
 def test_out_of_order_exits_close_what_was_opened_after():

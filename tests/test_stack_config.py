@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
+from opentelemetry.semconv._incubating.metrics.hw_metrics import HW_TEMPERATURE
+from support import load_script, unavailable
 
 from otel_training.semconv.spans import SPANS
 
@@ -30,6 +32,8 @@ PROMETHEUS = CONFIG_DIR / "prometheus.yaml"
 DATASOURCES = CONFIG_DIR / "grafana" / "provisioning" / "datasources" / "otel-training.yaml"
 PROVIDERS = CONFIG_DIR / "grafana" / "provisioning" / "dashboards" / "otel-training.yaml"
 DASHBOARD = CONFIG_DIR / "grafana" / "dashboards" / "training.json"
+RULES_DIR = CONFIG_DIR / "rules"
+RULES = RULES_DIR / "training.yaml"
 README = CONFIG_DIR / "README.md"
 REGISTRY_DIR = ROOT / "semconv" / "registry"
 
@@ -191,7 +195,12 @@ _UNIT_WORDS = {
     "By": "bytes",
     "GiBy": "gibibytes",
     "Hz": "hertz",
+    "Cel": "celsius",
 }
+#: OpenTelemetry's own metrics that otel-training exports (not in our registry), with their
+#: instrument and unit as the semantic-conventions package defines them
+#: (opentelemetry.semconv._incubating.metrics.hw_metrics.create_hw_temperature).
+OTEL_METRICS = {HW_TEMPERATURE: ("gauge", "Cel")}
 
 
 def _prometheus_label(name: str) -> str:
@@ -229,6 +238,113 @@ def _registry_series() -> dict[str, list[str]]:
         m["name"]: _prometheus_series(m["name"], m["instrument"], m.get("unit", ""))
         for m in _registry_metrics()
     }
+
+
+# -- the rules (collector-config/rules/training.yaml) ---------------------------------------------
+
+#: The alerts issue 16 asks for.
+ALERTS = {
+    "TrainingRankStalled",
+    "TrainingJobHung",
+    "TrainingHangCulprit",
+    "TrainingRankSilent",
+    "TrainingCheckpointStale",
+    "TrainingStraggler",
+}
+_PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
+
+
+def _rules() -> list[dict[str, Any]]:
+    return [rule for group in _yaml(RULES)["groups"] for rule in group["rules"]]
+
+
+def _records() -> set[str]:
+    return {rule["record"] for rule in _rules() if "record" in rule}
+
+
+def _selected_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects: identifiers that are not functions, label
+    lists (by, on, group_left, ...), label matchers, strings, ranges or keywords."""
+    text = re.sub(r'"[^"]*"', '""', expr)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
+    names = re.findall(r"(?<![\w:.])([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()", text)
+    return {n for n in names if n.lower() not in _PROMQL_WORDS}
+
+
+def test_the_rules_file_is_generated_from_its_source():
+    """collector-config/rules/training.yaml is what scripts/generate_rules.py renders now."""
+    generate_rules = load_script("generate_rules")
+    assert RULES.read_text() == generate_rules.render()
+
+
+def test_the_rules_file_passes_promtool_check_rules():
+    """promtool accepts every rule (syntax, duplicate series, templates)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        unavailable("promtool is missing (apt-get install -y prometheus)")
+    result = subprocess.run(
+        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_rules_define_the_alerts_of_issue_16_with_severities():
+    """The six alerts exist once each, with a severity and a summary."""
+    alerts = [rule for rule in _rules() if "alert" in rule]
+    assert sorted(rule["alert"] for rule in alerts) == sorted(ALERTS)
+    for rule in alerts:
+        assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
+        assert rule["annotations"]["summary"], rule["alert"]
+
+
+def test_every_metric_the_rules_read_is_a_registry_metric_or_a_record(dashboard):
+    """Each series a rule selects is a registry metric under its Prometheus name, an
+    OpenTelemetry hardware metric otel-training exports, or a record of the same file; and
+    the selector parser sees the ledger's metrics (so the check cannot pass empty). Every
+    record is read by a rule or by the dashboard."""
+    known = {name for names in _registry_series().values() for name in names}
+    known |= {_prometheus_series(n, i, u)[0] for n, (i, u) in OTEL_METRICS.items()}
+    records = _records()
+    used: set[str] = set()
+    for rule in _rules():
+        used |= _selected_names(rule["expr"])
+    unknown = used - known - records
+    assert not unknown, f"not a registry metric nor a record: {sorted(unknown)}"
+    assert {
+        "dl_training_phase_time_seconds_total",
+        "dl_training_phase_elapsed_seconds",
+        "dl_training_progress_age_seconds",
+        "dl_training_progress_timestamp_seconds",
+        "dl_training_progress_iteration",
+        "dl_training_checkpoint_age_seconds",
+        "dl_gpu_clock_speed_hertz",
+    } <= used
+    on_dashboard = {name for expr in _exprs(dashboard) for name in _metric_names(expr)}
+    # The attempt and job goodput figures are outputs for queries (the dashboard averages the
+    # rank-level ones so that it can filter by rank).
+    outputs = {r for r in records if r.startswith(("run:", "job:")) and "goodput" in r}
+    unread = records - used - on_dashboard - outputs
+    assert not unread, f"records nobody reads: {sorted(unread)}"
+
+
+def test_records_follow_the_level_metric_operation_convention():
+    """Recording rules are named level:metric:unit-or-operation, at the rank, run or job
+    level, in otel-training's namespace."""
+    for record in _records():
+        assert re.fullmatch(r"(rank|run|job):dl_training_[a-z_]+:[a-z_]+", record), record
+
+
+def test_compose_mounts_the_rules_where_prometheus_reads_them(compose):
+    """The rules directory is mounted read-only beside prometheus.yaml, where its rule_files
+    glob looks, and the glob matches the shipped file."""
+    config_target = _mount_target(compose, "prometheus", PROMETHEUS)
+    rules_target = _mount_target(compose, "prometheus", RULES_DIR)
+    (pattern,) = _yaml(PROMETHEUS)["rule_files"]
+    assert not pattern.startswith("/")
+    assert f"{Path(config_target).parent}/{pattern}".startswith(rules_target + "/")
+    assert [p.name for p in CONFIG_DIR.glob(pattern)] == [RULES.name]
 
 
 # -- docker-compose.yaml -------------------------------------------------------------------------
@@ -519,10 +635,12 @@ def test_prometheus_configuration_passes_promtool(tmp_path):
     config.pop("otlp")
     path = tmp_path / "prometheus.yaml"
     path.write_text(yaml.safe_dump(config))
+    shutil.copytree(RULES_DIR, tmp_path / "rules")  # where rule_files points, beside it
     result = subprocess.run(
         [promtool, "check", "config", str(path)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 1 rule files found" in result.stdout, result.stdout
 
 
 # -- Grafana provisioning ----------------------------------------------------------------------
@@ -597,10 +715,11 @@ def test_queries_filter_on_the_promoted_labels(dashboard):
 
 
 def test_dashboard_metric_names_are_the_translated_registry_names(dashboard):
-    """Each metric the dashboard selects is a registry metric under its Prometheus name (or a
-    pending tensor metric); each registry metric has a panel."""
+    """Each metric the dashboard selects is a registry metric under its Prometheus name, a
+    record of the rules file (or a pending tensor metric); each registry metric has a
+    panel."""
     series = _registry_series()
-    known = {name for names in series.values() for name in names}
+    known = {name for names in series.values() for name in names} | _records()
     used = {name for expr in _exprs(dashboard) for name in _metric_names(expr)}
     unknown = {n for n in used - known if not n.startswith(PENDING_PREFIX)}
     assert not unknown, f"not the Prometheus name of any registry metric: {unknown}"

@@ -19,6 +19,7 @@ import os
 import queue
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -62,6 +63,29 @@ def poll(what: str, probe: Callable[[], T | None], timeout_s: float, interval_s:
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{what}: not within {timeout_s:g} s (last: {last!r})")
         time.sleep(interval_s)
+
+
+def free_port_run(count: int) -> int:
+    """A base port P such that P..P+count-1 are free on 127.0.0.1 now."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65535:
+            continue
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                sock.bind(("127.0.0.1", port))
+                sockets.append(sock)
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError("no run of free ports")
 
 
 class PrometheusError(RuntimeError):

@@ -14,9 +14,14 @@ loopback port with a temporary configuration and TSDB) scrapes, every second:
 - two small drivers for case A5, one with the temporality preference unset and one with
   ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE=delta``.
 
+The same Prometheus evaluates the run-health rules of collector-config/rules/training.yaml
+(rendered with tests/integration/alerts_job.py's 1 s parameters), so the dashboard's queries
+of recorded series run against real records.
+
 Then every PromQL expression of the dashboard runs with its template variables expanded as
-Grafana expands them, and must return data, except the panels listed in `GPU_ONLY` and
-`PENDING_TENSOR`; the panels of `ZERO_WHEN_ABSENT` return 0 for the healthy run.
+Grafana expands them, and must return data, except the panels listed in `GPU_ONLY`,
+`PENDING_TENSOR` and `PANELS_OF_THIS_JOB` (several ranks or a hang: test_health_alerts.py
+reads them); the panels of `ZERO_WHEN_ABSENT` return 0 for the healthy run.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alerts_job import E2E_PARAMETERS, PANELS_OF_THIS_JOB, generate_rules
 from otlp_receiver import free_port
 from prometheus_server import (
     DriverProcess,
@@ -210,8 +216,12 @@ def ports() -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def prometheus(prometheus_binary, ports, tmp_path_factory) -> Iterator[PrometheusServer]:
+    workdir = tmp_path_factory.mktemp("prometheus")
+    rules = workdir / "rules.yaml"
+    rules.write_text(generate_rules.render(E2E_PARAMETERS))
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+        "rule_files": [str(rules)],
         "scrape_configs": [
             {
                 "job_name": SERVICE,
@@ -231,7 +241,7 @@ def prometheus(prometheus_binary, ports, tmp_path_factory) -> Iterator[Prometheu
             ),
         ],
     }
-    with PrometheusServer(prometheus_binary, tmp_path_factory.mktemp("prometheus"), config) as p:
+    with PrometheusServer(prometheus_binary, workdir, config) as p:
         yield p
 
 
@@ -403,7 +413,7 @@ def test_every_dashboard_query_returns_data(prometheus, demo, mode):
     values: dict[str, str | list[str]] = {name: "$__all" for name in variables}
     if mode == "selected":
         values.update(service=[SERVICE], job=[IDENTITY["dl_job_id"]], rank=[IDENTITY["dl_rank"]])
-    excluded = {**GPU_ONLY, **PENDING_TENSOR}
+    excluded = {**GPU_ONLY, **PENDING_TENSOR, **PANELS_OF_THIS_JOB}
     failures = []
     checked = 0
     for title, ref, expr in _queries(dashboard):
@@ -470,9 +480,11 @@ def test_checkpoint_panels_chart_the_saves_of_each_run(prometheus, demo, healthy
 
 
 def test_excluded_panels_exist_and_stay_excluded_for_a_reason():
-    """GPU_ONLY and PENDING_TENSOR name real panels; a pending metric is not declared yet."""
+    """GPU_ONLY, PENDING_TENSOR and PANELS_OF_THIS_JOB name real panels; a pending metric is
+    not declared yet."""
     titles = {panel["title"] for panel in _panels(_dashboard())}
     assert set(GPU_ONLY) <= titles and set(PENDING_TENSOR) <= titles
+    assert set(PANELS_OF_THIS_JOB) <= titles
     declared = "\n".join(p.read_text() for p in REGISTRY_DIR.glob("*.yaml"))
     landed = [
         m for m in PENDING_TENSOR.values() if re.search(rf"name:\s*{re.escape(m)}\s", declared)

@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from prometheus_server import free_port_run
+
 RANK = textwrap.dedent(
     """
     import sys, time
@@ -24,29 +26,6 @@ RANK = textwrap.dedent(
     sys.stdin.read()          # stays up until the test closes stdin
     """
 )
-
-
-def _free_run_of_ports(count: int) -> int:
-    """A base port P such that P..P+count-1 are free on 127.0.0.1 now."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                sock.bind(("127.0.0.1", port))
-                sockets.append(sock)
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise RuntimeError("no run of free ports")
 
 
 def _start(rank: int, base: int, repo_root: Path) -> subprocess.Popen:
@@ -88,7 +67,7 @@ def _scrape(url: str) -> str:
 def test_case_a14_every_local_rank_serves_its_own_port(repo_root):
     """Case A14: four local ranks on one base port each announce a distinct URL, base +
     LOCAL_RANK, that serves their own target_info and loss."""
-    base = _free_run_of_ports(4)
+    base = free_port_run(4)
     ranks = [_start(rank, base, repo_root) for rank in range(4)]
     try:
         urls = []
@@ -111,7 +90,7 @@ def test_case_a14_every_local_rank_serves_its_own_port(repo_root):
 
 def test_a_rank_that_cannot_serve_says_so_on_stderr(repo_root):
     """A rank whose port is taken names the port and the variable on stderr and carries on."""
-    base = _free_run_of_ports(2)
+    base = free_port_run(2)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", base + 1))
         taken.listen()

@@ -298,7 +298,7 @@ class Ledger:
         self._totals[stack[-1]] += spent
         del self._starts[token:]
         del stack[token:]
-        if not stack:
+        if not stack and self._base != STARTUP:  # startup stays open since process creation
             self._base_since = now
         if failed:
             return
