@@ -60,6 +60,8 @@ from opentelemetry.semconv.attributes.exception_attributes import (
 )
 from opentelemetry.trace import TraceFlags
 
+from otel_training.limits import safe_text
+
 __all__ = [
     "IGNORED_LOGGERS",
     "LoggingHandler",
@@ -132,10 +134,8 @@ def _warn_once(cause: str) -> None:
 
 
 def _text(value: Any) -> str:
-    try:
-        return value if type(value) is str else str(value)
-    except Exception:
-        return f"<{type(value).__name__}>"
+    """``value`` as text by the string rule, not cut (the exporter cuts it)."""
+    return value if type(value) is str else safe_text(value, None)
 
 
 class LoggingHandler(logging.Handler):

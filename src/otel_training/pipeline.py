@@ -58,7 +58,13 @@ from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE
 
 from otel_training import config, device_metrics, files, limits
 from otel_training import views as _views
-from otel_training.exporters import SafeLogRecordExporter, SafeMetricExporter, SafeSpanExporter
+from otel_training.exporters import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    SafeLogRecordExporter,
+    SafeMetricExporter,
+    SafeSpanExporter,
+    safe_prometheus_reader,
+)
 from otel_training.health.metrics import observe_ledger
 from otel_training.ids import ProcessLocalIdGenerator
 from otel_training.open_spans import OpenSpans
@@ -411,6 +417,7 @@ def _metric_reader(
     otlp = settings.metrics_otlp
     exporter: MetricExporter
     interval_ms = settings.metric_export_interval_ms
+    max_request_bytes = DEFAULT_MAX_REQUEST_BYTES
     if name == "none":
         return None, "nowhere"
     if name == "prometheus":
@@ -438,8 +445,11 @@ def _metric_reader(
         exporter = FileMetricExporter(stream=stream, preferred_temporality=temporality)
         target = f"OTLP-JSON file {path}"
         interval_ms = settings.file_metric_export_interval_ms
+        max_request_bytes = files.LINE_BUDGET_BYTES  # one line per request: under 1 MiB
     reader = PeriodicExportingMetricReader(
-        SafeMetricExporter(exporter, limits=settings.span_limits),
+        SafeMetricExporter(
+            exporter, limits=settings.span_limits, max_request_bytes=max_request_bytes
+        ),
         export_interval_millis=interval_ms,
         export_timeout_millis=min(settings.metric_export_timeout_ms, interval_ms),
     )
@@ -448,7 +458,7 @@ def _metric_reader(
 
 def _prometheus_reader(settings: config.Settings) -> tuple[MetricReader | None, str]:
     try:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        import opentelemetry.exporter.prometheus  # noqa: F401 - the reader's dependency
         from prometheus_client import start_http_server
     except ImportError:
         _logger.warning(
@@ -471,7 +481,8 @@ def _prometheus_reader(settings: config.Settings) -> tuple[MetricReader | None, 
             error,
         )
         return None, "nowhere"
-    return PrometheusMetricReader(), f"Prometheus http://{host}:{port}/metrics"
+    reader = safe_prometheus_reader(settings.span_limits)
+    return reader, f"Prometheus http://{host}:{port}/metrics"
 
 
 def _span_exporter(
