@@ -3,18 +3,35 @@ say so, records fit their budget."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
+import pytest
+from doc_rules import documents
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace as trace_api
+from opentelemetry._logs import LogRecord, SeverityNumber
+from opentelemetry.exporter.otlp.json.file import FileSpanExporter
+from opentelemetry.exporter.otlp.json.file._log_exporter import FileLogExporter
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, Status, StatusCode
 
 from otel_training import limits
-from otel_training.limits import Limits, bounded_span, bounded_value, cut_marker, safe_text
+from otel_training.limits import (
+    Limits,
+    bounded_log_record,
+    bounded_span,
+    bounded_value,
+    cut_marker,
+    safe_text,
+)
 
 CONTEXT = trace_api.SpanContext(0x1234, 0x5678, is_remote=False)
 #: Any Python string: lone surrogates (what os.fsdecode makes of undecodable bytes), controls,
@@ -161,3 +178,192 @@ def test_any_span_encodes_in_protobuf_and_json(name, attributes, event_attribute
         {"name": bounded.name, "attributes": dict(bounded.attributes)}, ensure_ascii=False
     )
     text.encode("utf-8")
+
+
+# -- the worst-case estimate, against real output ---------------------------------------------
+
+#: Attribute values of every kind the SDK takes, strings of any content among them.
+VALUES = st.one_of(
+    ANY_TEXT,
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.lists(ANY_TEXT, max_size=20).map(tuple),
+    st.lists(st.floats(allow_nan=False), max_size=20).map(tuple),
+)
+MAPS = st.dictionaries(ANY_TEXT, VALUES, max_size=6)
+
+
+def _otlp_json_bytes(exporter_class, record) -> int:
+    stream = io.StringIO()
+    exporter_class(stream=stream).export([record])
+    return len(stream.getvalue().encode("utf-8"))
+
+
+@documents("limits.md", "and the structure around them as the")
+@settings(max_examples=150, deadline=None)
+@given(
+    name=ANY_TEXT,
+    attributes=MAPS,
+    events=st.lists(st.tuples(ANY_TEXT, MAPS), max_size=30),
+    links=st.lists(MAPS, max_size=10),
+    description=st.one_of(st.none(), ANY_TEXT),
+    scope=st.tuples(ANY_TEXT, ANY_TEXT, MAPS),
+    resource=MAPS,
+)
+def test_the_estimate_is_never_below_the_real_size(
+    name, attributes, events, links, description, scope, resource
+):
+    """Property: for any span and log record (after the string rule), its worst-case cost,
+    with its scope's and resource's, is at least the bytes of its real OTLP-JSON line and
+    of its protobuf request."""
+    record = bounded_span(
+        ReadableSpan(
+            name,
+            context=CONTEXT,
+            parent=CONTEXT,
+            attributes=attributes,
+            events=[Event(n, a, 2**63 - 1) for n, a in events],
+            links=[Link(CONTEXT, a) for a in links],
+            status=Status(StatusCode.ERROR, description) if description else Status(),
+            start_time=2**63 - 1,
+            end_time=2**63 - 1,
+            resource=Resource(resource),
+            instrumentation_scope=InstrumentationScope(*scope),
+        )
+    )
+    groups = limits.scope_cost(record.instrumentation_scope) + limits.scope_cost(record.resource)
+    estimate = limits.span_cost(record) + groups
+    assert _otlp_json_bytes(FileSpanExporter, record) <= estimate
+    assert len(encode_spans([record]).SerializeToString()) <= estimate
+    log = bounded_log_record(
+        ReadableLogRecord(
+            LogRecord(
+                timestamp=2**63 - 1,
+                observed_timestamp=2**63 - 1,
+                body=name,
+                attributes=attributes,
+                severity_text=description,
+            ),
+            resource=record.resource,
+            instrumentation_scope=record.instrumentation_scope,
+        )
+    )
+    estimate = limits.log_record_cost(log) + groups
+    assert _otlp_json_bytes(FileLogExporter, log) <= estimate
+    assert len(encode_logs([log]).SerializeToString()) <= estimate
+
+
+@documents("limits.md", "down to 32 characters")
+def test_long_values_beyond_u_ffff_are_cut_alike_and_none_is_dropped():
+    """64 values of 16,384 characters beyond U+FFFF (12 bytes each in JSON) fit the record
+    budget by being cut alike: every attribute is kept, all at the same length."""
+    record = span(attributes={f"k{i}": "\U0001f600" * 16_384 for i in range(64)})
+    bounded = bounded_span(record)
+    assert limits.span_cost(bounded) <= limits.RECORD_BUDGET_BYTES
+    lengths = {len(v) for v in bounded.attributes.values()}
+    assert len(bounded.attributes) == 64 and len(lengths) == 1 and lengths.pop() < 16_384
+
+
+def _line(records: list) -> tuple[int, int]:
+    """(real OTLP-JSON bytes, estimate) of one line of ``records`` (spans or log records):
+    each record's cost, each resource's once and each scope's once per resource, as the
+    exporters count a request."""
+    is_span = isinstance(records[0], ReadableSpan)
+    cost = limits.span_cost if is_span else limits.log_record_cost
+    resources = {id(r.resource): r.resource for r in records}
+    scopes = {
+        (id(r.resource), id(r.instrumentation_scope)): r.instrumentation_scope for r in records
+    }
+    estimate = sum(map(cost, records)) + sum(map(limits.scope_cost, resources.values()))
+    estimate += sum(map(limits.scope_cost, scopes.values()))
+    stream = io.StringIO()
+    (FileSpanExporter if is_span else FileLogExporter)(stream=stream).export(records)
+    return len(stream.getvalue().encode("utf-8")), estimate
+
+
+END = 2**63 - 1
+RESOURCE, SCOPE = Resource({}), InstrumentationScope("")
+
+
+def _spans(count: int = 1, groups=lambda i: {}, **fields) -> list[ReadableSpan]:
+    """``count`` spans with every field at its longest but strings; ``groups(i)`` may give
+    the i-th its own scope or resource."""
+    fields = {"resource": RESOURCE, "instrumentation_scope": SCOPE, **fields}
+    return [
+        ReadableSpan(
+            "",
+            context=CONTEXT,
+            parent=CONTEXT,
+            start_time=END,
+            end_time=END,
+            status=Status(StatusCode.ERROR, ""),
+            kind=trace_api.SpanKind.CONSUMER,
+            **{**fields, **groups(i)},
+        )
+        for i in range(count)
+    ]
+
+
+def _logs(count: int = 1, **fields) -> list:
+    """``count`` log records with every field at its longest but strings."""
+    fields = {"body": "", "severity_number": SeverityNumber.FATAL4, **fields}
+    return [
+        ReadableLogRecord(
+            LogRecord(
+                timestamp=END,
+                observed_timestamp=END,
+                trace_id=2**128 - 1,
+                span_id=2**64 - 1,
+                trace_flags=trace_api.TraceFlags(1),
+                **fields,
+            ),
+            resource=RESOURCE,
+            instrumentation_scope=SCOPE,
+        )
+        for _ in range(count)
+    ]
+
+
+BIG, SMALL = -(2**63), -1.7976931348623157e308
+#: Each structure around the strings, many times over, with strings that cost exactly their
+#: estimate (empty, or plain ASCII): what the estimate adds for it is what the real line does.
+STRUCTURES = {
+    "spans": lambda: _spans(200),
+    "events": lambda: _spans(events=[Event("", {}, END)] * 500),
+    "links": lambda: _spans(links=[Link(CONTEXT, {})] * 200),
+    "int attributes": lambda: _spans(attributes={f"{i}": BIG for i in range(500)}),
+    "float attributes": lambda: _spans(attributes={f"{i}": SMALL for i in range(500)}),
+    "string attributes": lambda: _spans(attributes={f"{i}": "" for i in range(500)}),
+    "string items": lambda: _spans(attributes={"s": ("",) * 1000}),
+    "float items": lambda: _spans(attributes={"f": (SMALL,) * 1000}),
+    "scopes": lambda: _spans(
+        200, lambda i: {"instrumentation_scope": InstrumentationScope(f"{i}", "", "")}
+    ),
+    "scope attributes": lambda: _spans(
+        instrumentation_scope=InstrumentationScope("", "", "", {f"{i}": "" for i in range(300)})
+    ),
+    "resources": lambda: _spans(200, lambda i: {"resource": Resource({"k": f"{i}"})}),
+    "log records": lambda: _logs(200),
+    "log attributes": lambda: _logs(attributes={f"{i}": BIG for i in range(500)}),
+    "log body list": lambda: _logs(body=[BIG] * 1000),
+    "log body map": lambda: _logs(body={f"{i}": "" for i in range(500)}),
+}
+
+
+@documents("limits.md", "the structure around them as the OTLP-JSON files write it")
+@pytest.mark.parametrize("structure", STRUCTURES)
+def test_the_estimate_of_each_structure_is_at_least_its_real_size_and_close(structure):
+    """What the estimate adds for each structure around the strings (spans and log records,
+    events, links, attributes of each type, sequence items, scopes, resources, log bodies) is
+    at least what the real OTLP-JSON line adds, and at most twice that."""
+    records = STRUCTURES[structure]()
+    real, estimate = _line(records)
+    if structure in ("scopes", "resources"):  # against as many spans in one group
+        base = _spans(len(records))
+    else:
+        base = records[:1] if len(records) > 1 else _logs() if structure[:3] == "log" else _spans()
+    base_real, base_estimate = _line(base)
+    assert base_real <= base_estimate
+    added_real, added_estimate = real - base_real, estimate - base_estimate
+    assert added_real <= added_estimate <= 2 * added_real

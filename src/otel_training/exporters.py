@@ -72,37 +72,37 @@ def _chunks(
     items: Sequence[_T],
     cost: Callable[[_T], int],
     limit: int,
-    shared: Callable[[_T], tuple[Any, ...]] = lambda item: (),
+    shared: Callable[[_T], tuple[Any, Any]] | None = None,
 ) -> list[Sequence[_T]]:
     """``items`` in order, in runs whose summed ``cost`` stays under ``limit`` (an item
-    costlier than ``limit`` alone in its run). ``shared(item)`` names what a request carries
-    once for all the items that share it (their resource and scope): each counts once a run,
-    at :func:`limits.scope_cost`."""
+    costlier than ``limit`` alone in its run). ``shared(item)`` gives the resource and scope
+    that a request carries once for all the items that share them: each resource counts once
+    a run, each scope once per resource (OTLP groups scopes by resource), at
+    :func:`limits.scope_cost`."""
     runs: list[Sequence[_T]] = []
     start = 0
     used = 0
-    seen: set[int] = set()
+    seen: set[tuple[int, ...]] = set()
     for i, item in enumerate(items):
         c = cost(item)
-        extra = [part for part in shared(item) if id(part) not in seen]
-        c += sum(_limits.scope_cost(part) for part in extra)
+        groups = ()
+        if shared is not None:
+            resource, scope = shared(item)
+            groups = (((id(resource),), resource), ((id(resource), id(scope)), scope))
+            c += sum(_limits.scope_cost(g) for key, g in groups if key not in seen)
         if used + c > limit and i > start:
             runs.append(items[start:i])
             start, used = i, 0
             seen.clear()
-            extra = list(shared(item))
-            c = cost(item) + sum(_limits.scope_cost(part) for part in extra)
-        seen.update(id(part) for part in extra)
+            c = cost(item) + sum(_limits.scope_cost(g) for _, g in groups)
+        seen.update(key for key, _ in groups)
         used += c
     runs.append(items[start:])
     return runs
 
 
-def _span_groups(span: ReadableSpan) -> tuple[Any, ...]:
-    return (span.resource, span.instrumentation_scope)
-
-
-def _log_groups(record: ReadableLogRecord) -> tuple[Any, ...]:
+def _groups(record: Any) -> tuple[Any, Any]:
+    """The resource and scope of a span or log record."""
     return (record.resource, record.instrumentation_scope)
 
 
@@ -159,7 +159,7 @@ class _BatchBounded:
     _what = ""
     _bound: Callable[[Any, _limits.Limits], Any]
     _cost: Callable[[Any], int]
-    _groups: Callable[[Any], tuple[Any, ...]]
+    _groups: Callable[[Any], tuple[Any, Any]]
     _success: Any
     _failure: Any
 
@@ -217,7 +217,7 @@ class SafeSpanExporter(_BatchBounded, SpanExporter):
     _what = "span"
     _bound = staticmethod(_limits.bounded_span)
     _cost = staticmethod(_limits.span_cost)
-    _groups = staticmethod(_span_groups)
+    _groups = staticmethod(_groups)
     _success = SpanExportResult.SUCCESS
     _failure = SpanExportResult.FAILURE
 
@@ -250,7 +250,7 @@ class SafeLogRecordExporter(_BatchBounded, LogRecordExporter):
     _what = "log"
     _bound = staticmethod(_limits.bounded_log_record)
     _cost = staticmethod(_limits.log_record_cost)
-    _groups = staticmethod(_log_groups)
+    _groups = staticmethod(_groups)
     _success = LogRecordExportResult.SUCCESS
     _failure = LogRecordExportResult.FAILURE
 

@@ -43,7 +43,7 @@ for any other printable ASCII character; it bounds protobuf (at most 4 bytes a c
 from __future__ import annotations
 
 import math
-import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -56,6 +56,7 @@ from opentelemetry.trace import Link, Status
 __all__ = [
     "DEFAULT_LIMITS",
     "DEFAULT_VALUE_LENGTH",
+    "GROUP_BUDGET_BYTES",
     "MAX_NAME_LENGTH",
     "MAX_SEQUENCE_LENGTH",
     "MAX_VALUE_DEPTH",
@@ -85,8 +86,13 @@ DEFAULT_VALUE_LENGTH: Final = 16_384
 #: Characters kept of names and keys: span, event and metric names, units, attribute keys,
 #: scope names, versions and schema URLs.
 MAX_NAME_LENGTH: Final = 1_024
-#: Worst-case JSON bytes of the strings and values of one span or log record together.
+#: Worst-case JSON bytes of the strings and values of one span, log record or metric point
+#: together.
 RECORD_BUDGET_BYTES: Final = 900_000
+#: Worst-case JSON bytes of one resource or one instrumentation scope, which a request carries
+#: once for the records it groups: a record at its budget, its resource and its scope stay
+#: under 1 MiB together.
+GROUP_BUDGET_BYTES: Final = 32 * 1024
 #: Items kept of a sequence value.
 MAX_SEQUENCE_LENGTH: Final = 1_024
 #: Levels of nesting kept of a log body or attribute value (maps and lists in maps...); a
@@ -114,12 +120,11 @@ _POINT_COST = 160
 #: a metric beyond its name, unit and description: its kind, temporality and brackets.
 _METRIC_COST = 120
 #: an instrumentation scope or resource beyond its strings and attributes.
-_SCOPE_COST = 120
+_SCOPE_COST = 60
 #: Fewest characters a string is cut to when a record is over its budget.
 _MIN_CUT = 32
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -144,11 +149,12 @@ def cut_marker(cut: int) -> str:
     return f"...[{cut} characters cut]"
 
 
-def _escape(match: re.Match) -> str:
-    code = ord(match.group())
-    if 0xDC80 <= code <= 0xDCFF:
-        return f"\\x{code - 0xDC00:02x}"
-    return f"\\u{code:04x}"
+#: Each lone surrogate's escape: ``\\xNN`` for U+DC80..U+DCFF (the bytes ``os.fsdecode``
+#: could not decode), ``\\uDXXX`` for any other (``str.translate`` applies it at C speed).
+_ESCAPES: Final = {
+    code: f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+    for code in range(0xD800, 0xE000)
+}
 
 
 def safe_text(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH) -> str:
@@ -173,7 +179,7 @@ def safe_text(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH) -> str:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            value = _SURROGATE.sub(_escape, value)
+            value = value.translate(_ESCAPES)
     if limit is not None and len(value) > limit:
         value = _cut(value, limit)
     return value
@@ -302,8 +308,9 @@ def bounded_scope(
     scope: InstrumentationScope | None, limit: int | None = DEFAULT_VALUE_LENGTH
 ) -> InstrumentationScope | None:
     """An instrumentation scope with its name, version and schema URL as names (rules 1-2 at
-    :data:`MAX_NAME_LENGTH`) and its attributes bounded; the same object when nothing needed
-    a change (checked once per scope object). Never raises."""
+    :data:`MAX_NAME_LENGTH`), its attributes bounded and, all together, under
+    :data:`GROUP_BUDGET_BYTES` (rule 3); the same object when nothing needed a change
+    (checked once per scope object). Never raises."""
     if scope is None:
         return None
     known = _BOUNDED.get(id(scope))
@@ -317,22 +324,26 @@ def bounded_scope(
             and (version is None or _is_clean_name(version))
             and (schema_url is None or _is_clean_name(schema_url))
             and not _needs_work(attributes, limit)
+            and scope_cost(scope) <= GROUP_BUDGET_BYTES
         ):
             return _remember(scope, scope)
-        bounded = InstrumentationScope(
-            _safe_name(name),
-            None if version is None else _safe_name(version),
-            None if schema_url is None else _safe_name(schema_url),
-            bounded_attributes(attributes, limit),
+        name = _safe_name(name)
+        version = None if version is None else _safe_name(version)
+        schema_url = None if schema_url is None else _safe_name(schema_url)
+        fixed = _SCOPE_COST + json_cost(name) + json_cost(version or "") + json_cost(schema_url)
+        attributes = _fit_attributes(
+            dict(bounded_attributes(attributes, limit) or {}), GROUP_BUDGET_BYTES - fixed
         )
+        bounded = InstrumentationScope(name, version, schema_url, attributes)
     except Exception:  # a scope that cannot even be read: named for what it is
         bounded = InstrumentationScope("<unreadable scope>")
     return _remember(scope, bounded)
 
 
 def bounded_resource(resource: Resource | None, limit: int | None = DEFAULT_VALUE_LENGTH) -> Any:
-    """A resource with its keys, values and schema URL after rules 1, 2 and 4; the same
-    object when nothing needed a change (checked once per resource object). Never raises."""
+    """A resource with its keys, values and schema URL after rules 1, 2 and 4, all together
+    under :data:`GROUP_BUDGET_BYTES` (rule 3); the same object when nothing needed a change
+    (checked once per resource object). Never raises."""
     if resource is None:
         return None
     known = _BOUNDED.get(id(resource))
@@ -341,17 +352,50 @@ def bounded_resource(resource: Resource | None, limit: int | None = DEFAULT_VALU
     try:
         attributes = resource.attributes
         schema_url = resource.schema_url
-        if not _needs_work(attributes, limit) and (
-            schema_url is None or _is_clean_name(schema_url)
+        if (
+            not _needs_work(attributes, limit)
+            and (schema_url is None or _is_clean_name(schema_url))
+            and scope_cost(resource) <= GROUP_BUDGET_BYTES
         ):
             return _remember(resource, resource)
-        bounded = Resource(
+        schema_url = None if schema_url is None else _safe_name(schema_url)
+        attributes = _fit_attributes(
             dict(bounded_attributes(attributes, limit) or {}),
-            None if schema_url is None else _safe_name(schema_url),
+            GROUP_BUDGET_BYTES - _SCOPE_COST - json_cost(schema_url or ""),
         )
+        bounded = Resource(attributes, schema_url)
     except Exception:
         bounded = Resource({})
     return _remember(resource, bounded)
+
+
+def _fit_attributes(attributes: dict[str, Any], budget: int) -> dict[str, Any]:
+    """``attributes`` (bounded) cut until their worst-case cost fits ``budget``: the longest
+    strings cut alike down to :data:`_MIN_CUT` characters, then sequences cut to fewer
+    items alike, then attributes dropped, the last first (rule 3)."""
+    total = _attributes_cost(attributes)
+    if total <= budget:
+        return attributes
+    strings: list[str] = []
+    for value in attributes.values():
+        _collect_strings(value, strings)
+    fixed = total - sum(json_cost(s) - 2 for s in strings)
+    cap = max(_MIN_CUT, _water_level(strings, budget - fixed))
+    attributes = {k: _cut_strings(v, cap) for k, v in attributes.items()}
+    total = _attributes_cost(attributes)
+    if total > budget:
+        attributes, total = _fewer_items(attributes, total, budget)
+    return _drop_last(attributes, total, budget)
+
+
+def _drop_last(attributes: dict[str, Any], total: int, budget: int) -> dict[str, Any]:
+    """``attributes`` without their last entries, as many as ``total`` (their cost in a
+    record) must lose to fit ``budget``."""
+    for key in reversed(list(attributes)):
+        if total <= budget:
+            break
+        total -= _attributes_cost({key: attributes.pop(key)}) - 2
+    return attributes
 
 
 # -- worst-case sizes -------------------------------------------------------------------------
@@ -369,12 +413,34 @@ def json_cost(value: Any) -> int:
             if value.isprintable():
                 return len(value) + value.count('"') + value.count("\\") + 2
             return 6 * len(value) + 2
-        if max(value) > "\uffff":  # two UTF-16 units, two \\uXXXX escapes each
+        if _wide(value):  # two UTF-16 units, two \\uXXXX escapes each
             return 6 * (len(value.encode("utf-16-le", "surrogatepass")) // 2) + 2
         return 6 * len(value) + 2
     if kind is tuple or kind is list:
         return 2 + sum(json_cost(v) + _ITEM_COST for v in value)
     return _NUMBER_COST
+
+
+def _wide_by_size(text: str) -> bool:
+    return sys.getsizeof(text) >= _STR_BASE + 4 * (len(text) + 1)
+
+
+def _wide_by_scan(text: str) -> bool:
+    return max(text, default="") > "\uffff"
+
+
+# CPython stores a str at 1, 2 or 4 bytes a character, 4 only when one is beyond U+FFFF, so
+# its size says in O(1) what max() finds in O(n). A str that also holds its UTF-8 may look
+# wide when it is not: the estimate is then higher, never lower. Elsewhere, a scan.
+_STR_BASE = sys.getsizeof("\U00010000") - 8
+_wide = (
+    _wide_by_size
+    if _wide_by_size("\U0001f600" * 3)
+    and not _wide_by_size("\u00e9" * 3)
+    and not _wide_by_size("\u0100" * 3)
+    and not _wide_by_size("\udc80" * 3)
+    else _wide_by_scan
+)
 
 
 def _char_cost(text: str) -> int:
@@ -383,7 +449,7 @@ def _char_cost(text: str) -> int:
         if text.isprintable():
             return 2 if '"' in text or "\\" in text else 1
         return 6
-    return 12 if max(text) > "\uffff" else 6
+    return 12 if _wide(text) else 6
 
 
 def _attributes_cost(attributes: Mapping[str, Any] | None) -> int:
@@ -527,9 +593,10 @@ def _bounded_span(span: ReadableSpan, limits: Limits) -> ReadableSpan:
         links=new_links,
         status=Status(status.status_code, description),
     )
-    if span_cost(draft) > limits.record_budget_bytes:
+    draft_cost = span_cost(draft)
+    if draft_cost > limits.record_budget_bytes:
         name, attributes, description, new_events, new_links = _fit_span(
-            draft, limits.record_budget_bytes
+            draft, draft_cost, limits.record_budget_bytes
         )
     return ReadableSpan(
         name=name,
@@ -547,15 +614,16 @@ def _bounded_span(span: ReadableSpan, limits: Limits) -> ReadableSpan:
     )
 
 
-def _fit_span(draft: ReadableSpan, budget: int) -> tuple:
+def _fit_span(draft: ReadableSpan, draft_cost: int, budget: int) -> tuple:
     """The name, attributes, description, events and links of ``draft`` cut until its cost
     fits ``budget`` (rule 3), in this order while it does not:
 
-    1. the longest strings cut alike (water-filling, each string's characters weighted by the
-       most JSON bytes one of them can take), down to :data:`_MIN_CUT` characters;
+    1. the longest strings (of the span, its events and links) cut alike (water-filling,
+       each string's characters weighted by the most JSON bytes one of them takes), down to
+       :data:`_MIN_CUT` characters;
     2. events dropped, exception events kept first, then the earliest;
     3. sequences cut to fewer items, alike;
-    4. attributes, then links, dropped from the last.
+    4. links, then attributes, dropped, the last first.
 
     Costs are worst cases, so that a fit here is a fit for any content."""
     name = draft.name
@@ -564,43 +632,45 @@ def _fit_span(draft: ReadableSpan, budget: int) -> tuple:
     events = list(draft.events)
     links = list(draft.links)
     strings: list[str] = [name] + ([description] if description else [])
-    for mapping in [attributes, *(e.attributes or {} for e in events)]:
+    for mapping in [
+        attributes,
+        *(e.attributes or {} for e in events),
+        *(link.attributes or {} for link in links),
+    ]:
         for value in mapping.values():
             _collect_strings(value, strings)
-    fixed = span_cost(draft) - sum(json_cost(s) - 2 for s in strings)
+    fixed = draft_cost - sum(json_cost(s) - 2 for s in strings)
     cap = max(_MIN_CUT, _water_level(strings, budget - fixed))
 
-    def cut(value: Any) -> Any:
-        return _cut_strings(value, cap)
+    def cut(mapping: Any) -> dict[str, Any]:
+        return {k: _cut_strings(v, cap) for k, v in (mapping or {}).items()}
 
-    name = cut(name)
-    description = cut(description) if description else description
-    attributes = {k: cut(v) for k, v in attributes.items()}
-    events = [
-        Event(e.name, {k: cut(v) for k, v in (e.attributes or {}).items()}, e.timestamp)
-        for e in events
-    ]
+    name = _cut_strings(name, cap)
+    description = _cut_strings(description, cap) if description else description
+    attributes = cut(attributes)
+    events = [Event(e.name, cut(e.attributes), e.timestamp) for e in events]
+    links = [Link(link.context, cut(link.attributes)) for link in links]
 
-    def cost() -> int:
-        return span_cost(
-            ReadableSpan(
-                name,
-                context=draft.context,
-                attributes=attributes,
-                events=events,
-                links=links,
-                status=Status(draft.status.status_code, description),
-            )
+    total = span_cost(
+        ReadableSpan(
+            name,
+            context=draft.context,
+            attributes=attributes,
+            events=events,
+            links=links,
+            status=Status(draft.status.status_code, description),
         )
-
-    if cost() > budget:
-        events = _fewer_events(events, budget - (cost() - _events_cost(events)))
-    if cost() > budget:
-        attributes = _fewer_items(attributes, lambda: cost() <= budget)
-    while attributes and cost() > budget:
-        attributes.pop(next(reversed(attributes)))
-    while links and cost() > budget:
-        links.pop()
+    )
+    if total > budget and events:
+        others = total - _events_cost(events)
+        events = _fewer_events(events, budget - others)
+        total = others + _events_cost(events)
+    if total > budget:
+        attributes, total = _fewer_items(attributes, total, budget)
+    while links and total > budget:
+        link = links.pop()
+        total -= _LINK_COST + _attributes_cost(link.attributes)
+    attributes = _drop_last(attributes, total, budget)
     return name, attributes, description, events, links
 
 
@@ -634,17 +704,15 @@ def _cut_strings(value: Any, cap: int) -> Any:
 def _water_level(strings: Sequence[str], total: int) -> int:
     """The largest cap ``c`` (characters) with ``sum(w(s) * min(len(s), c)) <= total``, where
     ``w(s)`` is the most JSON bytes a character of ``s`` takes (:func:`_char_cost`)."""
-    weighted = [(len(s), _char_cost(s)) for s in strings if s]
-    if not weighted:
-        return 0
-    low, high = 0, max(length for length, _ in weighted)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if sum(w * min(n, middle) for n, w in weighted) <= total:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    weighted = sorted((len(s), _char_cost(s)) for s in strings if s)
+    above = sum(w for _, w in weighted)  # the weight of the strings not yet under the level
+    used = 0
+    for length, weight in weighted:
+        if used + above * length > total:
+            return max(0, (total - used) // above)
+        used += weight * length
+        above -= weight
+    return weighted[-1][0] if weighted else 0
 
 
 def _fewer_events(events: list[Event], budget: int) -> list[Event]:
@@ -662,22 +730,33 @@ def _fewer_events(events: list[Event], budget: int) -> list[Event]:
     return [event for i, event in enumerate(events) if i in kept]
 
 
-def _fewer_items(attributes: dict[str, Any], fits) -> dict[str, Any]:
-    """``attributes`` with every sequence cut to the most items ``k`` (alike) for which
-    ``fits()`` holds, evaluated with the cut applied; ``k`` = 0 when none fits."""
-    sequences = {k: v for k, v in attributes.items() if type(v) is tuple}
+def _fewer_items(attributes: dict[str, Any], total: int, budget: int) -> tuple[dict[str, Any], int]:
+    """``attributes`` with every sequence cut to the most items ``k`` (alike) with which
+    ``total`` (the cost of the record holding them) fits ``budget``, and the new total."""
+    sequences = {k: v for k, v in attributes.items() if type(v) is tuple and v}
     if not sequences:
-        return attributes
+        return attributes, total
+    prefixes = {}
+    for key, items in sequences.items():
+        sums, used = [0], 0
+        for item in items:
+            used += json_cost(item) + _ITEM_COST
+            sums.append(used)
+        prefixes[key] = sums
+    others = total - sum(sums[-1] for sums in prefixes.values())
+
+    def cost(k: int) -> int:
+        return others + sum(sums[min(k, len(sums) - 1)] for sums in prefixes.values())
+
     low, high = 0, max(len(v) for v in sequences.values())
     while low < high:
         middle = (low + high + 1) // 2
-        attributes.update({k: v[:middle] for k, v in sequences.items()})
-        if fits():
+        if cost(middle) <= budget:
             low = middle
         else:
             high = middle - 1
     attributes.update({k: v[:low] for k, v in sequences.items()})
-    return attributes
+    return attributes, cost(low)
 
 
 # -- log records ----------------------------------------------------------------------------
@@ -937,14 +1016,15 @@ def bounded_metrics_data(
     The same object when nothing needed a change. Runs on the reader's thread; never raises
     (data that cannot even be read is returned as it is)."""
     try:
-        if not _metrics_need_work(data, limits.value_length):
+        if not _metrics_need_work(data, limits):
             return data
-        return _bounded_metrics_data(data, limits.value_length, saturated)
+        return _bounded_metrics_data(data, limits, saturated)
     except Exception:
         return data
 
 
-def _metrics_need_work(data: Any, limit: int | None) -> bool:
+def _metrics_need_work(data: Any, limits: Limits) -> bool:
+    limit, budget = limits.value_length, limits.record_budget_bytes
     for resource_metrics in data.resource_metrics:
         if bounded_resource(resource_metrics.resource, limit) is not resource_metrics.resource:
             return True
@@ -952,10 +1032,11 @@ def _metrics_need_work(data: Any, limit: int | None) -> bool:
             if bounded_scope(scope_metrics.scope, limit) is not scope_metrics.scope:
                 return True
             for metric in scope_metrics.metrics:
-                if not _is_clean_name(metric.name) or not _is_clean_name(metric.unit or ""):
-                    return True
-                description = metric.description or ""
-                if type(description) is not str or not _is_clean(description, limit):
+                if not (
+                    _is_clean_name(metric.name)
+                    and _is_clean_name(metric.unit or "")
+                    and _is_clean_name(metric.description or "")
+                ):
                     return True
                 for point in metric.data.data_points:
                     if _needs_work(point.attributes, limit):
@@ -963,20 +1044,30 @@ def _metrics_need_work(data: Any, limit: int | None) -> bool:
                     value = getattr(point, "value", None)
                     if type(value) is int and not _INT64_MIN <= value <= _INT64_MAX:
                         return True
-                    for exemplar in getattr(point, "exemplars", None) or ():
+                    exemplars = getattr(point, "exemplars", None)
+                    for exemplar in exemplars or ():
                         if _needs_work(exemplar.filtered_attributes, limit):
                             return True
+                    if metric_point_cost(point) > budget:
+                        return True
     return False
 
 
-def _bounded_metrics_data(data: Any, limit: int | None, saturated: list[str] | None) -> Any:
+def _bounded_metrics_data(data: Any, limits: Limits, saturated: list[str] | None) -> Any:
     import dataclasses
 
     from opentelemetry.sdk.metrics.export import MetricsData
 
+    limit, budget = limits.value_length, limits.record_budget_bytes
+
     def point(p: Any, metric_name: str) -> Any:
         changes: dict[str, Any] = {}
         attributes = bounded_attributes(p.attributes, limit)
+        cost = metric_point_cost(p)
+        if cost > budget:
+            attributes = _fit_attributes(
+                dict(attributes or {}), budget - (cost - _attributes_cost(p.attributes))
+            )
         if attributes is not p.attributes:
             changes["attributes"] = attributes
         value = getattr(p, "value", None)
@@ -992,6 +1083,8 @@ def _bounded_metrics_data(data: Any, limit: int | None, saturated: list[str] | N
                 )
                 for e in exemplars
             ]
+            if metric_point_cost(dataclasses.replace(p, **changes)) > budget:
+                changes["exemplars"] = []  # a point over its budget keeps its value
         return dataclasses.replace(p, **changes) if changes else p
 
     resources = []
@@ -1005,7 +1098,7 @@ def _bounded_metrics_data(data: Any, limit: int | None, saturated: list[str] | N
                     dataclasses.replace(
                         metric,
                         name=name,
-                        description=safe_text(metric.description or "", limit),
+                        description=_safe_name(metric.description or ""),
                         unit=_safe_name(metric.unit or ""),
                         data=dataclasses.replace(
                             metric.data,
