@@ -151,6 +151,7 @@ def _count(text: str, kind: str) -> int:
     )
 
 
+@documents("limits.md", "stays under 32 KiB")
 @documents("limits.md", "So every span JSON line and every OTLP-JSON line is under 1 MiB")
 @documents("limits.md", "6 bytes a UTF-16 code unit outside printable")
 @documents("limits.md", "Exporters keep each request under 3 MiB of")
@@ -160,6 +161,9 @@ def test_the_worst_spans_fit_a_line_a_request_and_a_json_line(char):
     scope and resource) become OTLP-JSON lines and span JSON lines under 1 MiB and protobuf
     requests under 3 MiB, every span in them."""
     spans = _worst_spans(char)
+    for bounded in map(limits.bounded_span, spans):
+        assert limits.scope_cost(bounded.instrumentation_scope) <= limits.GROUP_BUDGET_BYTES
+        assert limits.scope_cost(bounded.resource) <= limits.GROUP_BUDGET_BYTES
     stream = io.StringIO()
     file = SafeSpanExporter(
         FileSpanExporter(stream=stream), max_request_bytes=files.LINE_BUDGET_BYTES
@@ -234,6 +238,7 @@ def _collection(char: str, points: int, attributes: int, length: int):
     return data
 
 
+@documents("limits.md", "One metric point (its attributes and exemplars) is bounded alike")
 @documents("limits.md", "A collection of metrics is split the same way")
 @pytest.mark.parametrize("char", WORST.values(), ids=WORST.keys())
 def test_the_worst_metrics_fit_lines_every_point_in_one(char):

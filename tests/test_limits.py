@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
+import threading
 
 import pytest
 from doc_rules import documents
@@ -18,12 +20,15 @@ from opentelemetry.exporter.otlp.json.file._log_exporter import FileLogExporter
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, Status, StatusCode
 
-from otel_training import limits
+import otel_training as ot
+from otel_training import limits, testing
 from otel_training.limits import (
     Limits,
     bounded_log_record,
@@ -70,6 +75,8 @@ def strings_of(record: ReadableSpan) -> list[str]:
     return found
 
 
+@documents("limits.md", "Lone surrogates, which no UTF-8 encoder accepts")
+@documents("limits.md", "The rest of the value is kept")
 def test_undecodable_file_name_bytes_become_backslash_escapes():
     """Case A12: os.fsdecode's lone surrogates become \\xNN; the rest is kept intact."""
     path = os.fsdecode(b"/ckpt/run-\xff\xfe/step-000100.pt")
@@ -78,6 +85,7 @@ def test_undecodable_file_name_bytes_become_backslash_escapes():
     assert safe_text("caf\u00e9 \U0001f600 \x00\x07") == "caf\u00e9 \U0001f600 \x00\x07"
 
 
+@documents("limits.md", "A name or key that is not a `str` becomes its `str()`")
 def test_non_strings_and_broken_str_become_text():
     """A name that is not a str is its str(); one whose __str__ raises is <TypeName>."""
 
@@ -89,6 +97,7 @@ def test_non_strings_and_broken_str_become_text():
     assert safe_text(Broken()) == "<Broken>"
 
 
+@documents("limits.md", "A cut string ends with")
 def test_a_cut_value_says_so_and_keeps_the_limit():
     """A string over the limit keeps its head, ends with the marker, and is exactly the limit."""
     text = "x" * 5_000_000
@@ -109,6 +118,8 @@ def test_any_string_encodes_and_is_bounded(text, limit):
     json.loads(json.dumps(result, ensure_ascii=False))
 
 
+@documents("limits.md", "Integers beyond int64 (all OTLP carries) become floats in attributes")
+@documents("limits.md", "Sequences keep 1,024 items.")
 def test_numbers_beyond_int64_become_floats_and_sequences_are_cut():
     """OTLP carries int64 only; a sequence keeps at most MAX_SEQUENCE_LENGTH items."""
     assert bounded_value(2**70) == float(2**70)
@@ -123,6 +134,7 @@ def test_a_clean_span_is_returned_as_it_is():
     assert bounded_span(record) is record
 
 
+@documents("limits.md", "This includes exception messages, stack traces and status descriptions")
 def test_huge_values_exception_and_description_are_bounded_by_the_limit():
     """Case A11: attribute, exception message, stack trace and status description are cut."""
     message = "shard mismatch: " + "y" * 3_000_000
@@ -367,3 +379,135 @@ def test_the_estimate_of_each_structure_is_at_least_its_real_size_and_close(stru
     assert base_real <= base_estimate
     added_real, added_estimate = real - base_real, estimate - base_estimate
     assert added_real <= added_estimate <= 2 * added_real
+
+
+@documents(
+    "limits.md", "Names and keys are cut to 1,024 characters, and so are metric descriptions"
+)
+def test_names_keys_and_metric_descriptions_are_cut_at_1024_characters():
+    """Span, event and scope names, attribute keys and metric descriptions of 5,000
+    characters are exported at 1,024 with the marker; a value of 5,000 is kept whole."""
+    long = "n" * 5000
+    record = bounded_span(
+        ReadableSpan(
+            long,
+            context=CONTEXT,
+            attributes={long: long},
+            events=[Event(long, {long: 1})],
+            instrumentation_scope=InstrumentationScope(long, long, long),
+        )
+    )
+    (key,) = record.attributes
+    (event_key,) = record.events[0].attributes
+    scope = record.instrumentation_scope
+    for name in (record.name, key, record.events[0].name, event_key, scope.name, scope.version):
+        assert len(name) == 1024 and name.endswith("n...[4000 characters cut]")
+    assert record.attributes[key] == long
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    provider.get_meter("m").create_counter("c", description=long).add(1)
+    data = limits.bounded_metrics_data(reader.get_metrics_data())
+    (metric,) = data.resource_metrics[0].scope_metrics[0].metrics
+    assert len(metric.description) == 1024 and metric.description.endswith(" characters cut]")
+    provider.shutdown()
+
+
+@documents("limits.md", "then events beyond what fits are dropped, exception events kept")
+def test_exception_events_are_kept_first_when_events_must_go():
+    """A span whose events cannot all fit keeps its exception event, wherever it was, then
+    the earliest others, in their order."""
+    heavy = {f"a{i}": "v" * 100 for i in range(100)}  # ~14 KB each at the cut of 32 characters
+    events = [Event(f"e{i}", heavy, i) for i in range(200)]
+    events.insert(150, Event("exception", {"exception.message": "boom"}, 150))
+    bounded = bounded_span(span(events=events))
+    names = [event.name for event in bounded.events]
+    assert "exception" in names and 0 < len(names) < 201
+    assert names[: names.index("exception")] == [f"e{i}" for i in range(len(names) - 1)]
+    assert limits.span_cost(bounded) <= limits.RECORD_BUDGET_BYTES
+
+
+@documents("limits.md", "then sequences keep fewer items, alike")
+@documents("limits.md", "then links, then attributes are dropped")
+def test_sequences_then_links_then_attributes_give_way_in_that_order():
+    """Past the shortest cut, sequences keep fewer items alike (every attribute kept); when
+    even that is not enough (very many long keys), links go first, then the last attributes."""
+    sequences = {f"s{i}": ("x" * 64,) * 1024 for i in range(40)}
+    bounded = bounded_span(span(attributes=sequences))
+    kept = {len(v) for v in bounded.attributes.values()}
+    assert len(bounded.attributes) == 40 and len(kept) == 1 and 0 < kept.pop() < 1024
+    keys = {f"{i}" + "k" * 1000: i for i in range(1000)}  # ~1 MB of keys alone
+    links = [Link(CONTEXT, {"l": "v"}) for _ in range(10)]
+    record = ReadableSpan("s", context=CONTEXT, attributes=keys, links=links)
+    bounded = bounded_span(record)
+    assert not bounded.links and 0 < len(bounded.attributes) < 1000
+    assert list(bounded.attributes.values()) == list(range(len(bounded.attributes)))
+    assert limits.span_cost(bounded) <= limits.RECORD_BUDGET_BYTES
+
+
+@documents("limits.md", "so does a value that is not a string, number, boolean or sequence")
+def test_objects_given_to_a_phase_or_a_log_record_are_their_text_by_the_rule():
+    """An object given to a phase, or as a logging extra= field, arrives as its str() cut by
+    the string rule with its marker (not at a length of its own), or as <TypeName>."""
+
+    class Huge:
+        def __str__(self):
+            return "h" * 50_000
+
+    class Broken:
+        def __str__(self):
+            raise RuntimeError("no")
+
+    memory = testing.configure_in_memory()
+    with ot.phase("work", huge=Huge(), broken=Broken()):
+        pass
+    log = logging.getLogger("objects")
+    log.addHandler(ot.logging_handler())
+    log.warning("with extras", extra={"huge": Huge(), "broken": Broken()})
+    ot.force_flush()
+    (recorded,) = [s for s in memory.spans.get_finished_spans() if s.name == "work"]
+    exported = bounded_span(recorded)
+    expected = safe_text("h" * 50_000, limits.DEFAULT_VALUE_LENGTH)
+    assert exported.attributes["huge"] == expected and exported.attributes["broken"] == "<Broken>"
+    (record,) = [r for r in memory.logs.get_finished_logs() if r.log_record.body == "with extras"]
+    attributes = bounded_log_record(record).log_record.attributes
+    assert attributes["huge"] == expected and attributes["broken"] == "<Broken>"
+    testing.reset()
+
+
+@documents("limits.md", "Escaping and cutting run on the exporters' threads")
+def test_escaping_and_cutting_never_run_on_the_training_thread(monkeypatch):
+    """A phase with a long value and an undecodable path ends on the training thread without
+    the rule running there; the exporter's thread applies it."""
+    threads: list[str] = []
+    translate, cut = limits._ESCAPES, limits._cut
+
+    def recording_cut(text, limit):
+        threads.append(threading.current_thread().name)
+        return cut(text, limit)
+
+    monkeypatch.setattr(limits, "_cut", recording_cut)
+    memory = testing.configure_in_memory()
+    path = os.fsdecode(b"/ckpt/\xff") + "p" * 20_000
+    with ot.checkpoint_save(path):
+        pass
+    assert threads == [] and translate is limits._ESCAPES
+    exported = bounded_span(memory.spans.get_finished_spans()[0])
+    assert threads and all(name == threading.current_thread().name for name in threads)
+    assert exported.attributes["megatron.checkpoint.path"].startswith("/ckpt/\\xff")
+    testing.reset()
+
+
+@documents("limits.md", "The SDK itself refuses a metric name or unit outside its ASCII grammar")
+def test_the_sdk_refuses_an_instrument_named_outside_its_grammar():
+    """An instrument named or with a unit outside the SDK's ASCII grammar is refused when it
+    is created; nothing of it is collected."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    meter = provider.get_meter("m")
+    for name, unit in (("ckpt-\udc80", ""), ("ok", "\udc80")):
+        with pytest.raises(Exception, match="Expected ASCII string"):
+            meter.create_counter(name, unit=unit)
+    assert reader.get_metrics_data() is None or not any(
+        s.metrics for r in reader.get_metrics_data().resource_metrics for s in r.scope_metrics
+    )
+    provider.shutdown()

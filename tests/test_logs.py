@@ -11,6 +11,7 @@ import os
 import re
 
 import pytest
+from doc_rules import documents
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry import context as context_api
@@ -40,7 +41,7 @@ from opentelemetry.semconv.attributes.exception_attributes import (
 import otel_training
 from otel_training import config, files, limits, log_bridge, setup, testing
 from otel_training.exporters import SafeLogRecordExporter
-from otel_training.limits import Limits, cut_marker
+from otel_training.limits import Limits, bounded_log_record, bounded_span, cut_marker
 from otel_training.processors.exception_logs import ExceptionLogSpanProcessor
 from otel_training.semconv.attributes import DL_RANK, DL_WORLD_SIZE
 
@@ -863,3 +864,24 @@ def test_any_log_record_encodes_and_is_bounded(body, attributes):
     assert all(len(text) <= 64 for text in values)
     assert all(len(key) <= limits.MAX_NAME_LENGTH for key in keys)
     assert exporter.requests[0].resource_logs[0].scope_logs[0].scope.name == "t\\xff"
+
+
+@documents("limits.md", "`OTEL_LOGRECORD_ATTRIBUTE_VALUE_LENGTH_LIMIT` for logs")
+def test_each_signal_cuts_values_at_its_own_limit_else_the_generic_one():
+    """Log bodies and attributes are cut at OTEL_LOGRECORD_ATTRIBUTE_VALUE_LENGTH_LIMIT, span
+    values at OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT when no span limit is set."""
+    memory = testing.configure_in_memory(
+        {
+            "OTEL_LOGRECORD_ATTRIBUTE_VALUE_LENGTH_LIMIT": "100",
+            "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "50",
+        }
+    )
+    settings = memory.telemetry.settings
+    otel_training.get_logger("limits").emit(body="b" * 500, attributes={"a": "a" * 500})
+    with otel_training.phase("limits", value="v" * 500):
+        pass
+    (record,) = memory.logs.get_finished_logs()
+    bounded = bounded_log_record(record, settings.log_limits).log_record
+    assert len(bounded.body) == 100 and len(bounded.attributes["a"]) == 100
+    (span,) = [s for s in memory.spans.get_finished_spans() if s.name == "limits"]
+    assert len(bounded_span(span, settings.span_limits).attributes["value"]) == 50
