@@ -22,7 +22,6 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk._logs import LoggerProvider, LogRecordLimits, LogRecordProcessor
 from opentelemetry.sdk._logs.export import (
-    BatchLogRecordProcessor,
     ConsoleLogRecordExporter,
     LogRecordExporter,
 )
@@ -52,7 +51,7 @@ from opentelemetry.sdk.resources import (
 )
 from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace import sampling as sampling_sdk
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.version import __version__ as _SDK_VERSION
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE_ID, SERVICE_NAME
 
@@ -69,6 +68,11 @@ from otel_training.health.metrics import observe_ledger
 from otel_training.ids import ProcessLocalIdGenerator
 from otel_training.open_spans import OpenSpans
 from otel_training.processors import CheckpointMetricsSpanProcessor, span_mirrors
+from otel_training.processors.batch import (
+    CountingBatchLogRecordProcessor,
+    CountingBatchSpanProcessor,
+    observe_drops,
+)
 from otel_training.processors.exception_logs import ExceptionLogSpanProcessor
 from otel_training.processors.nvtx import NvtxSpanProcessor
 from otel_training.resource import identity_attributes
@@ -220,7 +224,7 @@ def build(
     for name in settings.traces_exporters:
         exporter, target, local = _span_exporter(name, settings, outputs)
         if exporter is not None:
-            processors.append(_batch_processor(exporter, settings, local))
+            processors.append(_batch_processor(exporter, settings, local, target))
             trace_targets.append(target)
 
     log_processors: list[LogRecordProcessor] = list(extra_log_processors)
@@ -229,7 +233,7 @@ def build(
         log_exporter, target = _log_exporter(name, settings, outputs)
         if log_exporter is not None:
             local = name in ("otlp_json_file", "console")
-            log_processors.append(_log_batch_processor(log_exporter, settings, local))
+            log_processors.append(_log_batch_processor(log_exporter, settings, local, target))
             log_targets.append(target)
 
     tracer_provider = TracerProvider(
@@ -252,6 +256,8 @@ def build(
         )
     for processor in processors:
         tracer_provider.add_span_processor(processor)
+    # What a full batch queue drops, counted (docs/logs.md); read on the reader's thread.
+    observe_drops(meter_provider.get_meter(INSTRUMENTATION_NAME), log_processors, processors)
     return Pipeline(
         meter_provider,
         tracer_provider,
@@ -518,9 +524,12 @@ def _span_exporter(
     return safe, f"OTLP-JSON file {path}", True
 
 
-def _batch_processor(exporter: SpanExporter, settings: config.Settings, local: bool):
+def _batch_processor(
+    exporter: SpanExporter, settings: config.Settings, local: bool, target: str
+) -> CountingBatchSpanProcessor:
     """A ``BatchSpanProcessor`` with ``OTEL_BSP_*`` where given, else the SDK's defaults over
-    OTLP and, for a local file, a queue that takes bursts and a delay of one second."""
+    OTLP and, for a local file, a queue that takes bursts and a delay of one second; the
+    spans its full queue drops are counted and reported (processors/batch.py)."""
     queue = settings.bsp_max_queue_size or (
         config.DEFAULT_FILE_BSP_MAX_QUEUE_SIZE if local else config.DEFAULT_BSP_MAX_QUEUE_SIZE
     )
@@ -532,8 +541,9 @@ def _batch_processor(exporter: SpanExporter, settings: config.Settings, local: b
     delay = settings.bsp_schedule_delay_ms or (
         config.DEFAULT_FILE_BSP_SCHEDULE_DELAY_MS if local else config.DEFAULT_BSP_SCHEDULE_DELAY_MS
     )
-    return BatchSpanProcessor(
+    return CountingBatchSpanProcessor(
         exporter,
+        where=target,
         max_queue_size=queue,
         schedule_delay_millis=delay,
         max_export_batch_size=min(batch, queue),
@@ -576,10 +586,11 @@ def _log_exporter(
 
 
 def _log_batch_processor(
-    exporter: LogRecordExporter, settings: config.Settings, local: bool
-) -> BatchLogRecordProcessor:
+    exporter: LogRecordExporter, settings: config.Settings, local: bool, target: str
+) -> CountingBatchLogRecordProcessor:
     """A ``BatchLogRecordProcessor`` with ``OTEL_BLRP_*`` where given, else the SDK's
-    defaults over OTLP and, for a local file, a queue that takes bursts."""
+    defaults over OTLP and, for a local file, a queue that takes bursts; the records its
+    full queue drops are counted and reported (processors/batch.py)."""
     logs = settings.logs
     queue = logs.max_queue_size or (
         config.DEFAULT_FILE_BLRP_MAX_QUEUE_SIZE if local else config.DEFAULT_BLRP_MAX_QUEUE_SIZE
@@ -589,8 +600,9 @@ def _log_batch_processor(
         if local
         else config.DEFAULT_BLRP_MAX_EXPORT_BATCH_SIZE
     )
-    return BatchLogRecordProcessor(
+    return CountingBatchLogRecordProcessor(
         exporter,
+        where=target,
         schedule_delay_millis=logs.schedule_delay_ms,
         max_export_batch_size=min(batch, queue),
         export_timeout_millis=logs.export_timeout_ms,
