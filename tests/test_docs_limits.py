@@ -11,7 +11,11 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 DOC = (TESTS.parent / "docs" / "limits.md").read_text()
 #: The sections whose every sentence is a rule with a test.
-SECTIONS = ("One rule for every string", "Requests a receiver accepts")
+SECTIONS = (
+    "One rule for every string",
+    "Requests a receiver accepts",
+    "Network: proxies and certificates",
+)
 _MARK = re.compile(r'@documents\(\s*"limits\.md",\s*"((?:[^"\\]|\\.)*)"\s*\)')
 
 

@@ -55,7 +55,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.version import __version__ as _SDK_VERSION
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE_ID, SERVICE_NAME
 
-from otel_training import config, device_metrics, files, limits
+from otel_training import config, device_metrics, files, limits, network
 from otel_training import views as _views
 from otel_training.exporters import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -194,10 +194,11 @@ def build(
 
     resource = _resource(settings, service_name, resource_attributes)
     outputs = _Outputs(settings)
+    warn = _once_per_build()
     readers: list[MetricReader] = list(extra_readers)
     metric_targets: list[str] = []
     for name in settings.metrics_exporters:
-        reader, target = _metric_reader(name, settings, outputs)
+        reader, target = _metric_reader(name, settings, outputs, warn)
         if reader is not None:
             readers.append(reader)
             metric_targets.append(target)
@@ -222,7 +223,7 @@ def build(
     processors: list[SpanProcessor] = [*mirrors, checkpoint_metrics, *extra_processors]
     trace_targets: list[str] = []
     for name in settings.traces_exporters:
-        exporter, target, local = _span_exporter(name, settings, outputs)
+        exporter, target, local = _span_exporter(name, settings, outputs, warn)
         if exporter is not None:
             processors.append(_batch_processor(exporter, settings, local, target))
             trace_targets.append(target)
@@ -230,7 +231,7 @@ def build(
     log_processors: list[LogRecordProcessor] = list(extra_log_processors)
     log_targets: list[str] = []
     for name in settings.logs.exporters:
-        log_exporter, target = _log_exporter(name, settings, outputs)
+        log_exporter, target = _log_exporter(name, settings, outputs, warn)
         if log_exporter is not None:
             local = name in ("otlp_json_file", "console")
             log_processors.append(_log_batch_processor(log_exporter, settings, local, target))
@@ -268,6 +269,19 @@ def build(
         files=outputs.files,
         logger_provider=logger_provider,
     )
+
+
+def _once_per_build() -> network.Warn:
+    """A warning function that says each text once (the three signals share variables)."""
+    said: set[str] = set()
+
+    def warn(message: str, *args: object) -> None:
+        text = message % args
+        if text not in said:
+            said.add(text)
+            _logger.warning("%s", text)
+
+    return warn
 
 
 def _unknown_service() -> str:
@@ -339,9 +353,33 @@ def _temporality(preference: str) -> dict[type, AggregationTemporality]:
     return table
 
 
-def _otlp_target(otlp: config.OtlpSettings, signal_name: str) -> str:
+def _otlp_target(
+    otlp: config.OtlpSettings, signal_name: str, proxy: tuple[str, str] | None = None
+) -> str:
     protocol = "OTLP/gRPC" if otlp.protocol == "grpc" else "OTLP/HTTP"
-    return f"{protocol} {otlp.shown_endpoint or _default_endpoint(otlp, signal_name)}"
+    target = f"{protocol} {otlp.shown_endpoint or _default_endpoint(otlp, signal_name)}"
+    return target if proxy is None else f"{target} via proxy {proxy[1]} ({proxy[0]})"
+
+
+def _otlp_exporter(
+    exporter_class: type, otlp: config.OtlpSettings, signal_name: str, settings, warn, **extra
+) -> tuple[Any, str]:
+    """An OTLP exporter of ``signal_name`` with every setting given explicitly (endpoint,
+    headers, timeout, compression, and the proxy and TLS of :mod:`otel_training.network`),
+    and its destination."""
+    kwargs = _otlp_kwargs(otlp, signal_name)
+    endpoint = kwargs["endpoint"]
+    if otlp.protocol == "grpc":
+        grpc = network.grpc_connection(endpoint, otlp, settings.proxies, warn)
+        exporter = exporter_class(**kwargs, **grpc.kwargs(), **extra)
+        proxy = grpc.proxy
+    else:
+        http = network.http_connection(endpoint, otlp, settings.proxies, warn)
+        exporter = exporter_class(**kwargs, session=http.session, **extra)
+        http.pin()
+        _pin_http_headers(exporter, otlp)
+        proxy = http.proxy
+    return exporter, _otlp_target(otlp, signal_name, proxy)
 
 
 def _otlp_kwargs(otlp: config.OtlpSettings, signal_name: str) -> dict:
@@ -417,7 +455,7 @@ def _default_endpoint(otlp: config.OtlpSettings, signal_name: str) -> str:
 
 
 def _metric_reader(
-    name: str, settings: config.Settings, outputs: _Outputs
+    name: str, settings: config.Settings, outputs: _Outputs, warn: network.Warn
 ) -> tuple[MetricReader | None, str]:
     temporality = _temporality(settings.temporality_preference)
     otlp = settings.metrics_otlp
@@ -433,12 +471,9 @@ def _metric_reader(
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         else:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        exporter = OTLPMetricExporter(
-            preferred_temporality=temporality, **_otlp_kwargs(otlp, "metrics")
+        exporter, target = _otlp_exporter(
+            OTLPMetricExporter, otlp, "metrics", settings, warn, preferred_temporality=temporality
         )
-        if otlp.protocol != "grpc":
-            _pin_http_headers(exporter, otlp)
-        target = _otlp_target(otlp, "metrics")
     elif name == "console":
         exporter = ConsoleMetricExporter(preferred_temporality=temporality)
         target = "the console"
@@ -492,7 +527,7 @@ def _prometheus_reader(settings: config.Settings) -> tuple[MetricReader | None, 
 
 
 def _span_exporter(
-    name: str, settings: config.Settings, outputs: _Outputs
+    name: str, settings: config.Settings, outputs: _Outputs, warn: network.Warn
 ) -> tuple[SpanExporter | None, str, bool]:
     """(exporter wrapped in SafeSpanExporter or None, target, whether it is a local file)."""
     otlp = settings.traces_otlp
@@ -503,11 +538,9 @@ def _span_exporter(
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         else:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        exporter: SpanExporter = OTLPSpanExporter(**_otlp_kwargs(otlp, "traces"))
-        if otlp.protocol != "grpc":
-            _pin_http_headers(exporter, otlp)
+        exporter, target = _otlp_exporter(OTLPSpanExporter, otlp, "traces", settings, warn)
         safe = SafeSpanExporter(exporter, limits=settings.span_limits, timeout_s=otlp.timeout_s)
-        return safe, _otlp_target(otlp, "traces"), False
+        return safe, target, False
     if name == "console":
         console = SafeSpanExporter(ConsoleSpanExporter(), limits=settings.span_limits)
         return console, "the console", True
@@ -552,7 +585,7 @@ def _batch_processor(
 
 
 def _log_exporter(
-    name: str, settings: config.Settings, outputs: _Outputs
+    name: str, settings: config.Settings, outputs: _Outputs, warn: network.Warn
 ) -> tuple[LogRecordExporter | None, str]:
     """(exporter of ``OTEL_LOGS_EXPORTER`` entry ``name`` wrapped in SafeLogRecordExporter, or
     None; target)."""
@@ -565,11 +598,9 @@ def _log_exporter(
             from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
         else:
             from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
-        exporter: LogRecordExporter = OTLPLogExporter(**_otlp_kwargs(otlp, "logs"))
-        if otlp.protocol != "grpc":
-            _pin_http_headers(exporter, otlp)
+        exporter, target = _otlp_exporter(OTLPLogExporter, otlp, "logs", settings, warn)
         safe = SafeLogRecordExporter(exporter, limits=limits, timeout_s=otlp.timeout_s)
-        return safe, _otlp_target(otlp, "logs")
+        return safe, target
     if name == "console":
         return SafeLogRecordExporter(ConsoleLogRecordExporter(), limits=limits), "the console"
     from opentelemetry.exporter.otlp.json.file._log_exporter import FileLogExporter
