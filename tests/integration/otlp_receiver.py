@@ -3,8 +3,9 @@
 `OtlpReceiver` serves OTLP/gRPC (grpcio, the official service stubs) and OTLP/HTTP (stdlib
 `http.server`, protobuf or JSON bodies, optionally gzip/deflate-encoded; origin- or
 absolute-form paths), optionally with TLS and client certificates (`ReceiverTls`), on
-127.0.0.1 with OS-chosen ports, keeps every decoded `Export*ServiceRequest`, and flattens them into small frozen
-records (`ReceivedMetricPoint`, `ReceivedSpan`, `ReceivedLogRecord`) that tests can assert on.
+127.0.0.1 with OS-chosen ports, keeps every decoded `Export*ServiceRequest`, and flattens them
+into small frozen records (`ReceivedMetricPoint`, `ReceivedSpan`, `ReceivedLogRecord`) that tests
+can assert on.
 
 `BlackHole` accepts TCP connections and never answers, to test exporters against an endpoint
 that hangs; `free_port()` gives a port with nothing listening, for "connection refused" tests.

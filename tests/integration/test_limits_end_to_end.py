@@ -245,6 +245,33 @@ def test_batches_stay_under_the_request_limit_by_themselves():
 # -- every name that leaves the process ---------------------------------------------------------
 
 
+def emit_configured(place: str, text: str, environ: dict[str, str]):
+    """configure() from ``environ`` (a view renames the bad counter to ``text`` for
+    ``metric.name``, ``text`` is a resource key or value for ``resource.*``), :func:`emit`,
+    shut down; returns the telemetry handle."""
+    views = [View(instrument_name="bad.count", name=text)] if place == "metric.name" else []
+    resource = {}
+    if place == "resource.key":
+        resource = {text: "v"}
+    elif place == "resource.value":
+        resource = {"bad.resource": text}
+    telemetry = setup.configure(
+        environ={
+            **environ,
+            "OTEL_METRIC_EXPORT_INTERVAL": "600000",
+            "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM": "false",
+        },
+        set_global=False,
+        views=views,
+        resource_attributes=resource,
+    )
+    try:
+        emit(telemetry, place, text)
+    finally:
+        assert telemetry.shutdown()
+    return telemetry
+
+
 def _is_cut_of(received: str, value: str) -> bool:
     """Whether ``received`` is ``value`` cut further by the record or group budget: its head
     followed by the marker."""
@@ -286,26 +313,7 @@ def test_any_string_anywhere_costs_at_most_itself(any_protocol_receiver, place, 
     receiver.clear()
     text = "x" + raw  # the SDK itself refuses empty names and keys
     name, value = safe_text(text, MAX_NAME_LENGTH), safe_text(text, DEFAULT_VALUE_LENGTH)
-    views = [View(instrument_name="bad.count", name=text)] if place == "metric.name" else []
-    resource = {}
-    if place == "resource.key":
-        resource = {text: "v"}
-    elif place == "resource.value":
-        resource = {"bad.resource": text}
-    telemetry = setup.configure(
-        environ={
-            **receiver.env(protocol),
-            "OTEL_METRIC_EXPORT_INTERVAL": "600000",
-            "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM": "false",
-        },
-        set_global=False,
-        views=views,
-        resource_attributes=resource,
-    )
-    try:
-        emit(telemetry, place, text)
-    finally:
-        assert telemetry.shutdown()
+    emit_configured(place, text, {**receiver.env(protocol)})
 
     spans = {span.scope_name: span for span in receiver.spans()}
     counts = ("good.count", "bad.count", name)
@@ -379,28 +387,17 @@ def test_any_string_anywhere_keeps_every_file_line(place, raw):
     line of the OTLP-JSON files and the span JSON lines strict UTF-8 JSON under 1 MiB, with
     every record in them."""
     text = "x" + raw
-    views = [View(instrument_name="bad.count", name=text)] if place == "metric.name" else []
-    resource = {text: "v"} if place == "resource.key" else {}
-    if place == "resource.value":
-        resource = {"bad.resource": text}
     with tempfile.TemporaryDirectory() as directory:
-        telemetry = setup.configure(
-            environ={
+        telemetry = emit_configured(
+            place,
+            text,
+            {
                 "OTEL_TRACES_EXPORTER": "otlp_json_file",
                 "OTEL_METRICS_EXPORTER": "otlp_json_file",
                 "OTEL_LOGS_EXPORTER": "otlp_json_file",
                 "OTEL_PYTHON_TRAINING_OUTPUT_DIR": directory,
-                "OTEL_METRIC_EXPORT_INTERVAL": "600000",
-                "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM": "false",
             },
-            set_global=False,
-            views=views,
-            resource_attributes=resource,
         )
-        try:
-            emit(telemetry, place, text)
-        finally:
-            assert telemetry.shutdown()
         run = Path(telemetry.output_dir)
         for file in ("traces", "metrics", "logs", "spans"):
             raw_lines = (run / f"{file}-rank0.jsonl").read_bytes().splitlines()

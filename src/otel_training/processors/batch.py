@@ -132,13 +132,33 @@ class _DropCount:
             pass
 
 
-def _take_over(processor: Any, count: _DropCount) -> None:
-    batch = processor._batch_processor
-    count._inner = batch._metrics
-    batch._metrics = count
+class _CountsDrops:
+    """What both counting processors add to the SDK's: the drop count (the SDK's metrics hook
+    taken over), :attr:`dropped`, and the last report at shutdown."""
+
+    _what = ""
+    _variable = ""
+    _drops: _DropCount
+
+    def _count_drops(self, where: str) -> None:
+        silence_sdk_queue_warnings()
+        batch = self._batch_processor  # type: ignore[attr-defined]
+        self._drops = _DropCount(
+            batch._metrics, self._what, where, batch._max_queue_size, self._variable
+        )
+        batch._metrics = self._drops
+
+    @property
+    def dropped(self) -> int:
+        """Records dropped so far because the queue was full."""
+        return self._drops.dropped
+
+    def shutdown(self) -> None:
+        super().shutdown()  # type: ignore[misc]
+        self._drops.report()
 
 
-class CountingBatchLogRecordProcessor(BatchLogRecordProcessor):
+class CountingBatchLogRecordProcessor(_CountsDrops, BatchLogRecordProcessor):
     """The SDK's ``BatchLogRecordProcessor``, counting and reporting the records its full
     queue drops (module docstring).
 
@@ -148,24 +168,15 @@ class CountingBatchLogRecordProcessor(BatchLogRecordProcessor):
         **kwargs: The SDK processor's settings (``max_queue_size``...).
     """
 
+    _what = "log records"
+    _variable = "OTEL_BLRP_MAX_QUEUE_SIZE"
+
     def __init__(self, exporter: Any, *, where: str, **kwargs: Any) -> None:
         super().__init__(exporter, **kwargs)
-        silence_sdk_queue_warnings()
-        queue_size = self._batch_processor._max_queue_size
-        self._drops = _DropCount(None, "log records", where, queue_size, "OTEL_BLRP_MAX_QUEUE_SIZE")
-        _take_over(self, self._drops)
-
-    @property
-    def dropped(self) -> int:
-        """Records dropped so far because the queue was full."""
-        return self._drops.dropped
-
-    def shutdown(self) -> None:
-        super().shutdown()
-        self._drops.report()
+        self._count_drops(where)
 
 
-class CountingBatchSpanProcessor(BatchSpanProcessor):
+class CountingBatchSpanProcessor(_CountsDrops, BatchSpanProcessor):
     """The SDK's ``BatchSpanProcessor``, counting and reporting the spans its full queue
     drops (module docstring).
 
@@ -175,21 +186,12 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         **kwargs: The SDK processor's settings (``max_queue_size``...).
     """
 
+    _what = "spans"
+    _variable = "OTEL_BSP_MAX_QUEUE_SIZE"
+
     def __init__(self, exporter: Any, *, where: str, **kwargs: Any) -> None:
         super().__init__(exporter, **kwargs)
-        silence_sdk_queue_warnings()
-        queue_size = self._batch_processor._max_queue_size
-        self._drops = _DropCount(None, "spans", where, queue_size, "OTEL_BSP_MAX_QUEUE_SIZE")
-        _take_over(self, self._drops)
-
-    @property
-    def dropped(self) -> int:
-        """Spans dropped so far because the queue was full."""
-        return self._drops.dropped
-
-    def shutdown(self) -> None:
-        super().shutdown()
-        self._drops.report()
+        self._count_drops(where)
 
 
 def observe_drops(
