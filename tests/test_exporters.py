@@ -59,7 +59,7 @@ CONTEXT = trace_api.SpanContext(2**128 - 1, 2**64 - 1, False, trace_api.TraceFla
 
 
 def _scope(char: str) -> InstrumentationScope:
-    """A scope past every bound: names past 1,024 characters, attributes far past 32 KiB."""
+    """A scope past every bound: names past 1,024 characters, attributes far past 48 KiB."""
     long = char * 4000
     return InstrumentationScope(
         char * 5000, char * 5000, char * 5000, {f"{i}{char * 2000}": long for i in range(COUNT)}
@@ -67,7 +67,7 @@ def _scope(char: str) -> InstrumentationScope:
 
 
 def _resource(char: str) -> Resource:
-    """A resource past every bound: attributes far past 32 KiB."""
+    """A resource past every bound: attributes far past 48 KiB."""
     long = char * 4000
     return Resource({f"{i}{char * 2000}": long for i in range(COUNT)}, char * 5000)
 
@@ -151,7 +151,7 @@ def _count(text: str, kind: str) -> int:
     )
 
 
-@documents("limits.md", "stays under 32 KiB")
+@documents("limits.md", "stays under 48 KiB")
 @documents("limits.md", "So every span JSON line and every OTLP-JSON line is under 1 MiB")
 @documents("limits.md", "6 bytes a UTF-16 code unit outside printable")
 @documents("limits.md", "Exporters keep each request under 3 MiB of")

@@ -92,7 +92,7 @@ RECORD_BUDGET_BYTES: Final = 900_000
 #: Worst-case JSON bytes of one resource or one instrumentation scope, which a request carries
 #: once for the records it groups: a record at its budget, its resource and its scope stay
 #: under 1 MiB together.
-GROUP_BUDGET_BYTES: Final = 32 * 1024
+GROUP_BUDGET_BYTES: Final = 48 * 1024
 #: Items kept of a sequence value.
 MAX_SEQUENCE_LENGTH: Final = 1_024
 #: Levels of nesting kept of a log body or attribute value (maps and lists in maps...); a
@@ -567,14 +567,14 @@ def _bounded_span(span: ReadableSpan, limits: Limits) -> ReadableSpan:
             values += 1 + len(link.attributes or ())
             changed = changed or _needs_work(link.attributes, limit)
     if not changed:
-        # Each string is within the limit: only many values can exceed the budget. A value
-        # costs at most 12 bytes a character (two escaped UTF-16 units) and its framing.
-        if (
-            limit is not None
-            and (values + 2) * (12 * limit + 128) + _SPAN_COST <= limits.record_budget_bytes
-        ):
+        # Each string is within the limit: only many or long values can exceed the budget. A
+        # character costs at most 12 bytes (two escaped UTF-16 units), a value its framing.
+        budget = limits.record_budget_bytes
+        if limit is not None and (values + 2) * (12 * limit + 128) + _SPAN_COST <= budget:
             return span
-        if span_cost(span) <= limits.record_budget_bytes:
+        if not events and not links and _plain_bound((name, description), attributes) <= budget:
+            return span
+        if span_cost(span) <= budget:
             return span
     name = _safe_name(name)
     attributes = dict(bounded_attributes(attributes, limit) or {})
@@ -612,6 +612,29 @@ def _bounded_span(span: ReadableSpan, limits: Limits) -> ReadableSpan:
         end_time=span.end_time,
         instrumentation_scope=new_scope,
     )
+
+
+def _plain_bound(texts: Sequence[Any], attributes: Mapping[str, Any] | None) -> int:
+    """A quick upper bound of the cost of a span (or log record) without events and links
+    whose ``texts`` (name, description...) and attribute values are strings or numbers, else
+    one too high to pass (:func:`span_cost` then decides): 12 bytes a character, 128 a
+    value."""
+    chars = 0
+    for text in texts:
+        if text is not None:
+            if type(text) is not str:
+                return sys.maxsize
+            chars += len(text)
+    values = plain(attributes) if attributes else {}
+    for key, value in values.items():
+        kind = type(value)
+        if kind is str:
+            chars += len(key) + len(value)
+        elif kind is int or kind is float or kind is bool:
+            chars += len(key)
+        else:
+            return sys.maxsize
+    return 12 * chars + 128 * len(values) + _SPAN_COST
 
 
 def _fit_span(draft: ReadableSpan, draft_cost: int, budget: int) -> tuple:
@@ -905,6 +928,9 @@ def _bounded_log_record(record: Any, limits: Limits) -> Any:
             and limit is not None
             and (len(attributes) + 2) * (12 * limit + 128) + _LOG_RECORD_COST <= budget
         ):
+            return record
+        texts = (body if type(body) is str else None, severity_text, event_name)
+        if primitive and _plain_bound(texts, attributes) <= budget:
             return record
         if log_record_cost(record) <= budget:
             return record

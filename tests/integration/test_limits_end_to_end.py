@@ -346,7 +346,7 @@ def test_any_string_anywhere_costs_at_most_itself(any_protocol_receiver, place, 
             and point.resource_attributes[name] == "v"
             and log.resource_attributes[name] == "v"
         ),
-        "resource.value": lambda: all(  # a resource stays under 32 KiB: cut further
+        "resource.value": lambda: all(  # a resource stays under 48 KiB: cut further
             r["bad.resource"] == value or _is_cut_of(r["bad.resource"], value)
             for r in (span.resource_attributes, point.resource_attributes, log.resource_attributes)
         ),
@@ -370,7 +370,7 @@ def test_any_string_anywhere_costs_at_most_itself(any_protocol_receiver, place, 
             assert bad_scope.version == name
         elif field == "schema_url" and protocol == "grpc":
             assert schema_url in (name, "")  # the SDK's encoders may leave it out
-        elif field == "attribute":  # a scope stays under 32 KiB: cut further when longer
+        elif field == "attribute":  # a scope stays under 48 KiB: cut further when longer
             received = {kv.key: kv.value.string_value for kv in bad_scope.attributes}["a"]
             assert received == value or _is_cut_of(received, value), len(received)
 
