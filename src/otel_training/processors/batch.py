@@ -1,13 +1,15 @@
 """Batch processors that count what a full queue drops: ``CountingBatchLogRecordProcessor``
 and ``CountingBatchSpanProcessor``.
 
-The SDK's batch processors drop the oldest record when their queue is full, with one warning
-per record (``Queue full, dropping Log.``) and no count unless
+The SDK's batch processors drop the oldest record when their queue is full, with a warning
+without a count (``Queue full, dropping Log.``, at most one each 20 s) and no count unless
 ``OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED`` is set. These are the SDK's processors with that
 hook taken over: each drop adds one to :attr:`dropped` (an integer add under a lock, on the
 thread that emits: the training thread, the logging thread); the export thread says so in a
 warning with the count, at its next batch and then at most once a minute, and shutdown says
-the total. The SDK's per-record warning is silenced (:func:`silence_sdk_queue_warnings`).
+the total. The SDK's own warning (``Queue full, dropping Log.``, without a count) is left out
+while a counting processor's queue is full (:func:`silence_sdk_queue_warnings`); other batch
+processors of the process keep theirs.
 :func:`observe_drops` exports the counts as ``otel_training.log_record.dropped`` and
 ``otel_training.span.dropped`` (semconv/registry/telemetry.yaml).
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
@@ -132,6 +135,10 @@ class _DropCount:
             pass
 
 
+#: The live counting processors (for :class:`_QueueFullFilter`).
+_COUNTING: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 class _CountsDrops:
     """What both counting processors add to the SDK's: the drop count (the SDK's metrics hook
     taken over), :attr:`dropped`, and the last report at shutdown."""
@@ -140,7 +147,12 @@ class _CountsDrops:
     _variable = ""
     _drops: _DropCount
 
+    def _full(self) -> bool:
+        batch = self._batch_processor  # type: ignore[attr-defined]
+        return len(batch._queue) >= batch._max_queue_size
+
     def _count_drops(self, where: str) -> None:
+        _COUNTING.add(self)
         silence_sdk_queue_warnings()
         batch = self._batch_processor  # type: ignore[attr-defined]
         self._drops = _DropCount(
@@ -230,11 +242,14 @@ def observe_drops(
 
 
 class _QueueFullFilter(logging.Filter):
-    """Drops the SDK's per-record ``Queue full, dropping ...`` warning: the counting
-    processors report drops with their count instead."""
+    """Drops the SDK's ``Queue full, dropping ...`` warning while the queue of a counting
+    processor is full (that processor reports the drops with their count instead); the
+    warning of any other batch processor in the process is left as it is."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Queue full, dropping")
+        if not str(record.msg).startswith("Queue full, dropping"):
+            return True
+        return not any(p._full() for p in list(_COUNTING))
 
 
 _queue_full_filter = _QueueFullFilter()
