@@ -139,13 +139,11 @@ def _client_pair(otlp: config.OtlpSettings, warn: Warn) -> tuple[str, str] | Non
     if certificate is None and key is None:
         return None
     if certificate is None or key is None:
-        given, missing = (key, "CLIENT_CERTIFICATE") if certificate is None else (
-            certificate,
-            "CLIENT_KEY",
-        )  # fmt: skip
+        given = key if certificate is None else certificate
+        missing = "CLIENT_CERTIFICATE" if certificate is None else "CLIENT_KEY"
         warn(
-            "otel-training: %s is set without OTEL_EXPORTER_OTLP_%s; no client certificate "
-            "is sent.",
+            "otel-training: %s is set without OTEL_EXPORTER_OTLP_[SIGNAL_]%s; no client "
+            "certificate is sent.",
             given[0],
             missing,
         )
