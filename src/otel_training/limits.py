@@ -179,22 +179,41 @@ def safe_text(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH) -> str:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
+            if limit is not None and len(value) > limit:
+                escaped = _escaped_length(value)
+                if escaped is not None:  # escape only the head that is kept
+                    return _cut(value[:limit].translate(_ESCAPES), limit, escaped)
             value = value.translate(_ESCAPES)
     if limit is not None and len(value) > limit:
         value = _cut(value, limit)
     return value
 
 
-def _cut(text: str, limit: int) -> str:
+def _escaped_length(text: str) -> int | None:
+    """The length of ``text`` once its lone surrogates are escaped, counted by the codecs at
+    C speed (``\\xNN`` is 4 characters, ``\\uDXXX`` 6); None when that cannot be told
+    cheaply (surrogates beyond U+DC80..U+DCFF: escape it all)."""
+    try:
+        kept = len(text.encode("utf-8", "ignore"))  # without the surrogates
+        bytes_ = len(text.encode("utf-8", "surrogateescape")) - kept  # one byte each
+    except UnicodeEncodeError:
+        return None
+    return len(text) + 3 * bytes_
+
+
+def _cut(text: str, limit: int, length: int | None = None) -> str:
+    """``text`` cut to ``limit`` characters, its end the marker; ``length``: the length of
+    the whole of which ``text`` is the head (its own by default)."""
+    length = len(text) if length is None else length
     keep = limit
     for _ in range(3):  # the marker's count has one digit more at most once
-        marker = cut_marker(len(text) - keep)
+        marker = cut_marker(length - keep)
         keep = limit - len(marker)
-        if keep + len(cut_marker(len(text) - keep)) <= limit:
+        if keep + len(cut_marker(length - keep)) <= limit:
             break
     if keep < 8:  # no room for a marker that says so: a plain cut
         return text[:limit]
-    return text[:keep] + cut_marker(len(text) - keep)
+    return text[:keep] + cut_marker(length - keep)
 
 
 def _is_clean(value: str, limit: int | None) -> bool:
