@@ -93,7 +93,7 @@ def test_grpc_proxy_is_grpcs_own(tls, protocol, no_process_proxies):
     with OtlpReceiver() as receiver, ConnectProxy() as proxy:
         _export({**receiver.env(protocol), "grpc_proxy": proxy.url})
         assert _arrived(receiver)
-    assert len(proxy.relayed()) == (1 if protocol == "grpc" else 0)
+    assert bool(proxy.relayed()) is (protocol == "grpc")
 
 
 @documents("limits.md", "A host in `no_proxy`/`NO_PROXY`")
@@ -189,3 +189,15 @@ def test_credentials_in_a_proxy_url_reach_the_proxy(protocol, no_process_proxies
     (relayed,) = {r.authorization for r in proxy.relayed()}
     assert relayed == "Basic " + base64.b64encode(b"user:s@cret").decode()
     assert "cret" not in destination
+
+
+@documents("limits.md", "gRPC itself also reads the process's lower-case")
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_grpc_alone_reads_the_processs_own_no_proxy(protocol, no_process_proxies, monkeypatch):
+    """The library's limit, pinned: with no_proxy set in the process but not in the variables
+    given to configure(), OTLP/gRPC goes direct and OTLP/HTTP through the proxy."""
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    with OtlpReceiver() as receiver, ConnectProxy() as proxy:
+        _export({**receiver.env(protocol), "http_proxy": proxy.url})
+        assert _arrived(receiver)
+    assert bool(proxy.relayed()) is (protocol != "grpc")
