@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests"))  # what the integration tests import (support, doc_rules)
 
 from otlp_receiver import BlackHole, OtlpReceiver, free_port  # noqa: E402
 

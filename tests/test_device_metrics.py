@@ -176,8 +176,9 @@ def test_without_nvidia_ml_py_configure_builds_no_device_instrument(tmp_path):
         "        'OTEL_TRACES_EXPORTER': 'none'}, metric_readers=[reader], set_global=False)\n"
         "    t.meter.create_counter('probe').add(1)\n"
         "    data = reader.get_metrics_data()\n"
+        "    own = ('dl.training.', 'otel_training.')\n"
         "    names = [m.name for rm in data.resource_metrics for sm in rm.scope_metrics\n"
-        "             for m in sm.metrics if not m.name.startswith('dl.training.')]\n"
+        "             for m in sm.metrics if not m.name.startswith(own)]\n"
         "    print('names', sorted(names))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}

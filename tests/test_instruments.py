@@ -11,6 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from doc_rules import documents
 from opentelemetry import metrics as metrics_api
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
@@ -305,6 +306,7 @@ def test_negative_step_duration_is_dropped_with_a_warning(caplog):
     assert collected(reader, P + "step_duration_ms") == []
 
 
+@documents("limits.md", "NaN and infinity are counted")
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, np.float64("nan"), "nan"])
 def test_nonfinite_values_are_counted_per_metric(bad, caplog):
     """NaN/Inf never vanish: the counter appears with the first one and counts per metric."""
@@ -492,6 +494,7 @@ def test_no_op_meter_defers_nothing():
     assert stub.reads == []
 
 
+@documents("limits.md", "A one-element numpy array or tensor is a number.")
 def test_one_element_arrays_are_accepted_like_one_element_tensors():
     """numpy arrays and tensors of one element are numbers; counters stay whole numbers."""
     torch = import_or_unavailable("torch")
@@ -506,6 +509,7 @@ def test_one_element_arrays_are_accepted_like_one_element_tensors():
     assert values[P + "learning_rate"] == 1.0
 
 
+@documents("limits.md", "a fractional counter value is dropped with one warning")
 def test_a_fractional_counter_value_is_dropped_with_one_warning(caplog):
     """skipped_iters=1.5 is not a whole number of iterations: dropped, one warning."""
     _, reader, meter = sdk_meter()

@@ -3,18 +3,40 @@ say so, records fit their budget."""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
+import threading
 
+import pytest
+from doc_rules import documents
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace as trace_api
+from opentelemetry._logs import LogRecord, SeverityNumber
+from opentelemetry.exporter.otlp.json.file import FileSpanExporter
+from opentelemetry.exporter.otlp.json.file._log_exporter import FileLogExporter
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, Status, StatusCode
 
-from otel_training import limits
-from otel_training.limits import Limits, bounded_span, bounded_value, cut_marker, safe_text
+import otel_training as ot
+from otel_training import limits, testing
+from otel_training.limits import (
+    Limits,
+    bounded_log_record,
+    bounded_span,
+    bounded_value,
+    cut_marker,
+    safe_text,
+)
 
 CONTEXT = trace_api.SpanContext(0x1234, 0x5678, is_remote=False)
 #: Any Python string: lone surrogates (what os.fsdecode makes of undecodable bytes), controls,
@@ -53,6 +75,8 @@ def strings_of(record: ReadableSpan) -> list[str]:
     return found
 
 
+@documents("limits.md", "Lone surrogates, which no UTF-8 encoder accepts")
+@documents("limits.md", "The rest of the value is kept")
 def test_undecodable_file_name_bytes_become_backslash_escapes():
     """Case A12: os.fsdecode's lone surrogates become \\xNN; the rest is kept intact."""
     path = os.fsdecode(b"/ckpt/run-\xff\xfe/step-000100.pt")
@@ -61,6 +85,7 @@ def test_undecodable_file_name_bytes_become_backslash_escapes():
     assert safe_text("caf\u00e9 \U0001f600 \x00\x07") == "caf\u00e9 \U0001f600 \x00\x07"
 
 
+@documents("limits.md", "A name or key that is not a `str` becomes its `str()`")
 def test_non_strings_and_broken_str_become_text():
     """A name that is not a str is its str(); one whose __str__ raises is <TypeName>."""
 
@@ -72,6 +97,7 @@ def test_non_strings_and_broken_str_become_text():
     assert safe_text(Broken()) == "<Broken>"
 
 
+@documents("limits.md", "A cut string ends with")
 def test_a_cut_value_says_so_and_keeps_the_limit():
     """A string over the limit keeps its head, ends with the marker, and is exactly the limit."""
     text = "x" * 5_000_000
@@ -92,6 +118,8 @@ def test_any_string_encodes_and_is_bounded(text, limit):
     json.loads(json.dumps(result, ensure_ascii=False))
 
 
+@documents("limits.md", "Integers beyond int64 (all OTLP carries) become floats in attributes")
+@documents("limits.md", "Sequences keep 1,024 items.")
 def test_numbers_beyond_int64_become_floats_and_sequences_are_cut():
     """OTLP carries int64 only; a sequence keeps at most MAX_SEQUENCE_LENGTH items."""
     assert bounded_value(2**70) == float(2**70)
@@ -106,6 +134,7 @@ def test_a_clean_span_is_returned_as_it_is():
     assert bounded_span(record) is record
 
 
+@documents("limits.md", "This includes exception messages, stack traces and status descriptions")
 def test_huge_values_exception_and_description_are_bounded_by_the_limit():
     """Case A11: attribute, exception message, stack trace and status description are cut."""
     message = "shard mismatch: " + "y" * 3_000_000
@@ -161,3 +190,328 @@ def test_any_span_encodes_in_protobuf_and_json(name, attributes, event_attribute
         {"name": bounded.name, "attributes": dict(bounded.attributes)}, ensure_ascii=False
     )
     text.encode("utf-8")
+
+
+# -- the worst-case estimate, against real output ---------------------------------------------
+
+#: Attribute values of every kind the SDK takes, strings of any content among them.
+VALUES = st.one_of(
+    ANY_TEXT,
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.lists(ANY_TEXT, max_size=20).map(tuple),
+    st.lists(st.floats(allow_nan=False), max_size=20).map(tuple),
+)
+MAPS = st.dictionaries(ANY_TEXT, VALUES, max_size=6)
+
+
+def _otlp_json_bytes(exporter_class, record) -> int:
+    stream = io.StringIO()
+    exporter_class(stream=stream).export([record])
+    return len(stream.getvalue().encode("utf-8"))
+
+
+@documents("limits.md", "and the structure around them as the")
+@settings(max_examples=60, deadline=None)
+@given(
+    name=ANY_TEXT,
+    attributes=MAPS,
+    events=st.lists(st.tuples(ANY_TEXT, MAPS), max_size=12),
+    links=st.lists(MAPS, max_size=10),
+    description=st.one_of(st.none(), ANY_TEXT),
+    scope=st.tuples(ANY_TEXT, ANY_TEXT, MAPS),
+    resource=MAPS,
+)
+def test_the_estimate_is_never_below_the_real_size(
+    name, attributes, events, links, description, scope, resource
+):
+    """Property: for any span and log record (after the string rule), its worst-case cost,
+    with its scope's and resource's, is at least the bytes of its real OTLP-JSON line and
+    of its protobuf request."""
+    record = bounded_span(
+        ReadableSpan(
+            name,
+            context=CONTEXT,
+            parent=CONTEXT,
+            attributes=attributes,
+            events=[Event(n, a, 2**63 - 1) for n, a in events],
+            links=[Link(CONTEXT, a) for a in links],
+            status=Status(StatusCode.ERROR, description) if description else Status(),
+            start_time=2**63 - 1,
+            end_time=2**63 - 1,
+            resource=Resource(resource),
+            instrumentation_scope=InstrumentationScope(*scope),
+        )
+    )
+    groups = limits.scope_cost(record.instrumentation_scope) + limits.scope_cost(record.resource)
+    estimate = limits.span_cost(record) + groups
+    assert _otlp_json_bytes(FileSpanExporter, record) <= estimate
+    assert len(encode_spans([record]).SerializeToString()) <= estimate
+    log = bounded_log_record(
+        ReadableLogRecord(
+            LogRecord(
+                timestamp=2**63 - 1,
+                observed_timestamp=2**63 - 1,
+                body=name,
+                attributes=attributes,
+                severity_text=description,
+            ),
+            resource=record.resource,
+            instrumentation_scope=record.instrumentation_scope,
+        )
+    )
+    estimate = limits.log_record_cost(log) + groups
+    assert _otlp_json_bytes(FileLogExporter, log) <= estimate
+    assert len(encode_logs([log]).SerializeToString()) <= estimate
+
+
+@documents("limits.md", "down to 32 characters")
+def test_long_values_beyond_u_ffff_are_cut_alike_and_none_is_dropped():
+    """64 values of 16,384 characters beyond U+FFFF (12 bytes each in JSON) fit the record
+    budget by being cut alike: every attribute is kept, all at the same length."""
+    record = span(attributes={f"k{i}": "\U0001f600" * 16_384 for i in range(64)})
+    bounded = bounded_span(record)
+    assert limits.span_cost(bounded) <= limits.RECORD_BUDGET_BYTES
+    lengths = {len(v) for v in bounded.attributes.values()}
+    assert len(bounded.attributes) == 64 and len(lengths) == 1 and lengths.pop() < 16_384
+
+
+def _line(records: list) -> tuple[int, int]:
+    """(real OTLP-JSON bytes, estimate) of one line of ``records`` (spans or log records):
+    each record's cost, each resource's once and each scope's once per resource, as the
+    exporters count a request."""
+    is_span = isinstance(records[0], ReadableSpan)
+    cost = limits.span_cost if is_span else limits.log_record_cost
+    resources = {id(r.resource): r.resource for r in records}
+    scopes = {
+        (id(r.resource), id(r.instrumentation_scope)): r.instrumentation_scope for r in records
+    }
+    estimate = sum(map(cost, records)) + sum(map(limits.scope_cost, resources.values()))
+    estimate += sum(map(limits.scope_cost, scopes.values()))
+    stream = io.StringIO()
+    (FileSpanExporter if is_span else FileLogExporter)(stream=stream).export(records)
+    return len(stream.getvalue().encode("utf-8")), estimate
+
+
+END = 2**63 - 1
+RESOURCE, SCOPE = Resource({}), InstrumentationScope("")
+
+
+def _spans(count: int = 1, groups=lambda i: {}, **fields) -> list[ReadableSpan]:
+    """``count`` spans with every field at its longest but strings; ``groups(i)`` may give
+    the i-th its own scope or resource."""
+    fields = {"resource": RESOURCE, "instrumentation_scope": SCOPE, **fields}
+    return [
+        ReadableSpan(
+            "",
+            context=CONTEXT,
+            parent=CONTEXT,
+            start_time=END,
+            end_time=END,
+            status=Status(StatusCode.ERROR, ""),
+            kind=trace_api.SpanKind.CONSUMER,
+            **{**fields, **groups(i)},
+        )
+        for i in range(count)
+    ]
+
+
+def _logs(count: int = 1, **fields) -> list:
+    """``count`` log records with every field at its longest but strings."""
+    fields = {"body": "", "severity_number": SeverityNumber.FATAL4, **fields}
+    return [
+        ReadableLogRecord(
+            LogRecord(
+                timestamp=END,
+                observed_timestamp=END,
+                trace_id=2**128 - 1,
+                span_id=2**64 - 1,
+                trace_flags=trace_api.TraceFlags(1),
+                **fields,
+            ),
+            resource=RESOURCE,
+            instrumentation_scope=SCOPE,
+        )
+        for _ in range(count)
+    ]
+
+
+BIG, SMALL = -(2**63), -1.7976931348623157e308
+#: Each structure around the strings, many times over, with strings that cost exactly their
+#: estimate (empty, or plain ASCII): what the estimate adds for it is what the real line does.
+STRUCTURES = {
+    "spans": lambda: _spans(200),
+    "events": lambda: _spans(events=[Event("", {}, END)] * 500),
+    "links": lambda: _spans(links=[Link(CONTEXT, {})] * 200),
+    "int attributes": lambda: _spans(attributes={f"{i}": BIG for i in range(500)}),
+    "float attributes": lambda: _spans(attributes={f"{i}": SMALL for i in range(500)}),
+    "string attributes": lambda: _spans(attributes={f"{i}": "" for i in range(500)}),
+    "string items": lambda: _spans(attributes={"s": ("",) * 1000}),
+    "float items": lambda: _spans(attributes={"f": (SMALL,) * 1000}),
+    "scopes": lambda: _spans(
+        200, lambda i: {"instrumentation_scope": InstrumentationScope(f"{i}", "", "")}
+    ),
+    "scope attributes": lambda: _spans(
+        instrumentation_scope=InstrumentationScope("", "", "", {f"{i}": "" for i in range(300)})
+    ),
+    "resources": lambda: _spans(200, lambda i: {"resource": Resource({"k": f"{i}"})}),
+    "log records": lambda: _logs(200),
+    "log attributes": lambda: _logs(attributes={f"{i}": BIG for i in range(500)}),
+    "log body list": lambda: _logs(body=[BIG] * 1000),
+    "log body map": lambda: _logs(body={f"{i}": "" for i in range(500)}),
+}
+
+
+@documents("limits.md", "the structure around them as the OTLP-JSON files write it")
+@pytest.mark.parametrize("structure", STRUCTURES)
+def test_the_estimate_of_each_structure_is_at_least_its_real_size_and_close(structure):
+    """What the estimate adds for each structure around the strings (spans and log records,
+    events, links, attributes of each type, sequence items, scopes, resources, log bodies) is
+    at least what the real OTLP-JSON line adds, and at most twice that."""
+    records = STRUCTURES[structure]()
+    real, estimate = _line(records)
+    if structure in ("scopes", "resources"):  # against as many spans in one group
+        base = _spans(len(records))
+    else:
+        base = records[:1] if len(records) > 1 else _logs() if structure[:3] == "log" else _spans()
+    base_real, base_estimate = _line(base)
+    assert base_real <= base_estimate
+    added_real, added_estimate = real - base_real, estimate - base_estimate
+    assert added_real <= added_estimate <= 2 * added_real
+
+
+@documents(
+    "limits.md", "Names and keys are cut to 1,024 characters, and so are metric descriptions"
+)
+def test_names_keys_and_metric_descriptions_are_cut_at_1024_characters():
+    """Span, event and scope names, attribute keys and metric descriptions of 5,000
+    characters are exported at 1,024 with the marker; a value of 5,000 is kept whole."""
+    long = "n" * 5000
+    record = bounded_span(
+        ReadableSpan(
+            long,
+            context=CONTEXT,
+            attributes={long: long},
+            events=[Event(long, {long: 1})],
+            instrumentation_scope=InstrumentationScope(long, long, long),
+        )
+    )
+    (key,) = record.attributes
+    (event_key,) = record.events[0].attributes
+    scope = record.instrumentation_scope
+    for name in (record.name, key, record.events[0].name, event_key, scope.name, scope.version):
+        assert len(name) == 1024 and name.endswith("n...[4000 characters cut]")
+    assert record.attributes[key] == long
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    provider.get_meter("m").create_counter("c", description=long).add(1)
+    data = limits.bounded_metrics_data(reader.get_metrics_data())
+    (metric,) = data.resource_metrics[0].scope_metrics[0].metrics
+    assert len(metric.description) == 1024 and metric.description.endswith(" characters cut]")
+    provider.shutdown()
+
+
+@documents("limits.md", "then events beyond what fits are dropped, exception events kept")
+def test_exception_events_are_kept_first_when_events_must_go():
+    """A span whose events cannot all fit keeps its exception event, wherever it was, then
+    the earliest others, in their order."""
+    heavy = {f"a{i}": "v" * 100 for i in range(100)}  # ~14 KB each at the cut of 32 characters
+    events = [Event(f"e{i}", heavy, i) for i in range(200)]
+    events.insert(150, Event("exception", {"exception.message": "boom"}, 150))
+    bounded = bounded_span(span(events=events))
+    names = [event.name for event in bounded.events]
+    assert "exception" in names and 0 < len(names) < 201
+    assert names[: names.index("exception")] == [f"e{i}" for i in range(len(names) - 1)]
+    assert limits.span_cost(bounded) <= limits.RECORD_BUDGET_BYTES
+
+
+@documents("limits.md", "then sequences keep fewer items, alike")
+@documents("limits.md", "then links, then attributes are dropped")
+def test_sequences_then_links_then_attributes_give_way_in_that_order():
+    """Past the shortest cut, sequences keep fewer items alike (every attribute kept); when
+    even that is not enough (very many long keys), links go first, then the last attributes."""
+    sequences = {f"s{i}": ("x" * 64,) * 1024 for i in range(40)}
+    bounded = bounded_span(span(attributes=sequences))
+    kept = {len(v) for v in bounded.attributes.values()}
+    assert len(bounded.attributes) == 40 and len(kept) == 1 and 0 < kept.pop() < 1024
+    keys = {f"{i}" + "k" * 1000: i for i in range(1000)}  # ~1 MB of keys alone
+    links = [Link(CONTEXT, {"l": "v"}) for _ in range(10)]
+    record = ReadableSpan("s", context=CONTEXT, attributes=keys, links=links)
+    bounded = bounded_span(record)
+    assert not bounded.links and 0 < len(bounded.attributes) < 1000
+    assert list(bounded.attributes.values()) == list(range(len(bounded.attributes)))
+    assert limits.span_cost(bounded) <= limits.RECORD_BUDGET_BYTES
+
+
+@documents("limits.md", "so does a value that is not a string, number, boolean or sequence")
+def test_objects_given_to_a_phase_or_a_log_record_are_their_text_by_the_rule():
+    """An object given to a phase, or as a logging extra= field, arrives as its str() cut by
+    the string rule with its marker (not at a length of its own), or as <TypeName>."""
+
+    class Huge:
+        def __str__(self):
+            return "h" * 50_000
+
+    class Broken:
+        def __str__(self):
+            raise RuntimeError("no")
+
+    memory = testing.configure_in_memory()
+    with ot.phase("work", huge=Huge(), broken=Broken()):
+        pass
+    log = logging.getLogger("objects")
+    log.addHandler(ot.logging_handler())
+    log.warning("with extras", extra={"huge": Huge(), "broken": Broken()})
+    ot.force_flush()
+    (recorded,) = [s for s in memory.spans.get_finished_spans() if s.name == "work"]
+    exported = bounded_span(recorded)
+    expected = safe_text("h" * 50_000, limits.DEFAULT_VALUE_LENGTH)
+    assert exported.attributes["huge"] == expected and exported.attributes["broken"] == "<Broken>"
+    (record,) = [r for r in memory.logs.get_finished_logs() if r.log_record.body == "with extras"]
+    attributes = bounded_log_record(record).log_record.attributes
+    assert attributes["huge"] == expected and attributes["broken"] == "<Broken>"
+    testing.reset()
+
+
+@documents("limits.md", "Escaping and cutting run on the exporters' threads")
+def test_escaping_and_cutting_never_run_on_the_training_thread(monkeypatch):
+    """A phase with a long value and an undecodable path ends on the training thread without
+    the rule's escaping or cutting running there; bounding the span (the exporter's thread's
+    work) applies them."""
+    threads: list[str] = []
+
+    def recording(function):
+        def record(*args):
+            threads.append(threading.current_thread().name)
+            return function(*args)
+
+        return record
+
+    memory = testing.configure_in_memory()
+    for name in ("safe_text", "_cut"):  # the rule's escaping and cutting
+        monkeypatch.setattr(limits, name, recording(getattr(limits, name)))
+    path = os.fsdecode(b"/ckpt/\xff") + "p" * 20_000
+    with ot.checkpoint_save(path):
+        pass
+    assert threads == []
+    exported = bounded_span(memory.spans.get_finished_spans()[0])
+    assert threads and all(name == threading.current_thread().name for name in threads)
+    assert exported.attributes["megatron.checkpoint.path"].startswith("/ckpt/\\xff")
+    testing.reset()
+
+
+@documents("limits.md", "The SDK itself refuses a metric name or unit outside its ASCII grammar")
+def test_the_sdk_refuses_an_instrument_named_outside_its_grammar():
+    """An instrument named or with a unit outside the SDK's ASCII grammar is refused when it
+    is created; nothing of it is collected."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    meter = provider.get_meter("m")
+    for name, unit in (("ckpt-\udc80", ""), ("ok", "\udc80")):
+        with pytest.raises(Exception, match="Expected ASCII string"):
+            meter.create_counter(name, unit=unit)
+    assert reader.get_metrics_data() is None or not any(
+        s.metrics for r in reader.get_metrics_data().resource_metrics for s in r.scope_metrics
+    )
+    provider.shutdown()

@@ -11,6 +11,7 @@ import os
 import re
 
 import pytest
+from doc_rules import documents
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry import context as context_api
@@ -40,9 +41,11 @@ from opentelemetry.semconv.attributes.exception_attributes import (
 import otel_training
 from otel_training import config, files, limits, log_bridge, setup, testing
 from otel_training.exporters import SafeLogRecordExporter
-from otel_training.limits import Limits, cut_marker
+from otel_training.limits import Limits, bounded_log_record, bounded_span, cut_marker
 from otel_training.processors.exception_logs import ExceptionLogSpanProcessor
 from otel_training.semconv.attributes import DL_RANK, DL_WORLD_SIZE
+from otel_training.semconv.attributes import OTEL_TRAINING_LOG_ARGUMENTS as LOG_ARGUMENTS
+from otel_training.semconv.attributes import OTEL_TRAINING_LOG_FORMAT_ERROR as FORMAT_ERROR
 
 SUCCESS = LogRecordExportResult.SUCCESS
 FAILURE = LogRecordExportResult.FAILURE
@@ -481,7 +484,7 @@ def test_the_handler_never_raises_into_the_caller():
         logger.propagate = True
         logger.setLevel(logging.NOTSET)
     bad_args, extra, formatted = finished(telemetry)
-    assert bad_args.body.startswith("%d steps (its arguments could not be formatted: TypeError")
+    assert bad_args.body == "%d steps" and bad_args.attributes[LOG_ARGUMENTS] == ("many",)
     assert extra.attributes["bad"] == "<Broken>"
     assert formatted.body == "formatted badly"
 
@@ -894,3 +897,64 @@ def test_any_log_record_encodes_and_is_bounded(body, attributes):
     assert all(len(text) <= 64 for text in values)
     assert all(len(key) <= limits.MAX_NAME_LENGTH for key in keys)
     assert exporter.requests[0].resource_logs[0].scope_logs[0].scope.name == "t\\xff"
+
+
+@documents("limits.md", "`OTEL_LOGRECORD_ATTRIBUTE_VALUE_LENGTH_LIMIT` for logs")
+def test_each_signal_cuts_values_at_its_own_limit_else_the_generic_one():
+    """Log bodies and attributes are cut at OTEL_LOGRECORD_ATTRIBUTE_VALUE_LENGTH_LIMIT, span
+    values at OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT when no span limit is set."""
+    memory = testing.configure_in_memory(
+        {
+            "OTEL_LOGRECORD_ATTRIBUTE_VALUE_LENGTH_LIMIT": "100",
+            "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "50",
+        }
+    )
+    settings = memory.telemetry.settings
+    otel_training.get_logger("limits").emit(body="b" * 500, attributes={"a": "a" * 500})
+    with otel_training.phase("limits", value="v" * 500):
+        pass
+    (record,) = memory.logs.get_finished_logs()
+    bounded = bounded_log_record(record, settings.log_limits).log_record
+    assert len(bounded.body) == 100 and len(bounded.attributes["a"]) == 100
+    (span,) = [s for s in memory.spans.get_finished_spans() if s.name == "limits"]
+    assert len(bounded_span(span, settings.span_limits).attributes["value"]) == 50
+
+
+# -- what the bridge keeps, and what a full queue drops -------------------------------------
+
+
+def test_a_message_that_does_not_format_keeps_its_template_and_arguments(caplog):
+    """log.info("%d", "x"), an argument whose __str__ raises and a dict template with a
+    missing key: the record is exported with its template as the body, each argument's text
+    in otel_training.log.arguments and the error; one warning says exactly that."""
+    telemetry = testing.configure_in_memory()
+    logger = logging.getLogger("train.formatting")
+    logger.propagate = False  # pytest's capture handler would print logging's own error
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler := otel_training.logging_handler())
+
+    class Broken:
+        def __str__(self) -> str:
+            raise RuntimeError("no str")
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="otel_training"):
+            logger.info("%d", "x")
+            logger.info("checkpoint %s of %s", Broken(), 7)
+            logger.info("%(step)d at %(loss)s", {"step": 3, "lr": 0.1})
+            logger.info("loss %.3f", 0.25)  # one that formats is untouched
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+    typed, broken, mapping, fine = finished(telemetry)
+    assert (typed.body, typed.attributes[LOG_ARGUMENTS]) == ("%d", ("x",))
+    assert typed.attributes[FORMAT_ERROR].startswith("TypeError: %d format")
+    assert broken.body == "checkpoint %s of %s"
+    assert broken.attributes[LOG_ARGUMENTS] == ("<Broken>", "7")
+    assert broken.attributes[FORMAT_ERROR] == "RuntimeError: no str"
+    assert mapping.attributes[LOG_ARGUMENTS] == ("step=3", "lr=0.1")
+    assert mapping.attributes[FORMAT_ERROR] == "KeyError: 'loss'"
+    assert fine.body == "loss 0.250" and LOG_ARGUMENTS not in fine.attributes
+    (warning,) = [r.getMessage() for r in caplog.records if "format the message" in r.getMessage()]
+    assert "template as the body" in warning and LOG_ARGUMENTS in warning
+    assert "dropped" not in warning

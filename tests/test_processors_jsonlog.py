@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from doc_rules import documents
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
@@ -295,3 +296,18 @@ def test_an_unwritable_directory_warns_and_configures_without_lines(tmp_path, ca
     )
     assert "span JSON lines" not in telemetry.destination
     assert any("cannot write spans" in r.getMessage() for r in caplog.records)
+
+
+@documents("limits.md", "U+0085, U+2028 and U+2029 are also written as")
+def test_line_separators_inside_values_are_escaped_so_each_record_is_one_line(tmp_path):
+    """U+0085, U+2028 and U+2029 (which str.splitlines() takes for line ends) and a newline
+    inside a name or value leave one record per line, each value intact once parsed."""
+    provider, processor = _provider(tmp_path / "spans.jsonl")
+    text = "a\x85b\u2028c\u2029d\ne\x00"
+    with provider.get_tracer("t").start_as_current_span(text, attributes={"v": text}):
+        pass
+    processor.force_flush()
+    raw = (tmp_path / "spans.jsonl").read_text(encoding="utf-8")
+    (line,) = _strict(raw)
+    assert len(raw.splitlines()) == 1 and line["name"] == text == line["attributes"]["v"]
+    provider.shutdown()

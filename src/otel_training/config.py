@@ -141,8 +141,10 @@ SAMPLERS: Final = (
     "parentbased_traceidratio",
 )
 
-#: The standard variables otel-training parses itself (the SDK's exporters may read others,
-#: such as the certificate paths, directly).
+#: The standard variables otel-training parses itself. It also reads the proxy variables
+#: (https_proxy, http_proxy, no_proxy in either case; grpc_proxy, no_grpc_proxy) and the CA
+#: bundle variables of the exporters' libraries (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE,
+#: GRPC_DEFAULT_SSL_ROOTS_FILE_PATH): ProxySettings, OtlpSettings.certificate.
 STANDARD_VARIABLES: Final = (
     "OTEL_SDK_DISABLED",
     "OTEL_SERVICE_NAME",
@@ -171,6 +173,22 @@ STANDARD_VARIABLES: Final = (
     "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
     "OTEL_EXPORTER_OTLP_LOGS_COMPRESSION",
     "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+    "OTEL_EXPORTER_OTLP_INSECURE",
+    "OTEL_EXPORTER_OTLP_METRICS_INSECURE",
+    "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
+    "OTEL_EXPORTER_OTLP_LOGS_INSECURE",
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_LOGS_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_LOGS_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_LOGS_CLIENT_CERTIFICATE",
     "OTEL_METRIC_EXPORT_INTERVAL",
     "OTEL_METRIC_EXPORT_TIMEOUT",
     "OTEL_BSP_SCHEDULE_DELAY",
@@ -203,6 +221,14 @@ class OtlpSettings:
         headers: Header names (lower-case) to values, URL-decoded.
         timeout_s: Export timeout in seconds.
         compression: ``none``, ``gzip`` or ``deflate`` (``deflate`` only over HTTP).
+        insecure: ``OTEL_EXPORTER_OTLP_[SIGNAL_]INSECURE`` (gRPC: plaintext), None when unset.
+        certificate: ``(variable, path)`` of the CA bundle that verifies the endpoint:
+            ``OTEL_EXPORTER_OTLP_[SIGNAL_]CERTIFICATE``, else the protocol's library variable
+            (``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE`` over HTTP;
+            ``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`` over gRPC); None: the system's.
+        client_key: ``(variable, path)`` of ``OTEL_EXPORTER_OTLP_[SIGNAL_]CLIENT_KEY``.
+        client_certificate: ``(variable, path)`` of
+            ``OTEL_EXPORTER_OTLP_[SIGNAL_]CLIENT_CERTIFICATE``.
     """
 
     endpoint: str | None
@@ -210,12 +236,37 @@ class OtlpSettings:
     headers: Mapping[str, str] = field(repr=False)
     timeout_s: float
     compression: str
+    insecure: bool | None = None
+    certificate: tuple[str, str] | None = None
+    client_key: tuple[str, str] | None = None
+    client_certificate: tuple[str, str] | None = None
 
     @property
     def shown_endpoint(self) -> str | None:
         """The endpoint as logs and the destination line may show it (never with userinfo:
         credentials in the URL are sent as an ``authorization`` header instead)."""
         return None if self.endpoint is None else redact_url(self.endpoint)
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    """The proxy variables, read alike for OTLP/gRPC and OTLP/HTTP (docs/limits.md,
+    "Network"): each ``(variable, value)`` as set, the lower-case name first (as curl and
+    requests read them), else the upper-case one; None when neither is set.
+
+    Attributes:
+        https: ``https_proxy`` / ``HTTPS_PROXY``: the proxy of ``https://`` endpoints.
+        http: ``http_proxy`` / ``HTTP_PROXY``: the proxy of ``http://`` endpoints.
+        no_proxy: ``no_proxy`` / ``NO_PROXY``: hosts reached directly.
+        grpc: ``grpc_proxy``: gRPC's own, the proxy of every OTLP/gRPC endpoint.
+        no_grpc_proxy: ``no_grpc_proxy``: gRPC's own, instead of ``no_proxy`` over gRPC.
+    """
+
+    https: tuple[str, str] | None = None
+    http: tuple[str, str] | None = None
+    no_proxy: tuple[str, str] | None = None
+    grpc: tuple[str, str] | None = None
+    no_grpc_proxy: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -341,6 +392,7 @@ class Settings:
     traces_otlp: OtlpSettings = field(
         default_factory=lambda: OtlpSettings(None, "grpc", {}, DEFAULT_OTLP_TIMEOUT_S, "none")
     )
+    proxies: ProxySettings = field(default_factory=ProxySettings)
     metric_export_interval_ms: float = DEFAULT_METRIC_EXPORT_INTERVAL_MS
     metric_export_timeout_ms: float = DEFAULT_METRIC_EXPORT_TIMEOUT_MS
     #: The interval of the embedded default's metrics file: OTEL_METRIC_EXPORT_INTERVAL when
@@ -634,7 +686,50 @@ class _Parser(EnvReader):
         if compression == "deflate" and protocol == "grpc":
             self.reject(compression_name, "deflate", "gzip", "is not supported over gRPC")
             compression = "gzip"
-        return OtlpSettings(endpoint, protocol, headers, timeout_s, compression)
+        insecure_name, insecure_raw = self.first(
+            f"OTEL_EXPORTER_OTLP_{upper}_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE"
+        )
+        insecure = None if insecure_raw is None else self.boolean(insecure_name, False)
+        library = (
+            ("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",)
+            if protocol == "grpc"
+            else ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+        )
+        return OtlpSettings(
+            endpoint,
+            protocol,
+            headers,
+            timeout_s,
+            compression,
+            insecure=insecure,
+            certificate=self._sourced(
+                f"OTEL_EXPORTER_OTLP_{upper}_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+                *library,
+            ),
+            client_key=self._sourced(
+                f"OTEL_EXPORTER_OTLP_{upper}_CLIENT_KEY", "OTEL_EXPORTER_OTLP_CLIENT_KEY"
+            ),
+            client_certificate=self._sourced(
+                f"OTEL_EXPORTER_OTLP_{upper}_CLIENT_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            ),
+        )
+
+    def _sourced(self, *names: str) -> tuple[str, str] | None:
+        """``(variable, value)`` of the first of ``names`` that is set, else None."""
+        name, raw = self.first(*names)
+        return None if raw is None else (name, raw)
+
+    def _proxies(self) -> ProxySettings:
+        """The proxy variables (:class:`ProxySettings`)."""
+        return ProxySettings(
+            https=self._sourced("https_proxy", "HTTPS_PROXY"),
+            http=self._sourced("http_proxy", "HTTP_PROXY"),
+            no_proxy=self._sourced("no_proxy", "NO_PROXY"),
+            grpc=self._sourced("grpc_proxy"),
+            no_grpc_proxy=self._sourced("no_grpc_proxy"),
+        )
 
     def _endpoint(
         self,
@@ -676,7 +771,10 @@ class _Parser(EnvReader):
         if (
             protocol == "grpc"
             and "://" not in endpoint
-            and self.raw("OTEL_EXPORTER_OTLP_INSECURE") is None
+            and self.first(
+                f"OTEL_EXPORTER_OTLP_{signal.upper()}_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE"
+            )[1]
+            is None
         ):
             self.warn(
                 "%s=%r has no scheme: gRPC will use TLS. Write http://%s for a plaintext "
@@ -1085,6 +1183,7 @@ class _Parser(EnvReader):
             traces_exporters=traces_exporters,
             metrics_otlp=metrics_otlp,
             traces_otlp=traces_otlp,
+            proxies=self._proxies(),
             metric_export_interval_ms=interval_ms,
             metric_export_timeout_ms=timeout_ms,
             file_metric_export_interval_ms=(

@@ -1,5 +1,5 @@
 """Exporters that guard what they hand on: ``SafeSpanExporter``, ``SafeMetricExporter`` and
-``SafeLogRecordExporter``.
+``SafeLogRecordExporter``, and the Prometheus reader's equivalent (``safe_prometheus_reader``).
 
 ``configure()`` wraps every exporter it builds (OTLP, console, the embedded OTLP-JSON files) in
 one of these. Each one, on the exporting thread (the batch processor's or the metric reader's,
@@ -7,12 +7,15 @@ never the training thread):
 
 - exports nothing from a forked child (a DataLoader worker would otherwise re-export the
   parent's values, over a gRPC channel that is not fork-safe);
-- applies the string rule of :mod:`otel_training.limits` to everything it exports, so that a
-  lone surrogate, a huge value or an integer beyond int64 never costs the batch;
+- applies the string rule of :mod:`otel_training.limits` to everything it exports (records,
+  their scopes and resources, metric names, units and descriptions), so that a lone
+  surrogate, a huge value or an integer beyond int64 never costs the batch;
 - keeps each request under ``max_request_bytes`` (3 MiB by default; receivers such as the
-  collector refuse 4 MiB) by splitting a batch in order, and when a receiver still refuses a
-  large batch quickly (a lower size limit, HTTP 413, gRPC RESOURCE_EXHAUSTED), sends it again
-  in halves while the export timeout lasts, instead of losing it whole.
+  collector refuse 4 MiB; one OTLP-JSON line is kept under 900,000 bytes) by splitting a batch
+  in order, by worst-case size, the resource and scope of each request counted once;
+- for spans and logs, when a receiver still refuses a large batch quickly (a lower size
+  limit, HTTP 413, gRPC RESOURCE_EXHAUSTED), sends it again in halves while the export timeout
+  lasts, instead of losing it whole.
 
 None of them raises from ``export``.
 """
@@ -29,7 +32,12 @@ from typing import Any, Final, TypeVar
 
 from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+)
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -40,6 +48,9 @@ __all__ = [
     "SafeLogRecordExporter",
     "SafeMetricExporter",
     "SafeSpanExporter",
+    "bounded_metrics",
+    "safe_prometheus_reader",
+    "split_metrics",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -57,27 +68,42 @@ _MIN_SPLIT_BYTES: Final = 128 * 1024
 _T = TypeVar("_T")
 
 
-def _chunks(items: Sequence[_T], cost: Callable[[_T], int], limit: int) -> list[Sequence[_T]]:
+def _chunks(
+    items: Sequence[_T],
+    cost: Callable[[_T], int],
+    limit: int,
+    shared: Callable[[_T], tuple[Any, Any]] | None = None,
+) -> list[Sequence[_T]]:
     """``items`` in order, in runs whose summed ``cost`` stays under ``limit`` (an item
-    costlier than ``limit`` alone in its run)."""
-    total = 0
-    costs = []
-    for item in items:
-        c = cost(item)
-        costs.append(c)
-        total += c
-    if total <= limit:
-        return [items]
+    costlier than ``limit`` alone in its run). ``shared(item)`` gives the resource and scope
+    that a request carries once for all the items that share them: each resource counts once
+    a run, each scope once per resource (OTLP groups scopes by resource), at
+    :func:`limits.scope_cost`."""
     runs: list[Sequence[_T]] = []
     start = 0
     used = 0
-    for i, c in enumerate(costs):
+    seen: set[tuple[int, ...]] = set()
+    for i, item in enumerate(items):
+        c = cost(item)
+        groups = ()
+        if shared is not None:
+            resource, scope = shared(item)
+            groups = (((id(resource),), resource), ((id(resource), id(scope)), scope))
+            c += sum(_limits.scope_cost(g) for key, g in groups if key not in seen)
         if used + c > limit and i > start:
             runs.append(items[start:i])
             start, used = i, 0
+            seen.clear()
+            c = cost(item) + sum(_limits.scope_cost(g) for _, g in groups)
+        seen.update(key for key, _ in groups)
         used += c
     runs.append(items[start:])
     return runs
+
+
+def _groups(record: Any) -> tuple[Any, Any]:
+    """The resource and scope of a span or log record."""
+    return (record.resource, record.instrumentation_scope)
 
 
 class _Splitter:
@@ -133,6 +159,7 @@ class _BatchBounded:
     _what = ""
     _bound: Callable[[Any, _limits.Limits], Any]
     _cost: Callable[[Any], int]
+    _groups: Callable[[Any], tuple[Any, Any]]
     _success: Any
     _failure: Any
 
@@ -164,7 +191,7 @@ class _BatchBounded:
             send = _Splitter(self._exporter.export, cost, self._success, self._timeout_s)
             ok = True
             bounded = [self._bound(record, limits) for record in batch]
-            for run in _chunks(bounded, cost, self._max_request_bytes):
+            for run in _chunks(bounded, cost, self._max_request_bytes, self._groups):
                 ok = send(run) and ok
         except Exception:
             _logger.warning("otel-training: a %s export failed", self._what, exc_info=True)
@@ -190,6 +217,7 @@ class SafeSpanExporter(_BatchBounded, SpanExporter):
     _what = "span"
     _bound = staticmethod(_limits.bounded_span)
     _cost = staticmethod(_limits.span_cost)
+    _groups = staticmethod(_groups)
     _success = SpanExportResult.SUCCESS
     _failure = SpanExportResult.FAILURE
 
@@ -222,6 +250,7 @@ class SafeLogRecordExporter(_BatchBounded, LogRecordExporter):
     _what = "log"
     _bound = staticmethod(_limits.bounded_log_record)
     _cost = staticmethod(_limits.log_record_cost)
+    _groups = staticmethod(_groups)
     _success = LogRecordExportResult.SUCCESS
     _failure = LogRecordExportResult.FAILURE
 
@@ -249,10 +278,21 @@ class SafeLogRecordExporter(_BatchBounded, LogRecordExporter):
 
 
 class SafeMetricExporter(MetricExporter):
-    """Hands metrics to ``exporter`` with every attribute, scope, description and unit
-    bounded and encodable, and integer points within int64 (saturated, with one warning).
+    """Hands metrics to ``exporter`` bounded, encodable, in requests under the size limit.
 
+    Resources, scopes, metric names, units and descriptions, point and exemplar attributes
+    follow the string rule (:func:`limits.bounded_metrics_data`); integer points beyond int64
+    are saturated at its ends, with one warning (a sum beyond int64 would fail every later
+    export); a collection is split, in order, into requests under ``max_request_bytes`` of
+    worst-case size (:func:`limits.metric_point_cost`). A forked child exports nothing.
     Temporality and aggregation preferences are those of ``exporter``.
+
+    Args:
+        exporter: The exporter to delegate to (OTLP, console, the OTLP-JSON file).
+        limits: The string rule's limits.
+        max_request_bytes: Largest worst-case request size, in bytes.
+
+    ``export`` runs on the metric reader's thread and never raises.
     """
 
     def __init__(
@@ -260,6 +300,7 @@ class SafeMetricExporter(MetricExporter):
         exporter: MetricExporter,
         *,
         limits: _limits.Limits = _limits.DEFAULT_LIMITS,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
         super().__init__(
             preferred_temporality=exporter._preferred_temporality,
@@ -267,6 +308,7 @@ class SafeMetricExporter(MetricExporter):
         )
         self._exporter = exporter
         self._limits = limits
+        self._max_request_bytes = max_request_bytes
         self._pid = os.getpid()
         self._warned = False
         _relax_grpc_retries(exporter)
@@ -282,8 +324,12 @@ class SafeMetricExporter(MetricExporter):
         if os.getpid() != self._pid:
             return MetricExportResult.SUCCESS
         try:
-            metrics_data = self._bounded(metrics_data)
-            return self._exporter.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+            metrics_data = bounded_metrics(metrics_data, self._limits, self._warn_saturated)
+            ok = True
+            for part in split_metrics(metrics_data, self._max_request_bytes):
+                result = self._exporter.export(part, timeout_millis=timeout_millis, **kwargs)
+                ok = result is MetricExportResult.SUCCESS and ok
+            return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
         except Exception:
             _logger.warning("otel-training: a metrics export failed", exc_info=True)
             return MetricExportResult.FAILURE
@@ -295,67 +341,124 @@ class SafeMetricExporter(MetricExporter):
         if os.getpid() == self._pid:
             self._exporter.shutdown(timeout_millis=timeout_millis, **kwargs)
 
-    # -- bounds -----------------------------------------------------------------------------
+    def _warn_saturated(self, name: str) -> None:
+        if not self._warned:
+            self._warned = True
+            _logger.warning(
+                "otel-training: %s has a point beyond int64 (OTLP carries int64 only); "
+                "exported saturated at its end. This warning is shown once.",
+                name,
+            )
 
-    def _bounded(self, data: MetricsData) -> MetricsData:
-        if not self._needs_work(data):
-            return data
-        limit = self._limits.value_length
-        resources = []
-        for resource_metrics in data.resource_metrics:
-            scopes = []
-            for scope_metrics in resource_metrics.scope_metrics:
-                metrics = [
-                    dataclasses.replace(
-                        metric,
-                        description=_limits.safe_text(metric.description or "", limit),
-                        unit=_limits.safe_text(metric.unit or "", _limits.MAX_NAME_LENGTH),
-                        data=dataclasses.replace(
-                            metric.data,
-                            data_points=[
-                                self._point(p, metric.name) for p in metric.data.data_points
+
+def bounded_metrics(
+    data: MetricsData, limits: _limits.Limits, on_saturated: Callable[[str], None]
+) -> MetricsData:
+    """``data`` after the string rule (:func:`limits.bounded_metrics_data`); calls
+    ``on_saturated(metric name)`` for the first integer point saturated at int64."""
+    saturated: list[str] = []
+    data = _limits.bounded_metrics_data(data, limits, saturated)
+    if saturated:
+        on_saturated(saturated[0])
+    return data
+
+
+def split_metrics(data: MetricsData, max_request_bytes: int) -> list[MetricsData]:
+    """``data`` in order, in parts whose worst-case size stays under ``max_request_bytes``
+    (a point costlier than that alone in its part); each part keeps the resource, scope and
+    metric (name, unit, description, kind) of its points."""
+    total = 0
+    for resource_metrics in data.resource_metrics:
+        total += _limits.scope_cost(resource_metrics.resource)
+        for scope_metrics in resource_metrics.scope_metrics:
+            total += _limits.scope_cost(scope_metrics.scope)
+            for metric in scope_metrics.metrics:
+                total += _limits.metric_cost(metric)
+                total += sum(map(_limits.metric_point_cost, metric.data.data_points))
+    if total <= max_request_bytes:
+        return [data]
+    parts: list[MetricsData] = []
+    current: list = []  # [(resource_metrics, [(scope_metrics, [(metric, [points])])])]
+    used = 0
+
+    def close() -> None:
+        nonlocal current, used
+        if current:
+            parts.append(
+                MetricsData(
+                    resource_metrics=[
+                        dataclasses.replace(
+                            rm,
+                            scope_metrics=[
+                                dataclasses.replace(
+                                    sm,
+                                    metrics=[
+                                        dataclasses.replace(
+                                            m, data=dataclasses.replace(m.data, data_points=pts)
+                                        )
+                                        for m, pts in metrics
+                                    ],
+                                )
+                                for sm, metrics in scopes
                             ],
-                        ),
-                    )
-                    for metric in scope_metrics.metrics
-                ]
-                scopes.append(dataclasses.replace(scope_metrics, metrics=metrics))
-            resources.append(dataclasses.replace(resource_metrics, scope_metrics=scopes))
-        return MetricsData(resource_metrics=resources)
-
-    def _point(self, point: Any, name: str) -> Any:
-        changes: dict[str, Any] = {}
-        attributes = _limits.bounded_attributes(point.attributes, self._limits.value_length)
-        if attributes is not point.attributes:
-            changes["attributes"] = attributes
-        value = getattr(point, "value", None)
-        if type(value) is int and not _INT64_MIN <= value <= _INT64_MAX:
-            changes["value"] = _INT64_MAX if value > 0 else _INT64_MIN
-            if not self._warned:
-                self._warned = True
-                _logger.warning(
-                    "otel-training: %s has a point beyond int64 (OTLP carries int64 only); "
-                    "exported saturated at %d. This warning is shown once.",
-                    name,
-                    changes["value"],
+                        )
+                        for rm, scopes in current
+                    ]
                 )
-        return dataclasses.replace(point, **changes) if changes else point
+            )
+        current, used = [], 0
 
-    def _needs_work(self, data: MetricsData) -> bool:
-        limit = self._limits.value_length
-        for resource_metrics in data.resource_metrics:
-            for scope_metrics in resource_metrics.scope_metrics:
-                for metric in scope_metrics.metrics:
-                    for text in (metric.description, metric.unit):
-                        if text and not _limits._is_clean(text, limit):
-                            return True
-                    for point in metric.data.data_points:
-                        if _limits._needs_work(point.attributes, limit):
-                            return True
-                        value = getattr(point, "value", None)
-                        if type(value) is int and not _INT64_MIN <= value <= _INT64_MAX:
-                            return True
-        return False
+    for resource_metrics in data.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                for point in metric.data.data_points:
+                    cost = _limits.metric_point_cost(point)
+                    opening = 0
+                    if not current or current[-1][0] is not resource_metrics:
+                        opening = _limits.scope_cost(resource_metrics.resource)
+                        opening += _limits.scope_cost(scope_metrics.scope)
+                        opening += _limits.metric_cost(metric)
+                    elif current[-1][1][-1][0] is not scope_metrics:
+                        opening = _limits.scope_cost(scope_metrics.scope)
+                        opening += _limits.metric_cost(metric)
+                    elif current[-1][1][-1][1][-1][0] is not metric:
+                        opening = _limits.metric_cost(metric)
+                    if current and used + opening + cost > max_request_bytes:
+                        close()
+                        opening = (
+                            _limits.scope_cost(resource_metrics.resource)
+                            + _limits.scope_cost(scope_metrics.scope)
+                            + _limits.metric_cost(metric)
+                        )
+                    if not current or current[-1][0] is not resource_metrics:
+                        current.append((resource_metrics, []))
+                    scopes = current[-1][1]
+                    if not scopes or scopes[-1][0] is not scope_metrics:
+                        scopes.append((scope_metrics, []))
+                    metrics = scopes[-1][1]
+                    if not metrics or metrics[-1][0] is not metric:
+                        metrics.append((metric, []))
+                    metrics[-1][1].append(point)
+                    used += opening + cost
+    close()
+    return parts
 
 
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+def safe_prometheus_reader(limits: _limits.Limits = _limits.DEFAULT_LIMITS) -> MetricReader:
+    """A ``PrometheusMetricReader`` whose collections follow the string rule
+    (:func:`limits.bounded_metrics_data`) before they are translated for a scrape: one odd
+    scope name, description or label value would otherwise fail every scrape (the text
+    format is written as UTF-8). Integer points beyond int64 are saturated as for OTLP.
+
+    Raises:
+        ImportError: without ``opentelemetry-exporter-prometheus``.
+    """
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+    class SafePrometheusMetricReader(PrometheusMetricReader):
+        def _receive_metrics(self, metrics_data: MetricsData, *args: Any, **kwargs: Any) -> None:
+            if metrics_data is not None:
+                metrics_data = _limits.bounded_metrics_data(metrics_data, limits)
+            super()._receive_metrics(metrics_data, *args, **kwargs)
+
+    return SafePrometheusMetricReader()

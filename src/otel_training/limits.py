@@ -1,9 +1,11 @@
 """What leaves the process is bounded and always encodes: one rule for every string.
 
-Every string that otel-training hands to an exporter or writes to a file (span names, attribute
-keys and values, event attributes, exception messages and stack traces, status descriptions,
-log bodies, resource attributes) goes through the same rule, so that one odd value never costs
-a batch, a line or a request:
+Every string that otel-training hands to an exporter or writes to a file goes through one
+function, :func:`safe_text`, so that one odd value never costs a batch, a line or a request.
+That covers span names, status descriptions, event names, attribute keys and values (of spans,
+events, links, log records, metric points and exemplars), log bodies, severity texts and event
+names, metric names, units and descriptions, instrumentation scope names, versions, schema URLs
+and attributes, and resource keys, values and schema URLs:
 
 1. **Any string.** A name or key that is not a ``str`` becomes its ``str()`` (``<TypeName>`` if
    that raises). Lone surrogates, which no UTF-8 encoder accepts, become backslash escapes:
@@ -16,34 +18,45 @@ a batch, a line or a request:
    ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``, else :data:`DEFAULT_VALUE_LENGTH`. Names and keys are
    cut to :data:`MAX_NAME_LENGTH`. A cut string ends with :func:`cut_marker` (``...[N characters
    cut]``) and is still no longer than the limit.
-3. **Bounded records.** All strings of one span or log record together are bounded by
-   :data:`RECORD_BUDGET_BYTES` of their worst-case JSON size (6 bytes a character): when a
-   record is larger, its longest strings are cut further, alike, until it fits; a span with
-   more events than fit keeps its exception events and first ones. So a span JSON line stays
-   under 1 MiB (the collector's filelog receiver's default) and one span under 1 MiB of
-   protobuf.
+3. **Bounded records.** All strings and values of one span or log record together are bounded
+   by :data:`RECORD_BUDGET_BYTES` of their worst-case JSON size (:func:`json_cost`): when a
+   record is larger, its longest strings are cut further, alike; if that is not enough, events
+   beyond what fits are dropped (exception events kept first), then items of sequences, then
+   attributes. So a span JSON line stays under 1 MiB (the collector's filelog receiver's
+   default) and one span under 1 MiB of protobuf.
 4. **Any number.** Integers outside int64 (all OTLP carries) become floats; sequences keep at
    most :data:`MAX_SEQUENCE_LENGTH` items.
 
-:func:`bounded_span` applies rules 1-4 to a finished span, :func:`bounded_log_record` to a
-log record (its body and attribute values may also be bytes, maps and nested lists:
-:func:`bounded_any`), on an exporter's thread, never on the training thread. Nothing here
-raises.
+:func:`bounded_span` applies rules 1-4 to a finished span, :func:`bounded_log_record` to a log
+record (its body and attribute values may also be bytes, maps and nested lists:
+:func:`bounded_any`), :func:`bounded_metrics_data` to a collection of metrics; each also bounds
+the record's instrumentation scope (:func:`bounded_scope`) and resource
+(:func:`bounded_resource`). They run on an exporter's thread, never on the training thread.
+Nothing here raises.
+
+The worst-case JSON size is what Python's ``json`` (the OTLP-JSON files) and orjson (the span
+JSON lines) can make of a string: 6 bytes a UTF-16 code unit outside printable ASCII (``\\u0001``;
+a character beyond U+FFFF is two units, ``\\ud83d\\ude00``, 12 bytes), 2 for ``"`` and ``\\``, 1
+for any other printable ASCII character; it bounds protobuf (at most 4 bytes a character) too.
 """
 
 from __future__ import annotations
 
 import math
-import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, Status
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "DEFAULT_VALUE_LENGTH",
+    "GROUP_BUDGET_BYTES",
     "MAX_NAME_LENGTH",
     "MAX_SEQUENCE_LENGTH",
     "MAX_VALUE_DEPTH",
@@ -53,32 +66,65 @@ __all__ = [
     "bounded_any",
     "bounded_attributes",
     "bounded_log_record",
+    "bounded_metrics_data",
+    "bounded_resource",
+    "bounded_scope",
     "bounded_span",
     "bounded_value",
     "cut_marker",
     "json_cost",
     "log_record_cost",
+    "metric_point_cost",
     "plain",
     "safe_text",
+    "scope_cost",
+    "span_cost",
 ]
 
 #: Characters kept of a string value when no ``OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT`` is set.
 DEFAULT_VALUE_LENGTH: Final = 16_384
-#: Characters kept of span names, event names and attribute keys.
+#: Characters kept of names and keys: span, event and metric names, units, attribute keys,
+#: scope names, versions and schema URLs.
 MAX_NAME_LENGTH: Final = 1_024
+#: Worst-case JSON bytes of the strings and values of one span, log record or metric point
+#: together.
+RECORD_BUDGET_BYTES: Final = 900_000
+#: Worst-case JSON bytes of one resource or one instrumentation scope, which a request carries
+#: once for the records it groups: a record at its budget, its resource and its scope stay
+#: under 1 MiB together.
+GROUP_BUDGET_BYTES: Final = 48 * 1024
 #: Items kept of a sequence value.
 MAX_SEQUENCE_LENGTH: Final = 1_024
-#: Worst-case JSON bytes of the strings and values of one span or log record together.
-RECORD_BUDGET_BYTES: Final = 900_000
-#: What one attribute costs beyond its key and value: OTLP/JSON writes
-#: ``{"key":...,"value":{"stringValue":...}},`` around them.
+#: Levels of nesting kept of a log body or attribute value (maps and lists in maps...); a
+#: deeper value is written as its bounded ``str()``.
+MAX_VALUE_DEPTH: Final = 8
+
+# Worst-case OTLP/JSON bytes of the structure around the strings, measured on the output of
+# the OTLP-JSON file exporter (tests/test_limits.py checks them against real output):
+#: one attribute beyond its key and value: ``{"key":...,"value":{"stringValue":...}},``.
 _ENTRY_COST = 40
+#: one item of a sequence beyond its value: ``{"stringValue":...},``.
+_ITEM_COST = 28
+#: a number or boolean: ``"-9223372036854775808"``, ``-1.7976931348623157e+308``.
+_NUMBER_COST = 32
+#: a span without its strings: ids, times, kind, flags, status, the lists' brackets.
+_SPAN_COST = 400
+#: an event beyond its name and attributes: its time and brackets.
+_EVENT_COST = 60
+#: a link beyond its attributes: two ids, flags, trace state, brackets.
+_LINK_COST = 110
+#: a log record without its body and attributes: ids, times, severity, brackets.
+_LOG_RECORD_COST = 300
+#: a metric point without its attributes and buckets: times, value, flags, brackets.
+_POINT_COST = 160
+#: a metric beyond its name, unit and description: its kind, temporality and brackets.
+_METRIC_COST = 120
+#: an instrumentation scope or resource beyond its strings and attributes.
+_SCOPE_COST = 60
 #: Fewest characters a string is cut to when a record is over its budget.
 _MIN_CUT = 32
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-_SURROGATE = re.compile("[\ud800-\udfff]")
-_PRIMITIVES = (str, bool, int, float)
 
 
 @dataclass(frozen=True)
@@ -103,15 +149,22 @@ def cut_marker(cut: int) -> str:
     return f"...[{cut} characters cut]"
 
 
-def _escape(match: re.Match) -> str:
-    code = ord(match.group())
-    if 0xDC80 <= code <= 0xDCFF:
-        return f"\\x{code - 0xDC00:02x}"
-    return f"\\u{code:04x}"
+#: Each lone surrogate's escape: ``\\xNN`` for U+DC80..U+DCFF (the bytes ``os.fsdecode``
+#: could not decode), ``\\uDXXX`` for any other (``str.translate`` applies it at C speed).
+_ESCAPES: Final = {
+    code: f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+    for code in range(0xD800, 0xE000)
+}
 
 
 def safe_text(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH) -> str:
-    """``value`` as a string every encoder accepts, at most ``limit`` characters (rules 1-2).
+    """``value`` as a string every encoder accepts, at most ``limit`` characters (rules 1-2):
+    the one string rule of otel-training (docs/limits.md), which every exporter, the span JSON
+    lines, the logging bridge and the phases apply through this function.
+
+    Args:
+        value: Anything; not a ``str``: its ``str()``, ``<TypeName>`` when that raises.
+        limit: Characters kept, after escaping; ``None``: no cut.
 
     Never raises.
     """
@@ -126,23 +179,41 @@ def safe_text(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH) -> str:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            value = _SURROGATE.sub(_escape, value)
+            if limit is not None and len(value) > limit:
+                escaped = _escaped_length(value)
+                if escaped is not None:  # escape only the head that is kept
+                    return _cut(value[:limit].translate(_ESCAPES), limit, escaped)
+            value = value.translate(_ESCAPES)
     if limit is not None and len(value) > limit:
         value = _cut(value, limit)
     return value
 
 
-def _cut(text: str, limit: int) -> str:
+def _escaped_length(text: str) -> int | None:
+    """The length of ``text`` once its lone surrogates are escaped, counted by the codecs at
+    C speed (``\\xNN`` is 4 characters, ``\\uDXXX`` 6); None when that cannot be told
+    cheaply (surrogates beyond U+DC80..U+DCFF: escape it all)."""
+    try:
+        kept = len(text.encode("utf-8", "ignore"))  # without the surrogates
+        bytes_ = len(text.encode("utf-8", "surrogateescape")) - kept  # one byte each
+    except UnicodeEncodeError:
+        return None
+    return len(text) + 3 * bytes_
+
+
+def _cut(text: str, limit: int, length: int | None = None) -> str:
+    """``text`` cut to ``limit`` characters, its end the marker; ``length``: the length of
+    the whole of which ``text`` is the head (its own by default)."""
+    length = len(text) if length is None else length
     keep = limit
-    marker = ""
     for _ in range(3):  # the marker's count has one digit more at most once
-        marker = cut_marker(len(text) - keep)
+        marker = cut_marker(length - keep)
         keep = limit - len(marker)
-        if keep + len(cut_marker(len(text) - keep)) <= limit:
+        if keep + len(cut_marker(length - keep)) <= limit:
             break
     if keep < 8:  # no room for a marker that says so: a plain cut
         return text[:limit]
-    return text[:keep] + cut_marker(len(text) - keep)
+    return text[:keep] + cut_marker(length - keep)
 
 
 def _is_clean(value: str, limit: int | None) -> bool:
@@ -156,6 +227,14 @@ def _is_clean(value: str, limit: int | None) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _is_clean_name(value: Any) -> bool:
+    return type(value) is str and _is_clean(value, MAX_NAME_LENGTH)
+
+
+def _safe_name(value: Any) -> str:
+    return value if _is_clean_name(value) else safe_text(value, MAX_NAME_LENGTH)
 
 
 def bounded_value(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH) -> Any:
@@ -230,18 +309,166 @@ def bounded_attributes(
     return cleaned
 
 
+# -- scopes and resources: few objects, each bounded once -----------------------------------
+
+_BOUNDED: dict[int, tuple[Any, Any]] = {}
+_MAX_BOUNDED = 1024
+
+
+def _remember(original: Any, bounded: Any) -> Any:
+    if len(_BOUNDED) >= _MAX_BOUNDED:
+        _BOUNDED.clear()
+    # The original is held, so its id is not reused while it is here.
+    _BOUNDED[id(original)] = (original, bounded)
+    return bounded
+
+
+def bounded_scope(
+    scope: InstrumentationScope | None, limit: int | None = DEFAULT_VALUE_LENGTH
+) -> InstrumentationScope | None:
+    """An instrumentation scope with its name, version and schema URL as names (rules 1-2 at
+    :data:`MAX_NAME_LENGTH`), its attributes bounded and, all together, under
+    :data:`GROUP_BUDGET_BYTES` (rule 3); the same object when nothing needed a change
+    (checked once per scope object). Never raises."""
+    if scope is None:
+        return None
+    known = _BOUNDED.get(id(scope))
+    if known is not None and known[0] is scope:
+        return known[1]
+    try:
+        name, version, schema_url = scope.name, scope.version, scope.schema_url
+        attributes = scope.attributes
+        if (
+            _is_clean_name(name)
+            and (version is None or _is_clean_name(version))
+            and (schema_url is None or _is_clean_name(schema_url))
+            and not _needs_work(attributes, limit)
+            and scope_cost(scope) <= GROUP_BUDGET_BYTES
+        ):
+            return _remember(scope, scope)
+        name = _safe_name(name)
+        version = None if version is None else _safe_name(version)
+        schema_url = None if schema_url is None else _safe_name(schema_url)
+        fixed = _SCOPE_COST + json_cost(name) + json_cost(version or "") + json_cost(schema_url)
+        attributes = _fit_attributes(
+            dict(bounded_attributes(attributes, limit) or {}), GROUP_BUDGET_BYTES - fixed
+        )
+        bounded = InstrumentationScope(name, version, schema_url, attributes)
+    except Exception:  # a scope that cannot even be read: named for what it is
+        bounded = InstrumentationScope("<unreadable scope>")
+    return _remember(scope, bounded)
+
+
+def bounded_resource(resource: Resource | None, limit: int | None = DEFAULT_VALUE_LENGTH) -> Any:
+    """A resource with its keys, values and schema URL after rules 1, 2 and 4, all together
+    under :data:`GROUP_BUDGET_BYTES` (rule 3); the same object when nothing needed a change
+    (checked once per resource object). Never raises."""
+    if resource is None:
+        return None
+    known = _BOUNDED.get(id(resource))
+    if known is not None and known[0] is resource:
+        return known[1]
+    try:
+        attributes = resource.attributes
+        schema_url = resource.schema_url
+        if (
+            not _needs_work(attributes, limit)
+            and (schema_url is None or _is_clean_name(schema_url))
+            and scope_cost(resource) <= GROUP_BUDGET_BYTES
+        ):
+            return _remember(resource, resource)
+        schema_url = None if schema_url is None else _safe_name(schema_url)
+        attributes = _fit_attributes(
+            dict(bounded_attributes(attributes, limit) or {}),
+            GROUP_BUDGET_BYTES - _SCOPE_COST - json_cost(schema_url or ""),
+        )
+        bounded = Resource(attributes, schema_url)
+    except Exception:
+        bounded = Resource({})
+    return _remember(resource, bounded)
+
+
+def _fit_attributes(attributes: dict[str, Any], budget: int) -> dict[str, Any]:
+    """``attributes`` (bounded) cut until their worst-case cost fits ``budget``: the longest
+    strings cut alike down to :data:`_MIN_CUT` characters, then sequences cut to fewer
+    items alike, then attributes dropped, the last first (rule 3)."""
+    total = _attributes_cost(attributes)
+    if total <= budget:
+        return attributes
+    strings: list[str] = []
+    for value in attributes.values():
+        _collect_strings(value, strings)
+    fixed = total - sum(json_cost(s) - 2 for s in strings)
+    cap = max(_MIN_CUT, _water_level(strings, budget - fixed))
+    attributes = {k: _cut_strings(v, cap) for k, v in attributes.items()}
+    total = _attributes_cost(attributes)
+    if total > budget:
+        attributes, total = _fewer_items(attributes, total, budget)
+    return _drop_last(attributes, total, budget)
+
+
+def _drop_last(attributes: dict[str, Any], total: int, budget: int) -> dict[str, Any]:
+    """``attributes`` without their last entries, as many as ``total`` (their cost in a
+    record) must lose to fit ``budget``."""
+    for key in reversed(list(attributes)):
+        if total <= budget:
+            break
+        total -= _attributes_cost({key: attributes.pop(key)}) - 2
+    return attributes
+
+
+# -- worst-case sizes -------------------------------------------------------------------------
+
+
 def json_cost(value: Any) -> int:
-    """An upper bound of the bytes ``value`` takes as JSON (6 a character for strings that are
-    not plain printable ASCII, 2 for quotes, 24 for a number), the unit of rule 3; with
-    :data:`_ENTRY_COST` per attribute it bounds OTLP/JSON and protobuf alike."""
+    """An upper bound of the bytes ``value`` takes as JSON, quotes included (the unit of rule
+    3): a string costs 6 bytes a UTF-16 code unit unless it is printable ASCII (1 a character,
+    2 for ``"`` and ``\\``), a number or boolean :data:`_NUMBER_COST`, a sequence its items
+    and :data:`_ITEM_COST` each. With :data:`_ENTRY_COST` per attribute it bounds OTLP/JSON,
+    the span JSON lines and protobuf alike."""
     kind = type(value)
     if kind is str:
-        if value.isascii() and value.isprintable():
-            return len(value) + 2
+        if value.isascii():
+            if value.isprintable():
+                return len(value) + value.count('"') + value.count("\\") + 2
+            return 6 * len(value) + 2
+        if _wide(value):  # two UTF-16 units, two \\uXXXX escapes each
+            return 6 * (len(value.encode("utf-16-le", "surrogatepass")) // 2) + 2
         return 6 * len(value) + 2
     if kind is tuple or kind is list:
-        return 2 + sum(json_cost(v) + 1 for v in value)
-    return 24
+        return 2 + sum(json_cost(v) + _ITEM_COST for v in value)
+    return _NUMBER_COST
+
+
+def _wide_by_size(text: str) -> bool:
+    return sys.getsizeof(text) >= _STR_BASE + 4 * (len(text) + 1)
+
+
+def _wide_by_scan(text: str) -> bool:
+    return max(text, default="") > "\uffff"
+
+
+# CPython stores a str at 1, 2 or 4 bytes a character, 4 only when one is beyond U+FFFF, so
+# its size says in O(1) what max() finds in O(n). A str that also holds its UTF-8 may look
+# wide when it is not: the estimate is then higher, never lower. Elsewhere, a scan.
+_STR_BASE = sys.getsizeof("\U00010000") - 8
+_wide = (
+    _wide_by_size
+    if _wide_by_size("\U0001f600" * 3)
+    and not _wide_by_size("\u00e9" * 3)
+    and not _wide_by_size("\u0100" * 3)
+    and not _wide_by_size("\udc80" * 3)
+    else _wide_by_scan
+)
+
+
+def _char_cost(text: str) -> int:
+    """The most JSON bytes one character of ``text`` (or of any prefix of it) takes."""
+    if text.isascii():
+        if text.isprintable():
+            return 2 if '"' in text or "\\" in text else 1
+        return 6
+    return 12 if _wide(text) else 6
 
 
 def _attributes_cost(attributes: Mapping[str, Any] | None) -> int:
@@ -250,18 +477,32 @@ def _attributes_cost(attributes: Mapping[str, Any] | None) -> int:
     cost = 2
     for key, value in plain(attributes).items():  # json_cost inlined: runs for every span
         if type(key) is str and key.isascii() and key.isprintable():
-            cost += len(key) + 2 + _ENTRY_COST
+            cost += len(key) + key.count('"') + key.count("\\") + 2 + _ENTRY_COST
         else:
             cost += json_cost(key) + _ENTRY_COST
         kind = type(value)
         if kind is str:
-            cost += (
-                len(value) + 2 if value.isascii() and value.isprintable() else 6 * len(value) + 2
-            )
+            if value.isascii() and value.isprintable():
+                cost += len(value) + value.count('"') + value.count("\\") + 2
+            else:
+                cost += json_cost(value)
         elif kind is int or kind is float or kind is bool:
-            cost += 24
+            cost += _NUMBER_COST
         else:
             cost += json_cost(value)
+    return cost
+
+
+def scope_cost(scope: Any) -> int:
+    """Worst-case JSON bytes of an instrumentation scope or a resource (name, version, schema
+    URL, attributes), which a request carries once for the records it groups."""
+    if scope is None:
+        return 2
+    cost = _SCOPE_COST + _attributes_cost(getattr(scope, "attributes", None))
+    for field in ("name", "version", "schema_url"):
+        text = getattr(scope, field, None)
+        if text:
+            cost += json_cost(text) if type(text) is str else _NUMBER_COST
     return cost
 
 
@@ -269,20 +510,27 @@ def _attributes_cost(attributes: Mapping[str, Any] | None) -> int:
 
 
 def span_cost(span: ReadableSpan) -> int:
-    """Worst-case JSON bytes of ``span``'s strings and values (rule 3's measure); the ids,
-    times and resource are not counted (a few hundred bytes)."""
+    """Worst-case JSON bytes of ``span``'s strings and values (rule 3's measure); its resource
+    and scope are not counted (a request carries each once: :func:`scope_cost`)."""
     attributes = getattr(span, "_attributes", None)
     events = getattr(span, "_events", None)
     links = getattr(span, "_links", None)
-    cost = 400 + json_cost(span.name)
+    cost = _SPAN_COST + json_cost(span.name)
     cost += _attributes_cost(span.attributes if attributes is None else attributes)
     description = span.status.description
     if description:
         cost += json_cost(description)
+    context = span.context
+    trace_state = getattr(context, "trace_state", None) if context is not None else None
+    if trace_state:
+        cost += 2 * len(trace_state.to_header()) + 2
     for event in span.events if events is None else events:
-        cost += 40 + json_cost(event.name) + _attributes_cost(event.attributes)
+        cost += _EVENT_COST + json_cost(event.name) + _attributes_cost(event.attributes)
     for link in span.links if links is None else links:
-        cost += 80 + _attributes_cost(link.attributes)
+        cost += _LINK_COST + _attributes_cost(link.attributes)
+        link_state = getattr(link.context, "trace_state", None)
+        if link_state:
+            cost += 2 * len(link_state.to_header()) + 2
     return cost
 
 
@@ -310,8 +558,14 @@ def _bounded_span(span: ReadableSpan, limits: Limits) -> ReadableSpan:
     attributes = getattr(span, "_attributes", None)
     if attributes is None:
         attributes = span.attributes
+    scope = span.instrumentation_scope
+    resource = span.resource
+    new_scope = bounded_scope(scope, limit)
+    new_resource = bounded_resource(resource, limit)
     changed = (
-        type(name) is not str
+        new_scope is not scope
+        or new_resource is not resource
+        or type(name) is not str
         or not _is_clean(name, MAX_NAME_LENGTH)
         or (description is not None and not _is_clean(description, limit))
         or _needs_work(attributes, limit)
@@ -329,46 +583,45 @@ def _bounded_span(span: ReadableSpan, limits: Limits) -> ReadableSpan:
                 changed = True
                 break
         for link in links:
-            values += len(link.attributes or ())
+            values += 1 + len(link.attributes or ())
             changed = changed or _needs_work(link.attributes, limit)
     if not changed:
-        # Each string is within the limit: only many values can exceed the budget.
-        if (
-            limit is not None
-            and (values + 2) * (6 * limit + 64) + 400 <= limits.record_budget_bytes
-        ):
+        # Each string is within the limit: only many or long values can exceed the budget. A
+        # character costs at most 12 bytes (two escaped UTF-16 units), a value its framing.
+        budget = limits.record_budget_bytes
+        if limit is not None and (values + 2) * (12 * limit + 128) + _SPAN_COST <= budget:
             return span
-        if span_cost(span) <= limits.record_budget_bytes:
+        if not events and not links and _plain_bound((name, description), attributes) <= budget:
             return span
-    name = safe_text(name, MAX_NAME_LENGTH)
-    attributes = dict(bounded_attributes(span.attributes, limit) or {})
+        if span_cost(span) <= budget:
+            return span
+    name = _safe_name(name)
+    attributes = dict(bounded_attributes(attributes, limit) or {})
     if description is not None:
         description = safe_text(description, limit)
     new_events = [
-        Event(
-            safe_text(e.name, MAX_NAME_LENGTH),
-            dict(bounded_attributes(e.attributes, limit) or {}),
-            e.timestamp,
-        )
+        Event(_safe_name(e.name), dict(bounded_attributes(e.attributes, limit) or {}), e.timestamp)
         for e in events
     ]
     new_links = [Link(link.context, bounded_attributes(link.attributes, limit)) for link in links]
     draft = ReadableSpan(
         name=name,
+        context=span.context,
         attributes=attributes,
         events=new_events,
         links=new_links,
         status=Status(status.status_code, description),
     )
-    if span_cost(draft) > limits.record_budget_bytes:
-        name, attributes, description, new_events = _fit_record(
-            name, attributes, description, new_events, new_links, limits.record_budget_bytes
+    draft_cost = span_cost(draft)
+    if draft_cost > limits.record_budget_bytes:
+        name, attributes, description, new_events, new_links = _fit_span(
+            draft, draft_cost, limits.record_budget_bytes
         )
     return ReadableSpan(
         name=name,
         context=span.context,
         parent=span.parent,
-        resource=span.resource,
+        resource=new_resource,
         attributes=attributes,
         events=new_events,
         links=new_links,
@@ -376,105 +629,142 @@ def _bounded_span(span: ReadableSpan, limits: Limits) -> ReadableSpan:
         status=Status(status.status_code, description),
         start_time=span.start_time,
         end_time=span.end_time,
-        instrumentation_scope=span.instrumentation_scope,
+        instrumentation_scope=new_scope,
     )
 
 
-def _fit_record(name, attributes, description, events, links, budget):
-    """Cuts the longest strings of a span alike (water-filling) until its cost fits
-    ``budget``; if even strings of :data:`_MIN_CUT` characters do not fit, drops events
-    (keeping exception events, then the first ones). Costs count 6 bytes a character, the
-    worst case, so that a fit here is a fit for any content."""
-    mappings = [attributes, *(e.attributes or {} for e in events)]
-    lengths = [len(name)] + ([len(description)] if description else [])
-    for mapping in mappings:
+def _plain_bound(texts: Sequence[Any], attributes: Mapping[str, Any] | None) -> int:
+    """A quick upper bound of the cost of a span (or log record) without events and links
+    whose ``texts`` (name, description...) and attribute values are strings or numbers, else
+    one too high to pass (:func:`span_cost` then decides): 12 bytes a character, 128 a
+    value."""
+    chars = 0
+    for text in texts:
+        if text is not None:
+            if type(text) is not str:
+                return sys.maxsize
+            chars += len(text)
+    values = plain(attributes) if attributes else {}
+    for key, value in values.items():
+        kind = type(value)
+        if kind is str:
+            chars += len(key) + len(value)
+        elif kind is int or kind is float or kind is bool:
+            chars += len(key)
+        else:
+            return sys.maxsize
+    return 12 * chars + 128 * len(values) + _SPAN_COST
+
+
+def _fit_span(draft: ReadableSpan, draft_cost: int, budget: int) -> tuple:
+    """The name, attributes, description, events and links of ``draft`` cut until its cost
+    fits ``budget`` (rule 3), in this order while it does not:
+
+    1. the longest strings (of the span, its events and links) cut alike (water-filling,
+       each string's characters weighted by the most JSON bytes one of them takes), down to
+       :data:`_MIN_CUT` characters;
+    2. events dropped, exception events kept first, then the earliest;
+    3. sequences cut to fewer items, alike;
+    4. links, then attributes, dropped, the last first.
+
+    Costs are worst cases, so that a fit here is a fit for any content."""
+    name = draft.name
+    description = draft.status.description
+    attributes = dict(draft.attributes)
+    events = list(draft.events)
+    links = list(draft.links)
+    strings: list[str] = [name] + ([description] if description else [])
+    for mapping in [
+        attributes,
+        *(e.attributes or {} for e in events),
+        *(link.attributes or {} for link in links),
+    ]:
         for value in mapping.values():
-            lengths.extend(_string_lengths(value))
-    fixed = _fixed_cost(attributes, events, links)
-    cap = _water_level(lengths, max(0, budget - fixed) // 6)
-    if cap < _MIN_CUT:
-        cap = _MIN_CUT
-        events = _fewer_events(events, budget - 400 - _attributes_cost_at(attributes, cap))
+            _collect_strings(value, strings)
+    fixed = draft_cost - sum(json_cost(s) - 2 for s in strings)
+    cap = max(_MIN_CUT, _water_level(strings, budget - fixed))
 
-    def cut(value):
-        if type(value) is str:
-            return _cut(value, cap) if len(value) > cap else value
-        if type(value) is tuple:
-            return tuple(cut(v) for v in value)
-        return value
+    def cut(mapping: Any) -> dict[str, Any]:
+        return {k: _cut_strings(v, cap) for k, v in (mapping or {}).items()}
 
-    attributes = {k: cut(v) for k, v in attributes.items()}
-    description = cut(description) if description else description
-    events = [
-        Event(e.name, {k: cut(v) for k, v in (e.attributes or {}).items()}, e.timestamp)
-        for e in events
-    ]
-    return cut(name), attributes, description, events
+    name = _cut_strings(name, cap)
+    description = _cut_strings(description, cap) if description else description
+    attributes = cut(attributes)
+    events = [Event(e.name, cut(e.attributes), e.timestamp) for e in events]
+    links = [Link(link.context, cut(link.attributes)) for link in links]
 
-
-def _string_lengths(value) -> list[int]:
-    if type(value) is str:
-        return [len(value)]
-    if type(value) is tuple:
-        return [len(v) for v in value if type(v) is str]
-    return []
-
-
-def _non_string_cost(value) -> int:
-    if type(value) is str:
-        return 2
-    if type(value) is tuple:
-        return 2 + sum(2 + (0 if type(v) is str else json_cost(v)) for v in value)
-    return json_cost(value)
-
-
-def _fixed_cost(attributes, events, links) -> int:
-    """What a record costs apart from the characters of its strings: keys, numbers, quotes,
-    structure."""
-
-    def mapping_cost(mapping) -> int:
-        return sum(
-            json_cost(k) + _ENTRY_COST + _non_string_cost(v) for k, v in (mapping or {}).items()
+    total = span_cost(
+        ReadableSpan(
+            name,
+            context=draft.context,
+            attributes=attributes,
+            events=events,
+            links=links,
+            status=Status(draft.status.status_code, description),
         )
-
-    cost = 400 + mapping_cost(attributes)
-    for event in events:
-        cost += 40 + json_cost(event.name) + mapping_cost(event.attributes)
-    for link in links:
-        cost += 80 + _attributes_cost(link.attributes)
-    return cost
-
-
-def _attributes_cost_at(mapping, cap: int) -> int:
-    """The cost of ``mapping`` once its strings are cut to ``cap`` characters."""
-    return sum(
-        json_cost(k)
-        + _ENTRY_COST
-        + _non_string_cost(v)
-        + 6 * sum(min(n, cap) for n in _string_lengths(v))
-        for k, v in (mapping or {}).items()
     )
+    if total > budget and events:
+        others = total - _events_cost(events)
+        events = _fewer_events(events, budget - others)
+        total = others + _events_cost(events)
+    if total > budget:
+        attributes, total = _fewer_items(attributes, total, budget)
+    while links and total > budget:
+        link = links.pop()
+        total -= _LINK_COST + _attributes_cost(link.attributes)
+    attributes = _drop_last(attributes, total, budget)
+    return name, attributes, description, events, links
 
 
-def _water_level(lengths: Sequence[int], total: int) -> int:
-    """The largest cap ``c`` with ``sum(min(length, c)) <= total``."""
-    ordered = sorted(lengths)
+def _events_cost(events: Sequence[Event]) -> int:
+    return sum(_EVENT_COST + json_cost(e.name) + _attributes_cost(e.attributes) for e in events)
+
+
+def _collect_strings(value: Any, out: list[str]) -> None:
+    kind = type(value)
+    if kind is str:
+        out.append(value)
+    elif kind is tuple or kind is list:
+        for item in value:
+            _collect_strings(item, out)
+    elif kind is dict:
+        for item in value.values():
+            _collect_strings(item, out)
+
+
+def _cut_strings(value: Any, cap: int) -> Any:
+    kind = type(value)
+    if kind is str:
+        return _cut(value, cap) if len(value) > cap else value
+    if kind is tuple or kind is list:
+        return tuple(_cut_strings(v, cap) for v in value)
+    if kind is dict:
+        return {k: _cut_strings(v, cap) for k, v in value.items()}
+    return value
+
+
+def _water_level(strings: Sequence[str], total: int) -> int:
+    """The largest cap ``c`` (characters) with ``sum(w(s) * min(len(s), c)) <= total``, where
+    ``w(s)`` is the most JSON bytes a character of ``s`` takes (:func:`_char_cost`)."""
+    weighted = sorted((len(s), _char_cost(s)) for s in strings if s)
+    above = sum(w for _, w in weighted)  # the weight of the strings not yet under the level
     used = 0
-    for i, length in enumerate(ordered):
-        left = len(ordered) - i
-        if used + length * left > total:
-            return (total - used) // left
-        used += length
-    return ordered[-1] if ordered else 0
+    for length, weight in weighted:
+        if used + above * length > total:
+            return max(0, (total - used) // above)
+        used += weight * length
+        above -= weight
+    return weighted[-1][0] if weighted else 0
 
 
-def _fewer_events(events: list, budget: int) -> list:
-    """Events that fit ``budget`` (at the minimum cut): exception events first, then the
-    earliest; their order is kept."""
+def _fewer_events(events: list[Event], budget: int) -> list[Event]:
+    """Events that fit ``budget``: exception events first, then the earliest; their order
+    is kept."""
     ranked = sorted(range(len(events)), key=lambda i: (events[i].name != "exception", i))
     kept, used = set(), 0
     for i in ranked:
-        cost = 40 + json_cost(events[i].name) + _attributes_cost_at(events[i].attributes, _MIN_CUT)
+        event = events[i]
+        cost = _EVENT_COST + json_cost(event.name) + _attributes_cost(event.attributes)
         if used + cost > budget:
             break
         kept.add(i)
@@ -482,21 +772,36 @@ def _fewer_events(events: list, budget: int) -> list:
     return [event for i, event in enumerate(events) if i in kept]
 
 
-def finite_or_text(value: float) -> float | str:
-    """A float as JSON can carry it: itself when finite, else ``"NaN"``, ``"Infinity"`` or
-    ``"-Infinity"`` (the spelling of the OTLP/JSON mapping)."""
-    if value - value == 0.0:
-        return value
-    if math.isnan(value):
-        return "NaN"
-    return "Infinity" if value > 0 else "-Infinity"
+def _fewer_items(attributes: dict[str, Any], total: int, budget: int) -> tuple[dict[str, Any], int]:
+    """``attributes`` with every sequence cut to the most items ``k`` (alike) with which
+    ``total`` (the cost of the record holding them) fits ``budget``, and the new total."""
+    sequences = {k: v for k, v in attributes.items() if type(v) is tuple and v}
+    if not sequences:
+        return attributes, total
+    prefixes = {}
+    for key, items in sequences.items():
+        sums, used = [0], 0
+        for item in items:
+            used += json_cost(item) + _ITEM_COST
+            sums.append(used)
+        prefixes[key] = sums
+    others = total - sum(sums[-1] for sums in prefixes.values())
+
+    def cost(k: int) -> int:
+        return others + sum(sums[min(k, len(sums) - 1)] for sums in prefixes.values())
+
+    low, high = 0, max(len(v) for v in sequences.values())
+    while low < high:
+        middle = (low + high + 1) // 2
+        if cost(middle) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    attributes.update({k: v[:low] for k, v in sequences.items()})
+    return attributes, cost(low)
 
 
 # -- log records ----------------------------------------------------------------------------
-
-#: Levels of nesting kept of a log body or attribute value (maps and lists in maps...); a
-#: deeper value is written as its bounded ``str()``.
-MAX_VALUE_DEPTH: Final = 8
 
 
 def bounded_any(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH, _depth: int = 0) -> Any:
@@ -566,24 +871,24 @@ def _any_needs_work(value: Any, limit: int | None, depth: int = 0) -> bool:
 def any_cost(value: Any) -> int:
     """An upper bound of the bytes ``value`` (an ``AnyValue``) takes as OTLP/JSON, in the
     unit of rule 3 (:func:`json_cost`); maps cost their keys and :data:`_ENTRY_COST` per
-    entry, bytes their base64."""
+    entry, lists :data:`_ITEM_COST` per item, bytes their base64."""
     kind = type(value)
     if kind is str:
         return json_cost(value)
     if kind is bytes:
         return 4 * (len(value) + 2) // 3 + 2
     if kind is tuple or kind is list:
-        return 2 + sum(any_cost(v) + 1 for v in value)
+        return 2 + sum(any_cost(v) + _ITEM_COST for v in value)
     if kind is dict:
         return 2 + sum(json_cost(k) + _ENTRY_COST + any_cost(v) for k, v in value.items())
-    return 24
+    return _NUMBER_COST
 
 
 def log_record_cost(record: Any) -> int:
     """Worst-case JSON bytes of a ``ReadableLogRecord``'s strings and values (rule 3's
-    measure); ids, times and the resource are not counted (a few hundred bytes)."""
+    measure); its resource and scope are not counted (a request carries each once)."""
     log_record = record.log_record
-    cost = 300 + any_cost(log_record.body)
+    cost = _LOG_RECORD_COST + any_cost(log_record.body)
     attributes = log_record.attributes
     if attributes:
         cost += 2 + sum(
@@ -591,13 +896,13 @@ def log_record_cost(record: Any) -> int:
         )
     for text in (log_record.severity_text, getattr(log_record, "event_name", None)):
         if text:
-            cost += json_cost(text) if type(text) is str else 24
+            cost += json_cost(text) if type(text) is str else _NUMBER_COST
     return cost
 
 
 def bounded_log_record(record: Any, limits: Limits = DEFAULT_LIMITS) -> Any:
     """A ``ReadableLogRecord`` after rules 1-4 (body, attribute keys and values, severity
-    text, event name and the scope's name), as a new record when anything changed, else the
+    text, event name, scope and resource), as a new record when anything changed, else the
     same object. Runs on an exporter's thread; never raises (a record that cannot even be
     read is returned as it is)."""
     try:
@@ -619,6 +924,9 @@ def _bounded_log_record(record: Any, limits: Limits) -> Any:
     severity_text = log_record.severity_text
     event_name = getattr(log_record, "event_name", None)
     scope = record.instrumentation_scope
+    resource = record.resource
+    new_scope = bounded_scope(scope, limit)
+    new_resource = bounded_resource(resource, limit)
     changed = (
         _any_needs_work(body, limit)
         or any(
@@ -628,51 +936,49 @@ def _bounded_log_record(record: Any, limits: Limits) -> Any:
         or (severity_text is not None and not _is_clean_name(severity_text))
         or (event_name is not None and not _is_clean_name(event_name))
     )
-    scope_changed = scope is not None and not _is_clean_name(scope.name)
+    others_changed = new_scope is not scope or new_resource is not resource
     budget = limits.record_budget_bytes
-    if not changed and not scope_changed:
+    if not changed and not others_changed:
         primitive = type(body) in (str, int, float, bool, type(None)) and all(
             type(v) in (str, int, float, bool) for v in attributes.values()
         )
         if (
             primitive
             and limit is not None
-            and (len(attributes) + 2) * (6 * limit + 64) + 400 <= budget
+            and (len(attributes) + 2) * (12 * limit + 128) + _LOG_RECORD_COST <= budget
         ):
+            return record
+        texts = (body if type(body) is str else None, severity_text, event_name)
+        if primitive and _plain_bound(texts, attributes) <= budget:
             return record
         if log_record_cost(record) <= budget:
             return record
-    body = bounded_any(body, limit)
-    cleaned = {safe_text(k, MAX_NAME_LENGTH): bounded_any(v, limit) for k, v in attributes.items()}
-    if severity_text is not None:
-        severity_text = safe_text(severity_text, MAX_NAME_LENGTH)
-    if event_name is not None:
-        event_name = safe_text(event_name, MAX_NAME_LENGTH)
-    body, cleaned = _fit_log_record(body, cleaned, budget)
-    dropped = getattr(log_record.attributes, "dropped", 0)
-    new_attributes = BoundedAttributes(maxlen=None, attributes=cleaned, immutable=True)
-    new_attributes.dropped = dropped
-    new_record = copy.copy(log_record)
-    new_record.body = body
-    new_record.attributes = new_attributes
-    new_record.severity_text = severity_text
-    if event_name is not None:
-        new_record.event_name = event_name
-    changes: dict[str, Any] = {"log_record": new_record}
-    if scope_changed:
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
-        changes["instrumentation_scope"] = InstrumentationScope(
-            safe_text(scope.name, MAX_NAME_LENGTH),
-            scope.version,
-            scope.schema_url,
-            scope.attributes,
-        )
+    changes: dict[str, Any] = {}
+    if new_scope is not scope:
+        changes["instrumentation_scope"] = new_scope
+    if new_resource is not resource:
+        changes["resource"] = new_resource
+    if changed or log_record_cost(record) > budget:
+        body = bounded_any(body, limit)
+        cleaned = {
+            safe_text(k, MAX_NAME_LENGTH): bounded_any(v, limit) for k, v in attributes.items()
+        }
+        if severity_text is not None:
+            severity_text = _safe_name(severity_text)
+        if event_name is not None:
+            event_name = _safe_name(event_name)
+        body, cleaned = _fit_log_record(body, cleaned, budget)
+        dropped = getattr(log_record.attributes, "dropped", 0)
+        new_attributes = BoundedAttributes(maxlen=None, attributes=cleaned, immutable=True)
+        new_attributes.dropped = dropped
+        new_record = copy.copy(log_record)
+        new_record.body = body
+        new_record.attributes = new_attributes
+        new_record.severity_text = severity_text
+        if event_name is not None:
+            new_record.event_name = event_name
+        changes["log_record"] = new_record
     return dataclasses.replace(record, **changes)
-
-
-def _is_clean_name(value: Any) -> bool:
-    return type(value) is str and _is_clean(value, MAX_NAME_LENGTH)
 
 
 def _fit_log_record(body: Any, attributes: dict[str, Any], budget: int) -> tuple[Any, dict]:
@@ -682,7 +988,7 @@ def _fit_log_record(body: Any, attributes: dict[str, Any], budget: int) -> tuple
 
     def cost() -> int:
         return (
-            300
+            _LOG_RECORD_COST
             + any_cost(body)
             + 2
             + sum(json_cost(k) + _ENTRY_COST + any_cost(v) for k, v in attributes.items())
@@ -690,24 +996,18 @@ def _fit_log_record(body: Any, attributes: dict[str, Any], budget: int) -> tuple
 
     if cost() <= budget:
         return body, attributes
-    lengths: list[int] = []
-    _any_string_lengths(body, lengths)
+    strings: list[str] = []
+    _collect_strings(body, strings)
     for value in attributes.values():
-        _any_string_lengths(value, lengths)
-    # What the record costs with every string empty: keys, numbers, quotes, structure.
-    fixed = (
-        300
-        + any_cost(_cut_any(body, 0))
-        + 2
-        + sum(json_cost(k) + _ENTRY_COST + any_cost(_cut_any(v, 0)) for k, v in attributes.items())
-    )
-    cap = max(_MIN_CUT, _water_level(lengths, max(0, budget - fixed) // 6))
-    body = _cut_any(body, cap)
-    attributes = {k: _cut_any(v, cap) for k, v in attributes.items()}
+        _collect_strings(value, strings)
+    fixed = cost() - sum(json_cost(s) - 2 for s in strings)
+    cap = max(_MIN_CUT, _water_level(strings, budget - fixed))
+    body = _cut_strings(body, cap)
+    attributes = {k: _cut_strings(v, cap) for k, v in attributes.items()}
     if cost() <= budget:
         return body, attributes
     kept: dict[str, Any] = {}
-    used = 300
+    used = _LOG_RECORD_COST
     for key, value in attributes.items():
         entry = json_cost(key) + _ENTRY_COST + any_cost(value)
         if used + entry > budget // 2:
@@ -716,28 +1016,161 @@ def _fit_log_record(body: Any, attributes: dict[str, Any], budget: int) -> tuple
         used += entry
     attributes = kept
     text = body if type(body) is str else safe_text(body, None)
-    body = _cut(text, max(_MIN_CUT, (budget - used) // 6 - 8)) if len(text) > _MIN_CUT else text
+    room = max(_MIN_CUT, (budget - used) // (12 if not text else _char_cost(text)) - 8)
+    body = _cut(text, room) if len(text) > room else text
     return body, attributes
 
 
-def _any_string_lengths(value: Any, out: list[int]) -> None:
-    kind = type(value)
-    if kind is str:
-        out.append(len(value))
-    elif kind is tuple or kind is list:
-        for v in value:
-            _any_string_lengths(v, out)
-    elif kind is dict:
-        for v in value.values():
-            _any_string_lengths(v, out)
+# -- metrics --------------------------------------------------------------------------------
 
 
-def _cut_any(value: Any, cap: int) -> Any:
-    kind = type(value)
-    if kind is str:
-        return _cut(value, cap) if len(value) > cap else value
-    if kind is tuple or kind is list:
-        return tuple(_cut_any(v, cap) for v in value)
-    if kind is dict:
-        return {k: _cut_any(v, cap) for k, v in value.items()}
-    return value
+def metric_point_cost(point: Any) -> int:
+    """Worst-case JSON bytes of one metric data point: its attributes, exemplars and
+    buckets (rule 3's measure for metrics, used to split a collection into requests)."""
+    cost = _POINT_COST + _attributes_cost(point.attributes)
+    for counts in ("bucket_counts", "explicit_bounds"):
+        values = getattr(point, counts, None)
+        if values:
+            cost += (_NUMBER_COST + 1) * len(values)
+    for side in ("positive", "negative"):
+        buckets = getattr(point, side, None)
+        if buckets is not None:
+            cost += (_NUMBER_COST + 1) * len(getattr(buckets, "bucket_counts", ()) or ())
+    for exemplar in getattr(point, "exemplars", None) or ():
+        cost += _POINT_COST + _attributes_cost(exemplar.filtered_attributes)
+    return cost
+
+
+def metric_cost(metric: Any) -> int:
+    """Worst-case JSON bytes of a metric without its points: name, unit, description."""
+    return (
+        _METRIC_COST
+        + json_cost(metric.name)
+        + json_cost(metric.unit or "")
+        + json_cost(metric.description or "")
+    )
+
+
+def bounded_metrics_data(
+    data: Any, limits: Limits = DEFAULT_LIMITS, saturated: list[str] | None = None
+) -> Any:
+    """A ``MetricsData`` after rules 1, 2 and 4: resources and scopes bounded
+    (:func:`bounded_resource`, :func:`bounded_scope`), metric names and units as names,
+    descriptions as values, point and exemplar attributes bounded, and integer points beyond
+    int64 saturated at its ends (the name of each such metric is appended to ``saturated``).
+    The same object when nothing needed a change. Runs on the reader's thread; never raises
+    (data that cannot even be read is returned as it is)."""
+    try:
+        if not _metrics_need_work(data, limits):
+            return data
+        return _bounded_metrics_data(data, limits, saturated)
+    except Exception:
+        return data
+
+
+def _metrics_need_work(data: Any, limits: Limits) -> bool:
+    limit, budget = limits.value_length, limits.record_budget_bytes
+    for resource_metrics in data.resource_metrics:
+        if bounded_resource(resource_metrics.resource, limit) is not resource_metrics.resource:
+            return True
+        for scope_metrics in resource_metrics.scope_metrics:
+            if bounded_scope(scope_metrics.scope, limit) is not scope_metrics.scope:
+                return True
+            for metric in scope_metrics.metrics:
+                if not (
+                    _is_clean_name(metric.name)
+                    and _is_clean_name(metric.unit or "")
+                    and _is_clean_name(metric.description or "")
+                ):
+                    return True
+                for point in metric.data.data_points:
+                    if _needs_work(point.attributes, limit):
+                        return True
+                    value = getattr(point, "value", None)
+                    if type(value) is int and not _INT64_MIN <= value <= _INT64_MAX:
+                        return True
+                    exemplars = getattr(point, "exemplars", None)
+                    for exemplar in exemplars or ():
+                        if _needs_work(exemplar.filtered_attributes, limit):
+                            return True
+                    if metric_point_cost(point) > budget:
+                        return True
+    return False
+
+
+def _bounded_metrics_data(data: Any, limits: Limits, saturated: list[str] | None) -> Any:
+    import dataclasses
+
+    from opentelemetry.sdk.metrics.export import MetricsData
+
+    limit, budget = limits.value_length, limits.record_budget_bytes
+
+    def point(p: Any, metric_name: str) -> Any:
+        changes: dict[str, Any] = {}
+        attributes = bounded_attributes(p.attributes, limit)
+        cost = metric_point_cost(p)
+        if cost > budget:
+            attributes = _fit_attributes(
+                dict(attributes or {}), budget - (cost - _attributes_cost(p.attributes))
+            )
+        if attributes is not p.attributes:
+            changes["attributes"] = attributes
+        value = getattr(p, "value", None)
+        if type(value) is int and not _INT64_MIN <= value <= _INT64_MAX:
+            changes["value"] = _INT64_MAX if value > 0 else _INT64_MIN
+            if saturated is not None:
+                saturated.append(metric_name)
+        exemplars = getattr(p, "exemplars", None)
+        if exemplars:
+            changes["exemplars"] = [
+                dataclasses.replace(
+                    e, filtered_attributes=bounded_attributes(e.filtered_attributes, limit)
+                )
+                for e in exemplars
+            ]
+            if metric_point_cost(dataclasses.replace(p, **changes)) > budget:
+                changes["exemplars"] = []  # a point over its budget keeps its value
+        return dataclasses.replace(p, **changes) if changes else p
+
+    resources = []
+    for resource_metrics in data.resource_metrics:
+        scopes = []
+        for scope_metrics in resource_metrics.scope_metrics:
+            metrics = []
+            for metric in scope_metrics.metrics:
+                name = _safe_name(metric.name)
+                metrics.append(
+                    dataclasses.replace(
+                        metric,
+                        name=name,
+                        description=_safe_name(metric.description or ""),
+                        unit=_safe_name(metric.unit or ""),
+                        data=dataclasses.replace(
+                            metric.data,
+                            data_points=[point(p, name) for p in metric.data.data_points],
+                        ),
+                    )
+                )
+            scopes.append(
+                dataclasses.replace(
+                    scope_metrics, scope=bounded_scope(scope_metrics.scope, limit), metrics=metrics
+                )
+            )
+        resources.append(
+            dataclasses.replace(
+                resource_metrics,
+                resource=bounded_resource(resource_metrics.resource, limit),
+                scope_metrics=scopes,
+            )
+        )
+    return MetricsData(resource_metrics=resources)
+
+
+def finite_or_text(value: float) -> float | str:
+    """A float as JSON can carry it: itself when finite, else ``"NaN"``, ``"Infinity"`` or
+    ``"-Infinity"`` (the spelling of the OTLP/JSON mapping)."""
+    if value - value == 0.0:
+        return value
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"

@@ -8,7 +8,10 @@ OpenTelemetry log record of the configured pipeline (``OTEL_LOGS_EXPORTER``), wi
 - inside a span that is recording and sampled (so exported), that span's trace id, span id and
   trace flags; none outside a span or in one that is not sampled, so an id always names a span
   that exists in the trace (the rule of :class:`otel_training.log_format.KeyValueFormatter`);
-- the body: the formatted message (``record.getMessage()``, or the handler's formatter);
+- the body: the formatted message (``record.getMessage()``, or the handler's formatter); when
+  the message cannot be formatted (``log.info("%d", "x")``, an argument whose ``__str__``
+  raises), its template, with the arguments' texts in ``otel_training.log.arguments`` and the
+  error in ``otel_training.log.format_error`` (one warning says so, once);
 - the severity: the OpenTelemetry number of ``record.levelno`` and the text ``DEBUG``,
   ``INFO``, ``WARN``, ``ERROR``, ``FATAL`` (the SDK's mapping);
 - the attributes ``code.file.path``, ``code.function.name``, ``code.line.number``, the
@@ -30,9 +33,11 @@ the suppress-instrumentation context key), and records logged while this handler
 (a full queue's warning) are not bridged. They still reach the other handlers.
 
 The handler never raises into the caller: anything that goes wrong is logged once as a warning
-(to the other handlers) and the record is dropped. It runs on the logging thread: a record costs
-its translation and an append to the batch processor's queue; the string rule of
-:mod:`otel_training.limits` is applied later, on the exporter's thread.
+(to the other handlers) saying what happens instead: a message that does not format is kept as
+above, a formatter that fails is skipped, a record that a filter or the translation fails on is
+not exported. It runs on the logging thread: a record costs its translation and an append to the
+batch processor's queue; the string rule of :mod:`otel_training.limits` is applied later, on the
+exporter's thread.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import _logs as logs_api
@@ -60,6 +65,12 @@ from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_TYPE,
 )
 from opentelemetry.trace import TraceFlags
+
+from otel_training.limits import safe_text
+from otel_training.semconv.attributes import (
+    OTEL_TRAINING_LOG_ARGUMENTS,
+    OTEL_TRAINING_LOG_FORMAT_ERROR,
+)
 
 __all__ = [
     "IGNORED_LOGGERS",
@@ -120,23 +131,49 @@ def _ignored(name: str) -> bool:
     return False
 
 
-def _warn_once(cause: str) -> None:
+def _warn_once(cause: str, consequence: str, *, exc_info: bool = True) -> None:
+    """Logs that the bridge could not do ``cause`` and what happens instead, once per cause
+    (to the other handlers: records of otel_training's loggers are never bridged)."""
     if cause in _warned:
         return
     _warned.add(cause)
     _logger.warning(
-        "otel-training: the logging bridge could not %s; such records are dropped. "
-        "This warning is shown once.",
+        "otel-training: the logging bridge could not %s; %s. This warning is shown once.",
         cause,
-        exc_info=True,
+        consequence,
+        exc_info=exc_info,
     )
 
 
 def _text(value: Any) -> str:
+    """``value`` as text by the string rule, not cut (the exporter cuts it)."""
+    return value if type(value) is str else safe_text(value, None)
+
+
+def _format_error(record: logging.LogRecord) -> str | None:
+    """What ``record.getMessage()`` raises, or None when it formats."""
     try:
-        return value if type(value) is str else str(value)
+        record.getMessage()
+    except Exception as error:
+        return _error_text(error)
+    return None
+
+
+def _error_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {_text(error)}"
+
+
+def _arguments(args: Any) -> tuple[str, ...]:
+    """A record's arguments as texts: each positional one, or a mapping's items as
+    ``key=value``; one argument that is neither, alone. Never raises."""
+    try:
+        if isinstance(args, Mapping):
+            return tuple(f"{_text(k)}={_text(v)}" for k, v in args.items())
+        if isinstance(args, tuple):
+            return tuple(_text(a) for a in args)
     except Exception:
-        return f"<{type(value).__name__}>"
+        pass
+    return (_text(args),)
 
 
 class LoggingHandler(logging.Handler):
@@ -169,7 +206,7 @@ class LoggingHandler(logging.Handler):
         try:
             passed = self.filter(record)
         except Exception:
-            _warn_once("apply a filter")
+            _warn_once("apply a filter", "such records are not exported")
             return False
         if isinstance(passed, logging.LogRecord):  # Python 3.12+: a filter may replace it
             record = passed
@@ -186,7 +223,7 @@ class LoggingHandler(logging.Handler):
         try:
             self._emit(record)
         except Exception:
-            _warn_once("translate a record")
+            _warn_once("translate a record", "such records are not exported")
         finally:
             _emitting.active = False
 
@@ -208,14 +245,25 @@ class LoggingHandler(logging.Handler):
             self._loggers[record.name] = logger
         span = trace_api.get_current_span(context)
         span_context = span.get_span_context()
+        body, format_error = self._body(record)
+        attributes = self._attributes(record)
+        if format_error is not None:  # the message's template is the body: keep its arguments
+            attributes[OTEL_TRAINING_LOG_ARGUMENTS] = _arguments(record.args)
+            attributes[OTEL_TRAINING_LOG_FORMAT_ERROR] = format_error
+            _warn_once(
+                "format the message of a record",
+                "such records are exported with their message template as the body, their "
+                f"arguments in {OTEL_TRAINING_LOG_ARGUMENTS} and the error in "
+                f"{OTEL_TRAINING_LOG_FORMAT_ERROR}",
+            )
         log_record = LogRecord(
             timestamp=int(record.created * 1e9),
             observed_timestamp=time.time_ns(),
             context=context,
             severity_text=_SEVERITY_TEXT.get(record.levelname, record.levelname),
             severity_number=severity_number(record.levelno),
-            body=self._body(record),
-            attributes=self._attributes(record),
+            body=body,
+            attributes=attributes,
         )
         # Ids only of a span that is recorded and sampled: one that will be exported.
         if span_context.is_valid and span_context.trace_flags.sampled and span.is_recording():
@@ -228,22 +276,29 @@ class LoggingHandler(logging.Handler):
             log_record.trace_flags = _NOT_SAMPLED
         logger.emit(log_record)
 
-    def _body(self, record: logging.LogRecord) -> Any:
+    def _body(self, record: logging.LogRecord) -> tuple[Any, str | None]:
+        """(the body, why the message could not be formatted or None)."""
         if self.formatter is not None:
             try:
-                return self.format(record)
+                return self.format(record), None
             except Exception:
-                _warn_once("format a record with its formatter")
+                failed = _format_error(record)
+                if failed is not None:  # the message itself: kept as its template below
+                    return _text(record.msg), failed
+                _warn_once(
+                    "format a record with its handler's formatter",
+                    "such records are exported with their message, unformatted by it",
+                )
         msg = record.msg
         if not record.args and not isinstance(msg, str):
             # A non-string message (a dict, a number) is kept as a structured body.
             if msg is None or isinstance(msg, (*_PRIMITIVES, list, tuple, dict)):
-                return msg
-            return _text(msg)
+                return msg, None
+            return _text(msg), None
         try:
-            return record.getMessage()
+            return record.getMessage(), None
         except Exception as error:
-            return f"{_text(msg)} (its arguments could not be formatted: {type(error).__name__})"
+            return _text(msg), _error_text(error)
 
     def _attributes(self, record: logging.LogRecord) -> dict[str, Any]:
         attributes: dict[str, Any] = {

@@ -14,7 +14,8 @@ logger's. ``configure()`` does not install it; pass it in ``span_processors=``.
 
 Values are quoted (``"..."``, with ``\\"``, ``\\\\`` and ``\\n`` escaped) when they are empty or
 contain spaces, quotes, ``=`` or control characters; NaN and infinities are written ``NaN``,
-``Inf`` and ``-Inf``. Neither class raises on a value: it writes its ``str()``.
+``Inf`` and ``-Inf``. Neither class raises on a value: it writes its text by the string rule of
+:mod:`otel_training.limits` (its ``str()``, ``<TypeName>`` when that raises).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
+
+from otel_training.limits import safe_text
 
 __all__ = ["KeyValueFormatter", "LogSpanProcessor", "format_pairs"]
 
@@ -52,10 +55,7 @@ def _value(value: Any) -> str:
         return repr(value)
     if value is None:
         return "null"
-    try:
-        text = value if kind is str else str(value)
-    except Exception:
-        text = f"<{kind.__name__}>"
+    text = value if kind is str else safe_text(value, None)  # the string rule's text
     if text and all(c in _PLAIN for c in text):
         return text
     escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
@@ -64,7 +64,7 @@ def _value(value: Any) -> str:
 
 
 def _key(key: Any) -> str:
-    text = str(key)
+    text = key if type(key) is str else safe_text(key, None)
     if text and all(c in _PLAIN and c not in "\"'=" for c in text):
         return text
     return "".join(c if c in _PLAIN else "_" for c in text) or "_"

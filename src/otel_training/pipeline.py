@@ -22,7 +22,6 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk._logs import LoggerProvider, LogRecordLimits, LogRecordProcessor
 from opentelemetry.sdk._logs.export import (
-    BatchLogRecordProcessor,
     ConsoleLogRecordExporter,
     LogRecordExporter,
 )
@@ -52,18 +51,29 @@ from opentelemetry.sdk.resources import (
 )
 from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace import sampling as sampling_sdk
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.version import __version__ as _SDK_VERSION
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE_ID, SERVICE_NAME
 
-from otel_training import config, device_metrics, files, heartbeat, limits, replicated
+from otel_training import config, device_metrics, files, heartbeat, limits, network, replicated
 from otel_training import environment_variables as ev
 from otel_training import views as _views
-from otel_training.exporters import SafeLogRecordExporter, SafeMetricExporter, SafeSpanExporter
+from otel_training.exporters import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    SafeLogRecordExporter,
+    SafeMetricExporter,
+    SafeSpanExporter,
+    safe_prometheus_reader,
+)
 from otel_training.health.metrics import observe_ledger
 from otel_training.ids import ProcessLocalIdGenerator
 from otel_training.open_spans import OpenSpans
 from otel_training.processors import CheckpointMetricsSpanProcessor, span_mirrors
+from otel_training.processors.batch import (
+    CountingBatchLogRecordProcessor,
+    CountingBatchSpanProcessor,
+    observe_drops,
+)
 from otel_training.processors.exception_logs import ExceptionLogSpanProcessor
 from otel_training.processors.jsonlog import JsonLogSpanProcessor
 from otel_training.processors.nvtx import NvtxSpanProcessor
@@ -230,10 +240,11 @@ def build(
             if key in resource.attributes
         },
     )
+    warn = _once_per_build()
     readers: list[MetricReader] = list(extra_readers)
     metric_targets: list[str] = []
     for name in settings.metrics_exporters:
-        reader, target = _metric_reader(name, settings, outputs)
+        reader, target = _metric_reader(name, settings, outputs, warn)
         if reader is not None:
             readers.append(reader)
             metric_targets.append(target)
@@ -249,7 +260,7 @@ def build(
         "shutdown_on_exit": False,
     }
     # Before the span processors: checkpoint spans record their durations on its meter.
-    beat = _heartbeat_provider(settings, resource)
+    beat = _heartbeat_provider(settings, resource, warn)
     if beat is None:
         meter_provider = MeterProvider(**provider_arguments)
     else:
@@ -268,18 +279,18 @@ def build(
     processors: list[SpanProcessor] = [*mirrors, checkpoint_metrics, *extra_processors]
     trace_targets: list[str] = []
     for name in settings.traces_exporters:
-        exporter, target, local = _span_exporter(name, settings, outputs)
+        exporter, target, local = _span_exporter(name, settings, outputs, warn)
         if exporter is not None:
-            processors.append(_batch_processor(exporter, settings, local))
+            processors.append(_batch_processor(exporter, settings, local, target))
             trace_targets.append(target)
 
     log_processors: list[LogRecordProcessor] = list(extra_log_processors)
     log_targets: list[str] = []
     for name in settings.logs.exporters:
-        log_exporter, target = _log_exporter(name, settings, outputs)
+        log_exporter, target = _log_exporter(name, settings, outputs, warn)
         if log_exporter is not None:
             local = name in ("otlp_json_file", "console")
-            log_processors.append(_log_batch_processor(log_exporter, settings, local))
+            log_processors.append(_log_batch_processor(log_exporter, settings, local, target))
             log_targets.append(target)
 
     tracer_provider = TracerProvider(
@@ -302,6 +313,8 @@ def build(
         )
     for processor in processors:
         tracer_provider.add_span_processor(processor)
+    # What a full batch queue drops, counted (docs/logs.md); read on the reader's thread.
+    observe_drops(meter_provider.get_meter(INSTRUMENTATION_NAME), log_processors, processors)
     return Pipeline(
         meter_provider,
         tracer_provider,
@@ -333,6 +346,19 @@ def _say_no_rank_exports(policy: config.ExportRanks, world_size: int) -> None:
         world_size - 1,
         world_size,
     )
+
+
+def _once_per_build() -> network.Warn:
+    """A warning function that says each text once (the three signals share variables)."""
+    said: set[str] = set()
+
+    def warn(message: str, *args: object) -> None:
+        text = message % args
+        if text not in said:
+            said.add(text)
+            _logger.warning("%s", text)
+
+    return warn
 
 
 def _unknown_service() -> str:
@@ -404,9 +430,33 @@ def _temporality(preference: str) -> dict[type, AggregationTemporality]:
     return table
 
 
-def _otlp_target(otlp: config.OtlpSettings, signal_name: str) -> str:
+def _otlp_target(
+    otlp: config.OtlpSettings, signal_name: str, proxy: tuple[str, str] | None = None
+) -> str:
     protocol = "OTLP/gRPC" if otlp.protocol == "grpc" else "OTLP/HTTP"
-    return f"{protocol} {otlp.shown_endpoint or _default_endpoint(otlp, signal_name)}"
+    target = f"{protocol} {otlp.shown_endpoint or _default_endpoint(otlp, signal_name)}"
+    return target if proxy is None else f"{target} via proxy {proxy[1]} ({proxy[0]})"
+
+
+def _otlp_exporter(
+    exporter_class: type, otlp: config.OtlpSettings, signal_name: str, settings, warn, **extra
+) -> tuple[Any, str]:
+    """An OTLP exporter of ``signal_name`` with every setting given explicitly (endpoint,
+    headers, timeout, compression, and the proxy and TLS of :mod:`otel_training.network`),
+    and its destination."""
+    kwargs = _otlp_kwargs(otlp, signal_name)
+    endpoint = kwargs["endpoint"]
+    if otlp.protocol == "grpc":
+        grpc = network.grpc_connection(endpoint, otlp, settings.proxies, warn)
+        exporter = exporter_class(**kwargs, **grpc.kwargs(), **extra)
+        proxy = grpc.proxy
+    else:
+        http = network.http_connection(endpoint, otlp, settings.proxies, warn)
+        exporter = exporter_class(**kwargs, session=http.session, **extra)
+        http.pin()
+        _pin_http_headers(exporter, otlp)
+        proxy = http.proxy
+    return exporter, _otlp_target(otlp, signal_name, proxy)
 
 
 def _otlp_kwargs(otlp: config.OtlpSettings, signal_name: str) -> dict:
@@ -481,20 +531,23 @@ def _default_endpoint(otlp: config.OtlpSettings, signal_name: str) -> str:
     return f"http://localhost:4318/v1/{signal_name}"
 
 
-def _otlp_metric_exporter(settings: config.Settings) -> MetricExporter:
-    """The OTLP metric exporter of ``settings`` (gRPC or HTTP), every setting explicit."""
-    otlp = settings.metrics_otlp
-    if otlp.protocol == "grpc":
+def _otlp_metric_exporter(
+    settings: config.Settings, warn: network.Warn
+) -> tuple[MetricExporter, str]:
+    """The OTLP metric exporter of ``settings`` (gRPC or HTTP), every setting explicit (the
+    proxy and TLS of :mod:`otel_training.network` included), and its destination."""
+    if settings.metrics_otlp.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     else:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    exporter = OTLPMetricExporter(
+    return _otlp_exporter(
+        OTLPMetricExporter,
+        settings.metrics_otlp,
+        "metrics",
+        settings,
+        warn,
         preferred_temporality=_temporality(settings.temporality_preference),
-        **_otlp_kwargs(otlp, "metrics"),
     )
-    if otlp.protocol != "grpc":
-        _pin_http_headers(exporter, otlp)
-    return exporter
 
 
 def _heartbeats(settings: config.Settings) -> bool:
@@ -502,14 +555,16 @@ def _heartbeats(settings: config.Settings) -> bool:
     return settings.heartbeat_interval_ms is not None and "otlp" in settings.metrics_exporters
 
 
-def _heartbeat_provider(settings: config.Settings, resource: Resource) -> MeterProvider | None:
+def _heartbeat_provider(
+    settings: config.Settings, resource: Resource, warn: network.Warn
+) -> MeterProvider | None:
     """The heartbeat's own ``MeterProvider`` (its own OTLP exporter, the same Resource) with
     the ledger's hang signals, or ``None`` when the heartbeat is off."""
     if not _heartbeats(settings):
         return None
     provider = heartbeat.heartbeat_provider(
         resource,
-        SafeMetricExporter(_otlp_metric_exporter(settings), limits=settings.span_limits),
+        SafeMetricExporter(_otlp_metric_exporter(settings, warn)[0], limits=settings.span_limits),
         interval_ms=settings.heartbeat_interval_ms or settings.metric_export_interval_ms,
         timeout_ms=settings.metric_export_timeout_ms,
     )
@@ -518,19 +573,18 @@ def _heartbeat_provider(settings: config.Settings, resource: Resource) -> MeterP
 
 
 def _metric_reader(
-    name: str, settings: config.Settings, outputs: _Outputs
+    name: str, settings: config.Settings, outputs: _Outputs, warn: network.Warn
 ) -> tuple[MetricReader | None, str]:
     temporality = _temporality(settings.temporality_preference)
-    otlp = settings.metrics_otlp
     exporter: MetricExporter
     interval_ms = settings.metric_export_interval_ms
+    max_request_bytes = DEFAULT_MAX_REQUEST_BYTES
     if name == "none":
         return None, "nowhere"
     if name == "prometheus":
         return _prometheus_reader(settings)
     if name == "otlp":
-        exporter = _otlp_metric_exporter(settings)
-        target = _otlp_target(otlp, "metrics")
+        exporter, target = _otlp_metric_exporter(settings, warn)
     elif name == "console":
         exporter = ConsoleMetricExporter(preferred_temporality=temporality)
         target = "the console"
@@ -543,7 +597,10 @@ def _metric_reader(
         exporter = FileMetricExporter(stream=stream, preferred_temporality=temporality)
         target = f"OTLP-JSON file {path}"
         interval_ms = settings.file_metric_export_interval_ms
-    safe: MetricExporter = SafeMetricExporter(exporter, limits=settings.span_limits)
+        max_request_bytes = files.LINE_BUDGET_BYTES  # one line per request: under 1 MiB
+    safe: MetricExporter = SafeMetricExporter(
+        exporter, limits=settings.span_limits, max_request_bytes=max_request_bytes
+    )
     if name == "otlp" and _heartbeats(settings):
         # The heartbeat's provider is the one writer of the hang signals over OTLP.
         safe = heartbeat.WithoutMetricsExporter(safe, heartbeat.HEARTBEAT_METRICS)
@@ -557,7 +614,7 @@ def _metric_reader(
 
 def _prometheus_reader(settings: config.Settings) -> tuple[MetricReader | None, str]:
     try:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        import opentelemetry.exporter.prometheus  # noqa: F401 - the reader's dependency
         from prometheus_client import start_http_server
     except ImportError:
         _logger.warning(
@@ -580,11 +637,12 @@ def _prometheus_reader(settings: config.Settings) -> tuple[MetricReader | None, 
             error,
         )
         return None, "nowhere"
-    return PrometheusMetricReader(), f"Prometheus http://{host}:{port}/metrics"
+    reader = safe_prometheus_reader(settings.span_limits)
+    return reader, f"Prometheus http://{host}:{port}/metrics"
 
 
 def _span_exporter(
-    name: str, settings: config.Settings, outputs: _Outputs
+    name: str, settings: config.Settings, outputs: _Outputs, warn: network.Warn
 ) -> tuple[SpanExporter | None, str, bool]:
     """(exporter wrapped in SafeSpanExporter or None, target, whether it is a local file)."""
     otlp = settings.traces_otlp
@@ -595,11 +653,9 @@ def _span_exporter(
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         else:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        exporter: SpanExporter = OTLPSpanExporter(**_otlp_kwargs(otlp, "traces"))
-        if otlp.protocol != "grpc":
-            _pin_http_headers(exporter, otlp)
+        exporter, target = _otlp_exporter(OTLPSpanExporter, otlp, "traces", settings, warn)
         safe = SafeSpanExporter(exporter, limits=settings.span_limits, timeout_s=otlp.timeout_s)
-        return safe, _otlp_target(otlp, "traces"), False
+        return safe, target, False
     if name == "console":
         console = SafeSpanExporter(ConsoleSpanExporter(), limits=settings.span_limits)
         return console, "the console", True
@@ -641,9 +697,12 @@ def _counted(exporter: Any, stream: Any) -> Any:
     return _Counted(exporter, stream) if hasattr(stream, "records") else exporter
 
 
-def _batch_processor(exporter: SpanExporter, settings: config.Settings, local: bool):
+def _batch_processor(
+    exporter: SpanExporter, settings: config.Settings, local: bool, target: str
+) -> CountingBatchSpanProcessor:
     """A ``BatchSpanProcessor`` with ``OTEL_BSP_*`` where given, else the SDK's defaults over
-    OTLP and, for a local file, a queue that takes bursts and a delay of one second."""
+    OTLP and, for a local file, a queue that takes bursts and a delay of one second; the
+    spans its full queue drops are counted and reported (processors/batch.py)."""
     queue = settings.bsp_max_queue_size or (
         config.DEFAULT_FILE_BSP_MAX_QUEUE_SIZE if local else config.DEFAULT_BSP_MAX_QUEUE_SIZE
     )
@@ -655,8 +714,9 @@ def _batch_processor(exporter: SpanExporter, settings: config.Settings, local: b
     delay = settings.bsp_schedule_delay_ms or (
         config.DEFAULT_FILE_BSP_SCHEDULE_DELAY_MS if local else config.DEFAULT_BSP_SCHEDULE_DELAY_MS
     )
-    return BatchSpanProcessor(
+    return CountingBatchSpanProcessor(
         exporter,
+        where=target,
         max_queue_size=queue,
         schedule_delay_millis=delay,
         max_export_batch_size=min(batch, queue),
@@ -665,7 +725,7 @@ def _batch_processor(exporter: SpanExporter, settings: config.Settings, local: b
 
 
 def _log_exporter(
-    name: str, settings: config.Settings, outputs: _Outputs
+    name: str, settings: config.Settings, outputs: _Outputs, warn: network.Warn
 ) -> tuple[LogRecordExporter | None, str]:
     """(exporter of ``OTEL_LOGS_EXPORTER`` entry ``name`` wrapped in SafeLogRecordExporter, or
     None; target)."""
@@ -678,11 +738,9 @@ def _log_exporter(
             from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
         else:
             from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
-        exporter: LogRecordExporter = OTLPLogExporter(**_otlp_kwargs(otlp, "logs"))
-        if otlp.protocol != "grpc":
-            _pin_http_headers(exporter, otlp)
+        exporter, target = _otlp_exporter(OTLPLogExporter, otlp, "logs", settings, warn)
         safe = SafeLogRecordExporter(exporter, limits=limits, timeout_s=otlp.timeout_s)
-        return safe, _otlp_target(otlp, "logs")
+        return safe, target
     if name == "console":
         return SafeLogRecordExporter(ConsoleLogRecordExporter(), limits=limits), "the console"
     from opentelemetry.exporter.otlp.json.file._log_exporter import FileLogExporter
@@ -699,10 +757,11 @@ def _log_exporter(
 
 
 def _log_batch_processor(
-    exporter: LogRecordExporter, settings: config.Settings, local: bool
-) -> BatchLogRecordProcessor:
+    exporter: LogRecordExporter, settings: config.Settings, local: bool, target: str
+) -> CountingBatchLogRecordProcessor:
     """A ``BatchLogRecordProcessor`` with ``OTEL_BLRP_*`` where given, else the SDK's
-    defaults over OTLP and, for a local file, a queue that takes bursts."""
+    defaults over OTLP and, for a local file, a queue that takes bursts; the records its
+    full queue drops are counted and reported (processors/batch.py)."""
     logs = settings.logs
     queue = logs.max_queue_size or (
         config.DEFAULT_FILE_BLRP_MAX_QUEUE_SIZE if local else config.DEFAULT_BLRP_MAX_QUEUE_SIZE
@@ -712,8 +771,9 @@ def _log_batch_processor(
         if local
         else config.DEFAULT_BLRP_MAX_EXPORT_BATCH_SIZE
     )
-    return BatchLogRecordProcessor(
+    return CountingBatchLogRecordProcessor(
         exporter,
+        where=target,
         schedule_delay_millis=logs.schedule_delay_ms,
         max_export_batch_size=min(batch, queue),
         export_timeout_millis=logs.export_timeout_ms,

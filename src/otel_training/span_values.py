@@ -4,9 +4,10 @@ numpy scalars and one-element tensors, and device tensors read later.
 :func:`attribute_value` runs on the training thread for every attribute a phase gets: plain
 Python values pass as they are; numpy scalars and one-element CPU tensors become Python
 numbers; a tensor on an asynchronous device (CUDA) is :data:`DEFERRED`, to be read by a
-background thread (:mod:`otel_training.device_reads`); anything else is stored as its
-``str()``, cut at :data:`MAX_VALUE_LENGTH` characters (exporters then apply the string rule of
-:mod:`otel_training.limits`). Nothing here raises.
+background thread (:mod:`otel_training.device_reads`); anything else is stored as its text by
+the one string rule, :func:`otel_training.limits.safe_text` (its ``str()``, ``<TypeName>`` when
+that raises), and cut at export like every string, to the value-length limit with its marker.
+Nothing here raises.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from __future__ import annotations
 from typing import Any, Final
 
 from otel_training.device_reads import device_type
+from otel_training.limits import safe_text
 
-__all__ = ["DEFERRED", "MAX_VALUE_LENGTH", "PRIMITIVES", "attribute_value", "host_number", "text"]
+__all__ = ["DEFERRED", "PRIMITIVES", "attribute_value", "host_number", "text"]
 
-#: Longest string stored for a value that is not a number, string or boolean.
-MAX_VALUE_LENGTH: Final = 1024
 #: The types OpenTelemetry takes as attribute values as they are.
 PRIMITIVES: Final = (str, bool, int, float)
 #: What :func:`attribute_value` returns for a device tensor, whose read is deferred.
@@ -71,9 +71,6 @@ def host_value(value: Any) -> Any:
 
 
 def text(value: Any) -> str:
-    """``str(value)`` cut at :data:`MAX_VALUE_LENGTH` (``<TypeName>`` when ``str`` raises)."""
-    try:
-        result = str(value)
-    except Exception:
-        result = f"<{type(value).__name__}>"
-    return result if len(result) <= MAX_VALUE_LENGTH else result[: MAX_VALUE_LENGTH - 3] + "..."
+    """``value`` as text by the string rule (:func:`otel_training.limits.safe_text`), not cut:
+    the exporters cut it to the configured value length, as any string. Never raises."""
+    return safe_text(value, None)

@@ -1,9 +1,11 @@
 """A real OTLP receiver and a black-hole listener on loopback, for integration tests.
 
 `OtlpReceiver` serves OTLP/gRPC (grpcio, the official service stubs) and OTLP/HTTP (stdlib
-`http.server`, protobuf or JSON bodies, optionally gzip/deflate-encoded) on 127.0.0.1 with
-OS-chosen ports, keeps every decoded `Export*ServiceRequest`, and flattens them into small frozen
-records (`ReceivedMetricPoint`, `ReceivedSpan`, `ReceivedLogRecord`) that tests can assert on.
+`http.server`, protobuf or JSON bodies, optionally gzip/deflate-encoded; origin- or
+absolute-form paths), optionally with TLS and client certificates (`ReceiverTls`), on
+127.0.0.1 with OS-chosen ports, keeps every decoded `Export*ServiceRequest`, and flattens them
+into small frozen records (`ReceivedMetricPoint`, `ReceivedSpan`, `ReceivedLogRecord`) that tests
+can assert on.
 
 `BlackHole` accepts TCP connections and never answers, to test exporters against an endpoint
 that hangs; `free_port()` gives a port with nothing listening, for "connection refused" tests.
@@ -17,6 +19,7 @@ import gzip
 import json
 import selectors
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -26,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import grpc
 from google.protobuf import json_format
@@ -45,6 +49,7 @@ from otel_training.testing import hex_ids_to_base64
 __all__ = [
     "BlackHole",
     "OtlpReceiver",
+    "ReceiverTls",
     "ReceivedLogRecord",
     "ReceivedMetricPoint",
     "ReceivedSpan",
@@ -474,7 +479,9 @@ def _make_http_handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
             return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
         def do_POST(self) -> None:  # noqa: N802 - name fixed by http.server
-            path = self.path.split("?", 1)[0]
+            # The absolute form (http://host:port/v1/traces) is what a client sends through
+            # a forwarding proxy; HTTP/1.1 servers must accept it.
+            path = urlsplit(self.path).path if "://" in self.path else self.path.split("?", 1)[0]
             route = _HTTP_ROUTES.get(path)
             body = self._read_body()
             if route is None:
@@ -515,6 +522,46 @@ def _make_http_handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
     return _OtlpHttpHandler
 
 
+@dataclass(frozen=True)
+class ReceiverTls:
+    """The files of a receiver with TLS (paths to PEM files).
+
+    Attributes:
+        certificate: The server's certificate (valid for 127.0.0.1).
+        key: Its private key.
+        client_ca: When given, clients must present a certificate signed by this CA.
+    """
+
+    certificate: str
+    key: str
+    client_ca: str | None = None
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as file:
+        return file.read()
+
+
+class _TlsListener:
+    """A listening socket whose accepted connections are wrapped in TLS; the handshake runs
+    in the connection's own thread (at its first read), so one client that never completes
+    it stalls nobody else. A failed handshake closes that connection only."""
+
+    def __init__(self, listener: socket.socket, context: ssl.SSLContext) -> None:
+        self._listener = listener
+        self._context = context
+
+    def accept(self):
+        connection, address = self._listener.accept()
+        wrapped = self._context.wrap_socket(
+            connection, server_side=True, do_handshake_on_connect=False
+        )
+        return wrapped, address
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._listener, name)
+
+
 # ---------------------------------------------------------------------------------------------
 # Receiver
 # ---------------------------------------------------------------------------------------------
@@ -534,6 +581,8 @@ class OtlpReceiver:
             4 MiB, as gRPC's own default); a larger one is refused (gRPC RESOURCE_EXHAUSTED,
             HTTP 413; those over HTTP are counted in :attr:`refused`).
         delay_s: Seconds every export waits before it is answered (a slow collector).
+        tls: Serve both protocols with TLS (endpoints ``https://``), and with
+            ``tls.client_ca`` require client certificates.
 
     Raises:
         RuntimeError: If a server cannot bind on 127.0.0.1.
@@ -545,8 +594,10 @@ class OtlpReceiver:
         max_workers: int = 4,
         max_request_bytes: int = 4 * 1024 * 1024,
         delay_s: float = 0.0,
+        tls: ReceiverTls | None = None,
     ) -> None:
         self.max_request_bytes = max_request_bytes
+        self.tls = tls
         self.delay_s = delay_s
         self.refused: list[int] = []
         self._lock = threading.Lock()
@@ -571,7 +622,16 @@ class OtlpReceiver:
         logs_service_pb2_grpc.add_LogsServiceServicer_to_server(
             _LogsService(self), self._grpc_server
         )
-        self.grpc_port = self._grpc_server.add_insecure_port(f"{LOOPBACK}:0")
+        if tls is None:
+            self.grpc_port = self._grpc_server.add_insecure_port(f"{LOOPBACK}:0")
+        else:
+            client_ca = None if tls.client_ca is None else _read(tls.client_ca)
+            credentials = grpc.ssl_server_credentials(
+                [(_read(tls.key), _read(tls.certificate))],
+                root_certificates=client_ca,
+                require_client_auth=client_ca is not None,
+            )
+            self.grpc_port = self._grpc_server.add_secure_port(f"{LOOPBACK}:0", credentials)
         if not self.grpc_port:
             raise RuntimeError("OtlpReceiver: could not bind the gRPC server on 127.0.0.1")
         self._grpc_server.start()
@@ -581,6 +641,13 @@ class OtlpReceiver:
         except OSError as exc:
             self._grpc_server.stop(grace=0)
             raise RuntimeError("OtlpReceiver: could not bind the HTTP server") from exc
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(tls.certificate, tls.key)
+            if tls.client_ca is not None:
+                context.verify_mode = ssl.CERT_REQUIRED
+                context.load_verify_locations(tls.client_ca)
+            self._http_server.socket = _TlsListener(self._http_server.socket, context)
         self._http_server.daemon_threads = True
         self._http_server.block_on_close = False
         self.http_port: int = self._http_server.server_address[1]
@@ -595,14 +662,20 @@ class OtlpReceiver:
     # -- endpoints ------------------------------------------------------------------------------
 
     @property
+    def scheme(self) -> str:
+        """``https`` for a receiver with TLS, else ``http``."""
+        return "http" if self.tls is None else "https"
+
+    @property
     def grpc_endpoint(self) -> str:
-        """The OTLP/gRPC endpoint, "http://127.0.0.1:PORT"."""
-        return f"http://{LOOPBACK}:{self.grpc_port}"
+        """The OTLP/gRPC endpoint, "http://127.0.0.1:PORT" (https with TLS)."""
+        return f"{self.scheme}://{LOOPBACK}:{self.grpc_port}"
 
     @property
     def http_endpoint(self) -> str:
-        """The OTLP/HTTP base endpoint, "http://127.0.0.1:PORT" (signal paths are /v1/...)."""
-        return f"http://{LOOPBACK}:{self.http_port}"
+        """The OTLP/HTTP base endpoint, "http://127.0.0.1:PORT" (https with TLS; signal paths
+        are /v1/...)."""
+        return f"{self.scheme}://{LOOPBACK}:{self.http_port}"
 
     def http_url(self, signal: str) -> str:
         """The full OTLP/HTTP URL for "metrics", "traces" or "logs" (for exporter `endpoint=`)."""
@@ -623,7 +696,7 @@ class OtlpReceiver:
             return {
                 "OTEL_EXPORTER_OTLP_ENDPOINT": self.grpc_endpoint,
                 "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-                "OTEL_EXPORTER_OTLP_INSECURE": "true",
+                "OTEL_EXPORTER_OTLP_INSECURE": "true" if self.tls is None else "false",
             }
         if protocol == "http/protobuf":
             return {

@@ -51,9 +51,12 @@ def test_demo_delivers_the_eight_metrics_over_otlp(run_python, otlp_receiver, pr
     points = {
         p.name: p
         for p in otlp_receiver.metrics()
-        # tensor metrics: tests/integration/test_tensor*; the health ledger's: below
-        if not p.name.startswith((P + "tensor.", "dl.training."))
+        # tensor metrics: tests/integration/test_tensor*; the health ledger's and what full
+        # queues dropped: below
+        if not p.name.startswith((P + "tensor.", "dl.training.", "otel_training."))
     }
+    dropped = {p.name: p.value for p in otlp_receiver.metrics() if p.name.endswith(".dropped")}
+    assert dropped == {"otel_training.log_record.dropped": 0, "otel_training.span.dropped": 0}
     health = {p.name for p in otlp_receiver.metrics() if p.name.startswith("dl.training.")}
     assert {
         "dl.training.phase.time",

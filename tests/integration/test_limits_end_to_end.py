@@ -4,14 +4,20 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
-from otlp_receiver import OtlpReceiver
+from doc_rules import documents
+from hostile_strings import HOSTILE, PLACES, emit
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.sdk.metrics.view import View
+from otlp_receiver import OtlpReceiver, free_port
 
 from otel_training import setup
-from otel_training.limits import DEFAULT_VALUE_LENGTH
+from otel_training.limits import DEFAULT_VALUE_LENGTH, MAX_NAME_LENGTH, safe_text
 
 MIB = 1024 * 1024
 
@@ -55,6 +61,8 @@ def _longest_string(node) -> int:
     return 0
 
 
+@documents("limits.md", "A string value is cut to the value-length limit")
+@documents("limits.md", "refuses a request over 4 MiB")
 @pytest.mark.parametrize(
     ("limit_variable", "limit"),
     [
@@ -130,6 +138,7 @@ CASE_A12 = textwrap.dedent(
 ESCAPED = "/ckpt/run-\\xff\\xfe/step-000100.pt"
 
 
+@documents("limits.md", "The rest of the value is kept")
 def test_case_a12_undecodable_path_reaches_the_collector_escaped(
     run_python, otlp_receiver, tmp_path
 ):
@@ -188,6 +197,7 @@ def test_case_a12_undecodable_path_in_the_embedded_default(run_python, tmp_path)
     assert _strict(run / "metrics-rank0.jsonl")
 
 
+@documents("limits.md", "without retry information is not retried unchanged")
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_a_batch_refused_as_too_large_is_split_not_lost(protocol):
     """A receiver with a 1 MiB limit refuses a 3 MB request: it is sent again in halves and
@@ -230,3 +240,252 @@ def test_batches_stay_under_the_request_limit_by_themselves():
         assert len(receiver.spans()) == 100 and not receiver.refused
         assert len(receiver.request_sizes("traces")) >= 2
         assert max(receiver.request_sizes("traces")) < 4 * MIB
+
+
+# -- every name that leaves the process ---------------------------------------------------------
+
+
+def emit_configured(place: str, text: str, environ: dict[str, str]):
+    """configure() from ``environ`` (a view renames the bad counter to ``text`` for
+    ``metric.name``, ``text`` is a resource key or value for ``resource.*``), :func:`emit`,
+    shut down; returns the telemetry handle."""
+    views = [View(instrument_name="bad.count", name=text)] if place == "metric.name" else []
+    resource = {}
+    if place == "resource.key":
+        resource = {text: "v"}
+    elif place == "resource.value":
+        resource = {"bad.resource": text}
+    telemetry = setup.configure(
+        environ={
+            **environ,
+            "OTEL_METRIC_EXPORT_INTERVAL": "600000",
+            "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM": "false",
+        },
+        set_global=False,
+        views=views,
+        resource_attributes=resource,
+    )
+    try:
+        emit(telemetry, place, text)
+    finally:
+        assert telemetry.shutdown()
+    return telemetry
+
+
+def _is_cut_of(received: str, value: str) -> bool:
+    """Whether ``received`` is ``value`` cut further by the record or group budget: its head
+    followed by the marker."""
+    head, marker, _ = received.rpartition("...[")
+    return bool(marker) and received.endswith(" characters cut]") and value.startswith(head)
+
+
+def _scopes(requests, kind: str) -> list:
+    """Every instrumentation scope of the received requests of ``kind`` (spans, metrics or
+    logs), with the schema URL of its group as ``(scope, schema_url)``."""
+    resource_kind, scope_kind = f"resource_{kind}", f"scope_{kind}"
+    return [
+        (group.scope, group.schema_url)
+        for request in requests
+        for resource in getattr(request, resource_kind)
+        for group in getattr(resource, scope_kind)
+    ]
+
+
+@pytest.fixture(scope="module", params=["grpc", "http/protobuf"])
+def any_protocol_receiver(request):
+    with OtlpReceiver() as receiver:
+        yield receiver, request.param
+
+
+@documents("limits.md", "goes through one function")
+@documents("limits.md", "costs at most its own records, never a batch")
+@documents("limits.md", "a view may rename a metric to any string")
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(place=st.sampled_from(PLACES), raw=HOSTILE)
+def test_any_string_anywhere_costs_at_most_itself(any_protocol_receiver, place, raw):
+    """Property, against the real receiver over gRPC and HTTP: a string of any content in any
+    place that leaves the process (scope names, versions, schema URLs and attributes, metric
+    names and descriptions, span, event and link fields, resource keys and values, log
+    bodies, attributes and event names) never costs another record: every well-named span,
+    metric and log arrives, and so does the record that carried it, the string after the
+    string rule (limits.safe_text)."""
+    receiver, protocol = any_protocol_receiver
+    receiver.clear()
+    text = "x" + raw  # the SDK itself refuses empty names and keys
+    name, value = safe_text(text, MAX_NAME_LENGTH), safe_text(text, DEFAULT_VALUE_LENGTH)
+    emit_configured(place, text, {**receiver.env(protocol)})
+
+    spans = {span.scope_name: span for span in receiver.spans()}
+    counts = ("good.count", "bad.count", name)
+    points = {p.scope_name: p for p in receiver.metrics() if p.name in counts}
+    logs = {log.scope_name: log for log in receiver.logs()}
+    assert spans["good"].name == "good.span"
+    assert points["good"].value == 1
+    assert logs["good"].body == "good.log"
+    span = spans[name if place == "tracer.name" else "bad"]
+    point = points[name if place == "meter.name" else "bad"]
+    log = logs[name if place == "logger.name" else "bad"]
+    assert point.value == 1 and point.name == (name if place == "metric.name" else "bad.count")
+    expected = {
+        "span.name": lambda: span.name == name,
+        "span.attribute.key": lambda: span.attributes[name] == "v",
+        "span.attribute.value": lambda: span.attributes["k"] == value,
+        "event.name": lambda: span.events[0][0] == name,
+        "event.attribute": lambda: span.events[0][1]["e"] == value,
+        "link.attribute": lambda: span.links[0][2]["l"] == value,
+        "status.description": lambda: span.status_message == value,
+        "metric.description": lambda: point.description == name,  # cut as a name
+        "point.attribute.key": lambda: point.attributes[name] == "v",
+        "point.attribute.value": lambda: point.attributes["k"] == value,
+        "meter.version": lambda: point.scope_version == name,
+        "log.body": lambda: log.body == value,
+        "log.attribute.key": lambda: log.attributes[name] == "v",
+        "log.attribute.value": lambda: log.attributes["k"] == value,
+        "resource.key": lambda: (
+            span.resource_attributes[name] == "v"
+            and point.resource_attributes[name] == "v"
+            and log.resource_attributes[name] == "v"
+        ),
+        "resource.value": lambda: all(  # a resource stays under 48 KiB: cut further
+            r["bad.resource"] == value or _is_cut_of(r["bad.resource"], value)
+            for r in (span.resource_attributes, point.resource_attributes, log.resource_attributes)
+        ),
+    }
+    if place in expected:
+        assert expected[place](), place
+    signal = place.split(".")[0]
+    if signal in ("tracer", "meter", "logger"):
+        kind = {"tracer": "spans", "meter": "metrics", "logger": "logs"}[signal]
+        requests = {
+            "spans": receiver.trace_requests,
+            "metrics": receiver.metric_requests,
+            "logs": receiver.log_requests,
+        }[kind]()
+        scope = name if place.endswith(".name") else "bad"
+        found = [(s, url) for s, url in _scopes(requests, kind) if s.name == scope]
+        assert found, (place, _scopes(requests, kind))
+        bad_scope, schema_url = found[0]
+        field = place.split(".")[1]
+        if field == "version":
+            assert bad_scope.version == name
+        elif field == "schema_url" and protocol == "grpc":
+            assert schema_url in (name, "")  # the SDK's encoders may leave it out
+        elif field == "attribute":  # a scope stays under 48 KiB: cut further when longer
+            received = {kv.key: kv.value.string_value for kv in bad_scope.attributes}["a"]
+            assert received == value or _is_cut_of(received, value), len(received)
+
+
+@documents("limits.md", "in the OTLP-JSON files, in the span JSON lines")
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(place=st.sampled_from(PLACES), raw=HOSTILE)
+def test_any_string_anywhere_keeps_every_file_line(place, raw):
+    """Property, for the embedded default: a string of any content in any place leaves every
+    line of the OTLP-JSON files and the span JSON lines strict UTF-8 JSON under 1 MiB, with
+    every record in them."""
+    text = "x" + raw
+    with tempfile.TemporaryDirectory() as directory:
+        telemetry = emit_configured(
+            place,
+            text,
+            {
+                "OTEL_TRACES_EXPORTER": "otlp_json_file",
+                "OTEL_METRICS_EXPORTER": "otlp_json_file",
+                "OTEL_LOGS_EXPORTER": "otlp_json_file",
+                "OTEL_PYTHON_TRAINING_OUTPUT_DIR": directory,
+            },
+        )
+        run = Path(telemetry.output_dir)
+        for file in ("traces", "metrics", "logs", "spans"):
+            raw_lines = (run / f"{file}-rank0.jsonl").read_bytes().splitlines()
+            assert raw_lines and max(len(line) for line in raw_lines) < MIB, file
+        traces = _strict(run / "traces-rank0.jsonl")
+        spans = [
+            s["name"]
+            for request in traces
+            for r in request["resourceSpans"]
+            for g in r["scopeSpans"]
+            for s in g["spans"]
+        ]
+        assert len(spans) == 2 and "good.span" in spans
+        metrics = _strict(run / "metrics-rank0.jsonl")
+        counts = [
+            m["name"]
+            for request in metrics
+            for r in request["resourceMetrics"]
+            for g in r["scopeMetrics"]
+            for m in g["metrics"]
+            if m["name"] in ("good.count", "bad.count", safe_text(text, MAX_NAME_LENGTH))
+        ]
+        assert len(counts) == 2 and "good.count" in counts
+        logs = _strict(run / "logs-rank0.jsonl")
+        bodies = [
+            record.get("body")
+            for request in logs
+            for r in request["resourceLogs"]
+            for g in r["scopeLogs"]
+            for record in g["logRecords"]
+        ]
+        assert len(bodies) == 2 and {"stringValue": "good.log"} in bodies
+        lines = _strict(run / "spans-rank0.jsonl")
+        assert len([line for line in lines if line["record"] == "span_end"]) == 2
+
+
+CONSOLE_AND_PROMETHEUS = textwrap.dedent(
+    """
+    import sys, urllib.request
+    sys.path.insert(0, "tests/integration")
+    from hostile_strings import PLACES, SAMPLES, emit
+    from opentelemetry.sdk.metrics.view import View
+    from otel_training import setup
+
+    telemetry = setup.configure(
+        set_global=False,
+        views=[View(instrument_name="bad.count", name="renamed." + SAMPLES[0])],
+        resource_attributes={SAMPLES[0]: SAMPLES[1], "bad.resource": SAMPLES[-1]},
+    )
+    emitted = 0
+    for place in PLACES:
+        if place != "metric.name":
+            for text in SAMPLES:
+                emit(telemetry, place, "x" + text)
+                emitted += 1
+    port = telemetry.settings.prometheus_port_of_rank()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as reply:
+        scrape = reply.read().decode("utf-8")
+    print("SCRAPE", reply.status, emitted, scrape.count("good_count_total{"), flush=True)
+    assert telemetry.shutdown()
+    """
+)
+
+
+@documents("limits.md", "on the console and in a Prometheus scrape")
+def test_any_string_anywhere_keeps_the_console_and_prometheus(run_python):
+    """Hostile strings in every place, through the console exporters of every signal and
+    the Prometheus reader: every record is printed, and the scrape answers 200 in UTF-8
+    with the well-named counter of every meter (a string the text format cannot carry would
+    fail every scrape)."""
+    port = free_port()
+    result = run_python(
+        CONSOLE_AND_PROMETHEUS,
+        env={
+            "OTEL_TRACES_EXPORTER": "console",
+            "OTEL_METRICS_EXPORTER": "prometheus,console",
+            "OTEL_LOGS_EXPORTER": "console",
+            "OTEL_EXPORTER_PROMETHEUS_HOST": "127.0.0.1",
+            "OTEL_EXPORTER_PROMETHEUS_PORT": str(port),
+            "OTEL_METRIC_EXPORT_INTERVAL": "600000",
+        },
+        timeout_s=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("SCRAPE")]
+    _, status, emitted, good_series = line.split()
+    assert status == "200" and int(emitted) == (len(PLACES) - 1) * 7
+    assert int(good_series) == 1  # one meter "good", its counter added to every time
+    assert result.stdout.count('"name": "good.span"') == int(emitted)
+    assert result.stdout.count('"body": "good.log"') == int(emitted)
+    assert "Traceback" not in result.stderr

@@ -408,7 +408,8 @@ class JsonLogSpanProcessor(SpanProcessor):
         cached = self._resource_cache
         if cached is not None and cached[0] is resource:
             return cached[1]
-        values = getattr(resource, "attributes", None) or {}
+        bounded = _limits.bounded_resource(resource, self._value_length)  # under 48 KiB
+        values = getattr(bounded, "attributes", None) or {}
         identity = {key: jsonable(values[key]) for key in IDENTITY_KEYS if key in values}
         found = (identity.get("dl.rank"), identity)
         self._resource_cache = (resource, found)

@@ -48,6 +48,8 @@ __all__ = [
     "NUM_MICROBATCHES",
     "OTEL_TRAINING_HANG_PROGRESS_AGE",
     "OTEL_TRAINING_HANG_THRESHOLD",
+    "OTEL_TRAINING_LOG_ARGUMENTS",
+    "OTEL_TRAINING_LOG_FORMAT_ERROR",
     "OTEL_TRAINING_SPAN_TRUNCATED",
     "OTEL_TRAINING_TRACE_SEGMENT",
     "AttributeSpec",
@@ -418,6 +420,30 @@ docs/health.md in checkpoint saves and loads, evaluations, startup and warm-up.
 """
 
 
+OTEL_TRAINING_LOG_ARGUMENTS: Final = "otel_training.log.arguments"
+"""The arguments of a logging record whose message could not be formatted, each as its text.
+
+Type: string[]. Point attribute. Stability: development. Examples: ``["x"]``, ``["step=3",
+"loss=<Tensor>"]``.
+
+Set by the logging bridge when record.getMessage() raises (log.info("%d", "x"), an argument or a
+message whose __str__ raises); the record's body is then its message template, unformatted. Each
+argument is its str() (<TypeName> when that raises), a mapping's items as key=value, in order; every
+one is bounded by the string rule of docs/limits.md.
+"""
+
+
+OTEL_TRAINING_LOG_FORMAT_ERROR: Final = "otel_training.log.format_error"
+"""Why the message of a logging record could not be formatted.
+
+Type: string. Point attribute. Stability: development. Examples: ``"TypeError: %d format: a real
+number is required, not str"``.
+
+The exception that record.getMessage() raised, as `Type: message`. Set with
+otel_training.log.arguments.
+"""
+
+
 OTEL_TRAINING_SPAN_TRUNCATED: Final = "otel_training.span.truncated"
 """True on a span that was still open when telemetry shut down (at interpreter exit, on SIGTERM, or
 when configure() replaced the pipeline) and was ended then.
@@ -719,6 +745,23 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
                 "The hang threshold H, in seconds, for the phase the rank was in when it suspected "
                 "a hang."
             ),
+            stability="development",
+            resource=False,
+        ),
+        OTEL_TRAINING_LOG_ARGUMENTS: AttributeSpec(
+            name=OTEL_TRAINING_LOG_ARGUMENTS,
+            type="string[]",
+            brief=(
+                "The arguments of a logging record whose message could not be formatted, each as "
+                "its text."
+            ),
+            stability="development",
+            resource=False,
+        ),
+        OTEL_TRAINING_LOG_FORMAT_ERROR: AttributeSpec(
+            name=OTEL_TRAINING_LOG_FORMAT_ERROR,
+            type="string",
+            brief="Why the message of a logging record could not be formatted.",
             stability="development",
             resource=False,
         ),

@@ -60,6 +60,8 @@ __all__ = [
     "MEGATRON_TRAINING_THROUGHPUT_TFLOPS",
     "MEGATRON_TRAINING_TOKENS_PER_SEC",
     "METRICS",
+    "OTEL_TRAINING_LOG_RECORD_DROPPED",
+    "OTEL_TRAINING_SPAN_DROPPED",
     "MetricSpec",
     "create_dl_gpu_clock_speed",
     "create_dl_training_checkpoint_age",
@@ -91,6 +93,8 @@ __all__ = [
     "create_megatron_training_tensor_update_ratio",
     "create_megatron_training_throughput_tflops",
     "create_megatron_training_tokens_per_sec",
+    "create_otel_training_log_record_dropped",
+    "create_otel_training_span_dropped",
     "DL_GPU_CLOCK_DOMAIN",
     "DL_TRAINING_PHASE",
     "MEGATRON_CHECKPOINT_OPERATION",
@@ -791,6 +795,51 @@ def create_megatron_training_tokens_per_sec(meter: Meter) -> Gauge:
     return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
 
 
+OTEL_TRAINING_LOG_RECORD_DROPPED: Final = "otel_training.log_record.dropped"
+"""Log records dropped because the queue of a batch log record processor was full.
+
+Instrument: counter. Unit as exported: ``"{log_record}"``; true unit: ``"{log_record}"``. Value
+type: int. Stability: development.
+
+One increment per record lost, since the pipeline was configured, summed over its batch log record
+processors (OTEL_BLRP_MAX_QUEUE_SIZE sets their queues), read at each collection on the metric
+reader's thread (an observable counter). The SDK drops the oldest record of a full queue when a new
+one comes. A warning says so at the first drop and then with the count, at most once a minute and at
+shutdown.
+"""
+
+
+def create_otel_training_log_record_dropped(meter: Meter) -> Counter:
+    """Create the counter ``otel_training.log_record.dropped`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[OTEL_TRAINING_LOG_RECORD_DROPPED]
+    return meter.create_counter(spec.name, unit=spec.unit, description=spec.description)
+
+
+OTEL_TRAINING_SPAN_DROPPED: Final = "otel_training.span.dropped"
+"""Spans dropped because the queue of a batch span processor was full.
+
+Instrument: counter. Unit as exported: ``"{span}"``; true unit: ``"{span}"``. Value type: int.
+Stability: development.
+
+One increment per span lost, since the pipeline was configured, summed over its batch span
+processors (OTEL_BSP_MAX_QUEUE_SIZE sets their queues), read at each collection on the metric
+reader's thread (an observable counter). Warned like otel_training.log_record.dropped. Spans the
+span JSON lines drop are counted there (docs/spans.md).
+"""
+
+
+def create_otel_training_span_dropped(meter: Meter) -> Counter:
+    """Create the counter ``otel_training.span.dropped`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[OTEL_TRAINING_SPAN_DROPPED]
+    return meter.create_counter(spec.name, unit=spec.unit, description=spec.description)
+
+
 METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
     {
         DL_GPU_CLOCK_SPEED: MetricSpec(
@@ -1183,6 +1232,30 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
                 "wire compatibility with Megatron-LM megatron/core/telemetry/training_metrics.py "
                 "and NeMo dashboards"
             ),
+        ),
+        OTEL_TRAINING_LOG_RECORD_DROPPED: MetricSpec(
+            name=OTEL_TRAINING_LOG_RECORD_DROPPED,
+            instrument="counter",
+            unit="{log_record}",
+            description=(
+                "Log records dropped because the queue of a batch log record processor was full."
+            ),
+            true_unit="{log_record}",
+            value_type="int",
+            stability="development",
+            attributes=(),
+            naming_exception=None,
+        ),
+        OTEL_TRAINING_SPAN_DROPPED: MetricSpec(
+            name=OTEL_TRAINING_SPAN_DROPPED,
+            instrument="counter",
+            unit="{span}",
+            description="Spans dropped because the queue of a batch span processor was full.",
+            true_unit="{span}",
+            value_type="int",
+            stability="development",
+            attributes=(),
+            naming_exception=None,
         ),
     }
 )

@@ -1,0 +1,370 @@
+"""The exporters' guards measured on real encoded output: the size rules of docs/limits.md
+against the OTLP-JSON file exporters, the protobuf encoders and the span JSON lines, fed the
+worst content there is (characters beyond U+FFFF, controls, quotes, backslashes, surrogate
+escapes) at the SDK's largest counts; and the exporters' own guards (int64, splitting)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+from doc_rules import documents
+from opentelemetry import trace as trace_api
+from opentelemetry._logs import LogRecord
+from opentelemetry.exporter.otlp.json.file import FileMetricExporter, FileSpanExporter
+from opentelemetry.exporter.otlp.json.file._log_exporter import FileLogExporter
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk._logs import ReadableLogRecord
+from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    MetricExporter,
+    MetricExportResult,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, Status, StatusCode
+
+from otel_training import exporters, files, limits
+from otel_training.exporters import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    SafeLogRecordExporter,
+    SafeMetricExporter,
+    SafeSpanExporter,
+)
+from otel_training.processors import JsonLogSpanProcessor
+
+MIB = 1024 * 1024
+#: Characters whose encodings are the longest there are, one per kind: in Python's json (the
+#: OTLP-JSON files) 12, 6, 6, 2, 2 and 5 bytes; in UTF-8 4, 1, 2, 1, 1 and 4.
+WORST = {
+    "beyond U+FFFF": "\U0001f600",
+    "control": "\x01",
+    "BMP": "\u00e9",
+    "quote": '"',
+    "backslash": "\\",
+    "surrogate escape": "\udc80",  # \x80 after the rule: 4 characters, 5 bytes
+}
+#: The SDK's default largest counts (OTEL_*_COUNT_LIMIT): attributes per span, events and
+#: links per span, attributes per event and link.
+COUNT = 128
+CONTEXT = trace_api.SpanContext(2**128 - 1, 2**64 - 1, False, trace_api.TraceFlags(1))
+
+
+def _scope(char: str) -> InstrumentationScope:
+    """A scope past every bound: names past 1,024 characters, attributes far past 48 KiB."""
+    long = char * 4000
+    return InstrumentationScope(
+        char * 5000, char * 5000, char * 5000, {f"{i}{char * 2000}": long for i in range(COUNT)}
+    )
+
+
+def _resource(char: str) -> Resource:
+    """A resource past every bound: attributes far past 48 KiB."""
+    long = char * 4000
+    return Resource({f"{i}{char * 2000}": long for i in range(COUNT)}, char * 5000)
+
+
+def _worst_spans(char: str) -> list[ReadableSpan]:
+    """One span per shape that can be largest: long values, long keys, many events, many
+    links, long sequences; each with the largest scope and resource."""
+    long = char * (limits.DEFAULT_VALUE_LENGTH + 10)
+    scope, resource = _scope(char), _resource(char)
+    many = {f"k{i}": char * 300 for i in range(32)}
+
+    def span(**kwargs) -> ReadableSpan:
+        return ReadableSpan(
+            char * 5000,
+            context=CONTEXT,
+            parent=CONTEXT,
+            resource=resource,
+            instrumentation_scope=scope,
+            status=Status(StatusCode.ERROR, long),
+            start_time=1,
+            end_time=2,
+            **kwargs,
+        )
+
+    return [
+        span(attributes={f"k{i}": long for i in range(64)}),
+        span(attributes={f"{i}{char * 5000}": "v" for i in range(COUNT)}),
+        span(events=[Event(char * 5000, many, 1) for _ in range(COUNT)]),
+        span(links=[Link(CONTEXT, many) for _ in range(COUNT)]),
+        span(attributes={f"k{i}": (char * 16,) * limits.MAX_SEQUENCE_LENGTH for i in range(40)}),
+    ]
+
+
+class ProtobufSpanExporter(SpanExporter):
+    """Encodes every request as the OTLP exporters do and keeps its size in bytes."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.spans = 0
+
+    def export(self, spans) -> SpanExportResult:
+        self.sizes.append(len(encode_spans(spans).SerializeToString()))
+        self.spans += len(spans)
+        return SpanExportResult.SUCCESS
+
+
+class ProtobufLogExporter(LogRecordExporter):
+    """Encodes every request as the OTLP exporters do and keeps its size in bytes."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def export(self, batch) -> LogRecordExportResult:
+        self.sizes.append(len(encode_logs(batch).SerializeToString()))
+        return LogRecordExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+
+def _line_sizes(text: str) -> list[int]:
+    text.encode("utf-8")
+    lines = text.splitlines()
+    for line in lines:
+        json.loads(line)
+    return [len(line.encode("utf-8")) for line in lines]
+
+
+def _count(text: str, kind: str) -> int:
+    """Records in OTLP-JSON lines of ``kind`` (``resourceSpans`` or ``resourceLogs``)."""
+    leaf = {"resourceSpans": ("scopeSpans", "spans"), "resourceLogs": ("scopeLogs", "logRecords")}
+    scopes, records = leaf[kind]
+    return sum(
+        len(group[records])
+        for line in text.splitlines()
+        for resource in json.loads(line)[kind]
+        for group in resource[scopes]
+    )
+
+
+@documents("limits.md", "stays under 48 KiB")
+@documents("limits.md", "So every span JSON line and every OTLP-JSON line is under 1 MiB")
+@documents("limits.md", "6 bytes a UTF-16 code unit outside printable")
+@documents("limits.md", "Exporters keep each request under 3 MiB of")
+@pytest.mark.parametrize("char", WORST.values(), ids=WORST.keys())
+def test_the_worst_spans_fit_a_line_a_request_and_a_json_line(char):
+    """The worst spans there are (each shape at the SDK's largest counts, with the largest
+    scope and resource) become OTLP-JSON lines and span JSON lines under 1 MiB and protobuf
+    requests under 3 MiB, every span in them."""
+    spans = _worst_spans(char)
+    for bounded in map(limits.bounded_span, spans):
+        assert limits.scope_cost(bounded.instrumentation_scope) <= limits.GROUP_BUDGET_BYTES
+        assert limits.scope_cost(bounded.resource) <= limits.GROUP_BUDGET_BYTES
+    stream = io.StringIO()
+    file = SafeSpanExporter(
+        FileSpanExporter(stream=stream), max_request_bytes=files.LINE_BUDGET_BYTES
+    )
+    assert file.export(spans) is SpanExportResult.SUCCESS
+    sizes = _line_sizes(stream.getvalue())
+    assert max(sizes) < MIB and _count(stream.getvalue(), "resourceSpans") == len(spans)
+    protobuf = ProtobufSpanExporter()
+    assert SafeSpanExporter(protobuf).export(spans) is SpanExportResult.SUCCESS
+    assert protobuf.spans == len(spans) and max(protobuf.sizes) < DEFAULT_MAX_REQUEST_BYTES
+    lines = io.StringIO()
+    processor = JsonLogSpanProcessor(stream=lines, path="worst")
+    for span in spans:
+        processor.on_end(span)
+    assert processor.force_flush()
+    sizes = _line_sizes(lines.getvalue())
+    processor.shutdown()
+    assert len(sizes) == len(spans) and max(sizes) < MIB
+
+
+@documents("limits.md", "All strings and values of one span or log record together stay under")
+@pytest.mark.parametrize("char", WORST.values(), ids=WORST.keys())
+def test_the_worst_log_records_fit_a_line(char):
+    """Log records with the longest body, nested maps and the most long attributes, the
+    largest scope and resource, become OTLP-JSON lines under 1 MiB, every record in them."""
+    long = char * (limits.DEFAULT_VALUE_LENGTH + 10)
+    scope, resource = _scope(char), _resource(char)
+    bodies = [
+        long,
+        {f"k{i}": [long, {"deeper": long}] for i in range(32)},
+        [long] * 2000,
+        long.encode("utf-8", "surrogatepass") * 4,
+    ]
+    records = [
+        ReadableLogRecord(
+            LogRecord(
+                body=body,
+                attributes={f"{i}{char * 2000}": long for i in range(64)},
+                severity_text=char * 5000,
+                event_name=char * 5000,
+            ),
+            resource=resource,
+            instrumentation_scope=scope,
+        )
+        for body in bodies
+    ]
+    stream = io.StringIO()
+    file = SafeLogRecordExporter(
+        FileLogExporter(stream=stream), max_request_bytes=files.LINE_BUDGET_BYTES
+    )
+    assert file.export(records) is LogRecordExportResult.SUCCESS
+    sizes = _line_sizes(stream.getvalue())
+    assert max(sizes) < MIB and _count(stream.getvalue(), "resourceLogs") == len(records)
+    protobuf = ProtobufLogExporter()
+    assert SafeLogRecordExporter(protobuf).export(records) is LogRecordExportResult.SUCCESS
+    assert max(protobuf.sizes) < DEFAULT_MAX_REQUEST_BYTES
+
+
+def _collection(char: str, points: int, attributes: int, length: int):
+    """A real collection: ``points`` points of a gauge with ``attributes`` attributes of
+    ``length`` characters each, on a meter with the largest scope, the largest resource and
+    a description far past 1,024 characters."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader], resource=_resource(char))
+    scope = _scope(char)
+    meter = provider.get_meter(scope.name, scope.version, scope.schema_url, scope.attributes)
+    gauge = meter.create_gauge("worst", description=char * 20_000)
+    for p in range(points):
+        gauge.set(p, {f"{p}.{a}": char * length for a in range(attributes)})
+    data = reader.get_metrics_data()
+    provider.shutdown()
+    return data
+
+
+@documents("limits.md", "One metric point (its attributes and exemplars) is bounded alike")
+@documents("limits.md", "A collection of metrics is split the same way")
+@pytest.mark.parametrize("char", WORST.values(), ids=WORST.keys())
+def test_the_worst_metrics_fit_lines_every_point_in_one(char):
+    """A collection of 2,000 points (the SDK's cardinality limit) with long attributes,
+    and one point with the most attributes of the longest values, become OTLP-JSON lines
+    under 1 MiB with every point in one of them."""
+    for data, expected in (
+        (_collection(char, 2000, 3, 100), 2000),
+        (_collection(char, 1, 64, limits.DEFAULT_VALUE_LENGTH + 10), 1),
+    ):
+        stream = io.StringIO()
+        file = SafeMetricExporter(
+            FileMetricExporter(stream=stream), max_request_bytes=files.LINE_BUDGET_BYTES
+        )
+        assert file.export(data) is MetricExportResult.SUCCESS
+        sizes = _line_sizes(stream.getvalue())
+        assert max(sizes) < MIB
+        points = [
+            point
+            for line in stream.getvalue().splitlines()
+            for r in json.loads(line)["resourceMetrics"]
+            for s in r["scopeMetrics"]
+            for m in s["metrics"]
+            for point in m["gauge"]["dataPoints"]
+        ]
+        assert len(points) == expected
+        request = encode_metrics(limits.bounded_metrics_data(data)).SerializeToString()
+        assert len(request) < DEFAULT_MAX_REQUEST_BYTES * expected  # protobuf: split alike
+
+
+class RecordingMetricExporter(MetricExporter):
+    """Encodes each request as OTLP protobuf and keeps it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list = []
+
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):
+        self.requests.append(encode_metrics(metrics_data))
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        return None
+
+
+@documents("limits.md", "is saturated at 2^63−1 with one warning")
+def test_the_exporters_own_int64_guard_saturates_with_one_warning(caplog):
+    """A counter sum beyond int64 (the SDK adds Python ints without bound) is exported
+    saturated at 2^63-1, by the exporter itself, with one warning for all exports."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    counter = provider.get_meter("m").create_counter("megatron.training.skipped_iters")
+    counter.add(2**63 - 1)
+    counter.add(10)
+    recording = RecordingMetricExporter()
+    safe = SafeMetricExporter(recording)
+    with caplog.at_level(logging.WARNING, logger="otel_training.exporters"):
+        for _ in range(2):
+            assert safe.export(reader.get_metrics_data()) is MetricExportResult.SUCCESS
+    values = [
+        point.as_int
+        for request in recording.requests
+        for r in request.resource_metrics
+        for s in r.scope_metrics
+        for m in s.metrics
+        for point in m.sum.data_points
+    ]
+    assert values == [2**63 - 1, 2**63 - 1]
+    warnings = [r for r in caplog.records if "beyond int64" in r.getMessage()]
+    assert len(warnings) == 1 and "megatron.training.skipped_iters" in warnings[0].getMessage()
+    provider.shutdown()
+
+
+class RefusingSpanExporter(SpanExporter):
+    """Refuses any request of more than ``most`` spans, as a receiver with a lower size
+    limit does; with ``slow``, it is a slow endpoint (its clock says each refusal took 2 s)."""
+
+    def __init__(self, most: int, clock: list[float] | None = None) -> None:
+        self.most = most
+        self.clock = clock
+        self.requests: list[int] = []
+
+    def export(self, spans) -> SpanExportResult:
+        self.requests.append(len(spans))
+        if self.clock is not None:
+            self.clock[0] += 2.0
+        return SpanExportResult.SUCCESS if len(spans) <= self.most else SpanExportResult.FAILURE
+
+
+def _spans(count: int, value_chars: int) -> list[ReadableSpan]:
+    return [
+        ReadableSpan(f"s{i}", context=CONTEXT, attributes={"v": "x" * value_chars})
+        for i in range(count)
+    ]
+
+
+@documents("limits.md", "it is sent again in halves, up to 16 pieces")
+def test_a_request_refused_quickly_is_sent_again_in_halves():
+    """Refused at once, 16 spans of 70,000 characters go again as 2, 4, 8 and 16 pieces,
+    depth first, until the receiver takes them: every span once, in order."""
+    refusing = RefusingSpanExporter(most=1)
+    safe = SafeSpanExporter(refusing, limits=limits.Limits(value_length=None))
+    assert safe.export(_spans(16, 70_000)) is SpanExportResult.SUCCESS
+    assert refusing.requests[0] == 16 and refusing.requests.count(1) == 16
+    assert len(refusing.requests) == 31  # 1 + 2 + 4 + 8 + 16 requests, the last 16 taken
+
+
+@documents("limits.md", "a request that failed after more than 1 s (a dead or slow endpoint")
+def test_a_slow_failure_is_not_split(monkeypatch):
+    """A refusal that took more than 1 s (a slow or dead endpoint, not a size limit) is not
+    sent again in pieces: one request, reported failed."""
+    clock = [1000.0]
+    monkeypatch.setattr(exporters.time, "monotonic", lambda: clock[0])
+    refusing = RefusingSpanExporter(most=1, clock=clock)
+    safe = SafeSpanExporter(refusing, limits=limits.Limits(value_length=None), timeout_s=60.0)
+    assert safe.export(_spans(16, 70_000)) is SpanExportResult.FAILURE
+    assert refusing.requests == [16]
+
+
+@documents("limits.md", "nor one under 128 KiB")
+def test_a_small_refused_request_is_not_split():
+    """A refused request under 128 KiB of worst-case size is not split: no receiver's limit
+    is that low, so the refusal has another cause."""
+    refusing = RefusingSpanExporter(most=1)
+    assert SafeSpanExporter(refusing).export(_spans(16, 100)) is SpanExportResult.FAILURE
+    assert refusing.requests == [16]
