@@ -10,7 +10,7 @@ later as attempt 1 (it loads step 40 and runs to 100), and compares ``otel-train
 - ``sigkill``: both ranks SIGKILLed; ``TORCHELASTIC_RESTART_COUNT``; a run directory per attempt
   (this one also runs in ``make test``: ``tests/integration/test_health_ground_truth.py``);
 - ``sigterm``: both ranks SIGTERMed (telemetry's handler flushes, spans truncated);
-- ``slurm``: ``SLURM_RESTART_COUNT``; both attempts in one run directory;
+- ``slurm``: ``SLURM_RESTART_COUNT``; a run directory per attempt too;
 - ``no_counter``: no restart counter; attempts told apart and ordered by creation time;
 - ``rank0_first``: rank 0 SIGKILLed alone; rank 1 fails in its next all_reduce;
 - ``default_groups``: the default span groups (no per-step spans).
