@@ -58,6 +58,7 @@ from otel_training.phases._state import PhaseState, bound_state, configured, res
 from otel_training.phases._warnings import warn_once
 from otel_training.processors.nvtx import end_ranges_now
 from otel_training.segments import TraceSegments, run_begins
+from otel_training.trace_shape import JOB_LEVEL_GROUPS
 from otel_training.span_values import DEFERRED, PRIMITIVES, attribute_value, text
 
 __all__ = ["NOOP_PHASE", "RUN", "LedgerPhase", "NvtxPhase", "Phase", "SpanPhase", "make"]
@@ -444,25 +445,20 @@ class SpanPhase(Phase):
                     if type(value) not in PRIMITIVES:
                         attributes = self._clean(attributes)
                         break
-            context = None
+            context = links = None
             if parent is not None:
                 context = _set_span_in_context(parent.span)
             segments = state.segments
             role = self._role
             if segments is not None:
-                if role == RUN:
-                    run_context = segments.run_context()
-                    if segments.is_run_level(trace_api.get_current_span(context)):
-                        context = run_context
-                elif self._iteration is not None:
-                    context = self._segment_context(segments, context)
+                context, links = self._place(segments, context)
             span = state.tracer.start_span(
-                self._name, context, attributes=attributes, start_time=self._started_ns
+                self._name, context, links=links, attributes=attributes, start_time=self._started_ns
             )
             self._span = span
             state.open[span] = True
             if role == RUN and segments is not None:
-                segments.run_span = span
+                segments.run_started(span)
             if make_current:
                 context = self._context = _set_span_in_context(span)
                 self._token = _attach(context)
@@ -470,12 +466,20 @@ class SpanPhase(Phase):
             warn_once("start", "could not start the span %s", self._name)
             self._span = _INVALID_SPAN
 
-    def _segment_context(self, segments: TraceSegments, context) -> Any:
-        """``context``, or this rank's segment span of the phase's iteration when the phase
-        would otherwise be a child of the run span (or of no span)."""
-        if segments.is_run_level(trace_api.get_current_span(context)):
-            return segments.context_for(self._iteration, self._started_ns) or context
-        return context
+    def _place(self, segments: TraceSegments, context) -> tuple[Any, Any]:
+        """(context, links) the span starts with (:mod:`otel_training.segments`): the run
+        trace for the run; for a phase with an iteration that would be a child of the run span
+        (or of no span), this rank's segment span in the job trace (a job-level group) or its
+        step trace; else under its parent, in its parent's trace while there is room."""
+        role, iteration = self._role, self._iteration
+        if role is None and iteration is None:
+            return segments.nested(context)
+        if not segments.is_run_level(trace_api.get_current_span(context)):
+            return segments.nested(context)
+        if role == RUN:
+            return segments.run_start()
+        placed = segments.routed(iteration, self._group in JOB_LEVEL_GROUPS, self._started_ns)
+        return placed if placed[0] is not None else segments.nested(context)
 
     def _close(self, end_ns: int) -> bool:
         if self._token is not None:

@@ -22,6 +22,7 @@ from opentelemetry import trace as trace_api
 
 from otel_training import setup
 from otel_training.segments import TraceSegments
+from otel_training.trace_shape import TraceShape
 
 __all__ = [
     "PhaseState",
@@ -162,10 +163,18 @@ def _refresh(telemetry: setup.Telemetry) -> PhaseState:
         if recording:
             sampler = getattr(telemetry.tracer_provider, "sampler", None)
             if sampler is not None:
+                identity = settings.identity
+                shape = TraceShape.derive(
+                    state.spans,
+                    identity.world_size,
+                    settings.trace_span_budget,
+                    settings.trace_segment_iterations,
+                )
                 state.segments = TraceSegments(
                     telemetry.tracer,
-                    settings.identity.run_id or "run",
-                    settings.trace_segment_iterations,
+                    identity.run_id or "run",
+                    shape,
+                    identity.rank,
                     sampler,
                     segment_spans="job" in state.spans,
                     open_spans=state.open,
