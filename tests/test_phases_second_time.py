@@ -9,8 +9,8 @@ from test_processors_nvtx import record  # noqa: F401 - the fixture
 
 import otel_training as ot
 from otel_training import testing
-from otel_training.trace_shape import member_ids
 from otel_training.semconv import spans as names
+from otel_training.trace_shape import member_ids
 
 RUN_ID = "second-time"
 
@@ -68,8 +68,7 @@ def test_runs_are_numbered_alike_whatever_the_groups(groups):
         assert iterations == []
         return
     step_trace = {
-        member_ids(RUN_ID, family, "rank/0/part/0")[0]
-        for family in ("segment/0", "run2/segment/0")
+        member_ids(RUN_ID, family, "rank/0/part/0")[0] for family in ("segment/0", "run2/segment/0")
     }
     assert [s.context.trace_id in step_trace for s in iterations] == [True] * 4
     first, second = iterations[0].context.trace_id, iterations[-1].context.trace_id

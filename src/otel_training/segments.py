@@ -84,6 +84,7 @@ if hasattr(os, "register_at_fork"):
 #: joins it uncounted).
 _KEPT_TRACES = 256
 
+_ROOT = context_api.Context()
 _set_span_in_context = trace_api.set_span_in_context
 _get_current_span = trace_api.get_current_span
 
@@ -184,7 +185,9 @@ class TraceSegments:
     def _family(self, name: str, index: int, shard: int) -> _Family:
         shards = self.shape.run if index < 0 else self.shape.job
         trace_id, span_id = member_ids(self._run_id, name, f"shard/{shard}")
-        decision = self._sampler.should_sample(None, trace_id, name).decision
+        # As for a root span: an empty context (None would make a parent-based sampler follow
+        # whatever span is current, the run span, say).
+        decision = self._sampler.should_sample(_ROOT, trace_id, name).decision
         flags = TraceFlags(TraceFlags.SAMPLED if decision.is_sampled() else TraceFlags.DEFAULT)
         family = _Family(name, index, flags)
         family.parent = family.anchor = SpanContext(trace_id, span_id, True, flags)

@@ -58,8 +58,8 @@ from otel_training.phases._state import PhaseState, bound_state, configured, res
 from otel_training.phases._warnings import warn_once
 from otel_training.processors.nvtx import end_ranges_now
 from otel_training.segments import TraceSegments, run_begins
-from otel_training.trace_shape import JOB_LEVEL_GROUPS
 from otel_training.span_values import DEFERRED, PRIMITIVES, attribute_value, text
+from otel_training.trace_shape import JOB_LEVEL_GROUPS
 
 __all__ = ["NOOP_PHASE", "RUN", "LedgerPhase", "NvtxPhase", "Phase", "SpanPhase", "make"]
 
