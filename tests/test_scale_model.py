@@ -329,3 +329,20 @@ def test_docs_backend_table_is_the_models():
     rows = {row[0]: row[1] for row in _doc_table("## What the backend holds")}
     for w in model.SCALES:
         assert rows[f"{w.ranks:,}"] == f"{model.metrics_load(w).series:,}", w.ranks
+
+
+def test_docs_traces_table_is_the_models():
+    """docs/scale.md's largest run, job and step traces are the model's (the code's shape)."""
+    presets = {label: (preset, fine) for label, preset, fine in model.PRESETS}
+    scales = {w.ranks: w for w in model.SCALES}
+    rows = _doc_table("## Traces at scale")
+    assert len(rows) >= 5
+    for ranks, label, run, job, step, largest in rows:
+        w = scales[int(ranks.replace(",", ""))]
+        s = model.spans_load(w, label, *presets[label])
+        assert [run, job, step, largest] == [
+            model._si(s.run_trace_spans),
+            f"{model._si(s.job_trace_spans)} ({s.shape.job.count})",
+            model._si(s.step_trace_spans),
+            model._si(s.largest_trace_spans * s.bytes_per_span, "B"),
+        ], (ranks, label)

@@ -10,7 +10,7 @@ in :class:`Phase`: ``start`` (``with`` makes it current), ``error``, ``stop``, a
 - records one point of ``megatron.training.step_duration_ms`` for an iteration made with
   ``record_step_duration=True`` that completed;
 - opens and closes what the span group exports, through the hooks of the subclass:
-  :class:`SpanPhase` a span (made current inside ``with``, routed to its trace segment),
+  :class:`SpanPhase` a span (made current inside ``with``, routed to its trace),
   :class:`NvtxPhase` an NVTX range (a group mirrored to NVTX only), :class:`LedgerPhase`
   nothing (a disabled group). :data:`NOOP_PHASE`, the shared phase of a disabled group that has
   nothing to count, is a phase whose lifecycle has nothing left to do.
@@ -69,7 +69,7 @@ METRIC_KEYS: Mapping[str, str] = {key: spec[0] for key, spec in instruments._SPE
 
 #: The role of a phase: the run (its span starts in the run trace and closes the segments).
 RUN = "run"
-#: Span groups whose phases are never routed to a trace segment (a load at startup carries
+#: Span groups whose phases are never routed to a segment's traces (a load at startup carries
 #: the iteration it resumes, but belongs to the run).
 _NOT_ROUTED = frozenset({"load_checkpoint"})
 
@@ -364,7 +364,7 @@ NOOP_PHASE: Phase = _NoOpPhase()
 
 class SpanPhase(Phase):
     """A phase of an enabled group: an OpenTelemetry span of the pipeline's tracer, started
-    in its trace segment when it has an iteration, made current inside ``with``, ended when
+    in its trace (:mod:`otel_training.segments`), made current inside ``with``, ended when
     the phase stops (later, on a background thread, when an attribute waits for a device
     value)."""
 
@@ -400,7 +400,7 @@ class SpanPhase(Phase):
         self._name = name
         self._group = group
         self._attributes = attributes
-        # A phase with an iteration number may start in its trace segment.
+        # A phase with an iteration number may start in its segment's traces.
         self._iteration = iteration if group not in _NOT_ROUTED else None
         self._role = role
         self._span: trace_api.Span | None = None

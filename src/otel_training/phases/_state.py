@@ -1,5 +1,5 @@
 """The state the phases run in: the configured pipeline's tracer, meter, span groups, NVTX
-domain, trace segments and open spans, built once per :class:`otel_training.setup.Telemetry`.
+domain, traces and open spans, built once per :class:`otel_training.setup.Telemetry`.
 
 :func:`current` is what a phase made now records into: the state of the pipeline configured
 last (rebuilt when ``configure()`` replaces it), or, while a :class:`otel_training.SpanRecorder`
@@ -49,7 +49,8 @@ class PhaseState:
             they export nothing).
         range_targets: (domain, event attributes) of the NVTX range of each phase name seen
             in ``ranges``.
-        segments: The trace segments, or ``None`` (no sampler: a no-op or own provider).
+        segments: Where its spans start (:class:`otel_training.segments.TraceSegments`), or
+            ``None`` (no sampler: a no-op or own provider).
         open: The spans open in this pipeline (``OpenSpans.spans``), truncated at shutdown.
         generation: How many times this pipeline's shutdown began (0 or 1): a phase open
             across it was interrupted.
@@ -198,7 +199,7 @@ def state_for(
 ) -> PhaseState:
     """A state of its own for :class:`otel_training.SpanRecorder`: the given providers (the
     configured pipeline's where one is missing) and span groups (the pipeline's, else the
-    environment's). No trace segments, no NVTX-only phases."""
+    environment's). No routing to the run's traces, no NVTX-only phases."""
     from otel_training import config
     from otel_training.pipeline import INSTRUMENTATION_NAME
 
