@@ -277,3 +277,21 @@ def test_a_trace_of_another_tracer_is_joined_uncounted():
     spans = pipeline.spans.get_finished_spans()
     assert len(spans) == 12
     assert {s.context.trace_id for s in spans} == {root.get_span_context().trace_id}
+
+
+def test_the_run_trace_is_counted_however_many_traces_came_before():
+    """After 300 segments (more traces than a rank keeps counting), run-level phases still
+    fill only the rank's share of the run trace, then traces of its own."""
+    pipeline = _pipeline(8, "default", OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS="1")
+    with ot.training_run():
+        for it in range(1, 301):
+            with ot.evaluation(iteration=it):
+                pass
+        for k in range(30):
+            with ot.phase("myproject.report", k=k):
+                pass
+    spans = pipeline.spans.get_finished_spans()
+    assert sum(1 for s in spans if s.name == names.MEGATRON_TRAIN_SEGMENT) == 300
+    assert max(len(m) for m in _by_trace(spans).values()) <= 8
+    run_trace = member_ids(RUN_ID, "run", "shard/0")[0]
+    assert len(_by_trace(spans)[run_trace]) == 8

@@ -127,6 +127,12 @@ class _Family:
         self.parts = 0
 
 
+def _current_in(trace: _Trace, families: set) -> bool:
+    """Whether ``trace`` is the shared or the current own trace of one of ``families``."""
+    family = trace.family
+    return family in families and (trace is family.shard or trace is family.part)
+
+
 class TraceSegments:
     """Routes and counts one pipeline's phase spans (see the module docstring).
 
@@ -168,6 +174,7 @@ class TraceSegments:
         self._sampler = sampler
         self._lock = threading.Lock()
         self._traces: dict[int, _Trace] = {}
+        self._run_family: _Family | None = None
         self._segment: _Family | None = None  # the open segment
         self._span: trace_api.Span | None = None  # its segment span
         self._previous: SpanContext | None = None
@@ -196,10 +203,17 @@ class TraceSegments:
         return family
 
     def _register(self, trace_id: int, allowance: int, family: _Family) -> _Trace:
-        """A trace to count (under the lock, or before the object is shared)."""
-        trace = self._traces[trace_id] = _Trace(trace_id, allowance, family)
-        while len(self._traces) > _KEPT_TRACES:
-            del self._traces[next(iter(self._traces))]
+        """A trace to count (under the lock, or before the object is shared). Beyond
+        :data:`_KEPT_TRACES`, the oldest is forgotten, never one that new spans go to (the
+        run's and the open segment's shared and current traces)."""
+        traces = self._traces
+        trace = traces[trace_id] = _Trace(trace_id, allowance, family)
+        while len(traces) > _KEPT_TRACES:
+            kept = {self._run_family, self._segment, family}
+            oldest = next((k for k, t in traces.items() if not _current_in(t, kept)), None)
+            if oldest is None:
+                break
+            del traces[oldest]
         return trace
 
     def _new_part(self, family: _Family) -> _Trace:
@@ -328,10 +342,10 @@ class TraceSegments:
             context = family.shard.context
             return self._place(family.shard, context, family.anchor.span_id)
         part = family.part
-        if part is None or part.used + self._step_spans > part.allowance:
+        if part is None or (part.used and part.used + self._step_spans > part.allowance):
             with self._lock:
                 part = family.part
-                if part is None or part.used + self._step_spans > part.allowance:
+                if part is None or (part.used and part.used + self._step_spans > part.allowance):
                     part = self._new_part(family)
         return self._place(part, part.context, family.anchor.span_id)
 
