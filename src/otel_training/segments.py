@@ -93,7 +93,7 @@ class _Trace:
     """One derived trace as this rank fills it: ``take()`` counts a span (atomic under the
     GIL), which fits while the count is at most ``allowance``."""
 
-    __slots__ = ("trace_id", "allowance", "family", "context", "used", "_count")
+    __slots__ = ("trace_id", "allowance", "family", "context", "used", "count", "under")
 
     def __init__(self, trace_id: int, allowance: int, family: _Family) -> None:
         self.trace_id = trace_id
@@ -101,10 +101,13 @@ class _Trace:
         self.family = family
         self.context: context_api.Context | None = None  # where a routed span starts in it
         self.used = 0  # the last count taken (read without a lock: an estimate)
-        self._count = itertools.count(1)
+        self.count = itertools.count(1)
+        # (parent span id, context) of the last span that started here for want of room in
+        # its parent's trace: its siblings reuse the context.
+        self.under: tuple[int, context_api.Context] | None = None
 
     def take(self) -> int:
-        used = self.used = next(self._count)
+        used = self.used = next(self.count)
         return used
 
 
@@ -242,16 +245,24 @@ class TraceSegments:
     ) -> tuple[context_api.Context, list[Link] | None]:
         """A span for which its trace has no room: in this rank's current own trace of
         ``family`` (the next one when that is full), naming ``parent_id`` as its parent."""
-        with self._lock:
-            while True:
-                part = family.part
-                if part is None or part.used >= part.allowance:
-                    part = self._new_part(family)
-                taken = part.take()
-                if taken <= part.allowance:
-                    break
+        part = family.part
+        taken = 0 if part is None else part.take()
+        if not 0 < taken <= part.allowance:
+            with self._lock:
+                while True:
+                    part = family.part
+                    if part is None or part.used >= part.allowance:
+                        part = self._new_part(family)
+                    taken = part.take()
+                    if taken <= part.allowance:
+                        break
+        under = part.under
+        if under is not None and under[0] == parent_id:
+            return under[1], self._links(part, taken)
         parent = SpanContext(part.trace_id, parent_id, True, family.flags)
-        return _set_span_in_context(NonRecordingSpan(parent)), self._links(part, taken)
+        context = _set_span_in_context(NonRecordingSpan(parent))
+        part.under = (parent_id, context)
+        return context, self._links(part, taken)
 
     def _place(
         self, trace: _Trace, context: context_api.Context | None, parent_id: int
@@ -350,12 +361,12 @@ class TraceSegments:
         return self._place(part, part.context, family.anchor.span_id)
 
     def nested(
-        self, context: context_api.Context | None
+        self, parent_span: trace_api.Span, context: context_api.Context | None
     ) -> tuple[context_api.Context | None, list[Link] | None]:
-        """(context, links) of a phase that nests under the current span of ``context``: its
-        parent's trace while this rank has room there, else its own trace; a phase with no
-        parent starts in the run trace."""
-        parent = _get_current_span(context).get_span_context()
+        """(context, links) of a phase that nests under ``parent_span``, the current span of
+        ``context``: its parent's trace while this rank has room there, else its own trace; a
+        phase with no parent starts in the run trace."""
+        parent = parent_span.get_span_context()
         if not parent.is_valid:
             if self._run != _runs:
                 with self._lock:
@@ -365,7 +376,8 @@ class TraceSegments:
         trace = self._traces.get(parent.trace_id)
         if trace is None:
             return context, None  # another tracer's trace, or one too old to count
-        if trace.take() <= trace.allowance:
+        used = trace.used = next(trace.count)  # take(), inline: once per span
+        if used <= trace.allowance:
             return context, None
         return self._overflow(trace.family, parent.span_id)
 

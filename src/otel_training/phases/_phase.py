@@ -82,6 +82,7 @@ _now_ns = clock.now_ns
 _attach = context_api.attach
 _detach = context_api.detach
 _get_current = context_api.get_current
+_get_current_span = trace_api.get_current_span
 _set_span_in_context = trace_api.set_span_in_context
 _INVALID_SPAN = trace_api.INVALID_SPAN
 
@@ -471,15 +472,16 @@ class SpanPhase(Phase):
         trace for the run; for a phase with an iteration that would be a child of the run span
         (or of no span), this rank's segment span in the job trace (a job-level group) or its
         step trace; else under its parent, in its parent's trace while there is room."""
+        parent = _get_current_span(context)
         role, iteration = self._role, self._iteration
-        if role is None and iteration is None:
-            return segments.nested(context)
-        if not segments.is_run_level(trace_api.get_current_span(context)):
-            return segments.nested(context)
-        if role == RUN:
-            return segments.run_start()
-        placed = segments.routed(iteration, self._group in JOB_LEVEL_GROUPS, self._started_ns)
-        return placed if placed[0] is not None else segments.nested(context)
+        if (role is not None or iteration is not None) and segments.is_run_level(parent):
+            if role == RUN:
+                return segments.run_start()
+            job_level = self._group in JOB_LEVEL_GROUPS
+            placed = segments.routed(iteration, job_level, self._started_ns)
+            if placed[0] is not None:
+                return placed
+        return segments.nested(parent, context)
 
     def _close(self, end_ns: int) -> bool:
         if self._token is not None:
