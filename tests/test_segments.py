@@ -295,3 +295,30 @@ def test_the_run_trace_is_counted_however_many_traces_came_before():
     assert max(len(m) for m in _by_trace(spans).values()) <= 8
     run_trace = member_ids(RUN_ID, "run", "shard/0")[0]
     assert len(_by_trace(spans)[run_trace]) == 8
+
+
+def test_a_segment_opened_again_goes_on_counting():
+    """A save of segment 0 after segment 1 began (an asynchronous save that ends late) opens
+    segment 0 again: its job and step traces go on counting from where they were, so neither
+    exceeds the budget, and new step traces link to the new segment span."""
+    pipeline = _pipeline(12, "per_step")  # N = (12 - 1) // 4 = 2
+    with ot.training_run():
+        for it in range(1, 5):
+            _iteration(it)
+        for _ in range(3):
+            with ot.checkpoint_save("/c", iteration=2):
+                for stage in ("state_dict", "io_write", "finalize"):
+                    with ot.checkpoint_save_stage(stage):
+                        pass
+            with ot.training_iteration(iteration=2):
+                with ot.forward_backward(iteration=2):
+                    pass
+    spans = pipeline.spans.get_finished_spans()
+    assert max(len(m) for m in _by_trace(spans).values()) <= 12
+    zero = [
+        s
+        for s in spans
+        if s.name == names.MEGATRON_TRAIN_SEGMENT
+        and s.attributes["otel_training.trace.segment"] == 0
+    ]
+    assert len(zero) == 2 and zero[0].context.trace_id == zero[1].context.trace_id

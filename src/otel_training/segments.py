@@ -83,6 +83,9 @@ if hasattr(os, "register_at_fork"):
 #: The derived traces a rank keeps counting (the newest; a span started in an older one
 #: joins it uncounted).
 _KEPT_TRACES = 256
+#: The segments whose counts a rank keeps: a phase of one of them after a later one opened
+#: (an asynchronous save that ends late) goes on counting; of an older one, counts anew.
+_KEPT_SEGMENTS = 64
 
 _ROOT = context_api.Context()
 _set_span_in_context = trace_api.set_span_in_context
@@ -178,6 +181,7 @@ class TraceSegments:
         self._lock = threading.Lock()
         self._traces: dict[int, _Trace] = {}
         self._run_family: _Family | None = None
+        self._families: dict[int, _Family] = {}  # the segments opened last, by number
         self._segment: _Family | None = None  # the open segment
         self._span: trace_api.Span | None = None  # its segment span
         self._previous: SpanContext | None = None
@@ -309,6 +313,7 @@ class TraceSegments:
         self._end_open()
         self._previous = None
         self.run_span = None
+        self._families.clear()
         self._run = runs = _runs
         self._scope = "" if runs <= 1 else f"run{runs}/"
         self._run_family = self._family(
@@ -387,7 +392,12 @@ class TraceSegments:
         now = clock.now_ns() if now_ns is None else now_ns
         self._end_open(now)
         shard = self.shape.job.shard_of(self._rank)
-        family = self._family(f"{self._scope}segment/{segment}", segment, shard)
+        family = self._families.get(segment)  # a segment opened again: its counts go on
+        if family is None:
+            family = self._family(f"{self._scope}segment/{segment}", segment, shard)
+            self._families[segment] = family
+            while len(self._families) > _KEPT_SEGMENTS:
+                del self._families[next(iter(self._families))]
         if not self._segment_spans:
             self._segment = family
             return family
