@@ -1,6 +1,6 @@
 """Traces a trace store accepts (issue 17 item 1), from 16 ranks of one run as separate
 processes (each its own ``RANK``/``WORLD_SIZE``, no collectives, forked from one interpreter so
-the imports are paid once: about 4 s of CPU for both budgets) writing the embedded default's
+the imports are paid once: about 2 s of CPU a budget) writing the embedded default's
 files: no trace over the span budget, one rank per trace that holds an iteration, the job-level
 spans of a segment in one job trace while it fits (linked shards when not), every step trace
 linked to its job trace, and the report's one timeline per rank. Plus: a ratio-0.5 sampler in
