@@ -1,8 +1,9 @@
 """The scale model: what otel-training sends at 8 to 16,384 ranks, and what must receive it.
 
 For 8, 512, 4,096 and 16,384 ranks and each span preset it prints series, OTLP points/s,
-Prometheus samples/s, spans/s and bytes/s per rank and in total; the largest trace today and
-with the planned trace shape; how many gateways and what backend the job needs; what the
+Prometheus samples/s, spans/s and bytes/s per rank and in total; the largest run, job and step
+trace of the trace shape (``otel_training.trace_shape``: the code's own derivation), beside one
+trace for all ranks of a segment; how many gateways and what backend the job needs; what the
 heartbeat and the exponential step histogram change.
 
 Nothing here is a hand-typed count. The series of a rank are DERIVED from the semconv registry
@@ -48,7 +49,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.version import __version__ as SDK_VERSION
 
-from otel_training import config, device_metrics, replicated, views
+from otel_training import config, device_metrics, replicated, trace_shape, views
 from otel_training.identity import RankIdentity
 from otel_training.resource import identity_attributes
 from otel_training.semconv import attributes as attribute_names
@@ -118,9 +119,8 @@ FIGURES = (
 GATEWAY_CORES = 2
 GATEWAY_UTILISATION = 0.5
 MIMIR_REPLICATION = 3
-#: The span budget of one trace in the planned shape (issue 17 item 1,
-#: OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET).
-SPAN_BUDGET = 20_000
+#: The span budget of one trace (OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET's default).
+SPAN_BUDGET = config.DEFAULT_TRACE_SPAN_BUDGET
 
 
 # --- the workload ------------------------------------------------------------------------------
@@ -146,7 +146,9 @@ class Workload:
         skipped: Whether an iteration has been skipped yet (the counter exists after one).
         checkpoint_every_steps, eval_every_steps, eval_steps, steps_per_attempt: How often the
             job-level spans occur.
-        segment_iterations: ``OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS``.
+        segment_iterations: ``OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS``, the most
+            iterations of a segment; at the default budget every preset's segments are this
+            long (``N = min(L, (B - 1) / 4)``; a test holds the model to it).
         replicated_policy: ``OTEL_PYTHON_TRAINING_EXPORT_REPLICATED``.
         exponential: ``OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM=exponential``.
         heartbeat_s: ``OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL`` in seconds, or None.
@@ -637,14 +639,10 @@ SPAN_RATES: Mapping[str, Any] = {
     "megatron.evaluate": lambda w: 1 / w.eval_every_steps,
     "megatron.evaluate.step": lambda w: w.eval_steps / w.eval_every_steps,
 }
-#: The job-level spans of the planned job trace: each rank's segment span, its checkpoints and
-#: evaluations (issue 17 item 1); everything else of a segment goes to the rank's step traces.
-JOB_LEVEL = frozenset(
-    name
-    for name in SPANS
-    if name == "megatron.train.segment"
-    or name.startswith(("megatron.checkpoint.save", "megatron.evaluate"))
-)
+#: The spans of a segment's job trace (each rank's segment span, saves and evaluations) and of
+#: the run trace: the code's own tables; everything else goes to the rank's step traces.
+JOB_LEVEL = trace_shape.JOB_LEVEL_SPANS
+RUN_LEVEL = trace_shape.ONCE_PER_RUN
 
 #: The presets of the table: OTEL_PYTHON_TRAINING_SPAN_GROUPS, and whether the fine groups are
 #: NVTX-only (OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS=fine).
@@ -657,12 +655,16 @@ PRESETS: tuple[tuple[str, str, bool], ...] = (
 )
 
 
+def span_groups(preset: str, fine_nvtx_only: bool) -> frozenset[str]:
+    """The groups that record spans under a preset (NVTX-only groups make NVTX ranges)."""
+    groups = config.SPAN_GROUP_PRESETS[preset]
+    return groups - NVTX_ONLY_CANDIDATE_GROUPS if fine_nvtx_only else groups
+
+
 def spans_per_step(w: Workload, preset: str, fine_nvtx_only: bool) -> dict[str, float]:
     """OpenTelemetry spans per step of one rank, by name, under a preset (NVTX-only groups
     make NVTX ranges, no span)."""
-    groups = config.SPAN_GROUP_PRESETS[preset]
-    if fine_nvtx_only:
-        groups = groups - NVTX_ONLY_CANDIDATE_GROUPS
+    groups = span_groups(preset, fine_nvtx_only)
     return {
         name: SPAN_RATES[name](w)
         for name, spec in SPANS.items()
@@ -853,13 +855,16 @@ def metrics_load(w: Workload) -> MetricsLoad:
 
 @dataclass
 class SpansLoad:
-    """The spans of a job under one preset, and the traces they make."""
+    """The spans of a job under one preset, and the traces they make (the trace shape of
+    ``otel_training.trace_shape`` for the preset's groups, the job's world size and the
+    default budget)."""
 
     workload: Workload
     preset: str
     per_step: dict[str, float] = field(default_factory=dict)
     bytes_per_span: float = 0.0
     gzip_bytes_per_span: float = 0.0
+    groups: frozenset[str] = frozenset()
 
     @property
     def spans_per_step_per_rank(self) -> float:
@@ -871,36 +876,82 @@ class SpansLoad:
         return w.ranks * self.spans_per_step_per_rank / w.step_time_s
 
     @property
-    def today_trace_spans(self) -> float:
-        """Spans of one segment trace today: every rank's spans of N iterations."""
+    def single_trace_spans(self) -> float:
+        """Spans of a segment if all ranks shared one trace (the shape before issue 17): every
+        rank's spans of N iterations."""
         w = self.workload
         return w.ranks * self.spans_per_step_per_rank * w.segment_iterations
 
     @property
-    def planned_step_trace_spans(self) -> float:
-        """Spans of one rank's step trace in the planned shape: the budget, or a whole segment
-        when it fits."""
+    def shape(self) -> trace_shape.TraceShape:
+        """The code's derivation for this preset and job."""
         w = self.workload
-        step = self.spans_per_step_per_rank - self._job_level_per_step
-        return min(SPAN_BUDGET, step * w.segment_iterations)
+        return trace_shape.TraceShape.derive(
+            self.groups, w.ranks, SPAN_BUDGET, w.segment_iterations
+        )
+
+    def _per_segment(self, names: frozenset[str] | None) -> float:
+        """Spans of a rank per segment among ``names`` (``None``: the step traces' names)."""
+        iterations = self.shape.segment_iterations
+        return iterations * sum(
+            rate
+            for name, rate in self.per_step.items()
+            if (name in names if names is not None else name not in JOB_LEVEL | RUN_LEVEL)
+        )
 
     @property
-    def planned_job_trace_spans(self) -> float:
-        """Spans of one job trace: every rank's job-level spans of a segment, split into
-        traces of at most the budget."""
-        w = self.workload
-        total = w.ranks * max(1.0, self._job_level_per_step * w.segment_iterations)
-        return min(SPAN_BUDGET, total)
+    def job_spans_per_rank(self) -> float:
+        """Job-level spans a rank makes per segment: its segment span, saves and evaluations."""
+        return self._per_segment(JOB_LEVEL)
 
     @property
-    def _job_level_per_step(self) -> float:
-        return sum(rate for name, rate in self.per_step.items() if name in JOB_LEVEL)
+    def run_spans_per_rank(self) -> float:
+        """Run-level spans a rank makes per attempt."""
+        w = self.workload
+        return w.steps_per_attempt * sum(r for n, r in self.per_step.items() if n in RUN_LEVEL)
+
+    @property
+    def job_trace_spans(self) -> float:
+        """Spans of the largest job trace: a shard's ranks, each up to its share."""
+        shape = self.shape
+        share = shape.job.allowance(shape.budget)
+        return shape.job.ranks * min(share, self.job_spans_per_rank)
+
+    @property
+    def run_trace_spans(self) -> float:
+        """Spans of the largest run trace: a shard's ranks, each up to its share."""
+        shape = self.shape
+        share = shape.run.allowance(shape.budget)
+        return shape.run.ranks * min(share, self.run_spans_per_rank)
+
+    @property
+    def step_spans_per_segment(self) -> float:
+        """Spans of one rank's step traces per segment: its iterations and their phases, and
+        the job-level spans its share of the job trace had no room for."""
+        shape = self.shape
+        overflow = max(0.0, self.job_spans_per_rank - shape.job.allowance(shape.budget))
+        return self._per_segment(None) + overflow
+
+    @property
+    def step_trace_spans(self) -> float:
+        """Spans of the largest step trace: a rank's segment, at most the budget (a rank starts
+        its next step trace when one is full)."""
+        return min(self.shape.budget, self.step_spans_per_segment)
+
+    @property
+    def largest_trace_spans(self) -> float:
+        return max(self.job_trace_spans, self.run_trace_spans, self.step_trace_spans)
 
 
 def spans_load(w: Workload, label: str, preset: str, fine_nvtx_only: bool) -> SpansLoad:
     """The spans of job ``w`` under ``preset``; bytes from encoded requests of 512 spans per
     rank (one batch of the SDK), gzip over a node's agent batch."""
-    load = SpansLoad(w, label, spans_per_step(w, preset, fine_nvtx_only))
+    load = SpansLoad(
+        w,
+        label,
+        spans_per_step(w, preset, fine_nvtx_only),
+        groups=span_groups(preset, fine_nvtx_only),
+    )
     if load.per_step:
         one = spans_request(w, load.per_step, 512, [0])
         spans = sum(len(ss.spans) for rs in one.resource_spans for ss in rs.scope_spans)
@@ -1075,8 +1126,8 @@ def report(scales: Iterable[Workload]) -> str:
         metrics = metrics_load(w)
         for label, preset, fine in PRESETS:
             s = spans_load(w, label, preset, fine)
-            today_bytes = s.today_trace_spans * s.bytes_per_span
-            planned = max(s.planned_step_trace_spans, s.planned_job_trace_spans)
+            single_bytes = s.single_trace_spans * s.bytes_per_span
+            largest = s.largest_trace_spans
             rows.append(
                 [
                     f"{w.ranks:,}",
@@ -1085,9 +1136,11 @@ def report(scales: Iterable[Workload]) -> str:
                     _si(s.spans_per_s),
                     _si(s.spans_per_s * s.bytes_per_span, "B/s"),
                     _si(s.spans_per_s * s.gzip_bytes_per_span, "B/s"),
-                    f"{_si(s.today_trace_spans)} / {_si(today_bytes, 'B')}"
-                    f" ({today_bytes / TEMPO_MAX_BYTES_PER_TRACE.value:.3g}x)",
-                    f"{_si(planned)} / {_si(planned * s.bytes_per_span, 'B')}",
+                    f"{_si(s.single_trace_spans)} / {_si(single_bytes, 'B')}"
+                    f" ({single_bytes / TEMPO_MAX_BYTES_PER_TRACE.value:.3g}x)",
+                    f"{_si(s.run_trace_spans)} / {_si(s.job_trace_spans)} / "
+                    f"{_si(s.step_trace_spans)} ({s.shape.job.count})",
+                    f"{_si(largest * s.bytes_per_span, 'B')}",
                     f"{gateways(s.spans_per_s, metrics.points_per_s, SPANS_PER_CORE_SPLUNK)}"
                     f" / {gateways(s.spans_per_s, metrics.points_per_s, SPANS_PER_CORE_OTEL)}",
                 ]
@@ -1101,8 +1154,9 @@ def report(scales: Iterable[Workload]) -> str:
                 "spans/s",
                 "raw",
                 "gzip",
-                "largest trace today (x Tempo limit)",
-                "largest trace planned",
+                "all ranks in one trace (x Tempo limit)",
+                "spans: run / job / step trace (job shards)",
+                "largest trace",
                 "gateways (Splunk / OTel doc)",
             ],
             rows,
@@ -1111,9 +1165,12 @@ def report(scales: Iterable[Workload]) -> str:
     out.append(
         "\nGateways: N = ceil((spans/s / C_s + points/s / C_p) / "
         f"({GATEWAY_CORES} cores x {GATEWAY_UTILISATION:g})) + 1, with the metrics of the job "
-        "(EXPORT_REPLICATED=auto). Today every rank's spans of a segment share one trace id: "
-        "routed by trace id (the load-balancing exporter's default), all spans/s go to one "
-        f"gateway. Planned: per-rank step traces and job traces of at most {SPAN_BUDGET:,} spans."
+        "(EXPORT_REPLICATED=auto). Traces (otel_training.trace_shape, budget "
+        f"{SPAN_BUDGET:,} spans): the run trace and a segment's job trace hold each rank's "
+        "run-level or job-level spans, in shards of ranks where the world is large; each rank's "
+        "iterations are in step traces of its own. All ranks in one trace, as before, is shown "
+        "for comparison: routed by trace id (the load-balancing exporter's default), it sent "
+        "all spans/s to one gateway."
     )
     out.append("\n## Backend for the metrics (EXPORT_REPLICATED=auto)\n")
     rows = []

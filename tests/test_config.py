@@ -571,6 +571,12 @@ def test_nvtx_only_groups_and_trace_segments(caplog):
     bad, warnings = load(caplog, OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS="0")
     assert bad.trace_segment_iterations == config.DEFAULT_TRACE_SEGMENT_ITERATIONS
     assert len(warnings) == 1
+    assert load(caplog)[0].trace_span_budget == config.DEFAULT_TRACE_SPAN_BUDGET == 20_000
+    assert load(caplog, OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET="64")[0].trace_span_budget == 64
+    for raw in ("0", "-5", "2.5", "many"):
+        bad, warnings = load(caplog, OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET=raw)
+        assert bad.trace_span_budget == config.DEFAULT_TRACE_SPAN_BUDGET, raw
+        assert len(warnings) == 1 and "OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET" in warnings[0], raw
 
 
 def test_megatron_and_lens_run_ids(caplog):

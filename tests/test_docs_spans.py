@@ -43,6 +43,7 @@ def test_every_span_variable_is_documented():
         environment_variables.OTEL_PYTHON_TRAINING_SPAN_GROUPS,
         environment_variables.OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS,
         environment_variables.OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS,
+        environment_variables.OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET,
         environment_variables.MEGATRON_OTEL_SPAN_GROUPS,
         environment_variables.NEMO_LENS_SPAN_GROUPS,
         environment_variables.MEGATRON_OTEL_EXPORT_STRATEGY,

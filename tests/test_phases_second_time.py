@@ -9,8 +9,8 @@ from test_processors_nvtx import record  # noqa: F401 - the fixture
 
 import otel_training as ot
 from otel_training import testing
-from otel_training.segments import derived_ids
 from otel_training.semconv import spans as names
+from otel_training.trace_shape import member_ids
 
 RUN_ID = "second-time"
 
@@ -38,12 +38,12 @@ def test_a_second_run_has_its_own_traces_and_its_own_first_iteration():
     firsts = [s for s in finished if s.name == names.MEGATRON_TRAIN_FIRST_ITERATION]
     assert len(runs) == len(segments) == len(firsts) == 2
     assert [(s.parent.trace_id, s.parent.span_id) for s in runs] == [
-        derived_ids(RUN_ID, "run"),
-        derived_ids(RUN_ID, "run2/run"),
+        member_ids(RUN_ID, "run", "shard/0"),
+        member_ids(RUN_ID, "run2/run", "shard/0"),
     ]
     assert [(s.parent.trace_id, s.parent.span_id) for s in segments] == [
-        derived_ids(RUN_ID, "segment/0"),
-        derived_ids(RUN_ID, "run2/segment/0"),
+        member_ids(RUN_ID, "segment/0", "shard/0"),
+        member_ids(RUN_ID, "run2/segment/0", "shard/0"),
     ]
     for run, segment, first in zip(runs, segments, firsts):
         assert [link.context.span_id for link in segment.links] == [run.context.span_id]
@@ -55,7 +55,7 @@ def test_a_second_run_has_its_own_traces_and_its_own_first_iteration():
 def test_runs_are_numbered_alike_whatever_the_groups(groups):
     """The run count moves whether or not the run span is recorded, so that a rank whose job
     group is off and one whose job group is on put a second run's iterations in the same
-    trace."""
+    (step) trace."""
     pipeline = testing.configure_in_memory(
         {"OTEL_PYTHON_TRAINING_SPAN_GROUPS": groups, "OTEL_PYTHON_TRAINING_RUN_ID": RUN_ID}
     )
@@ -67,12 +67,14 @@ def test_runs_are_numbered_alike_whatever_the_groups(groups):
     if groups == "none":
         assert iterations == []
         return
-    segment_trace = {derived_ids(RUN_ID, p)[0] for p in ("segment/0", "run2/segment/0")}
-    assert [s.context.trace_id in segment_trace for s in iterations] == [True] * 4
+    step_trace = {
+        member_ids(RUN_ID, family, "rank/0/part/0")[0] for family in ("segment/0", "run2/segment/0")
+    }
+    assert [s.context.trace_id in step_trace for s in iterations] == [True] * 4
     first, second = iterations[0].context.trace_id, iterations[-1].context.trace_id
     assert (first, second) == (
-        derived_ids(RUN_ID, "segment/0")[0],
-        derived_ids(RUN_ID, "run2/segment/0")[0],
+        member_ids(RUN_ID, "segment/0", "rank/0/part/0")[0],
+        member_ids(RUN_ID, "run2/segment/0", "rank/0/part/0")[0],
     )
 
 

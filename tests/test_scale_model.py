@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 import otel_training
-from otel_training import testing, views
+from otel_training import testing, trace_shape, views
 from otel_training.device_metrics import DeviceMetrics, DeviceSample
 from otel_training.semconv.metrics import METRICS
 from otel_training.semconv.spans import SPANS
@@ -229,14 +229,31 @@ def test_gateways_follow_the_published_rates():
     assert model.gateways(15_000, 20_000, model.SPANS_PER_CORE_OTEL) == math.ceil(1.5 + 1) + 1
 
 
-def test_the_planned_traces_stay_within_the_budget_and_todays_do_not():
-    """At 4,096 ranks per_step, today's segment trace holds every rank's steps; the planned
-    traces never exceed the span budget."""
+def test_the_traces_stay_within_the_budget_and_one_trace_for_all_ranks_does_not():
+    """At every scale and preset the run, job and step traces of the code's shape stay within
+    the span budget (and under Tempo's 5 MB); one trace for all ranks of a segment holds every
+    rank's steps. The segment length the rates assume is the code's: at the default budget N
+    is the limit for every preset."""
+    for w in model.SCALES:
+        for label, preset, fine in model.PRESETS:
+            load = model.spans_load(w, label, preset, fine)
+            assert load.shape.segment_iterations == w.segment_iterations == 1000
+            assert load.shape == trace_shape.TraceShape.derive(
+                model.span_groups(preset, fine), w.ranks, 20_000, 1000
+            )
+            for spans in (load.run_trace_spans, load.job_trace_spans, load.step_trace_spans):
+                assert spans <= model.SPAN_BUDGET, (w.ranks, label)
+            largest_bytes = load.largest_trace_spans * load.bytes_per_span
+            assert largest_bytes < model.TEMPO_MAX_BYTES_PER_TRACE.value, (w.ranks, label)
     w = model.Workload(4096)
     load = model.spans_load(w, "per_step", "per_step", False)
-    assert load.today_trace_spans == w.ranks * load.spans_per_step_per_rank * 1000
-    assert load.planned_step_trace_spans <= model.SPAN_BUDGET
-    assert load.planned_job_trace_spans <= model.SPAN_BUDGET
+    assert load.single_trace_spans == w.ranks * load.spans_per_step_per_rank * 1000
+    assert load.single_trace_spans > 1000 * model.SPAN_BUDGET
+    # 1,000 iterations of 134 spans, and the evaluation steps that had no room in the job
+    # trace (a share of 9 spans of the 106 a rank makes per segment), overfill one step trace.
+    assert load.step_spans_per_segment > model.SPAN_BUDGET == load.step_trace_spans
+    assert (load.shape.job.count, load.shape.job.ranks) == (2, 2048)
+    assert load.job_trace_spans == 2048 * 9
 
 
 def test_the_report_prints_every_scale_preset_and_source():
@@ -312,3 +329,20 @@ def test_docs_backend_table_is_the_models():
     rows = {row[0]: row[1] for row in _doc_table("## What the backend holds")}
     for w in model.SCALES:
         assert rows[f"{w.ranks:,}"] == f"{model.metrics_load(w).series:,}", w.ranks
+
+
+def test_docs_traces_table_is_the_models():
+    """docs/scale.md's largest run, job and step traces are the model's (the code's shape)."""
+    presets = {label: (preset, fine) for label, preset, fine in model.PRESETS}
+    scales = {w.ranks: w for w in model.SCALES}
+    rows = _doc_table("## Traces at scale")
+    assert len(rows) >= 5
+    for ranks, label, run, job, step, largest in rows:
+        w = scales[int(ranks.replace(",", ""))]
+        s = model.spans_load(w, label, *presets[label])
+        assert [run, job, step, largest] == [
+            model._si(s.run_trace_spans),
+            f"{model._si(s.job_trace_spans)} ({s.shape.job.count})",
+            model._si(s.step_trace_spans),
+            model._si(s.largest_trace_spans * s.bytes_per_span, "B"),
+        ], (ranks, label)

@@ -122,8 +122,12 @@ EXPORT_REPLICATED_POLICIES: Final = ("auto", "all", "pp_first")
 STEP_DURATION_HISTOGRAMS: Final = ("explicit", "exponential")
 #: Largest hang threshold or budget accepted (OTEL_PYTHON_TRAINING_HANG_*), in seconds: a week.
 MAX_HANG_S: Final = 7 * 24 * 3600.0
-#: Iterations of one trace segment when OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS is unset.
+#: The most iterations of one trace segment when OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS is
+#: unset.
 DEFAULT_TRACE_SEGMENT_ITERATIONS: Final = 1000
+#: Spans one trace holds at most when OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET is unset: about
+#: 2.4 MB of OTLP at 121 B a span, under Tempo's default max_bytes_per_trace (5 MB).
+DEFAULT_TRACE_SPAN_BUDGET: Final = 20_000
 
 #: Exporter names accepted in ``OTEL_{METRICS,TRACES}_EXPORTER``. ``otlp_json_file`` is the
 #: embedded default (OTLP-JSON lines per rank in ``OTEL_PYTHON_TRAINING_OUTPUT_DIR``).
@@ -426,8 +430,10 @@ class Settings:
     span_groups: frozenset[str] = SPAN_GROUP_PRESETS["default"]
     #: Groups recorded as NVTX ranges only (no OpenTelemetry span, no JSON line).
     nvtx_only_groups: frozenset[str] = frozenset()
-    #: Iterations per trace segment (all ranks' spans of a segment share one trace).
+    #: The most iterations per trace segment (otel_training.trace_shape derives the number).
     trace_segment_iterations: int = DEFAULT_TRACE_SEGMENT_ITERATIONS
+    #: Spans one trace holds at most (otel_training.trace_shape).
+    trace_span_budget: int = DEFAULT_TRACE_SPAN_BUDGET
     nvtx: bool = True
     nvtx_domain: str = DEFAULT_NVTX_DOMAIN
     jsonlog_dir: str | None = None
@@ -1230,6 +1236,9 @@ class _Parser(EnvReader):
             nvtx_only_groups=self._nvtx_only_groups(),
             trace_segment_iterations=self.positive_int(
                 ev.OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS, DEFAULT_TRACE_SEGMENT_ITERATIONS
+            ),
+            trace_span_budget=self.positive_int(
+                ev.OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET, DEFAULT_TRACE_SPAN_BUDGET
             ),
             # NVTX_DISABLE is the nvtx package's switch: any non-empty value disables it.
             nvtx=self.boolean(ev.OTEL_PYTHON_TRAINING_NVTX, True)

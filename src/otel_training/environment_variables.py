@@ -231,9 +231,18 @@ the span groups to record anything.
 OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS: Final = (
     "OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS"
 )
-"""Iterations per trace segment, default 1000. Iterations, evaluations and checkpoint saves of
-iterations s*N+1 .. (s+1)*N are in one trace shared by all ranks (its id computed from the run
-id and s), so no trace grows without bound and Jaeger shows all ranks of a segment side by side.
+"""The most iterations per trace segment, default 1000; fewer when
+``OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET`` requires (``otel_training.trace_shape``). The
+iterations s*N+1 .. (s+1)*N form segment s: one job trace (or one per shard of ranks) holds every
+rank's segment span, checkpoint saves and evaluations, and one step trace per rank its iterations,
+their ids computed from the run id and s on every rank.
+"""
+
+OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET: Final = "OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET"
+"""The most spans one trace holds, default 20000 (about 2.4 MB of OTLP, under Tempo's default
+``max_bytes_per_trace`` of 5 MB), whatever the world size and the span groups: it sets the
+segment length, splits the run and job traces into shards of ranks where the world is large,
+and starts a rank's next step trace when one is full (``otel_training.trace_shape``).
 """
 
 MEGATRON_OTEL_SPAN_GROUPS: Final = "MEGATRON_OTEL_SPAN_GROUPS"

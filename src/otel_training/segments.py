@@ -1,33 +1,48 @@
-"""One trace across ranks, without communication: trace segments derived from the run id.
+"""Traces a trace store accepts, at any world size, without communication: the phases' spans
+routed to run, job and step traces (shape, formulas and ids: :mod:`otel_training.trace_shape`).
 
-Every rank of a run computes the same ids from the run id (``dl.run.id``), so Jaeger shows all
-ranks of a run side by side, and no trace grows without bound:
+Where a span starts:
 
-- **The run trace.** Each rank's ``megatron.train`` span (and what nests under it outside
-  iterations: startup, model building, checkpoint loads) has the trace id
-  ``H(run, "run")`` and, as parent, the span id ``H(run, "run")`` that no rank exports.
-- **Segment traces.** Iterations ``s*N + 1 .. (s+1)*N`` (N:
-  ``OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS``, default 1000) form segment ``s``. A phase
-  with an iteration number (an iteration, an evaluation, a checkpoint save) that would be a
-  child of the run span, or of no span, starts instead under this rank's
-  ``megatron.train.segment`` span of its segment, whose trace id is ``H(run, s)`` and whose
-  parent is the span id ``H(run, s)``, shared by every rank (and exported by none). A segment
-  span links to the rank's previous segment span and to its run span; it ends when the next
-  segment starts, when the run ends, or at shutdown.
+- **the run span** (``megatron.train``) of each rank: in the run trace, under its shard's shared
+  parent (a span id every rank computes and none exports). Its children outside iterations
+  (startup, model and data-loader building, checkpoint loads) nest under it; a phase with no
+  parent at all starts under the shared parent too.
+- **a job-level phase with an iteration number** (a checkpoint save, an evaluation) whose
+  parent would be the run span or nothing: under this rank's ``megatron.train.segment`` span of
+  the iteration's segment, in the segment's job trace (its shard). The segment span starts with
+  the first phase of its segment, links to the rank's previous segment span, to its run span
+  and, in shard q > 0, to shard 0's shared parent; it ends when the next segment starts, when
+  the run ends, or at shutdown.
+- **any other phase with an iteration number** (an iteration, the first-iteration wrapper, a
+  forward-backward called outside an iteration) whose parent would be the run span or nothing:
+  in this rank's step trace of the segment, whose spans name the segment span as their parent
+  (so a rank's timeline nests as before) and whose first span links to it.
+- **everything else** nests under its parent, in its parent's trace.
 
-``H`` is SHA-256 of ``otel-training/{run id}/{part}``: 16 bytes of trace id, 8 of span id.
+Every span started in one of these traces is counted against this rank's room there (one
+atomic ``next()`` of a counter: no lock on the training thread): its share of a shared trace,
+or the budget for its own step trace. An iteration that would not fit its step trace whole
+starts the rank's next step trace; a span with no room in its parent's trace starts in this
+rank's current step trace (of the run, when the parent is in the run trace), naming its real
+parent. So no trace exceeds the budget.
+
+Sampling is decided once per family (the run, a segment): every trace of a family has the
+family's low 64 trace-id bits and its shared parents carry the family's ``sampled`` flag, so
+``traceidratio``, its parent-based form and the always samplers keep or drop a segment's job
+and step traces together, on every rank. With the group ``job`` off there are no run or
+segment spans: phases start under the shared parents, step traces name their own.
+
 A process that runs more than once under one run id (a second ``fit`` in a notebook, a second
-``training_run()``) gives its k-th run (k >= 2) the parts ``run{k}/run`` and
+``training_run()``) gives its k-th run (k >= 2) the families ``run{k}/run`` and
 ``run{k}/segment/{s}``: each run has traces of its own, and ranks that run in step agree. Each
-run starts with no segment open and links to nothing of the run before it.
-Sampling is decided per trace id, so every rank decides alike (``traceidratio`` samplers keep
-or drop a whole segment on every rank). Span ids of the spans themselves still come from each
-process's own generator, so ranks that seed ``random`` alike never collide.
+run starts with no segment open and links to nothing of the run before it. Span ids of the
+spans themselves still come from each process's own generator, so ranks that seed ``random``
+alike never collide.
 """
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import os
 import threading
 from typing import Any
@@ -40,6 +55,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
 from otel_training import clock
 from otel_training.semconv.attributes import OTEL_TRAINING_TRACE_SEGMENT
 from otel_training.semconv.spans import MEGATRON_TRAIN_SEGMENT
+from otel_training.trace_shape import TraceShape, derived_ids, member_ids
 
 __all__ = ["TraceSegments", "derived_ids"]
 
@@ -64,39 +80,90 @@ def _reset_runs() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_runs)
 
+#: The derived traces a rank keeps counting (the newest; a span started in an older one
+#: joins it uncounted).
+_KEPT_TRACES = 256
+#: The segments whose counts a rank keeps: a phase of one of them after a later one opened
+#: (an asynchronous save that ends late) goes on counting; of an older one, counts anew.
+_KEPT_SEGMENTS = 64
 
-def derived_ids(run_id: str, part: str) -> tuple[int, int]:
-    """(trace id, span id) of ``part`` of the run ``run_id``: the same on every rank."""
-    digest = hashlib.sha256(f"otel-training/{run_id}/{part}".encode()).digest()
-    trace_id = int.from_bytes(digest[:16], "big") or 1
-    span_id = int.from_bytes(digest[16:24], "big") or 1
-    return trace_id, span_id
+_ROOT = context_api.Context()
+_set_span_in_context = trace_api.set_span_in_context
+_get_current_span = trace_api.get_current_span
+
+
+class _Trace:
+    """One derived trace as this rank fills it: ``take()`` counts a span (atomic under the
+    GIL), which fits while the count is at most ``allowance``."""
+
+    __slots__ = ("trace_id", "allowance", "family", "context", "used", "count", "under")
+
+    def __init__(self, trace_id: int, allowance: int, family: _Family) -> None:
+        self.trace_id = trace_id
+        self.allowance = allowance
+        self.family = family
+        self.context: context_api.Context | None = None  # where a routed span starts in it
+        self.used = 0  # the last count taken (read without a lock: an estimate)
+        self.count = itertools.count(1)
+        # (parent span id, context) of the last span that started here for want of room in
+        # its parent's trace: its siblings reuse the context.
+        self.under: tuple[int, context_api.Context] | None = None
+
+    def take(self) -> int:
+        used = self.used = next(self.count)
+        return used
+
+
+class _Family:
+    """The traces of the run or of one segment: its shard of the shared trace and this rank's
+    own traces (step traces), numbered from 0."""
+
+    __slots__ = ("name", "index", "flags", "shard", "parent", "anchor", "part", "parts")
+
+    def __init__(self, name: str, index: int, flags: TraceFlags) -> None:
+        self.name = name
+        self.index = index  # the segment (-1: the run)
+        self.flags = flags
+        self.shard: _Trace | None = None
+        self.parent: SpanContext | None = None  # the shard's shared parent
+        # This rank's span in the shard (segment or run span), else the shared parent: what
+        # its own traces link to and name as their parent.
+        self.anchor: SpanContext | None = None
+        self.part: _Trace | None = None
+        self.parts = 0
+
+
+def _current_in(trace: _Trace, families: set) -> bool:
+    """Whether ``trace`` is the shared or the current own trace of one of ``families``."""
+    family = trace.family
+    return family in families and (trace is family.shard or trace is family.part)
 
 
 class TraceSegments:
-    """The run's and the segments' shared parents, and this rank's open segment span.
+    """Routes and counts one pipeline's phase spans (see the module docstring).
 
     Args:
         tracer: The pipeline's tracer.
         run_id: The run id (``dl.run.id``), shared by all ranks.
-        iterations_per_segment: N, iterations per segment (>= 1).
-        sampler: The pipeline's sampler; its decision on each derived trace id is the
-            ``sampled`` flag of the shared parent (the same on every rank).
+        shape: The trace shape (:meth:`otel_training.trace_shape.TraceShape.derive`).
+        rank: This process's rank (``dl.rank``).
+        sampler: The pipeline's sampler; its decision on each family is the ``sampled`` flag
+            of the family's shared parents (the same on every rank).
         segment_spans: Whether this rank records its ``megatron.train.segment`` spans (span
-            group ``job``); without them, phases start directly under the segment's shared
-            parent, in the segment's trace still.
+            group ``job``).
         open_spans: The pipeline's open spans (:class:`otel_training.open_spans.OpenSpans`
             ``.spans``), where segment spans are registered while open.
 
-    Thread-safe: phases on several threads may start segments; one lock guards the switch.
-    Never raises from :meth:`context_for` or :meth:`close`.
+    Thread-safe: phases on several threads may start spans; a lock guards opening a segment or
+    a trace, never the counting. No method raises.
     """
 
     def __init__(
         self,
         tracer: trace_api.Tracer,
         run_id: str,
-        iterations_per_segment: int,
+        shape: TraceShape,
+        rank: int,
         sampler: sampling_sdk.Sampler,
         *,
         segment_spans: bool = True,
@@ -106,36 +173,138 @@ class TraceSegments:
         self._segment_spans = segment_spans
         self._open_spans = {} if open_spans is None else open_spans
         self._run_id = run_id
-        self._n = max(1, int(iterations_per_segment))
+        self.shape = shape
+        self._rank = max(0, int(rank))
+        self._n = shape.segment_iterations
+        self._step_spans = max(1, shape.step_spans)
         self._sampler = sampler
         self._lock = threading.Lock()
-        self._segment: int | None = None
-        self._span: trace_api.Span | None = None
-        self._context: context_api.Context | None = None
+        self._traces: dict[int, _Trace] = {}
+        self._run_family: _Family | None = None
+        self._families: dict[int, _Family] = {}  # the segments opened last, by number
+        self._segment: _Family | None = None  # the open segment
+        self._span: trace_api.Span | None = None  # its segment span
         self._previous: SpanContext | None = None
         self.run_span: trace_api.Span | None = None
         self._run = _runs  # the run of this process the state below belongs to
         self._scope = "" if _runs <= 1 else f"run{_runs}/"  # the prefix of the k-th run's parts
-        self._run_context = self._remote(f"{self._scope}run")
+        self._run_family = self._family(f"{self._scope}run", -1, shape.run.shard_of(self._rank))
+
+    # the families and their traces ------------------------------------------------------------
 
     def segment_of(self, iteration: int) -> int:
         """The segment of ``iteration`` (iterations count from 1)."""
         return max(0, int(iteration) - 1) // self._n
 
-    def _remote(self, part: str) -> context_api.Context:
-        trace_id, span_id = derived_ids(self._run_id, part)
-        sampled = self._sampler.should_sample(None, trace_id, part).decision.is_sampled()
-        flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
-        parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
-        return trace_api.set_span_in_context(NonRecordingSpan(parent))
+    def _family(self, name: str, index: int, shard: int) -> _Family:
+        shards = self.shape.run if index < 0 else self.shape.job
+        trace_id, span_id = member_ids(self._run_id, name, f"shard/{shard}")
+        # As for a root span: an empty context (None would make a parent-based sampler follow
+        # whatever span is current, the run span, say).
+        decision = self._sampler.should_sample(_ROOT, trace_id, name).decision
+        flags = TraceFlags(TraceFlags.SAMPLED if decision.is_sampled() else TraceFlags.DEFAULT)
+        family = _Family(name, index, flags)
+        family.parent = family.anchor = SpanContext(trace_id, span_id, True, flags)
+        family.shard = self._register(trace_id, shards.allowance(self.shape.budget), family)
+        family.shard.context = _set_span_in_context(NonRecordingSpan(family.parent))
+        return family
 
-    def run_context(self) -> context_api.Context:
-        """The context a rank's run span starts in: the run trace's shared parent (of this
-        process's k-th run, every rank's k-th run alike)."""
+    def _register(self, trace_id: int, allowance: int, family: _Family) -> _Trace:
+        """A trace to count (under the lock, or before the object is shared). Beyond
+        :data:`_KEPT_TRACES`, the oldest is forgotten, never one that new spans go to (the
+        run's and the open segment's shared and current traces)."""
+        traces = self._traces
+        trace = traces[trace_id] = _Trace(trace_id, allowance, family)
+        while len(traces) > _KEPT_TRACES:
+            kept = {self._run_family, self._segment, family}
+            oldest = next((k for k, t in traces.items() if not _current_in(t, kept)), None)
+            if oldest is None:
+                break
+            del traces[oldest]
+        return trace
+
+    def _new_part(self, family: _Family) -> _Trace:
+        """This rank's next own trace of ``family`` (under the lock); its routed spans name the
+        family's anchor (the segment span) as their parent, or a span id of its own."""
+        member = f"rank/{self._rank}/part/{family.parts}"
+        family.parts += 1
+        trace_id, span_id = member_ids(self._run_id, family.name, member)
+        anchor = family.anchor
+        if anchor is not family.parent:
+            span_id = anchor.span_id  # a rank's timeline nests as before
+        part = self._register(trace_id, self.shape.budget, family)
+        parent = SpanContext(trace_id, span_id, True, family.flags)
+        part.context = _set_span_in_context(NonRecordingSpan(parent))
+        family.part = part
+        return part
+
+    def _links(self, trace: _Trace, taken: int) -> list[Link] | None:
+        """The link of the first span of a rank's own trace: to its span in the shared one."""
+        if taken != 1 or trace is trace.family.shard:
+            return None
+        return [Link(trace.family.anchor)]
+
+    def _overflow(
+        self, family: _Family, parent_id: int
+    ) -> tuple[context_api.Context, list[Link] | None]:
+        """A span for which its trace has no room: in this rank's current own trace of
+        ``family`` (the next one when that is full), naming ``parent_id`` as its parent."""
+        part = family.part
+        taken = 0 if part is None else part.take()
+        if not 0 < taken <= part.allowance:
+            with self._lock:
+                while True:
+                    part = family.part
+                    if part is None or part.used >= part.allowance:
+                        part = self._new_part(family)
+                    taken = part.take()
+                    if taken <= part.allowance:
+                        break
+        under = part.under
+        if under is not None and under[0] == parent_id:
+            return under[1], self._links(part, taken)
+        parent = SpanContext(part.trace_id, parent_id, True, family.flags)
+        context = _set_span_in_context(NonRecordingSpan(parent))
+        part.under = (parent_id, context)
+        return context, self._links(part, taken)
+
+    def _place(
+        self, trace: _Trace, context: context_api.Context | None, parent_id: int
+    ) -> tuple[context_api.Context | None, list[Link] | None]:
+        taken = trace.take()
+        if taken <= trace.allowance:
+            return context, self._links(trace, taken)
+        return self._overflow(trace.family, parent_id)
+
+    # the run ----------------------------------------------------------------------------------
+
+    def run_start(self) -> tuple[context_api.Context | None, list[Link] | None]:
+        """Where a rank's run span starts (counted): its run trace shard, under the shared
+        parent (of this process's k-th run, every rank's k-th run alike), linked to shard 0
+        when it is in another shard."""
         if self._run != _runs:
             with self._lock:
                 self._follow_run()
-        return self._run_context
+        family = self._run_family
+        context, links = self._place(family.shard, family.shard.context, family.parent.span_id)
+        if context is family.shard.context and self.shape.run.shard_of(self._rank):
+            links = [Link(self._shard0(family))]
+        return context, links
+
+    def _shard0(self, family: _Family) -> SpanContext:
+        trace_id, span_id = member_ids(self._run_id, family.name, "shard/0")
+        return SpanContext(trace_id, span_id, True, family.flags)
+
+    def run_started(self, span: trace_api.Span) -> None:
+        """The rank's run span started: the run's own traces link to it."""
+        self.run_span = span
+        family = self._run_family
+        try:
+            context = span.get_span_context()
+        except Exception:
+            return
+        if context.is_valid and context.trace_id == family.parent.trace_id:
+            family.anchor = context
 
     def _follow_run(self) -> None:
         """A new run began: end what the run before it left open and forget its segments."""
@@ -144,9 +313,12 @@ class TraceSegments:
         self._end_open()
         self._previous = None
         self.run_span = None
+        self._families.clear()
         self._run = runs = _runs
         self._scope = "" if runs <= 1 else f"run{runs}/"
-        self._run_context = self._remote(f"{self._scope}run")
+        self._run_family = self._family(
+            f"{self._scope}run", -1, self.shape.run.shard_of(self._rank)
+        )
 
     def end_run(self, end_ns: int | None = None) -> None:
         """The run ended (at ``end_ns``, ns on the process clock; default now): ends its open
@@ -163,52 +335,102 @@ class TraceSegments:
             return True
         return not parent.get_span_context().is_valid
 
-    def context_for(self, iteration: int, now_ns: int | None = None) -> context_api.Context | None:
-        """The context holding this rank's segment span of ``iteration`` (started at
-        ``now_ns``, ns on the process clock, default now, if it is a new segment, ending the
-        previous one then: the start of the phase that opens it); ``None`` when it cannot
-        start."""
-        segment = self.segment_of(iteration)
-        context = self._context
-        if segment == self._segment and context is not None and self._run == _runs:
-            return context
-        with self._lock:
-            self._follow_run()
-            if segment != self._segment or self._context is None:
-                self._open(segment, now_ns)
-            return self._context
+    # where a phase starts ---------------------------------------------------------------------
 
-    def _open(self, segment: int, now_ns: int | None = None) -> None:
+    def routed(
+        self, iteration: int, job_level: bool, now_ns: int | None = None
+    ) -> tuple[context_api.Context | None, list[Link] | None]:
+        """(context, links) of a run-level phase of ``iteration``: under this rank's segment
+        span in the job trace (``job_level``), else in its step trace (the next one when the
+        iteration would not fit whole). Opens the segment (its span starting at ``now_ns``, ns
+        on the process clock, default now) if it is new; ``(None, None)`` when it cannot."""
+        segment = self.segment_of(iteration)
+        family = self._segment
+        if family is None or family.index != segment or self._run != _runs:
+            with self._lock:
+                self._follow_run()
+                family = self._segment
+                if family is None or family.index != segment:
+                    family = self._open(segment, now_ns)
+            if family is None:
+                return None, None
+        if job_level:
+            context = family.shard.context
+            return self._place(family.shard, context, family.anchor.span_id)
+        part = family.part
+        if part is None or (part.used and part.used + self._step_spans > part.allowance):
+            with self._lock:
+                part = family.part
+                if part is None or (part.used and part.used + self._step_spans > part.allowance):
+                    part = self._new_part(family)
+        return self._place(part, part.context, family.anchor.span_id)
+
+    def nested(
+        self, parent_span: trace_api.Span, context: context_api.Context | None
+    ) -> tuple[context_api.Context | None, list[Link] | None]:
+        """(context, links) of a phase that nests under ``parent_span``, the current span of
+        ``context``: its parent's trace while this rank has room there, else its own trace; a
+        phase with no parent starts in the run trace."""
+        parent = parent_span.get_span_context()
+        if not parent.is_valid:
+            if self._run != _runs:
+                with self._lock:
+                    self._follow_run()
+            family = self._run_family
+            return self._place(family.shard, family.shard.context, family.parent.span_id)
+        trace = self._traces.get(parent.trace_id)
+        if trace is None:
+            return context, None  # another tracer's trace, or one too old to count
+        used = trace.used = next(trace.count)  # take(), inline: once per span
+        if used <= trace.allowance:
+            return context, None
+        return self._overflow(trace.family, parent.span_id)
+
+    # the segments -------------------------------------------------------------------------------
+
+    def _open(self, segment: int, now_ns: int | None = None) -> _Family | None:
         now = clock.now_ns() if now_ns is None else now_ns
         self._end_open(now)
-        part = f"{self._scope}segment/{segment}"
+        shard = self.shape.job.shard_of(self._rank)
+        family = self._families.get(segment)  # a segment opened again: its counts go on
+        if family is None:
+            family = self._family(f"{self._scope}segment/{segment}", segment, shard)
+            self._families[segment] = family
+            while len(self._families) > _KEPT_SEGMENTS:
+                del self._families[next(iter(self._families))]
         if not self._segment_spans:
-            self._segment, self._context = segment, self._remote(part)
-            return
+            self._segment = family
+            return family
         links = []
         if self._previous is not None:
             links.append(Link(self._previous))
         if self.run_span is not None:
             links.append(Link(self.run_span.get_span_context()))
+        if shard:
+            links.append(Link(self._shard0(family)))
+        family.shard.take()
         try:
             span = self._tracer.start_span(
                 MEGATRON_TRAIN_SEGMENT,
-                context=self._remote(part),
+                context=family.shard.context,
                 links=links,
                 attributes={OTEL_TRAINING_TRACE_SEGMENT: segment},
                 start_time=now,
             )
         except Exception:
-            self._segment, self._span, self._context = segment, None, None
-            return
-        self._segment, self._span = segment, span
+            self._segment = self._span = None
+            return None
+        self._span = span
         self._open_spans[span] = True
-        self._context = trace_api.set_span_in_context(span)
+        family.anchor = span.get_span_context()
+        family.shard.context = _set_span_in_context(span)
+        self._segment = family
+        return family
 
     def _end_open(self, now: int | None = None) -> None:
         span = self._span
+        self._segment = self._span = None
         if span is None:
-            self._context = self._segment = None
             return
         self._previous = span.get_span_context()
         self._open_spans.pop(span, None)
@@ -217,8 +439,6 @@ class TraceSegments:
                 span.end(end_time=clock.now_ns() if now is None else now)
         except Exception:
             pass
-        self._span = self._context = None
-        self._segment = None
 
     def close(self, *_: Any) -> None:
         """Ends the open segment span (at the end of the run, and before shutdown)."""

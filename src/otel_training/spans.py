@@ -39,9 +39,12 @@ object, or a small one that feeds the health ledger. A group listed in
 groups change what is exported, never how a call behaves: what it returns, raises (nothing),
 warns and gives the health ledger (:mod:`otel_training.phases`).
 
-**One trace across ranks.** The run span of every rank is in one trace, and the iterations,
-evaluations and checkpoint saves of each segment of N iterations are in another, shared by all
-ranks without any communication (:mod:`otel_training.segments`).
+**Traces across ranks.** Every rank's run span is in the run trace; per segment of N
+iterations, every rank's segment span, checkpoint saves and evaluations are in the segment's
+job trace, and each rank's iterations in step traces of its own, linked to it. Their ids are
+derived from the run id without any communication, and no trace holds more than
+``OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET`` spans at any world size
+(:mod:`otel_training.segments`, :mod:`otel_training.trace_shape`).
 
 **The first iteration.** The first :func:`training_iteration` of a process, and the first
 after each :func:`training_run` starts, is wrapped in a ``megatron.train.first_iteration`` span
@@ -165,9 +168,10 @@ def _with(attributes: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
 def training_run(**attributes: Any) -> Phase:
     """The whole training run of this rank: span ``megatron.train`` (group ``job``).
 
-    Its span starts in the run's trace, shared by every rank; the trace segments it links to
-    end with it. An exception that leaves the run is recorded on the span (status ERROR, an
-    ``exception`` event with the stack trace, ``error.type``) before it propagates.
+    Its span starts in the run trace, shared by every rank (by a shard of ranks in a large
+    world); the segments linked to it end with it. An exception that leaves the run is
+    recorded on the span (status ERROR, an ``exception`` event with the stack trace,
+    ``error.type``) before it propagates.
     """
     attributes[IS_GOODPUT_SPAN] = True
     return make(MEGATRON_TRAIN, "job", attributes, role=RUN)
@@ -200,7 +204,7 @@ def training_iteration(
     iteration: int | None = None, *, record_step_duration: bool = False, **attributes: Any
 ) -> Phase:
     """One training iteration (optimizer step): span ``megatron.train.iteration`` (group
-    ``step``, on in ``per_step``), in its trace segment.
+    ``step``, on in ``per_step``), in this rank's step trace of its segment.
 
     The first one of the process is wrapped in ``megatron.train.first_iteration`` (group
     ``first_iteration``, on by default), as Megatron-LM does. Set ``megatron.skipped`` on it
@@ -368,7 +372,7 @@ def checkpoint_save(
     **attributes: Any,
 ) -> Phase:
     """Saving a checkpoint: span ``megatron.checkpoint.save`` (group ``checkpoint``), in the
-    trace segment of ``iteration``.
+    job trace of ``iteration``'s segment.
 
     Args:
         path: The checkpoint's file or directory (``megatron.checkpoint.path``).
@@ -416,7 +420,7 @@ def checkpoint_load(
         MEGATRON_CHECKPOINT_LOAD,
         "load_checkpoint",
         _checkpoint_attributes(path, checkpoint_type, strategy, iteration, attributes),
-        iteration=iteration,  # the resume point, for the health ledger (no trace segment)
+        iteration=iteration,  # the resume point, for the health ledger (the run trace)
     )
 
 
@@ -441,7 +445,7 @@ def _checkpoint_attributes(path, checkpoint_type, strategy, iteration, attribute
 
 def evaluation(iteration: int | None = None, **attributes: Any) -> Phase:
     """Evaluating on held-out data: span ``megatron.evaluate`` (group ``evaluate``), in the
-    trace segment of ``iteration``."""
+    job trace of ``iteration``'s segment."""
     _with(attributes, MEGATRON_ITERATION, iteration)
     return make(MEGATRON_EVALUATE, "evaluate", attributes or None, iteration=iteration)
 
@@ -466,7 +470,8 @@ def phase(name: str, /, *, group: str | None = None, **attributes: Any) -> Phase
             registry, else ``custom`` (on in every preset but ``none``). An unknown group is
             logged once and treated as ``custom``.
         **attributes: Span attributes (``**{"my.key": 1}`` for dotted keys); one named
-            ``megatron.iteration`` puts the phase in that iteration's trace segment.
+            ``megatron.iteration`` puts the phase in this rank's step trace of that iteration's
+            segment (the job trace for a phase of the ``checkpoint`` or ``evaluate`` group).
     """
     if group is None:
         spec = SPANS.get(name) if type(name) is str else None
@@ -489,7 +494,7 @@ class SpanRecorder:
     Hugging Face Trainer) where a ``with`` block does not fit.
 
     Spans started here are not made current: give ``parent=`` to nest them. A span with a
-    ``megatron.iteration`` attribute whose parent is the run goes to its trace segment. Every
+    ``megatron.iteration`` attribute whose parent is the run goes to its segment's trace. Every
     method never raises; a handle of a disabled group exports nothing and behaves as any other
     (its health-ledger phase, its failure and its metrics still count). A handle of a group
     mirrored to NVTX only is a start/end NVTX range.
@@ -502,7 +507,7 @@ class SpanRecorder:
         span_groups: Presets and group names that record spans (as
             ``OTEL_PYTHON_TRAINING_SPAN_GROUPS``); default: the configured pipeline's groups,
             else that variable's. With none of the three, the recorder follows the configured
-            pipeline (trace segments and NVTX-only groups included), even one configured
+            pipeline (its traces and NVTX-only groups included), even one configured
             later; with a provider missing, the missing one is taken from the pipeline
             configured now (configuring it from the environment if needed).
 

@@ -148,21 +148,25 @@ def test_a_restart_writes_each_attempt_into_its_own_directory(restarted):
 
 
 def test_each_attempt_has_traces_of_its_own_shared_by_its_ranks(restarted):
-    """The iteration spans of both ranks of an attempt share their segment's trace id; the
-    two attempts' trace ids differ (derived from each attempt's run id)."""
+    """The segment spans of both ranks of an attempt share their job trace; each rank's
+    iterations are in a step trace of its own whose low 64 bits are the job trace's (one
+    sampling decision); the two attempts' trace ids differ (derived from each attempt's run
+    id)."""
     traces = []
     for directory in _run_dirs(restarted):
         ids = {}
         for rank in (0, 1):
             lines = (directory / f"spans-rank{rank}.jsonl").read_text().splitlines()
-            ids[rank] = {
-                json.loads(line)["trace_id"]
-                for line in lines
-                if json.loads(line)["name"] == "megatron.train.iteration"
-            }
-        assert ids[0] == ids[1] and len(ids[0]) == 1
-        traces.append(ids[0])
-    assert traces[0] != traces[1]
+            records = [json.loads(line) for line in lines]
+            for name in ("megatron.train.segment", "megatron.train.iteration"):
+                ids[rank, name] = {r["trace_id"] for r in records if r["name"] == name}
+        (job,) = ids[0, "megatron.train.segment"]
+        assert ids[1, "megatron.train.segment"] == {job}
+        (step0,), (step1,) = ids[0, "megatron.train.iteration"], ids[1, "megatron.train.iteration"]
+        assert len({job, step0, step1}) == 3
+        assert step0[16:] == step1[16:] == job[16:]
+        traces.append({job, step0, step1})
+    assert not traces[0] & traces[1]
 
 
 @pytest.mark.parametrize("given", ["output", "first attempt"])

@@ -126,9 +126,11 @@ OUR_NAMES = {names.MEGATRON_TRAIN_SEGMENT, names.MEGATRON_TRAIN_ITERATION_DATA_L
 
 def test_two_ranks_share_traces_by_segment_and_logs_carry_span_ids(tmp_path, otlp_receiver):
     """Two ranks on gloo, every span group on, segments of 2 iterations: every span name is
-    Megatron-LM's (or ours in its scheme); both ranks' run spans share one trace and their
-    iterations of a segment another; consecutive segments are linked; a log line inside an
-    iteration arrives with that span's ids and the rank's resource."""
+    Megatron-LM's (or ours in its scheme); both ranks' run spans share one trace, their segment
+    spans, evaluation and save one job trace per segment, and each rank's iterations of a
+    segment a step trace of its own that links to the rank's segment span; consecutive
+    segments are linked; a log line inside an iteration arrives with that span's ids and the
+    rank's resource."""
     _run(
         tmp_path,
         otlp_receiver,
@@ -149,11 +151,32 @@ def test_two_ranks_share_traces_by_segment_and_logs_carry_span_ids(tmp_path, otl
     iterations = [s for s in spans if s.name == names.MEGATRON_TRAIN_ITERATION]
     by_segment = collections.defaultdict(set)
     for span in iterations:
-        by_segment[(span.attributes["megatron.iteration"] - 1) // 2].add(span.trace_id)
-    assert {segment: len(ids) for segment, ids in by_segment.items()} == {0: 1, 1: 1}
-    assert by_segment[0] != by_segment[1] and runs[0].trace_id not in by_segment[0]
+        key = ((span.attributes["megatron.iteration"] - 1) // 2, rank_of[span.span_id])
+        by_segment[key].add(span.trace_id)
+    assert {key: len(ids) for key, ids in by_segment.items()} == {
+        (segment, rank): 1 for segment in (0, 1) for rank in (0, 1)
+    }
+    assert len(set().union(*by_segment.values())) == 4  # a step trace per rank and segment
     segments = [s for s in spans if s.name == names.MEGATRON_TRAIN_SEGMENT]
     assert len(segments) == 4
+    job = {}
+    for segment in segments:
+        job.setdefault(segment.attributes["otel_training.trace.segment"], set()).add(
+            segment.trace_id
+        )
+    assert {number: len(ids) for number, ids in job.items()} == {0: 1, 1: 1}
+    assert not set().union(*job.values()) & set().union(*by_segment.values())
+    assert runs[0].trace_id not in set().union(*job.values(), *by_segment.values())
+    for name in (names.MEGATRON_EVALUATE, names.MEGATRON_CHECKPOINT_SAVE):
+        assert {s.trace_id for s in spans if s.name == name} == job[1], name
+    for (number, rank), (trace,) in by_segment.items():
+        (segment,) = [
+            s
+            for s in segments
+            if rank_of[s.span_id] == rank and s.attributes["otel_training.trace.segment"] == number
+        ]
+        links = [link[:2] for s in spans if s.trace_id == trace for link in s.links]
+        assert links == [(segment.trace_id, segment.span_id)]
     for rank in (0, 1):
         first, second = sorted(
             (s for s in segments if rank_of[s.span_id] == rank),

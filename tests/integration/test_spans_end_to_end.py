@@ -64,7 +64,12 @@ def test_demo_spans_reach_otlp_nvtx_and_json_lines_alike(
     (segment,) = [s for s in spans if s.name == "megatron.train.segment"]
     assert run.parent_span_id not in by_id and segment.parent_span_id not in by_id  # shared
     assert run.status_code == "unset"
-    assert {s.trace_id for s in spans} == {run.trace_id, segment.trace_id}
+    iteration_traces = {s.trace_id for s in spans if s.name.startswith("megatron.train.")} - {
+        run.trace_id,
+        segment.trace_id,
+    }
+    (step_trace,) = iteration_traces  # the rank's step trace: its iterations, their phases
+    assert {s.trace_id for s in spans} == {run.trace_id, segment.trace_id, step_trace}
     assert run.resource_attributes["dl.rank"] == 0
     assert {s.scope_name for s in spans} == {"otel_training"}
     inner = (
@@ -82,6 +87,9 @@ def test_demo_spans_reach_otlp_nvtx_and_json_lines_alike(
             assert parent is run
         elif span.name == "megatron.train.iteration" and span.attributes["megatron.iteration"] == 1:
             assert parent.name == "megatron.train.first_iteration"
+        elif span.name in ("megatron.train.iteration", "megatron.train.first_iteration"):
+            assert parent is segment, span.name  # its parent in the job trace
+            assert span.trace_id == step_trace
         elif span.name not in ("megatron.train", "megatron.train.segment"):
             assert parent is segment, span.name
             assert span.trace_id == segment.trace_id

@@ -4,7 +4,7 @@
   record_metrics, decorator), what each kind exports (:class:`SpanPhase`, :class:`NvtxPhase`,
   :class:`LedgerPhase`, :data:`NOOP_PHASE`), and :func:`make`, which picks one;
 - :mod:`~otel_training.phases._state`: the configured pipeline's tracer, meter, groups, NVTX
-  domain, trace segments and open spans, per pipeline (or per recorder on its own providers);
+  domain, traces and open spans, per pipeline (or per recorder on its own providers);
 - :mod:`~otel_training.phases._exceptions`: an exception as the phases record it on a span;
 - :mod:`~otel_training.phases._deferred`: spans whose attributes wait for device values, ended
   on a background thread.

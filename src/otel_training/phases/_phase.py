@@ -10,7 +10,7 @@ in :class:`Phase`: ``start`` (``with`` makes it current), ``error``, ``stop``, a
 - records one point of ``megatron.training.step_duration_ms`` for an iteration made with
   ``record_step_duration=True`` that completed;
 - opens and closes what the span group exports, through the hooks of the subclass:
-  :class:`SpanPhase` a span (made current inside ``with``, routed to its trace segment),
+  :class:`SpanPhase` a span (made current inside ``with``, routed to its trace),
   :class:`NvtxPhase` an NVTX range (a group mirrored to NVTX only), :class:`LedgerPhase`
   nothing (a disabled group). :data:`NOOP_PHASE`, the shared phase of a disabled group that has
   nothing to count, is a phase whose lifecycle has nothing left to do.
@@ -60,6 +60,7 @@ from otel_training.processors.nvtx import end_ranges_now
 from otel_training.segments import TraceSegments, run_begins
 from otel_training.semconv.attributes import MEGATRON_ITERATION
 from otel_training.span_values import DEFERRED, PRIMITIVES, attribute_value, text
+from otel_training.trace_shape import JOB_LEVEL_GROUPS
 
 __all__ = ["NOOP_PHASE", "RUN", "LedgerPhase", "NvtxPhase", "Phase", "SpanPhase", "make"]
 
@@ -69,7 +70,7 @@ METRIC_KEYS: Mapping[str, str] = {key: spec[0] for key, spec in instruments._SPE
 
 #: The role of a phase: the run (its span starts in the run trace and closes the segments).
 RUN = "run"
-#: Span groups whose phases are never routed to a trace segment (a load at startup carries
+#: Span groups whose phases are never routed to a segment's traces (a load at startup carries
 #: the iteration it resumes, but belongs to the run).
 _NOT_ROUTED = frozenset({"load_checkpoint"})
 
@@ -82,6 +83,7 @@ _now_ns = clock.now_ns
 _attach = context_api.attach
 _detach = context_api.detach
 _get_current = context_api.get_current
+_get_current_span = trace_api.get_current_span
 _set_span_in_context = trace_api.set_span_in_context
 _INVALID_SPAN = trace_api.INVALID_SPAN
 
@@ -369,7 +371,7 @@ NOOP_PHASE: Phase = _NoOpPhase()
 
 class SpanPhase(Phase):
     """A phase of an enabled group: an OpenTelemetry span of the pipeline's tracer, started
-    in its trace segment when it has an iteration, made current inside ``with``, ended when
+    in its trace (:mod:`otel_training.segments`), made current inside ``with``, ended when
     the phase stops (later, on a background thread, when an attribute waits for a device
     value)."""
 
@@ -405,7 +407,7 @@ class SpanPhase(Phase):
         self._name = name
         self._group = group
         self._attributes = attributes
-        # A phase with an iteration number may start in its trace segment.
+        # A phase with an iteration number may start in its segment's traces.
         self._iteration = iteration if group not in _NOT_ROUTED else None
         self._role = role
         self._span: trace_api.Span | None = None
@@ -452,25 +454,20 @@ class SpanPhase(Phase):
                     if type(value) not in PRIMITIVES:
                         attributes = self._clean(attributes)
                         break
-            context = None
+            context = links = None
             if parent is not None:
                 context = _set_span_in_context(parent.span)
             segments = state.segments
             role = self._role
             if segments is not None:
-                if role == RUN:
-                    run_context = segments.run_context()
-                    if segments.is_run_level(trace_api.get_current_span(context)):
-                        context = run_context
-                elif self._iteration is not None:
-                    context = self._segment_context(segments, context)
+                context, links = self._place(segments, context)
             span = state.tracer.start_span(
-                self._name, context, attributes=attributes, start_time=self._started_ns
+                self._name, context, links=links, attributes=attributes, start_time=self._started_ns
             )
             self._span = span
             state.open[span] = True
             if role == RUN and segments is not None:
-                segments.run_span = span
+                segments.run_started(span)
             if make_current:
                 context = self._context = _set_span_in_context(span)
                 self._token = _attach(context)
@@ -478,12 +475,21 @@ class SpanPhase(Phase):
             warn_once("start", "could not start the span %s", self._name)
             self._span = _INVALID_SPAN
 
-    def _segment_context(self, segments: TraceSegments, context) -> Any:
-        """``context``, or this rank's segment span of the phase's iteration when the phase
-        would otherwise be a child of the run span (or of no span)."""
-        if segments.is_run_level(trace_api.get_current_span(context)):
-            return segments.context_for(self._iteration, self._started_ns) or context
-        return context
+    def _place(self, segments: TraceSegments, context) -> tuple[Any, Any]:
+        """(context, links) the span starts with (:mod:`otel_training.segments`): the run
+        trace for the run; for a phase with an iteration that would be a child of the run span
+        (or of no span), this rank's segment span in the job trace (a job-level group) or its
+        step trace; else under its parent, in its parent's trace while there is room."""
+        parent = _get_current_span(context)
+        role, iteration = self._role, self._iteration
+        if (role is not None or iteration is not None) and segments.is_run_level(parent):
+            if role == RUN:
+                return segments.run_start()
+            job_level = self._group in JOB_LEVEL_GROUPS
+            placed = segments.routed(iteration, job_level, self._started_ns)
+            if placed[0] is not None:
+                return placed
+        return segments.nested(parent, context)
 
     def _close(self, end_ns: int) -> bool:
         if self._token is not None:

@@ -1,5 +1,5 @@
 """The state the phases run in: the configured pipeline's tracer, meter, span groups, NVTX
-domain, trace segments and open spans, built once per :class:`otel_training.setup.Telemetry`.
+domain, traces and open spans, built once per :class:`otel_training.setup.Telemetry`.
 
 :func:`current` is what a phase made now records into: the state of the pipeline configured
 last (rebuilt when ``configure()`` replaces it), or, while a :class:`otel_training.SpanRecorder`
@@ -22,6 +22,7 @@ from opentelemetry import trace as trace_api
 
 from otel_training import setup
 from otel_training.segments import TraceSegments
+from otel_training.trace_shape import TraceShape
 
 __all__ = [
     "PhaseState",
@@ -48,7 +49,8 @@ class PhaseState:
             they export nothing).
         range_targets: (domain, event attributes) of the NVTX range of each phase name seen
             in ``ranges``.
-        segments: The trace segments, or ``None`` (no sampler: a no-op or own provider).
+        segments: Where its spans start (:class:`otel_training.segments.TraceSegments`), or
+            ``None`` (no sampler: a no-op or own provider).
         open: The spans open in this pipeline (``OpenSpans.spans``), truncated at shutdown.
         generation: How many times this pipeline's shutdown began (0 or 1): a phase open
             across it was interrupted.
@@ -162,10 +164,18 @@ def _refresh(telemetry: setup.Telemetry) -> PhaseState:
         if recording:
             sampler = getattr(telemetry.tracer_provider, "sampler", None)
             if sampler is not None:
+                identity = settings.identity
+                shape = TraceShape.derive(
+                    state.spans,
+                    identity.world_size,
+                    settings.trace_span_budget,
+                    settings.trace_segment_iterations,
+                )
                 state.segments = TraceSegments(
                     telemetry.tracer,
-                    settings.identity.run_id or "run",
-                    settings.trace_segment_iterations,
+                    identity.run_id or "run",
+                    shape,
+                    identity.rank,
                     sampler,
                     segment_spans="job" in state.spans,
                     open_spans=state.open,
@@ -189,7 +199,7 @@ def state_for(
 ) -> PhaseState:
     """A state of its own for :class:`otel_training.SpanRecorder`: the given providers (the
     configured pipeline's where one is missing) and span groups (the pipeline's, else the
-    environment's). No trace segments, no NVTX-only phases."""
+    environment's). No routing to the run's traces, no NVTX-only phases."""
     from otel_training import config
     from otel_training.pipeline import INSTRUMENTATION_NAME
 

@@ -379,7 +379,7 @@ class JsonLogSpanProcessor(SpanProcessor):
         )
 
     def _trace_hex(self, trace_id: int) -> str:
-        if trace_id != self._trace_id:  # one trace per segment: formatted once
+        if trace_id != self._trace_id:  # a step trace holds many spans in a row: formatted once
             self._trace_id, self._trace_text = trace_id, f"{trace_id:032x}"
         return self._trace_text
 

@@ -461,9 +461,10 @@ OTEL_TRAINING_TRACE_SEGMENT: Final = "otel_training.trace.segment"
 
 Type: int. Span attribute. Stability: development. Examples: ``0``, ``12``.
 
-Segment s holds iterations s*N+1 to (s+1)*N, N from OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS:
-its trace id and shared parent span id are computed from the run id and s on every rank, so all
-ranks' spans of a segment are in one trace.
+Segment s holds iterations s*N+1 to (s+1)*N, N derived from OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET
+and at most OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS: the ids of its job trace (every rank's
+segment span, checkpoint saves and evaluations; one per shard of ranks in a large world) and of each
+rank's step traces are computed from the run id and s on every rank.
 """
 
 

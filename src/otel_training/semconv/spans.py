@@ -301,10 +301,11 @@ Span group: ``"job"``, on in the span-group presets ``"default"``, ``"per_step"`
 internal. Stability: development. Attributes: ``"is_goodput_span"`` (recommended), ``"error.type"``
 (conditionally required).
 
-The root of the rank's spans of the run: startup and everything outside iterations are its children;
-iterations, evaluations and checkpoint saves go to their trace segment (megatron.train.segment). An
-exception that leaves the run is recorded on it (status ERROR, an exception event with the stack
-trace, error.type) before it propagates.
+The root of the rank's spans of the run, in the run trace (shared by all ranks, or by a shard of
+ranks in a large world): startup and everything outside iterations are its children; evaluations and
+checkpoint saves go to their segment's job trace (megatron.train.segment), iterations to the rank's
+step traces. An exception that leaves the run is recorded on it (status ERROR, an exception event
+with the stack trace, error.type) before it propagates.
 """
 
 
@@ -364,16 +365,19 @@ Stability: development. Attributes: ``"megatron.iteration"`` (recommended),
 
 
 MEGATRON_TRAIN_SEGMENT: Final = "megatron.train.segment"
-"""This rank's part of one trace segment: the iterations, evaluations and checkpoint saves of N
-iterations.
+"""This rank's part of one trace segment of N iterations: the parent of its checkpoint saves and
+evaluations, and of its iterations.
 
 Span group: ``"job"``, on in the span-group presets ``"default"``, ``"per_step"``, ``"all"``. Kind:
 internal. Stability: development. Attributes: ``"otel_training.trace.segment"`` (required).
 
-otel-training's: its trace id and its parent span id are computed from the run id and the segment
-number on every rank without communication, so all ranks' segment spans are in one trace under one
-shared parent (which no rank exports). It links to the rank's previous segment span and to its run
-span.
+otel-training's, in the segment's job trace: its trace id and its parent span id are computed from
+the run id and the segment number on every rank without communication, so all ranks' segment spans
+(of a shard of ranks, in a large world) are in one trace under one shared parent (which no rank
+exports), with the ranks' checkpoint saves and evaluations of the segment. The rank's iterations are
+in step traces of its own whose spans name it as their parent and whose first span links to it. It
+links to the rank's previous segment span, to its run span and, in a shard after the first, to the
+first shard's shared parent.
 """
 
 
@@ -671,8 +675,8 @@ SPANS: Final[Mapping[str, SpanSpec]] = MappingProxyType(
             group="job",
             level="default",
             brief=(
-                "This rank's part of one trace segment: the iterations, evaluations and checkpoint "
-                "saves of N iterations."
+                "This rank's part of one trace segment of N iterations: the parent of its "
+                "checkpoint saves and evaluations, and of its iterations."
             ),
             stability="development",
             attributes=("otel_training.trace.segment",),

@@ -1,0 +1,324 @@
+"""Where the phases' spans go (otel_training.segments): run, job and step traces, each within
+the span budget, nested per rank as the program nested them, linked to the rank's span in the
+shared trace; sampled together per segment."""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import otel_training as ot
+from otel_training import testing
+from otel_training.semconv import spans as names
+from otel_training.trace_shape import member_ids
+
+RUN_ID = "segments"
+
+
+def _pipeline(budget: int, groups: str = "all", **environ: str) -> testing.InMemoryTelemetry:
+    return testing.configure_in_memory(
+        {
+            "OTEL_PYTHON_TRAINING_SPAN_GROUPS": groups,
+            "OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET": str(budget),
+            "OTEL_PYTHON_TRAINING_RUN_ID": RUN_ID,
+            **environ,
+        }
+    )
+
+
+def _by_trace(spans) -> dict[int, list]:
+    found = collections.defaultdict(list)
+    for span in spans:
+        found[span.context.trace_id].append(span)
+    return found
+
+
+def _iteration(it: int, microbatches: int = 0, probes: int = 0) -> None:
+    with ot.training_iteration(iteration=it):
+        with ot.data_loading(iteration=it):
+            pass
+        with ot.forward_backward(iteration=it):
+            for _ in range(microbatches):
+                with ot.microbatch("forward"):
+                    pass
+            for k in range(probes):
+                with ot.phase("myproject.probe", k=k):
+                    pass
+        with ot.optimizer_step(iteration=it):
+            pass
+
+
+def test_no_trace_exceeds_the_budget_and_every_span_keeps_its_parent():
+    """A chatty rank (micro-batches, a loop of user phases, long evaluations) at a budget of
+    25: every trace holds at most 25 spans, no span is lost, and each span names as parent the
+    span the program started it in (also across traces), so a rank's timeline nests as
+    written."""
+    pipeline = _pipeline(25)
+    with ot.training_run() as run:
+        with ot.startup():
+            pass
+        for it in range(1, 13):
+            _iteration(it, microbatches=3, probes=40 if it == 4 else 0)
+            if it % 6 == 0:
+                with ot.evaluation(iteration=it):
+                    for k in range(1, 30):
+                        with ot.evaluation_step(eval_iteration=k):
+                            pass
+    spans = pipeline.spans.get_finished_spans()
+    assert len(spans) == 1 + 1 + 2 + 12 * (4 + 3) + 40 + 2 * 30 + 1  # the first-iteration wrap
+    traces = _by_trace(spans)
+    assert max(len(members) for members in traces.values()) <= 25
+    by_id = {s.context.span_id: s for s in spans}
+    for span in spans:
+        parent = by_id.get(span.parent.span_id) if span.parent else None
+        if span.name in (names.MEGATRON_TRAIN, names.MEGATRON_TRAIN_SEGMENT):
+            assert parent is None  # a shared parent no rank exports
+        elif span.name == names.MEGATRON_STARTUP:
+            assert parent.context.span_id == run.span.get_span_context().span_id
+        elif span.name in (names.MEGATRON_TRAIN_FIRST_ITERATION, names.MEGATRON_EVALUATE):
+            assert parent.name == names.MEGATRON_TRAIN_SEGMENT
+        elif span.name == names.MEGATRON_TRAIN_ITERATION:
+            assert parent.name in (
+                names.MEGATRON_TRAIN_SEGMENT,
+                names.MEGATRON_TRAIN_FIRST_ITERATION,
+            )
+        elif span.name == "myproject.probe" or span.name == names.MEGATRON_MICROBATCH_FORWARD:
+            assert parent.name == names.MEGATRON_TRAIN_ITERATION_FORWARD_BACKWARD
+        elif span.name == names.MEGATRON_EVALUATE_STEP:
+            assert parent.name == names.MEGATRON_EVALUATE
+        else:
+            assert parent.name == names.MEGATRON_TRAIN_ITERATION, span.name
+
+
+def test_an_iteration_that_fits_stays_whole_in_one_step_trace():
+    """With only the once-per-iteration groups, a step trace ends before an iteration that would
+    not fit: every iteration and its phases share one trace, and a step trace holds
+    floor((25 - 1) / 4) = 6 iterations at most (the first also its wrapper)."""
+    pipeline = _pipeline(25, "job,first_iteration,step,data_loading,forward_backward,optimizer")
+    with ot.training_run():
+        for it in range(1, 31):
+            _iteration(it)
+    spans = pipeline.spans.get_finished_spans()
+    traces = _by_trace(spans)
+    by_id = {s.context.span_id: s for s in spans}
+    for span in spans:
+        if span.name.startswith("megatron.train.iteration."):
+            assert span.context.trace_id == by_id[span.parent.span_id].context.trace_id
+    counts = [
+        sum(1 for s in members if s.name == names.MEGATRON_TRAIN_ITERATION)
+        for members in traces.values()
+    ]
+    assert max(counts) == 6 and sum(counts) == 30
+    segment = [s for s in spans if s.name == names.MEGATRON_TRAIN_SEGMENT]
+    assert len(segment) == 5  # N = 6: iterations 1-6, 7-12, ... each their own segment
+
+
+def test_every_step_trace_links_to_the_rank_s_segment_span():
+    """Each of the rank's own traces has exactly one span with a link, its first, to the
+    rank's segment span of that segment in the job trace."""
+    pipeline = _pipeline(25)
+    with ot.training_run():
+        for it in range(1, 7):
+            _iteration(it, microbatches=5)
+    spans = pipeline.spans.get_finished_spans()
+    segments = {s.context.span_id: s for s in spans if s.name == names.MEGATRON_TRAIN_SEGMENT}
+    shared = {
+        s.context.trace_id
+        for s in spans
+        if s.name in (names.MEGATRON_TRAIN, names.MEGATRON_TRAIN_SEGMENT)
+    }
+    own = {t: m for t, m in _by_trace(spans).items() if t not in shared}
+    assert len(own) > 1
+    for members in own.values():
+        links = [link.context for s in members for link in s.links]
+        assert len(links) == 1
+        segment = segments[links[0].span_id]
+        assert links[0].trace_id == segment.context.trace_id
+        first = min(members, key=lambda s: s.start_time)
+        assert [link.context for link in first.links] == links
+
+
+def test_a_loop_of_phases_outside_iterations_stays_within_the_budget():
+    """A user loop of phases at run level (with and without a run span) fills the rank's share
+    of the run trace, then traces of its own, each within the budget and linked to the run
+    span (or the run trace's shared parent)."""
+    for groups in ("default", "custom"):
+        pipeline = _pipeline(20, groups)
+        if groups == "default":
+            with ot.training_run() as run:
+                for k in range(70):
+                    with ot.phase("myproject.preprocess", k=k):
+                        pass
+            anchor = run.span.get_span_context()
+        else:
+            for k in range(70):
+                with ot.phase("myproject.preprocess", k=k):
+                    pass
+            anchor = None
+        spans = pipeline.spans.get_finished_spans()
+        assert len([s for s in spans if s.name == "myproject.preprocess"]) == 70
+        traces = _by_trace(spans)
+        assert max(len(m) for m in traces.values()) <= 20 and len(traces) >= 4, groups
+        run_trace = member_ids(RUN_ID, "run", "shard/0")
+        for trace, members in traces.items():
+            links = [link.context for s in members for link in s.links]
+            if trace == run_trace[0]:
+                assert links == []
+            elif anchor is not None:
+                assert [(c.trace_id, c.span_id) for c in links] == [
+                    (anchor.trace_id, anchor.span_id)
+                ]
+            else:
+                assert [(c.trace_id, c.span_id) for c in links] == [run_trace]
+        testing.reset()
+
+
+def test_without_the_job_group_phases_start_under_the_shared_parents():
+    """With the group job off: no run or segment span; saves start under the job trace's
+    shared parent, iterations in the step trace under a parent of its own, linked to the job
+    trace's shared parent."""
+    pipeline = _pipeline(1000, "step,checkpoint")
+    for it in (1, 2):
+        with ot.training_iteration(iteration=it):
+            pass
+    with ot.checkpoint_save("/c", iteration=2):
+        pass
+    spans = pipeline.spans.get_finished_spans()
+    assert sorted(s.name for s in spans) == sorted(
+        [names.MEGATRON_TRAIN_ITERATION] * 2 + [names.MEGATRON_CHECKPOINT_SAVE]
+    )
+    job = member_ids(RUN_ID, "segment/0", "shard/0")
+    step = member_ids(RUN_ID, "segment/0", "rank/0/part/0")
+    (save,) = [s for s in spans if s.name == names.MEGATRON_CHECKPOINT_SAVE]
+    assert (save.parent.trace_id, save.parent.span_id) == job
+    first, second = [s for s in spans if s.name == names.MEGATRON_TRAIN_ITERATION]
+    assert (first.parent.trace_id, first.parent.span_id) == step
+    assert second.parent.span_id == step[1]
+    assert [(k.context.trace_id, k.context.span_id) for k in first.links] == [job]
+    assert list(second.links) == []
+
+
+def test_spans_started_on_many_threads_never_overfill_a_trace():
+    """Eight threads start phases under one iteration at once, at a budget of 16: no trace
+    holds more, no span is lost."""
+    pipeline = _pipeline(16)
+    with ot.training_run():
+        with ot.training_iteration(iteration=1) as iteration:
+            barrier = threading.Barrier(8)
+
+            def work() -> None:
+                recorder = ot.SpanRecorder()
+                barrier.wait()
+                for _ in range(50):
+                    handle = recorder.start_phase(ot.microbatch, "forward", parent=iteration)
+                    recorder.stop(handle)
+
+            threads = [threading.Thread(target=work) for _ in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    spans = pipeline.spans.get_finished_spans()
+    assert sum(1 for s in spans if s.name == names.MEGATRON_MICROBATCH_FORWARD) == 400
+    assert max(len(m) for m in _by_trace(spans).values()) <= 16
+
+
+@pytest.mark.parametrize("sampler", ["traceidratio", "parentbased_traceidratio"])
+def test_a_segment_s_traces_are_sampled_together(sampler):
+    """At ratio 0.5, the job trace and the rank's step traces of a segment are all kept or all
+    dropped (their shared low trace-id bits and the shared parents' flag), over segments that
+    go both ways."""
+    pipeline = _pipeline(
+        12,
+        "per_step",
+        OTEL_TRACES_SAMPLER=sampler,
+        OTEL_TRACES_SAMPLER_ARG="0.5",
+        OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS="2",
+    )
+    decisions = collections.defaultdict(set)
+    with ot.training_run():
+        for it in range(1, 41):
+            with ot.training_iteration(iteration=it) as step:
+                with ot.forward_backward(iteration=it):
+                    for _ in range(4):  # fills step traces: more than one a segment
+                        with ot.phase("myproject.probe"):
+                            pass
+                decisions[(it - 1) // 2].add(step.span.get_span_context().trace_flags.sampled)
+            if it % 2 == 0:
+                with ot.checkpoint_save("/c", iteration=it) as save:
+                    decisions[(it - 1) // 2].add(save.span.get_span_context().trace_flags.sampled)
+    assert all(len(found) == 1 for found in decisions.values())
+    assert {next(iter(found)) for found in decisions.values()} == {True, False}
+    kept = pipeline.spans.get_finished_spans()
+    segments_kept = {
+        s.attributes["otel_training.trace.segment"]
+        for s in kept
+        if s.name == names.MEGATRON_TRAIN_SEGMENT
+    }
+    assert segments_kept == {s for s, found in decisions.items() if found == {True}}
+
+
+def test_a_trace_of_another_tracer_is_joined_uncounted():
+    """A phase inside a span of the user's own tracer nests in that trace, which the budget
+    does not count (the documented exception)."""
+    pipeline = _pipeline(5, "custom")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("user").start_as_current_span("user.root") as root:
+        for k in range(12):
+            with ot.phase("myproject.step", k=k):
+                pass
+    spans = pipeline.spans.get_finished_spans()
+    assert len(spans) == 12
+    assert {s.context.trace_id for s in spans} == {root.get_span_context().trace_id}
+
+
+def test_the_run_trace_is_counted_however_many_traces_came_before():
+    """After 300 segments (more traces than a rank keeps counting), run-level phases still
+    fill only the rank's share of the run trace, then traces of its own."""
+    pipeline = _pipeline(8, "default", OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS="1")
+    with ot.training_run():
+        for it in range(1, 301):
+            with ot.evaluation(iteration=it):
+                pass
+        for k in range(30):
+            with ot.phase("myproject.report", k=k):
+                pass
+    spans = pipeline.spans.get_finished_spans()
+    assert sum(1 for s in spans if s.name == names.MEGATRON_TRAIN_SEGMENT) == 300
+    assert max(len(m) for m in _by_trace(spans).values()) <= 8
+    run_trace = member_ids(RUN_ID, "run", "shard/0")[0]
+    assert len(_by_trace(spans)[run_trace]) == 8
+
+
+def test_a_segment_opened_again_goes_on_counting():
+    """A save of segment 0 after segment 1 began (an asynchronous save that ends late) opens
+    segment 0 again: its job and step traces go on counting from where they were, so neither
+    exceeds the budget, and new step traces link to the new segment span."""
+    pipeline = _pipeline(12, "per_step")  # N = (12 - 1) // 4 = 2
+    with ot.training_run():
+        for it in range(1, 5):
+            _iteration(it)
+        for _ in range(3):
+            with ot.checkpoint_save("/c", iteration=2):
+                for stage in ("state_dict", "io_write", "finalize"):
+                    with ot.checkpoint_save_stage(stage):
+                        pass
+            with ot.training_iteration(iteration=2):
+                with ot.forward_backward(iteration=2):
+                    pass
+    spans = pipeline.spans.get_finished_spans()
+    assert max(len(m) for m in _by_trace(spans).values()) <= 12
+    zero = [
+        s
+        for s in spans
+        if s.name == names.MEGATRON_TRAIN_SEGMENT
+        and s.attributes["otel_training.trace.segment"] == 0
+    ]
+    assert len(zero) == 2 and zero[0].context.trace_id == zero[1].context.trace_id
