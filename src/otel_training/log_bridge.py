@@ -66,6 +66,7 @@ from opentelemetry.semconv.attributes.exception_attributes import (
 )
 from opentelemetry.trace import TraceFlags
 
+from otel_training._log_once import LogOnce
 from otel_training.limits import safe_text
 from otel_training.semconv.attributes import (
     OTEL_TRAINING_LOG_ARGUMENTS,
@@ -102,7 +103,7 @@ _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _current_provider: Callable[[], logs_api.LoggerProvider | None] = lambda: None  # noqa: E731
 
 _emitting = threading.local()
-_warned: set[str] = set()
+_said = LogOnce(_logger, exc_info=True)
 
 
 def bind(current_provider: Callable[[], logs_api.LoggerProvider | None]) -> None:
@@ -134,10 +135,8 @@ def _ignored(name: str) -> bool:
 def _warn_once(cause: str, consequence: str, *, exc_info: bool = True) -> None:
     """Logs that the bridge could not do ``cause`` and what happens instead, once per cause
     (to the other handlers: records of otel_training's loggers are never bridged)."""
-    if cause in _warned:
-        return
-    _warned.add(cause)
-    _logger.warning(
+    _said(
+        cause,
         "otel-training: the logging bridge could not %s; %s. This warning is shown once.",
         cause,
         consequence,

@@ -24,11 +24,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
-from otel_training import instruments, log_bridge, setup, spans
+from otel_training import _log_once, instruments, log_bridge, setup, spans
 from otel_training import segments as _segments
 from otel_training.health import ledger as health_ledger
 from otel_training.health import watchdog as health_watchdog
-from otel_training.phases import _warnings as _phase_warnings
 
 __all__ = [
     "InMemoryTelemetry",
@@ -151,10 +150,9 @@ def reset() -> None:
     instruments._NONFINITE_COUNTERS.clear()
     instruments._COUNTER_TOTALS.clear()
     instruments._FAILED_METERS.clear()
-    instruments._warned.clear()
     spans._reset_first_iteration()
     health_ledger.LEDGER.reset()
-    _phase_warnings.warned.clear()
+    _log_once.reset()
     _segments._reset_runs()
     metrics_internal._METER_PROVIDER_SET_ONCE = Once()
     metrics_internal._METER_PROVIDER = None
@@ -166,7 +164,6 @@ def reset() -> None:
     logs_internal._LOGGER_PROVIDER = None
     logs_internal._PROXY_LOGGER_PROVIDER = logs_internal.ProxyLoggerProvider()
     log_bridge.bridge_root_logger(False)
-    log_bridge._warned.clear()
     assert isinstance(metrics_api.get_meter_provider(), metrics_internal._ProxyMeterProvider)
 
 

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from otel_training import clock
+from otel_training._log_once import LogOnce
 from otel_training.health import hang as _hang
 from otel_training.health import ledger as _ledger
 
@@ -115,7 +116,7 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
-        self._warned = False
+        self._failed = LogOnce(_logger, exc_info=True)
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -144,9 +145,7 @@ class Watchdog:
             try:
                 self.check()
             except Exception:
-                if not self._warned:
-                    self._warned = True
-                    _logger.warning("the hang watchdog failed a check", exc_info=True)
+                self._failed("check", "the hang watchdog failed a check")
 
     # -- one reading -----------------------------------------------------------------------
 

@@ -41,6 +41,8 @@ from opentelemetry.semconv.attributes.exception_attributes import (
 )
 from opentelemetry.trace import TraceFlags
 
+from otel_training._log_once import LogOnce
+
 __all__ = ["ExceptionLogSpanProcessor"]
 
 _logger = logging.getLogger(__name__)
@@ -63,7 +65,7 @@ class ExceptionLogSpanProcessor(SpanProcessor):
         # (trace id, span id) of a span whose child logged an exception -> its type, message
         # and stack trace.
         self._propagating: OrderedDict[tuple[int, int], tuple[Any, Any, str]] = OrderedDict()
-        self._warned = False
+        self._failed = LogOnce(_logger, exc_info=True)
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         return None
@@ -79,12 +81,7 @@ class ExceptionLogSpanProcessor(SpanProcessor):
                 if event.name == "exception":
                     self._on_exception(span, event)
         except Exception:
-            if not self._warned:
-                self._warned = True
-                _logger.warning(
-                    "otel-training: could not log an exception recorded on a span",
-                    exc_info=True,
-                )
+            self._failed("log", "otel-training: could not log an exception recorded on a span")
 
     def _on_exception(self, span: ReadableSpan, event: Any) -> None:
         attributes = event.attributes or {}

@@ -31,6 +31,7 @@ from types import MappingProxyType
 import numpy as np
 import torch
 
+from otel_training._log_once import MINUTE_S, LogOnce
 from otel_training.semconv.attributes import (
     MEGATRON_TRAINING_LAYER,
     MEGATRON_TRAINING_ROUTER_EXPERT,
@@ -50,7 +51,6 @@ from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_TENSOR_ROUTER_EXPERT_LOAD,
     MEGATRON_TRAINING_TENSOR_UPDATE_RATIO,
 )
-from otel_training.tensor._ratelimit import RateLimitedLogger
 from otel_training.tensor.metric import (
     GLOBAL,
     Axes,
@@ -80,7 +80,7 @@ __all__ = [
     "build_metric",
 ]
 
-_warn = RateLimitedLogger(logging.getLogger(__name__))
+_warn = LogOnce(logging.getLogger(__name__), interval_s=MINUTE_S)
 
 #: The schedule an observer uses when none is given in code or in the environment.
 DEFAULT_SCHEDULE: tuple[tuple[str, int], ...] = (
@@ -450,7 +450,7 @@ class RouterMetric(ShardedReductionMetric):
             if self.per_expert and mean > 0:
                 kept = min(experts, budget)
                 if kept < experts:
-                    _warn.warning(
+                    _warn(
                         ("experts", id(self)),
                         "router_expert_load: keeping %d (layer, expert) series "
                         "(max_expert_series); the experts of later layers are dropped.",
