@@ -1,4 +1,10 @@
-"""Shared by the tests: what to do when a real part a test needs is missing."""
+"""Shared by the tests: what to do when a real part a test needs is missing.
+
+Every skip of the suite goes through here (``tests/test_support.py`` checks it): a missing part
+(a package, a program, gloo) skips on a user's machine and fails under ``CI=true``
+(:func:`unavailable`); a test meant for another kind of machine (one with a GPU, one without)
+skips everywhere (:func:`not_here`).
+"""
 
 from __future__ import annotations
 
@@ -9,15 +15,22 @@ import shutil
 import subprocess
 from pathlib import Path
 from types import ModuleType
+from typing import NoReturn
 
 import pytest
 
 
-def unavailable(reason: str) -> None:
+def unavailable(reason: str) -> NoReturn:
     """Skips the test on a user's machine; fails it under CI (``CI=true``), where
     ``.ci/run`` installs every part the suite needs, so a missing one is a defect."""
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI=true: .ci/run should have installed it)")
+    pytest.skip(reason)
+
+
+def not_here(reason: str) -> NoReturn:
+    """Skips a test meant for another kind of machine (a GPU that NVML reads, no profiler
+    attached), under ``CI=true`` too: no install gives CI's machine a GPU."""
     pytest.skip(reason)
 
 
@@ -30,12 +43,60 @@ def import_or_unavailable(name: str) -> ModuleType:
         raise  # pragma: no cover - unavailable() always raises
 
 
+def find_program(*names: str, variable: str | None = None) -> str | None:
+    """The path of the first of the programs ``names`` on ``PATH`` (the executable named by
+    the environment variable ``variable`` first, when set); ``None`` when there is none."""
+    chosen = os.environ.get(variable) if variable else None
+    for path in (chosen, *(shutil.which(name) for name in names)):
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def program_or_unavailable(*names: str, install: str, variable: str | None = None) -> str:
+    """:func:`find_program`, or :func:`unavailable` saying how to ``install`` it."""
+    path = find_program(*names, variable=variable)
+    if path is None:
+        unavailable(f"{' or '.join(names)} is not installed ({install})")
+    return path
+
+
 def c_compiler() -> str:
     """The C compiler (gcc, else cc), or :func:`unavailable` when there is none."""
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        unavailable("no C compiler (gcc or cc)")
-    return compiler
+    return program_or_unavailable("gcc", "cc", install="apt-get install -y gcc")
+
+
+def prometheus_or_unavailable() -> str:
+    """The ``prometheus`` program ($PROMETHEUS_BINARY, else on PATH), or :func:`unavailable`."""
+    return program_or_unavailable(
+        "prometheus", install="apt-get install -y prometheus", variable="PROMETHEUS_BINARY"
+    )
+
+
+def promtool_or_unavailable() -> str:
+    """The ``promtool`` program (Prometheus's), or :func:`unavailable`."""
+    return program_or_unavailable("promtool", install="apt-get install -y prometheus")
+
+
+def chromium_or_unavailable() -> str:
+    """Headless-capable Chromium (``chromium``, else ``chromium-browser``), or
+    :func:`unavailable`."""
+    return program_or_unavailable(
+        "chromium", "chromium-browser", install="Debian's chromium package"
+    )
+
+
+def gloo_or_unavailable() -> None:
+    """Returns when ``torch.distributed`` has its gloo backend; else :func:`unavailable`."""
+    torch = import_or_unavailable("torch")
+    if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
+        unavailable("torch.distributed with gloo is not available")
+
+
+def fork_or_unavailable() -> None:
+    """Returns where ``os.fork`` exists (POSIX); else :func:`unavailable`."""
+    if not hasattr(os, "fork"):
+        unavailable("os.fork is not available on this platform")
 
 
 def build_shared_library(source: Path, library: Path, *flags: str) -> Path:

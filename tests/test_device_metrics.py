@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 
-import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,
@@ -19,7 +18,7 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.semconv._incubating.metrics import hw_metrics
-from support import import_or_unavailable
+from support import import_or_unavailable, not_here
 
 from otel_training import device_metrics
 from otel_training.config import RankIdentity
@@ -155,7 +154,7 @@ def test_without_a_gpu_the_instruments_are_absent_with_one_info_line(caplog):
             for _ in range(3):
                 found = _points(reader)
             if metrics.source.read():  # pragma: no cover - a machine with a GPU
-                pytest.skip("this machine has a GPU that NVML can read")
+                not_here("this machine has a GPU that NVML can read")
             assert not any(name.startswith(("hw.", "dl.gpu.")) for name in found)
     lines = [r.getMessage() for r in caplog.records if "device metrics" in r.getMessage()]
     assert len(lines) == 1 and "none are exported" in lines[0]
@@ -218,7 +217,7 @@ def test_a_real_nvml_read_where_a_gpu_is():
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as error:
-        pytest.skip(f"no GPU that NVML can read here: {error}")
+        not_here(f"no GPU that NVML can read here: {error}")
     reader = InMemoryMetricReader()
     DeviceMetrics(MeterProvider(metric_readers=[reader]).get_meter("gpu"), NvmlDevices())
     found = _points(reader)

@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from support import import_or_unavailable
 
 from otel_training import setup, testing
 
@@ -30,9 +31,8 @@ from framework_checks import (  # noqa: E402
 
 def _require_lightning():
     sys.path.insert(0, str(INTEGRATION))
-    from framework_checks import require
 
-    require("lightning")
+    import_or_unavailable("lightning")
     import lightning_run
 
     return lightning_run

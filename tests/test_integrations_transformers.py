@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from support import import_or_unavailable
 
 from otel_training import setup, testing
 
@@ -30,10 +31,9 @@ from framework_checks import (  # noqa: E402
 
 def _require_transformers():
     sys.path.insert(0, str(INTEGRATION))
-    from framework_checks import require
 
-    require("transformers")
-    require("accelerate")
+    import_or_unavailable("transformers")
+    import_or_unavailable("accelerate")
     import transformers_run
 
     return transformers_run

@@ -8,7 +8,7 @@ import os
 import threading
 from pathlib import Path
 
-import pytest
+from support import fork_or_unavailable
 
 from otel_training import _log_once, testing
 from otel_training._log_once import MINUTE_S, LogOnce
@@ -119,10 +119,10 @@ def test_many_threads_say_a_cause_exactly_once(caplog):
     assert sorted(_lines(caplog)) == sorted(f"cause {i}" for i in range(20))
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
 def test_a_forked_child_says_a_new_cause_although_the_lock_was_held_at_fork():
     """A lock held (by another thread) when the process forks does not deadlock the child: it
     says a new cause and keeps what the parent said."""
+    fork_or_unavailable()
     once = LogOnce("test.once")
     once("parent", "said in the parent")
     read, write = os.pipe()

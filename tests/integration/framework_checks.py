@@ -1,13 +1,11 @@
-"""What the framework-callback tests share: requiring a framework, and reading what arrived.
+"""What the framework-callback tests share: reading what arrived.
 
 Not a test module.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 from collections.abc import Iterable, Sequence
 
 import pytest
@@ -23,18 +21,6 @@ from otel_training.semconv.spans import (
 )
 
 STEP = "megatron.training.step_duration_ms"
-
-
-def require(module: str):
-    """Imports ``module``; skips the test without it, except under ``CI=true`` where the test
-    extra installs it and its absence is a failure."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as error:
-        message = f"{module} is not installed (pip install -e '.[test]'): {error}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 def collections_by_rank(receiver) -> dict[int, list[dict[str, list]]]:

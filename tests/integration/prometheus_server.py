@@ -18,7 +18,6 @@ import json
 import os
 import queue
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -37,15 +36,6 @@ from otlp_receiver import LOOPBACK, free_port
 T = TypeVar("T")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def find_prometheus() -> str | None:
-    """Path of the `prometheus` binary: $PROMETHEUS_BINARY, then PATH, then /usr/bin."""
-    candidates = (os.environ.get("PROMETHEUS_BINARY"), shutil.which("prometheus"))
-    for candidate in (*candidates, "/usr/bin/prometheus"):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 def poll(what: str, probe: Callable[[], T | None], timeout_s: float, interval_s: float = 0.2) -> T:

@@ -4,29 +4,12 @@ default's files."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 from otlp_receiver import free_port
-
-
-def require_gloo() -> None:
-    """Skips the test without torch.distributed's gloo backend; fails it under ``CI=true``."""
-    try:
-        import torch.distributed as dist
-    except ModuleNotFoundError:
-        message = "torch is not installed"
-    else:
-        if dist.is_available() and dist.is_gloo_available():
-            return
-        message = "torch.distributed with gloo is not available"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 def torchrun_args(

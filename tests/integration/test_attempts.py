@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from otlp_receiver import free_port
-from rank_jobs import child_env, require_gloo
-from support import import_or_unavailable
+from rank_jobs import child_env
+from support import gloo_or_unavailable, import_or_unavailable
 
 from otel_training.report import find_run_directory, load_job
 from otel_training.report.rundir import peek_resource
@@ -68,7 +68,7 @@ def _torchrun(root: Path, nproc: int, *extra: str, **env: str) -> subprocess.Com
     :data:`RDZV_ID`, the way multi-node jobs run: restarts meet in a new round) on 127.0.0.1,
     writing to ``root/out``."""
     import_or_unavailable("torch")
-    require_gloo()
+    gloo_or_unavailable()
     script = root / "worker.py"
     script.write_text(WORKER)
     full_env = {

@@ -18,10 +18,9 @@ from rank_jobs import (
     last_metrics,
     metric_files,
     rank_stdout,
-    require_gloo,
     torchrun_args,
 )
-from support import import_or_unavailable
+from support import gloo_or_unavailable, import_or_unavailable
 
 P = "megatron.training."
 STEPS, BATCH, SEQ, LAYERS, D_MODEL = 6, 4, 32, 1, 32
@@ -48,7 +47,7 @@ class Job:
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, repo_root) -> Job:
     import_or_unavailable("torch")
-    require_gloo()
+    gloo_or_unavailable()
     root = tmp_path_factory.mktemp("demo2")
     output, checkpoints, logs = root / "telemetry", root / "checkpoints", root / "logs"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}

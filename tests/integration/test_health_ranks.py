@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from otlp_receiver import free_port
-from rank_jobs import require_gloo
+from support import gloo_or_unavailable
 
 JOB = textwrap.dedent(
     """
@@ -58,7 +58,7 @@ JOB = textwrap.dedent(
 def test_health_names_the_straggler_and_the_hang_culprit_from_the_files(tmp_path, how):
     """Straggler rank 1 (compute); hung, culprit rank 1: outside the collective with its stack
     (sleep), or silent (SIGSTOP) while rank 0's stack shows it waiting in the all_reduce."""
-    require_gloo()
+    gloo_or_unavailable()
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     src = str(Path(__file__).resolve().parents[2] / "src")

@@ -9,7 +9,8 @@ import subprocess
 import sys
 import textwrap
 
-from rank_jobs import child_env, require_gloo, torchrun_args
+from rank_jobs import child_env, torchrun_args
+from support import gloo_or_unavailable
 
 from otel_training.semconv import spans as names
 
@@ -79,7 +80,7 @@ JOB = textwrap.dedent(
 
 
 def _run(tmp_path, receiver, **env: str) -> None:
-    require_gloo()
+    gloo_or_unavailable()
     script = tmp_path / "job.py"
     script.write_text(JOB)
     variables = {

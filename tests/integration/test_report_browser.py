@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from support import import_or_unavailable
+from support import chromium_or_unavailable, import_or_unavailable
 
 import_or_unavailable("torch")
 import_or_unavailable("plotly")
@@ -38,16 +37,6 @@ DEMO = [
     "--tensor-metrics", "grad_norm:2,param_norm:2,activation_rms:2,router:2",
     "--device", "cpu", "--quiet",
 ]  # fmt: skip
-
-
-def _chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        message = "chromium is not installed (Debian's chromium package)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 def _env(**more: str) -> dict[str, str]:
@@ -137,7 +126,7 @@ class _Rendered(HTMLParser):
 def _browse(url: str, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
     profile = tmp / f"profile-{len(list(tmp.glob('profile-*')))}"
     return subprocess.run(
-        [_chromium(), *FLAGS, f"--user-data-dir={profile}", *extra, url],
+        [chromium_or_unavailable(), *FLAGS, f"--user-data-dir={profile}", *extra, url],
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip
 

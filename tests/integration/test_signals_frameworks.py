@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from framework_checks import require
 from otlp_receiver import free_port
-from rank_jobs import require_gloo
+from support import gloo_or_unavailable, import_or_unavailable
 
 from otel_training.semconv.attributes import OTEL_TRAINING_SPAN_TRUNCATED
 
@@ -113,7 +112,7 @@ def test_lightning_saves_and_exits_as_it_decides_with_telemetry_on(
     first: HPC checkpoint and ``scontrol requeue``): its SIGTERMException path runs
     OnExceptionCheckpoint, the process exits 0 as Lightning decides, and what the graceful
     path recorded arrives with the last training metrics."""
-    require("lightning")
+    import_or_unavailable("lightning")
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"}
     calls = tmp_path / "scontrol.calls"
     if variant == "slurm":
@@ -229,7 +228,7 @@ def test_a_megatron_style_exit_signal_handler_saves_on_every_rank_with_telemetry
     """Two gloo ranks with an exit-signal handler set after configure(), SIGTERM to both (as
     SLURM sends it): they agree, save a checkpoint at the same iteration and exit 0; each
     rank's last loss and its checkpoint span arrive, nothing truncated."""
-    require_gloo()
+    gloo_or_unavailable()
     env = {
         **otlp_receiver.env("grpc"),
         "OTEL_METRIC_EXPORT_INTERVAL": "60000",

@@ -218,13 +218,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:  # pragma: no c
 
 
 def _require_gloo() -> None:
-    from support import import_or_unavailable  # not at the top: this file also runs as a rank
+    from support import gloo_or_unavailable  # not at the top: this file also runs as a rank
 
-    torch = import_or_unavailable("torch")
-    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
-        if os.environ.get("CI") == "true":
-            pytest.fail("torch.distributed with gloo is required under CI")
-        pytest.skip("torch.distributed with gloo is not available")
+    gloo_or_unavailable()
 
 
 @pytest.fixture(scope="module")

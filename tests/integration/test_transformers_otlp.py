@@ -18,10 +18,10 @@ from framework_checks import (
     l2,
     last_collection,
     rate_bounds,
-    require,
     runs,
     tensor_gauges,
 )
+from support import import_or_unavailable
 
 from otel_training.semconv.attributes import MEGATRON_CHECKPOINT_PATH, MEGATRON_ITERATION
 
@@ -34,8 +34,8 @@ def trainer_run(monkeypatch, otlp_receiver):
     """``run(root, **kwargs)``: transformers_run.train in this process, the callback
     configuring the pipeline from OTEL_* pointing at the receiver; shut down before it
     returns."""
-    require("transformers")
-    require("accelerate")
+    import_or_unavailable("transformers")
+    import_or_unavailable("accelerate")
     sys.path.insert(0, str(HERE))
     import transformers_run as driver
 
@@ -140,7 +140,7 @@ def test_an_exception_that_ends_the_program_is_recorded_on_the_run_span(
 ):
     """A failure at step 3 that nobody catches: the process exits 1 and its run span arrives
     with status ERROR and the exception."""
-    require("transformers")
+    import_or_unavailable("transformers")
     code = (
         "import sys; from pathlib import Path; sys.path.insert(0, 'tests/integration'); "
         "import transformers_run; "
@@ -164,7 +164,7 @@ def test_two_ranks_under_torchrun_on_gloo_export_under_their_own_identity(
 ):
     """torchrun, two CPU processes: each rank arrives with its identity, the Trainer's global
     loss of each logging step, its step count, and tokens/s from num_input_tokens_seen."""
-    require("transformers")
+    import_or_unavailable("transformers")
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "600000"}
     env["OTEL_PYTHON_TRAINING_SPAN_GROUPS"] = "all"
     result = run_python(
