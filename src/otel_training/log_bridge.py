@@ -64,7 +64,7 @@ from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_STACKTRACE,
     EXCEPTION_TYPE,
 )
-from opentelemetry.trace import TraceFlags
+from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_training._log_once import LogOnce
 from otel_training.limits import safe_text
@@ -78,6 +78,7 @@ __all__ = [
     "LoggingHandler",
     "bridge_root_logger",
     "has_handlers_besides_bridge",
+    "link_to_span",
     "severity_number",
 ]
 
@@ -123,6 +124,23 @@ def severity_number(levelno: int) -> SeverityNumber:
         return SeverityNumber.FATAL4
     step, within = divmod(levelno, 10)
     return SeverityNumber(1 + 4 * step + min(within, 3))
+
+
+def link_to_span(record: LogRecord, span_context: SpanContext | None) -> LogRecord:
+    """Gives ``record`` the trace and span ids of ``span_context`` when it is a valid, sampled
+    span's (one that is exported), else no ids (zeros, not sampled): a log record never points
+    at a span that no backend has. Used by every log record otel-training emits (the bridge,
+    the exception records of :mod:`otel_training.processors.exception_logs`, the hang
+    watchdog's stacks). Returns ``record``; never raises."""
+    if span_context is not None and span_context.is_valid and span_context.trace_flags.sampled:
+        record.trace_id = span_context.trace_id
+        record.span_id = span_context.span_id
+        record.trace_flags = span_context.trace_flags
+    else:
+        record.trace_id = 0
+        record.span_id = 0
+        record.trace_flags = _NOT_SAMPLED
+    return record
 
 
 def _ignored(name: str) -> bool:
@@ -265,15 +283,7 @@ class LoggingHandler(logging.Handler):
             attributes=attributes,
         )
         # Ids only of a span that is recorded and sampled: one that will be exported.
-        if span_context.is_valid and span_context.trace_flags.sampled and span.is_recording():
-            log_record.trace_id = span_context.trace_id
-            log_record.span_id = span_context.span_id
-            log_record.trace_flags = span_context.trace_flags
-        else:
-            log_record.trace_id = 0
-            log_record.span_id = 0
-            log_record.trace_flags = _NOT_SAMPLED
-        logger.emit(log_record)
+        logger.emit(link_to_span(log_record, span_context if span.is_recording() else None))
 
     def _body(self, record: logging.LogRecord) -> tuple[Any, str | None]:
         """(the body, why the message could not be formatted or None)."""

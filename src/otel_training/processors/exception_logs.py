@@ -39,9 +39,9 @@ from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_STACKTRACE,
     EXCEPTION_TYPE,
 )
-from opentelemetry.trace import TraceFlags
 
 from otel_training._log_once import LogOnce
+from otel_training.log_bridge import link_to_span
 
 __all__ = ["ExceptionLogSpanProcessor"]
 
@@ -108,15 +108,7 @@ class ExceptionLogSpanProcessor(SpanProcessor):
             body=body,
             attributes={k: attributes[k] for k in _EXCEPTION_ATTRIBUTES if k in attributes},
         )
-        if context.trace_flags.sampled:
-            record.trace_id = context.trace_id
-            record.span_id = context.span_id
-            record.trace_flags = context.trace_flags
-        else:
-            record.trace_id = 0
-            record.span_id = 0
-            record.trace_flags = TraceFlags(TraceFlags.DEFAULT)
-        self._logger.emit(record)
+        self._logger.emit(link_to_span(record, context))
 
     def shutdown(self) -> None:
         with self._lock:
