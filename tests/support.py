@@ -13,11 +13,15 @@ import importlib.util
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
 import pytest
+
+#: The repository root (tests/..).
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def unavailable(reason: str) -> NoReturn:
@@ -26,6 +30,31 @@ def unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI=true: .ci/run should have installed it)")
     pytest.skip(reason)
+
+
+def child_env(
+    overrides: Mapping[str, str | None] | None = None,
+    /,
+    *,
+    drop: tuple[str, ...] = (),
+    **extra: str,
+) -> dict[str, str]:
+    """The environment of a child process a test starts: this one's without any ``OTEL_*``
+    variable (nor one starting with a prefix in ``drop``), ``<repo>/src`` first on
+    ``PYTHONPATH``, unbuffered output, one torch thread per process unless
+    ``OMP_NUM_THREADS`` is set (the tests' processes share the machine's cores), then
+    ``overrides`` and ``extra`` on top (a value of ``None`` removes the variable)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", *drop))}
+    src = str(REPO_ROOT / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for key, value in {**(overrides or {}), **extra}.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
 
 
 def not_here(reason: str) -> NoReturn:

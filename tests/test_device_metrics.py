@@ -5,7 +5,6 @@ read where a GPU is."""
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.semconv._incubating.metrics import hw_metrics
-from support import import_or_unavailable, not_here
+from support import child_env, import_or_unavailable, not_here
 
 from otel_training import device_metrics
 from otel_training.config import RankIdentity
@@ -180,8 +179,7 @@ def test_without_nvidia_ml_py_configure_builds_no_device_instrument(tmp_path):
         "             for m in sm.metrics if not m.name.startswith(own)]\n"
         "    print('names', sorted(names))\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["OTEL_PYTHON_TRAINING_OUTPUT_DIR"] = str(tmp_path)
+    env = child_env(OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(tmp_path))
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.trace import INVALID_SPAN
-from support import not_here
+from support import child_env, not_here
 
 import otel_training
 import otel_training.testing
@@ -43,13 +43,15 @@ def record(recorder_library, tmp_path):
 
     def run(code: str, **env: str) -> list[dict]:
         output = tmp_path / "nvtx.jsonl"
-        child_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        child_env.update(nvtx_injection.environment(recorder_library, output))
-        child_env.update(OTEL_METRICS_EXPORTER="none", OTEL_TRACES_EXPORTER="none")
-        child_env.update(env)
+        variables = {
+            **nvtx_injection.environment(recorder_library, output),
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_TRACES_EXPORTER": "none",
+            **env,
+        }
         result = subprocess.run(
             [sys.executable, "-c", textwrap.dedent(code)],
-            env=child_env,
+            env=child_env(variables),
             capture_output=True,
             text=True,
             timeout=120,

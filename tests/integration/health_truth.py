@@ -13,7 +13,6 @@ from the truth logs, the process start times taken here before each ``Popen`` an
 from __future__ import annotations
 
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from otlp_receiver import free_port
+from support import child_env
 
 JOB = Path(__file__).resolve().parent / "health_job.py"
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,10 +83,8 @@ class Outcome:
 
 
 def _env(base: Path, variant: dict, attempt: int, rank: int, port: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_",
-                                                                      "SLURM_"))}  # fmt: skip
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
-    env.update(
+    env = child_env(
+        drop=("TORCHELASTIC_", "SLURM_"),
         OMP_NUM_THREADS="1",
         RANK=str(rank),
         LOCAL_RANK=str(rank),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from rank_jobs import child_env, last_metrics, metric_files, torchrun_args
+from rank_jobs import last_metrics, metric_files, torchrun_args
 from support import gloo_or_unavailable, import_or_unavailable
 
 import_or_unavailable("torch")
@@ -53,7 +53,7 @@ def test_train_ddp_under_torchrun_exports_both_ranks(run_python, otlp_receiver, 
             "examples/train_ddp.py",
             *["--steps", str(steps), "--log-interval", str(steps), *SMALL],
         ),
-        env={**otlp_receiver.env("grpc"), **child_env()},
+        env=otlp_receiver.env("grpc"),
         timeout_s=150,
     )
     assert result.returncode == 0, result.stderr[-4000:]

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import support
 from support import program_or_unavailable, unavailable
 
 from otel_training.report import find_run_directory, load_job
@@ -130,11 +131,7 @@ def _run(tmp_path: Path, mode: str, run_python_env: dict[str, str]) -> tuple[Pat
 
 @pytest.fixture
 def child_env(repo_root) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SLURM_", "RANK"))}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(repo_root / "src"), env.get("PYTHONPATH")) if p
-    )
-    return env
+    return support.child_env(drop=("SLURM_", "RANK"))
 
 
 def _iterations(run_dir: Path) -> list[int]:

@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+from support import child_env
 
 TRAIN_AGAINST_ENDPOINT = textwrap.dedent(
     """
@@ -178,7 +179,6 @@ def test_last_interval_is_exported_at_normal_exit(run_python, otlp_receiver):
 
 def test_sigterm_flushes_then_terminates(repo_root, otlp_receiver, tmp_path):
     """On SIGTERM the last values are exported, then the process dies of SIGTERM as before."""
-    import os
 
     code = textwrap.dedent(
         """
@@ -189,9 +189,7 @@ def test_sigterm_flushes_then_terminates(repo_root, otlp_receiver, tmp_path):
         time.sleep(60)
         """
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update(otlp_receiver.env("grpc"))
-    env["PYTHONPATH"] = str(repo_root / "src")
+    env = child_env(otlp_receiver.env("grpc"))
     child = subprocess.Popen(
         [sys.executable, "-c", code],
         env=env,

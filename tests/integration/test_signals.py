@@ -4,7 +4,6 @@ kept, open spans ended as truncated, a main thread stuck in C code, forked child
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import build_shared_library
+from support import build_shared_library, child_env
 
 from otel_training.semconv.attributes import OTEL_TRAINING_SPAN_TRUNCATED
 
@@ -35,13 +34,9 @@ TIGHT_LOOP = textwrap.dedent(
 
 
 def _start(code: str, env: dict[str, str], repo_root: Path) -> subprocess.Popen:
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    child_env.update(env)
-    child_env["PYTHONPATH"] = str(repo_root / "src")
-    child_env["PYTHONUNBUFFERED"] = "1"
     return subprocess.Popen(
         [sys.executable, "-c", code],
-        env=child_env,
+        env=child_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -159,11 +154,9 @@ def test_sigterm_while_the_main_thread_is_stuck_in_c_still_flushes(
 ):
     """A main thread in C code never runs Python's handler: the watcher, woken through the
     wakeup fd, flushes anyway and ends the process with status 143."""
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    child_env.update(otlp_receiver.env("grpc"), PYTHONPATH=str(repo_root / "src"))
     child = subprocess.Popen(
         [sys.executable, "-c", STUCK_IN_C, str(spin_library)],
-        env=child_env,
+        env=child_env(otlp_receiver.env("grpc")),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -300,7 +293,7 @@ def test_sigterm_into_a_program_that_handles_it_leaves_its_fate_alone(
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"}
     child = subprocess.Popen(
         [sys.executable, "-c", PROGRAM_HANDLES, mode, str(checkpoint)],
-        env={**_env_without_otel(), **env, "PYTHONPATH": str(repo_root / "src")},
+        env=child_env(env),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -330,10 +323,6 @@ def test_sigterm_into_a_program_that_handles_it_leaves_its_fate_alone(
     spans = {s.name: s for s in otlp_receiver.spans()}
     for name in ("megatron.train", "megatron.checkpoint.save"):
         assert OTEL_TRAINING_SPAN_TRUNCATED not in spans[name].attributes, name
-
-
-def _env_without_otel() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
 
 
 EXITS_IN_ITS_HANDLER = textwrap.dedent(
@@ -367,7 +356,7 @@ def test_a_handler_that_exits_decides_the_exit_status(otlp_receiver, repo_root, 
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"}
     child = subprocess.Popen(
         [sys.executable, "-c", EXITS_IN_ITS_HANDLER, how],
-        env={**_env_without_otel(), **env, "PYTHONPATH": str(repo_root / "src")},
+        env=child_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -413,7 +402,7 @@ def test_sigterm_while_stuck_in_c_with_a_handler_of_the_programs_flushes_and_wai
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"}
     child = subprocess.Popen(
         [sys.executable, "-c", STUCK_IN_C_PROGRAM_HANDLES, str(library), str(release)],
-        env={**_env_without_otel(), **env, "PYTHONPATH": str(repo_root / "src")},
+        env=child_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -506,7 +495,7 @@ def test_asyncio_keeps_its_wakeup_fd_and_its_signal_handler(otlp_receiver, repo_
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"}
     child = subprocess.Popen(
         [sys.executable, "-c", ASYNCIO_HANDLES, order],
-        env={**_env_without_otel(), **env, "PYTHONPATH": str(repo_root / "src")},
+        env=child_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from otlp_receiver import free_port
-from support import gloo_or_unavailable, import_or_unavailable
+from support import child_env, gloo_or_unavailable, import_or_unavailable
 
 from otel_training.semconv.attributes import OTEL_TRAINING_SPAN_TRUNCATED
 
@@ -70,10 +70,7 @@ SCONTROL = '#!/bin/sh\necho "$@" >> "{calls}"\n'
 
 
 def _env(repo_root: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SLURM_"))}
-    env.update(PYTHONPATH=str(repo_root / "src"), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    env.update(extra)
-    return env
+    return child_env(extra, drop=("SLURM_",), OMP_NUM_THREADS="1")
 
 
 def _wait_for(condition, what: str, children: list[subprocess.Popen], timeout_s: float = 60.0):
