@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import nvtx_injection
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace as trace_api
@@ -38,9 +39,6 @@ from otel_training.health import ledger as health
 from otel_training.phases import NvtxPhase, Phase, SpanPhase
 from otel_training.processors import NvtxSpanProcessor
 from otel_training.semconv import spans as names
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import nvtx_injection  # noqa: E402
 
 #: Exporters off: what is exported is not compared, and no reader reads the ledger meanwhile.
 BASE = {

@@ -10,8 +10,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
+import nvtx_injection
 import pytest
 from opentelemetry.trace import INVALID_SPAN
 from support import child_env, not_here
@@ -21,9 +21,6 @@ import otel_training.testing
 from otel_training.phases import LedgerPhase, SpanPhase
 from otel_training.processors import NvtxSpanProcessor, nvtx
 from otel_training.semconv import spans as names
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import nvtx_injection  # noqa: E402
 
 PREAMBLE = """
 import threading, time

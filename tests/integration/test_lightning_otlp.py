@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from framework_checks import (
     l2,
     last_collection,
     rate_bounds,
+    receiver_run,
     runs,
     tensor_gauges,
 )
@@ -32,26 +32,9 @@ SEQ = 16  # tokens per sample (bytes predicted per row)
 
 @pytest.fixture
 def lightning_run(monkeypatch, otlp_receiver):
-    """``run(**kwargs)``: lightning_run.train in this process, the callback configuring the
-    pipeline from OTEL_* pointing at the receiver; shut down before it returns."""
-    import_or_unavailable("lightning")
-    sys.path.insert(0, str(HERE))
-    import lightning_run as driver
-
-    import otel_training
-
-    for key, value in otlp_receiver.env("grpc").items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
-    monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
-
-    def run(root: Path, **kwargs):
-        try:
-            return driver.train(root, **kwargs)
-        finally:
-            otel_training.shutdown()
-
-    return run
+    """``run(root, **kwargs)``: lightning_run.train in this process, exporting to the
+    receiver (framework_checks.receiver_run)."""
+    return receiver_run("lightning", monkeypatch, otlp_receiver)
 
 
 def _interval_steps(every: int, steps: int) -> list[tuple[int, int]]:

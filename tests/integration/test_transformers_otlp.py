@@ -5,7 +5,6 @@ what the test measured itself."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from framework_checks import (
     l2,
     last_collection,
     rate_bounds,
+    receiver_run,
     runs,
     tensor_gauges,
 )
@@ -31,28 +31,9 @@ SEQ = 32
 
 @pytest.fixture
 def trainer_run(monkeypatch, otlp_receiver):
-    """``run(root, **kwargs)``: transformers_run.train in this process, the callback
-    configuring the pipeline from OTEL_* pointing at the receiver; shut down before it
-    returns."""
-    import_or_unavailable("transformers")
-    import_or_unavailable("accelerate")
-    sys.path.insert(0, str(HERE))
-    import transformers_run as driver
-
-    import otel_training
-
-    for key, value in otlp_receiver.env("grpc").items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
-    monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
-
-    def run(root: Path, **kwargs):
-        try:
-            return driver.train(root, **kwargs)
-        finally:
-            otel_training.shutdown()
-
-    return run
+    """``run(root, **kwargs)``: transformers_run.train in this process, exporting to the
+    receiver (framework_checks.receiver_run)."""
+    return receiver_run("transformers", monkeypatch, otlp_receiver)
 
 
 def test_metrics_equal_the_log_history_and_what_the_test_measured(
