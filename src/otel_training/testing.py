@@ -19,7 +19,12 @@ from opentelemetry import trace as trace_api
 from opentelemetry._logs import _internal as logs_internal
 from opentelemetry.metrics import _internal as metrics_internal
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+)
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
@@ -31,6 +36,7 @@ from otel_training.health import watchdog as health_watchdog
 
 __all__ = [
     "InMemoryTelemetry",
+    "RecordingMetricExporter",
     "hex_ids_to_base64",
     "parse_otlp_json",
     "configure_in_memory",
@@ -58,6 +64,32 @@ class InMemoryTelemetry:
         """Collects now; (metric name, data point) pairs, optionally of one metric."""
         instruments.flush_deferred(10.0)
         return points(self.reader.get_metrics_data(), name)
+
+
+class RecordingMetricExporter(MetricExporter):
+    """A metric exporter for a periodic reader in tests: keeps, for every export, the points of
+    each metric (``exports[i][metric name] -> [points]``). Accepts every export."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exports: list[dict[str, list]] = []
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        found: dict[str, list] = {}
+        for rm in metrics_data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    found.setdefault(metric.name, []).extend(metric.data.data_points)
+        self.exports.append(found)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
 
 
 def configure_in_memory(
