@@ -23,7 +23,7 @@ from torch import nn  # noqa: E402
 from otel_training import setup  # noqa: E402
 from otel_training.instruments import record_training_metrics  # noqa: E402
 from otel_training.tensor import TensorMetricExecutor, TensorMetricGauges, TensorObserver  # noqa: E402
-from otel_training.testing import RecordingMetricExporter  # noqa: E402
+from otel_training.testing import RecordingMetricExporter, points  # noqa: E402
 
 P = "megatron.training."
 GRAD = P + "tensor.grad_norm"
@@ -138,13 +138,8 @@ def test_a1_stalled_and_raising_tensor_metrics_do_not_stop_export(caplog):
 
 def _series(reader) -> dict[str, list[dict]]:
     found: dict[str, list[dict]] = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                found.setdefault(metric.name, []).extend(
-                    dict(p.attributes) for p in metric.data.data_points
-                )
+    for name, point in points(reader.get_metrics_data()):
+        found.setdefault(name, []).append(dict(point.attributes))
     return found
 
 

@@ -78,10 +78,8 @@ class RecordingMetricExporter(MetricExporter):
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
         found: dict[str, list] = {}
-        for rm in metrics_data.resource_metrics:
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    found.setdefault(metric.name, []).extend(metric.data.data_points)
+        for name, point in points(metrics_data):
+            found.setdefault(name, []).append(point)
         self.exports.append(found)
         return MetricExportResult.SUCCESS
 

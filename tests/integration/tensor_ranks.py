@@ -45,16 +45,14 @@ def launch(scenarios: str, world: int, out: Path) -> list[dict]:
 
 
 def _points(reader) -> dict[str, float]:
+    from otel_training.testing import points
+
     found = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                if metric.name.startswith("megatron.training.tensor."):
-                    family = metric.name.removeprefix("megatron.training.tensor.")
-                    for point in metric.data.data_points:
-                        labels = "|".join(str(v) for v in point.attributes.values())
-                        found[f"{family}|{labels}"] = point.value
+    for name, point in points(reader.get_metrics_data()):
+        if name.startswith("megatron.training.tensor."):
+            family = name.removeprefix("megatron.training.tensor.")
+            labels = "|".join(str(v) for v in point.attributes.values())
+            found[f"{family}|{labels}"] = point.value
     return found
 
 
