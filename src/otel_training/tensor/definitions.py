@@ -335,29 +335,15 @@ class MaxAbsMetric(ShardedReductionMetric):
         return float(host[0])
 
 
-_STATISTIC_ATTRIBUTES: dict[tuple[str, str], Mapping[str, str]] = {}
-_EXPERT_ATTRIBUTES: dict[tuple[str, int], Mapping[str, str | int]] = {}
+_LAYER_ATTRIBUTES: dict[tuple[str, str, str | int], Mapping[str, str | int]] = {}
 
 
-def _statistic_attributes(label: str, statistic: str) -> Mapping[str, str]:
-    key = (label, statistic)
-    found = _STATISTIC_ATTRIBUTES.get(key)
+def _layer_attributes(label: str, key: str, value: str | int) -> Mapping[str, str | int]:
+    """``{megatron.training.layer: label, key: value}``, made once per combination."""
+    found = _LAYER_ATTRIBUTES.get((label, key, value))
     if found is None:
-        found = MappingProxyType(
-            {MEGATRON_TRAINING_LAYER: label, MEGATRON_TRAINING_ROUTER_STATISTIC: statistic}
-        )
-        _STATISTIC_ATTRIBUTES[key] = found
-    return found
-
-
-def _expert_attributes(label: str, expert: int) -> Mapping[str, str | int]:
-    key = (label, expert)
-    found = _EXPERT_ATTRIBUTES.get(key)
-    if found is None:
-        found = MappingProxyType(
-            {MEGATRON_TRAINING_LAYER: label, MEGATRON_TRAINING_ROUTER_EXPERT: expert}
-        )
-        _EXPERT_ATTRIBUTES[key] = found
+        found = MappingProxyType({MEGATRON_TRAINING_LAYER: label, key: value})
+        _LAYER_ATTRIBUTES[(label, key, value)] = found
     return found
 
 
@@ -442,7 +428,9 @@ class RouterMetric(ShardedReductionMetric):
             if mean > 0:
                 stats = (counts.max() / mean, counts.std() / mean, float((counts == 0).mean()))
                 for statistic, value in zip(ROUTER_STATISTICS, stats):
-                    balance_attrs.append(_statistic_attributes(label, statistic))
+                    balance_attrs.append(
+                        _layer_attributes(label, MEGATRON_TRAINING_ROUTER_STATISTIC, statistic)
+                    )
                     balance.append(value)
             if experts > 1 and tokens > 0:
                 entropy_attrs.append(layer_attributes(label))
@@ -459,7 +447,9 @@ class RouterMetric(ShardedReductionMetric):
                 budget -= kept
                 share = counts / counts.sum()
                 for expert in range(kept):
-                    expert_attrs.append(_expert_attributes(label, expert))
+                    expert_attrs.append(
+                        _layer_attributes(label, MEGATRON_TRAINING_ROUTER_EXPERT, expert)
+                    )
                     loads.append(share[expert])
         out = []
         if self.summary:
