@@ -374,8 +374,7 @@ def test_nvtx_only_phases_without_a_tool_are_the_shared_no_op():
 def test_the_recorders_buffer_mode_counts_every_call_without_writing_them(record):
     """NVTX_RECORDER_MODE=buffer (the benchmarks' profiler-like tool) keeps the calls in
     memory and writes one summary line at exit: 2 per span range, 2 per NVTX-only phase."""
-    records = record(
-        """
+    five_steps = """
 import otel_training as ot
 telemetry = ot.configure()
 for step in range(1, 6):
@@ -383,26 +382,14 @@ for step in range(1, 6):
         with ot.layer("forward", layer_number=1):
             pass
 telemetry.shutdown()
-""",
-        OTEL_PYTHON_TRAINING_SPAN_GROUPS="step,layer",
-        OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS="layer",
-        NVTX_RECORDER_MODE="buffer",
-    )
-    (summary,) = records
+"""
+    groups = {
+        "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "step,layer",
+        "OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS": "layer",
+    }
+    (summary,) = record(five_steps, **groups, NVTX_RECORDER_MODE="buffer")
     assert summary["op"] == "summary"
-    counted = record(
-        """
-import otel_training as ot
-telemetry = ot.configure()
-for step in range(1, 6):
-    with ot.training_iteration(iteration=step):
-        with ot.layer("forward", layer_number=1):
-            pass
-telemetry.shutdown()
-""",
-        OTEL_PYTHON_TRAINING_SPAN_GROUPS="step,layer",
-        OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS="layer",
-    )
+    counted = record(five_steps, **groups)
     assert counted[0] == summary  # the same output file: the buffered run's line first
     counted = counted[1:]
     assert summary["events"] == len(counted)  # the same calls, one event each

@@ -24,11 +24,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script too
-from framework_checks import (  # noqa: E402
-    callbacks_with_readers,
-    one_torch_thread,
-    throughput_gauges,
-)
+from framework_checks import callbacks_with_readers, one_torch_thread, throughput_gauges  # noqa: E402
 
 VOCAB = 256
 
