@@ -12,7 +12,10 @@ import importlib
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
@@ -55,6 +58,43 @@ def child_env(
         else:
             env[key] = value
     return env
+
+
+def start_python(
+    code: str, *args: str, env: Mapping[str, str | None] | None = None, stdin: bool = False
+) -> subprocess.Popen[str]:
+    """``python -c code *args`` in the environment :func:`child_env` makes of ``env``, its
+    stdout and stderr pipes of text (its stdin too when ``stdin``)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=child_env(env),
+        stdin=subprocess.PIPE if stdin else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def terminate_when_ready(
+    child: subprocess.Popen[str], delay_s: float = 0.0, timeout_s: float = 30.0
+) -> tuple[int, str]:
+    """Waits for ``child`` to print "ready", sends SIGTERM after ``delay_s`` seconds, and
+    returns (exit status, stderr); a child that does not end within ``timeout_s`` seconds (a
+    generous bound) is a hang and fails the test. The child is killed and reaped in any case."""
+    try:
+        line = child.stdout.readline().strip()
+        assert line == "ready", child.stderr.read()[-3000:]
+        if delay_s:
+            time.sleep(delay_s)
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the child hung after SIGTERM")
+        return child.returncode, child.stderr.read()
+    finally:
+        child.kill()
+        child.wait()
 
 
 def not_here(reason: str) -> NoReturn:

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from support import child_env
+from support import start_python, terminate_when_ready
 
 from otel_training.semconv.attributes import DL_RANK, DL_WORLD_SIZE
 from otel_training.testing import parse_otlp_json
@@ -200,28 +198,11 @@ LOG_UNTIL_TERMINATED = textwrap.dedent(
 def test_sigterm_flushes_the_logs_and_terminates(otlp_receiver, repo_root):
     """SIGTERM into a process that logs in a loop: it dies by SIGTERM as before, and the
     records logged before it (at least the first 100) reach the receiver."""
-    env = child_env(
-        otlp_receiver.env("grpc"),
-        OTEL_BLRP_SCHEDULE_DELAY="60000",  # only the flush at SIGTERM exports
-    )
-    child = subprocess.Popen(
-        [sys.executable, "-c", LOG_UNTIL_TERMINATED],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout.readline().strip() == "ready", child.stderr.read()[-3000:]
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the child hung after SIGTERM")
-        stderr = child.stderr.read()
-    finally:
-        child.kill()
-        child.wait()
-    assert child.returncode == -signal.SIGTERM, stderr[-3000:]
+    env = {
+        **otlp_receiver.env("grpc"),
+        "OTEL_BLRP_SCHEDULE_DELAY": "60000",  # only the flush at SIGTERM exports
+    }
+    code, stderr = terminate_when_ready(start_python(LOG_UNTIL_TERMINATED, env=env))
+    assert code == -signal.SIGTERM, stderr[-3000:]
     bodies = {r.body for r in otlp_receiver.logs()}
     assert {f"record {i}" for i in range(1, 101)} <= bodies

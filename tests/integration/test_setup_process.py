@@ -6,12 +6,10 @@ from __future__ import annotations
 import base64
 import json
 import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from support import child_env
+from support import start_python, terminate_when_ready
 
 TRAIN_AGAINST_ENDPOINT = textwrap.dedent(
     """
@@ -189,21 +187,8 @@ def test_sigterm_flushes_then_terminates(repo_root, otlp_receiver, tmp_path):
         time.sleep(60)
         """
     )
-    env = child_env(otlp_receiver.env("grpc"))
-    child = subprocess.Popen(
-        [sys.executable, "-c", code],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        child.send_signal(signal.SIGTERM)
-        child.wait(timeout=30)
-    finally:
-        child.kill()
-    assert child.returncode == -signal.SIGTERM
+    status, stderr = terminate_when_ready(start_python(code, env=otlp_receiver.env("grpc")))
+    assert status == -signal.SIGTERM, stderr[-3000:]
     assert [p.value for p in otlp_receiver.metrics("megatron.training.loss")] == [4.25]
 
 
