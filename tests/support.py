@@ -1,9 +1,11 @@
-"""Shared by the tests: what to do when a real part a test needs is missing.
+"""Shared by the tests: what to do when a real part a test needs is missing, and how a test
+starts a child process.
 
 Every skip of the suite goes through here (``tests/test_support.py`` checks it): a missing part
-(a package, a program, gloo) skips on a user's machine and fails under ``CI=true``
-(:func:`unavailable`); a test meant for another kind of machine (one with a GPU, one without)
-skips everywhere (:func:`not_here`).
+(a package, a program, gloo, fork) skips on a user's machine and fails under ``CI=true``
+(:func:`unavailable` and the ``*_or_unavailable`` helpers); a test meant for another kind of
+machine (one with a GPU, one without) skips everywhere (:func:`not_here`). A child process gets
+its environment from :func:`child_env` (no ``OTEL_*`` of the host, this checkout's ``src``).
 """
 
 from __future__ import annotations

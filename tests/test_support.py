@@ -4,6 +4,7 @@ fails under CI=true; no test skips around it."""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 import textwrap
@@ -122,3 +123,19 @@ def test_a_program_is_found_on_path_or_by_its_variable(tmp_path, monkeypatch):
     assert support.find_program("missing") is None
     monkeypatch.setenv("TOOL_BINARY", str(program))
     assert support.find_program("missing", variable="TOOL_BINARY") == str(program)
+
+
+def test_a_child_gets_this_checkout_and_none_of_the_hosts_otel_variables(monkeypatch):
+    """child_env: no OTEL_* (nor a dropped prefix), src first on PYTHONPATH, one torch thread
+    unless set, unbuffered; overrides on top, None removing a variable."""
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "host")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("PYTHONPATH", "elsewhere")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env = support.child_env({"KEEP": "1", "PATH": None}, drop=("SLURM_",), EXTRA="2")
+    assert not any(k.startswith(("OTEL_", "SLURM_")) for k in env)
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(support.REPO_ROOT / "src"), "elsewhere"]
+    assert (env["OMP_NUM_THREADS"], env["PYTHONUNBUFFERED"]) == ("1", "1")
+    assert (env["KEEP"], env["EXTRA"]) == ("1", "2") and "PATH" not in env
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert support.child_env()["OMP_NUM_THREADS"] == "4"
