@@ -6,6 +6,7 @@ import ast
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from support import fork_or_unavailable
@@ -110,12 +111,9 @@ def test_many_threads_say_a_cause_exactly_once(caplog):
         for index in range(200):
             once(index % 20, "cause %d", index % 20)
 
-    with caplog.at_level(logging.WARNING, logger="test.once"):
-        threads = [threading.Thread(target=run) for _ in range(16)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+    with caplog.at_level(logging.WARNING, logger="test.once"), ThreadPoolExecutor(16) as pool:
+        for future in [pool.submit(run) for _ in range(16)]:
+            future.result()
     assert sorted(_lines(caplog)) == sorted(f"cause {i}" for i in range(20))
 
 
