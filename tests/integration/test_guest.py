@@ -132,13 +132,15 @@ ROOT_LOGGER = textwrap.dedent(
 )
 
 
-def test_basic_config_after_configure_still_configures_the_root_logger(run_python, otlp_receiver):
+def test_basic_config_after_configure_still_configures_the_root_logger(
+    run_python, otlp_receiver, tmp_path
+):
     """With the root bridge on, configure() leaves the root logger's level alone and a
     program's basicConfig() after it still sets the level and adds its handler (it does
     nothing when the root logger has one): the record is printed and exported. A configure()
     without the bridge removes it and gives basicConfig back."""
     env = {**otlp_receiver.env("grpc"), "OTEL_PYTHON_TRAINING_LOGGING": "true"}
-    result = run_python(ROOT_LOGGER, env=env)
+    result = run_python(ROOT_LOGGER, env=env, cwd=tmp_path)  # its second configure's files
     assert result.returncode == 0, result.stderr[-3000:]
     assert "PROGRAM train configured after configure()" in result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {
@@ -287,11 +289,12 @@ FORK_HANDLERS = textwrap.dedent(
 )
 
 
-def test_the_programs_fork_handlers_run_in_order_and_forks_never_hang(run_python):
+def test_the_programs_fork_handlers_run_in_order_and_forks_never_hang(run_python, tmp_path):
     """Fork handlers the program registers before and after configure() run in the order
     os.register_at_fork promises, in parent and child, ten forks while another thread
     records metrics, spans and logs; every child exits 0 and no handler raises."""
-    result = run_python(FORK_HANDLERS, env={"OTEL_METRIC_EXPORT_INTERVAL": "60000"})
+    env = {"OTEL_METRIC_EXPORT_INTERVAL": "60000", "OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path)}
+    result = run_python(FORK_HANDLERS, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     child = "before-2,before-1,child-1,child-2"
     parent = "before-2,before-1,parent-1,parent-2"
