@@ -37,22 +37,23 @@ BUCKETS = (
 
 #: The variants of the Done-when of issue 16: how attempt 0 ends and how attempts are counted.
 VARIANTS = {
-    # SIGKILL of both ranks; TORCHELASTIC_RESTART_COUNT; a run directory per attempt.
-    "sigkill": {"signal": "SIGKILL", "counter": "TORCHELASTIC_RESTART_COUNT", "dirs": True},
-    "sigterm": {"signal": "SIGTERM", "counter": "TORCHELASTIC_RESTART_COUNT", "dirs": True},
-    # SLURM's counter; both attempts in one run directory (one run id).
-    "slurm": {"signal": "SIGKILL", "counter": "SLURM_RESTART_COUNT", "dirs": False},
+    # SIGKILL of both ranks; TORCHELASTIC_RESTART_COUNT. A counter gives each attempt a run id
+    # (and a run directory) of its own: otel_training.identity appends -a{attempt}.
+    "sigkill": {"signal": "SIGKILL", "counter": "TORCHELASTIC_RESTART_COUNT"},
+    "sigterm": {"signal": "SIGTERM", "counter": "TORCHELASTIC_RESTART_COUNT"},
+    # SLURM's counter.
+    "slurm": {"signal": "SIGKILL", "counter": "SLURM_RESTART_COUNT"},
     # No counter: attempts are told apart and ordered by process.creation.time.
-    "no_counter": {"signal": "SIGKILL", "counter": None, "dirs": False},
+    "no_counter": {"signal": "SIGKILL", "counter": None},
     # The default span groups (no per-step spans): the last evidence of life is the last
     # export or span line; a kill loses the time since (docs/health.md, "Precision").
     "default_groups": {
-        "signal": "SIGKILL", "counter": "TORCHELASTIC_RESTART_COUNT", "dirs": True,
+        "signal": "SIGKILL", "counter": "TORCHELASTIC_RESTART_COUNT",
         "groups": "default",
     },
     # Rank 0 killed alone: rank 1 fails in the next all_reduce and exits (no single writer).
     "rank0_first": {
-        "signal": "SIGKILL", "counter": "TORCHELASTIC_RESTART_COUNT", "dirs": True,
+        "signal": "SIGKILL", "counter": "TORCHELASTIC_RESTART_COUNT",
         "ranks": (0,),
     },
 }  # fmt: skip
@@ -99,7 +100,7 @@ def _env(base: Path, variant: dict, attempt: int, rank: int, port: int) -> dict[
         TRUTH_LOG=str(base / f"truth-a{attempt}-rank{rank}.jsonl"),
         CHECKPOINT_DIR=str(base / "checkpoints"),
     )
-    env["OTEL_PYTHON_TRAINING_RUN_ID"] = f"truth-run-a{attempt}" if variant["dirs"] else "truth-run"
+    env["OTEL_PYTHON_TRAINING_RUN_ID"] = "truth-run"  # -a{attempt} appended where counted
     if variant["counter"] is not None:
         env[variant["counter"]] = str(attempt)
     if attempt == 0:
