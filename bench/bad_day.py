@@ -26,8 +26,8 @@ Usage: python bench/bad_day.py [--sigterm-trials N] [--handled-trials N]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import random
 import signal
 import subprocess
@@ -35,6 +35,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +43,7 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 sys.path.insert(0, str(ROOT / "tests"))  # what the integration tests import (support, doc_rules)
 
 from otlp_receiver import BlackHole, OtlpReceiver, free_port  # noqa: E402
+from support import child_env  # noqa: E402
 
 # The children of the tests that hold these cases, run here as the tests run them.
 from test_burst import BURST  # noqa: E402
@@ -78,11 +80,37 @@ TIGHT_LOOP = textwrap.dedent(
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["PYTHONPATH"] = str(ROOT / "src")
-    env["OTEL_PYTHON_TRAINING_OUTPUT_DIR"] = tempfile.mkdtemp(prefix="bad-day-")
-    env.update(extra)
-    return env
+    return child_env(
+        {"OTEL_PYTHON_TRAINING_OUTPUT_DIR": tempfile.mkdtemp(prefix="bad-day-"), **extra}
+    )
+
+
+@contextlib.contextmanager
+def _program(code: str, env: dict[str, str], *args: str) -> Iterator[subprocess.Popen]:
+    """``python -c code *args`` with ``env``, its stdin and stdout pipes; killed (when still
+    running) and reaped when the block ends."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # the destination line, once per trial
+        text=True,
+    )
+    try:
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _ends_within(child: subprocess.Popen, timeout_s: float) -> bool:
+    """Waits for ``child`` up to ``timeout_s`` seconds; False when it still runs (a hang)."""
+    try:
+        child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _run(code: str, extra: dict[str, str], timeout_s: float = 120) -> subprocess.CompletedProcess:
@@ -130,25 +158,14 @@ def sigterm_figures(trials: int) -> None:
     for _ in range(trials):
         with OtlpReceiver() as receiver:
             env = _env({**receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"})
-            child = subprocess.Popen(
-                [sys.executable, "-c", TIGHT_LOOP],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,  # the destination line, once per trial
-                text=True,
-            )
-            try:
+            with _program(TIGHT_LOOP, env) as child:
                 child.stdout.readline()
                 time.sleep(rng.uniform(0, 0.05))
                 child.send_signal(signal.SIGTERM)
-                try:
-                    child.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    hangs += 1
-                    continue
-            finally:
-                child.kill()
-                child.wait()
+                ended = _ends_within(child, 15)
+            if not ended:
+                hangs += 1
+                continue
             losses = receiver.metrics("megatron.training.loss")
             kept += bool(
                 losses and losses[-1].value >= 1000 and child.returncode == -signal.SIGTERM
@@ -165,15 +182,7 @@ def handled_figures(trials: int, graceful_s: float = 1.5) -> None:
         checkpoint = Path(tempfile.mkdtemp(prefix="bad-day-handled-")) / "checkpoint"
         with OtlpReceiver() as receiver:
             env = _env({**receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"})
-            child = subprocess.Popen(
-                [sys.executable, "-c", PROGRAM_HANDLES, modes[trial % 3], str(checkpoint)],
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            )
-            try:
+            with _program(PROGRAM_HANDLES, env, modes[trial % 3], str(checkpoint)) as child:
                 child.stdout.readline()  # "ready"
                 time.sleep(rng.uniform(0, 0.05))
                 child.send_signal(signal.SIGTERM)
@@ -184,14 +193,10 @@ def handled_figures(trials: int, graceful_s: float = 1.5) -> None:
                     child.stdin.flush()
                 except BrokenPipeError:  # already ended
                     pass
-                try:
-                    child.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    hangs += 1
-                    continue
-            finally:
-                child.kill()
-                child.wait()
+                done = _ends_within(child, 30)
+            if not done:
+                hangs += 1
+                continue
             ended += child.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
             completed += child.returncode == 7 and checkpoint.is_file()
             losses = [p.value for p in receiver.metrics("megatron.training.loss")]

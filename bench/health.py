@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path.insert(0, str(ROOT / "tests"))  # what health_truth imports (support)
 
 from health_truth import BUCKETS, VARIANTS, errors, run_variant  # noqa: E402
 

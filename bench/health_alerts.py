@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import signal
 import statistics
 import sys
@@ -51,7 +50,7 @@ from alerts_job import (  # noqa: E402
     hang_latency_s,
     inject_hang,
 )
-from prometheus_server import find_prometheus  # noqa: E402
+from support import find_program  # noqa: E402
 
 WINDOW_S = E2E_PARAMETERS.straggler_window_s
 HUNG_RANK = 2
@@ -291,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so that each job's ranks and Prometheus are stopped.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    binary = find_prometheus()
-    if binary is None or shutil.which("promtool") is None:
+    binary = find_program("prometheus", variable="PROMETHEUS_BINARY")
+    if binary is None or find_program("promtool") is None:
         print("needs Debian's prometheus (apt-get install -y prometheus)", file=sys.stderr)
         return 2
     skip = set(filter(None, args.skip.split(",")))

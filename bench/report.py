@@ -43,6 +43,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # report_files
+
+from report_files import key_value
+
 from otel_training.health.ledger import PHASES
 from otel_training.report import build_report, load_run, write_chrome_trace
 from otel_training.report.health import assess_job
@@ -101,16 +105,6 @@ CHECKPOINT_INTERVAL = 1_000
 ROUTER_STATISTICS = ("max_over_mean", "coefficient_of_variation", "dead_fraction")
 
 
-def _kv(key: str, value) -> dict:
-    if isinstance(value, bool):
-        return {"key": key, "value": {"boolValue": value}}
-    if isinstance(value, int):
-        return {"key": key, "value": {"intValue": str(value)}}
-    if isinstance(value, float):
-        return {"key": key, "value": {"doubleValue": value}}
-    return {"key": key, "value": {"stringValue": str(value)}}
-
-
 class _Rank:
     """Writes one rank's three files as the run goes."""
 
@@ -139,7 +133,7 @@ class _Rank:
             "dl.run.attempt": attempt,
             "process.creation.time": iso8601(created_ns / 1e9),
         }
-        self.resource_otlp = {"attributes": [_kv(k, v) for k, v in self.resource.items()]}
+        self.resource_otlp = {"attributes": [key_value(k, v) for k, v in self.resource.items()]}
         self.resource_json = json.dumps(self.resource)
         self.metrics = open(directory / f"metrics-rank{rank}.jsonl", "w")
         self.spans = open(directory / f"spans-rank{rank}.jsonl", "w")
@@ -184,7 +178,7 @@ class _Rank:
                 "startTimeUnixNano": str(self.created_ns),
                 "timeUnixNano": str(time_ns),
                 "asDouble": value,
-                "attributes": [_kv("dl.training.phase", phase)],
+                "attributes": [key_value("dl.training.phase", phase)],
             }
             for phase, value in totals.items()
         ]
@@ -194,7 +188,7 @@ class _Rank:
                 "asDouble": (time_ns - self.open_since_ns) / 1e9
                 if phase == self.open_phase
                 else 0.0,
-                "attributes": [_kv("dl.training.phase", phase)],
+                "attributes": [key_value("dl.training.phase", phase)],
             }
             for phase in PHASES
         ]
@@ -202,7 +196,7 @@ class _Rank:
         def gauge(name: str, value: float, attributes=()) -> dict:
             point = {"timeUnixNano": str(time_ns), "asDouble": value}
             if attributes:
-                point["attributes"] = [_kv(k, v) for k, v in attributes]
+                point["attributes"] = [key_value(k, v) for k, v in attributes]
             return {"name": name, "gauge": {"dataPoints": [point]}}
 
         metrics = [
@@ -258,7 +252,7 @@ class _Rank:
             "kind": 1,
             "startTimeUnixNano": str(start_ns),
             "endTimeUnixNano": str(end_ns),
-            "attributes": [_kv(k, v) for k, v in attributes.items()],
+            "attributes": [key_value(k, v) for k, v in attributes.items()],
             "status": {},
         }
         if parent:
@@ -310,7 +304,7 @@ class _Rank:
         def point(value, attributes=()):
             p = {"timeUnixNano": str(time_ns), "asDouble": value}
             if attributes:
-                p["attributes"] = [_kv(k, v) for k, v in attributes]
+                p["attributes"] = [key_value(k, v) for k, v in attributes]
             return p
 
         metrics = [
@@ -340,7 +334,7 @@ class _Rank:
             total = self.skipped if name == MEGATRON_TRAINING_SKIPPED_ITERS else self.nonfinite
             if total:
                 attrs = (
-                    [_kv(MEGATRON_TRAINING_METRIC, MEGATRON_TRAINING_LOSS)]
+                    [key_value(MEGATRON_TRAINING_METRIC, MEGATRON_TRAINING_LOSS)]
                     if name == MEGATRON_TRAINING_NONFINITE_VALUES
                     else []
                 )

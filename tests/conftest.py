@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-# tests/support.py is importable from every test module, tests/integration/ included.
+# The tests' helpers are importable from every test module: tests/ (support.py, report_files.py,
+# nvtx_injection) and tests/integration/ (otlp_receiver.py, framework_checks.py, ...).
+sys.path.insert(0, str(Path(__file__).resolve().parent / "integration"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from otel_training import testing

@@ -76,14 +76,15 @@ def write_real_metrics(
         provider.shutdown()
 
 
-def _kv(key: str, value: Any) -> dict[str, Any]:
+def key_value(key: str, value: Any) -> dict[str, Any]:
+    """One OTLP/JSON ``KeyValue`` (bool, int as a decimal string, float, else a string)."""
     if isinstance(value, bool):
         return {"key": key, "value": {"boolValue": value}}
     if isinstance(value, int):
         return {"key": key, "value": {"intValue": str(value)}}
     if isinstance(value, float):
         return {"key": key, "value": {"doubleValue": value}}
-    return {"key": key, "value": {"stringValue": value}}
+    return {"key": key, "value": {"stringValue": str(value)}}
 
 
 def metrics_line(
@@ -95,7 +96,8 @@ def metrics_line(
             {
                 "resource": {
                     "attributes": [
-                        _kv(k, v) for k, v in resource_attributes(rank, world_size, run_id).items()
+                        key_value(k, v)
+                        for k, v in resource_attributes(rank, world_size, run_id).items()
                     ]
                 },
                 "scopeMetrics": [{"scope": {"name": "otel_training"}, "metrics": metrics}],
@@ -116,7 +118,7 @@ def gauge(name: str, points: Iterable[tuple[int, float, dict]]) -> dict:
                 {
                     "timeUnixNano": str(t),
                     "asDouble": v,
-                    "attributes": [_kv(k, a) for k, a in attrs.items()],
+                    "attributes": [key_value(k, a) for k, a in attrs.items()],
                 }
                 for t, v, attrs in points
             ]
@@ -136,7 +138,7 @@ def counter(name: str, points: Iterable[tuple[int, int, int, dict]], temporality
                     "startTimeUnixNano": str(s),
                     "timeUnixNano": str(t),
                     "asInt": str(v),
-                    "attributes": [_kv(k, a) for k, a in attrs.items()],
+                    "attributes": [key_value(k, a) for k, a in attrs.items()],
                 }
                 for s, t, v, attrs in points
             ],
@@ -231,7 +233,7 @@ def traces_line(rank: int, spans: list[dict], *, run_id: str = RUN_ID, world_siz
             "kind": 1,
             "startTimeUnixNano": str(s["start_ns"]),
             "endTimeUnixNano": str(s["end_ns"]),
-            "attributes": [_kv(k, v) for k, v in (s.get("attributes") or {}).items()],
+            "attributes": [key_value(k, v) for k, v in (s.get("attributes") or {}).items()],
             "status": {"code": 2, "message": "boom"} if s.get("status") == "ERROR" else {},
         }
         if s.get("parent"):
@@ -242,7 +244,8 @@ def traces_line(rank: int, spans: list[dict], *, run_id: str = RUN_ID, world_siz
             {
                 "resource": {
                     "attributes": [
-                        _kv(k, v) for k, v in resource_attributes(rank, world_size, run_id).items()
+                        key_value(k, v)
+                        for k, v in resource_attributes(rank, world_size, run_id).items()
                     ]
                 },
                 "scopeSpans": [{"scope": {"name": "otel_training"}, "spans": items}],

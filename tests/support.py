@@ -1,4 +1,12 @@
-"""Shared by the tests: what to do when a real part a test needs is missing."""
+"""Shared by the tests: what to do when a real part a test needs is missing, and how a test
+starts a child process.
+
+Every skip of the suite goes through here (``tests/test_support.py`` checks it): a missing part
+(a package, a program, gloo, fork) skips on a user's machine and fails under ``CI=true``
+(:func:`unavailable` and the ``*_or_unavailable`` helpers); a test meant for another kind of
+machine (one with a GPU, one without) skips everywhere (:func:`not_here`). A child process gets
+its environment from :func:`child_env` (no ``OTEL_*`` of the host, this checkout's ``src``).
+"""
 
 from __future__ import annotations
 
@@ -6,18 +14,94 @@ import importlib
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
+from typing import NoReturn
 
 import pytest
 
+#: The repository root (tests/..).
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
-def unavailable(reason: str) -> None:
+
+def unavailable(reason: str) -> NoReturn:
     """Skips the test on a user's machine; fails it under CI (``CI=true``), where
     ``.ci/run`` installs every part the suite needs, so a missing one is a defect."""
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI=true: .ci/run should have installed it)")
+    pytest.skip(reason)
+
+
+def child_env(
+    overrides: Mapping[str, str | None] | None = None,
+    /,
+    *,
+    drop: tuple[str, ...] = (),
+    **extra: str,
+) -> dict[str, str]:
+    """The environment of a child process a test starts: this one's without any ``OTEL_*``
+    variable (nor one starting with a prefix in ``drop``), ``<repo>/src`` first on
+    ``PYTHONPATH``, unbuffered output, one torch thread per process unless
+    ``OMP_NUM_THREADS`` is set (the tests' processes share the machine's cores), then
+    ``overrides`` and ``extra`` on top (a value of ``None`` removes the variable)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", *drop))}
+    src = str(REPO_ROOT / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for key, value in {**(overrides or {}), **extra}.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def start_python(
+    code: str, *args: str, env: Mapping[str, str | None] | None = None, stdin: bool = False
+) -> subprocess.Popen[str]:
+    """``python -c code *args`` in the environment :func:`child_env` makes of ``env``, its
+    stdout and stderr pipes of text (its stdin too when ``stdin``)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=child_env(env),
+        stdin=subprocess.PIPE if stdin else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def terminate_when_ready(
+    child: subprocess.Popen[str], delay_s: float = 0.0, timeout_s: float = 30.0
+) -> tuple[int, str]:
+    """Waits for ``child`` to print "ready", sends SIGTERM after ``delay_s`` seconds, and
+    returns (exit status, stderr); a child that does not end within ``timeout_s`` seconds (a
+    generous bound) is a hang and fails the test. The child is killed and reaped in any case."""
+    try:
+        line = child.stdout.readline().strip()
+        assert line == "ready", child.stderr.read()[-3000:]
+        if delay_s:
+            time.sleep(delay_s)
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the child hung after SIGTERM")
+        return child.returncode, child.stderr.read()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def not_here(reason: str) -> NoReturn:
+    """Skips a test meant for another kind of machine (a GPU that NVML reads, no profiler
+    attached), under ``CI=true`` too: no install gives CI's machine a GPU."""
     pytest.skip(reason)
 
 
@@ -30,12 +114,60 @@ def import_or_unavailable(name: str) -> ModuleType:
         raise  # pragma: no cover - unavailable() always raises
 
 
+def find_program(*names: str, variable: str | None = None) -> str | None:
+    """The path of the first of the programs ``names`` on ``PATH`` (the executable named by
+    the environment variable ``variable`` first, when set); ``None`` when there is none."""
+    chosen = os.environ.get(variable) if variable else None
+    for path in (chosen, *(shutil.which(name) for name in names)):
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def program_or_unavailable(*names: str, install: str, variable: str | None = None) -> str:
+    """:func:`find_program`, or :func:`unavailable` saying how to ``install`` it."""
+    path = find_program(*names, variable=variable)
+    if path is None:
+        unavailable(f"{' or '.join(names)} is not installed ({install})")
+    return path
+
+
 def c_compiler() -> str:
     """The C compiler (gcc, else cc), or :func:`unavailable` when there is none."""
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        unavailable("no C compiler (gcc or cc)")
-    return compiler
+    return program_or_unavailable("gcc", "cc", install="apt-get install -y gcc")
+
+
+def prometheus_or_unavailable() -> str:
+    """The ``prometheus`` program ($PROMETHEUS_BINARY, else on PATH), or :func:`unavailable`."""
+    return program_or_unavailable(
+        "prometheus", install="apt-get install -y prometheus", variable="PROMETHEUS_BINARY"
+    )
+
+
+def promtool_or_unavailable() -> str:
+    """The ``promtool`` program (Prometheus's), or :func:`unavailable`."""
+    return program_or_unavailable("promtool", install="apt-get install -y prometheus")
+
+
+def chromium_or_unavailable() -> str:
+    """Headless-capable Chromium (``chromium``, else ``chromium-browser``), or
+    :func:`unavailable`."""
+    return program_or_unavailable(
+        "chromium", "chromium-browser", install="Debian's chromium package"
+    )
+
+
+def gloo_or_unavailable() -> None:
+    """Returns when ``torch.distributed`` has its gloo backend; else :func:`unavailable`."""
+    torch = import_or_unavailable("torch")
+    if not (torch.distributed.is_available() and torch.distributed.is_gloo_available()):
+        unavailable("torch.distributed with gloo is not available")
+
+
+def fork_or_unavailable() -> None:
+    """Returns where ``os.fork`` exists (POSIX); else :func:`unavailable`."""
+    if not hasattr(os, "fork"):
+        unavailable("os.fork is not available on this platform")
 
 
 def build_shared_library(source: Path, library: Path, *flags: str) -> Path:

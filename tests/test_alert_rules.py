@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import load_script, unavailable
+from support import load_script, promtool_or_unavailable
 
 from otel_training.health.ledger import PHASES
 
@@ -34,10 +33,7 @@ generate_rules = load_script("generate_rules")
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        unavailable("promtool is missing (apt-get install -y prometheus)")
-    return path
+    return promtool_or_unavailable()
 
 
 # -- a job of ranks, as the ledger would report it ---------------------------------------------

@@ -5,12 +5,10 @@ read where a GPU is."""
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import threading
 
-import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,
@@ -19,7 +17,7 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.semconv._incubating.metrics import hw_metrics
-from support import import_or_unavailable
+from support import child_env, import_or_unavailable, not_here
 
 from otel_training import device_metrics
 from otel_training.config import RankIdentity
@@ -155,7 +153,7 @@ def test_without_a_gpu_the_instruments_are_absent_with_one_info_line(caplog):
             for _ in range(3):
                 found = _points(reader)
             if metrics.source.read():  # pragma: no cover - a machine with a GPU
-                pytest.skip("this machine has a GPU that NVML can read")
+                not_here("this machine has a GPU that NVML can read")
             assert not any(name.startswith(("hw.", "dl.gpu.")) for name in found)
     lines = [r.getMessage() for r in caplog.records if "device metrics" in r.getMessage()]
     assert len(lines) == 1 and "none are exported" in lines[0]
@@ -181,8 +179,7 @@ def test_without_nvidia_ml_py_configure_builds_no_device_instrument(tmp_path):
         "             for m in sm.metrics if not m.name.startswith(own)]\n"
         "    print('names', sorted(names))\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["OTEL_PYTHON_TRAINING_OUTPUT_DIR"] = str(tmp_path)
+    env = child_env(OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(tmp_path))
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
@@ -218,7 +215,7 @@ def test_a_real_nvml_read_where_a_gpu_is():
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as error:
-        pytest.skip(f"no GPU that NVML can read here: {error}")
+        not_here(f"no GPU that NVML can read here: {error}")
     reader = InMemoryMetricReader()
     DeviceMetrics(MeterProvider(metric_readers=[reader]).get_meter("gpu"), NvmlDevices())
     found = _points(reader)

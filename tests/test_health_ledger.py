@@ -8,6 +8,7 @@ import time
 
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from support import fork_or_unavailable
 
 import otel_training as ot
 from otel_training.health import ledger as health
@@ -367,9 +368,9 @@ def _points(reader) -> dict[str, list]:
     return found
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_starts_its_own_ledger():
     """A DataLoader worker's ledger has no progress of its parent's."""
+    fork_or_unavailable()
     ledger = health.LEDGER
     token = ledger.enter(ITERATION)
     ledger.exit(token, ITERATION, iteration=5)

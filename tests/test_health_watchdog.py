@@ -12,6 +12,7 @@ import time
 import pytest
 from health_sim import FakeClock
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from support import fork_or_unavailable
 
 import otel_training as ot
 from otel_training.health import ledger as L
@@ -157,9 +158,9 @@ def test_a_rank_that_does_not_export_runs_no_watchdog():
     assert "otel-training-watchdog" not in {t.name for t in threading.enumerate()}
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_runs_no_watchdog(tmp_path):
     """A DataLoader worker: the parent's watchdog is not the child's."""
+    fork_or_unavailable()
     ot.configure(environ={"OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path)})
     assert watchdog.current() is not None
     pid = os.fork()

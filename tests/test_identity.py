@@ -5,12 +5,12 @@ agrees on without communication."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 from hypothesis import given
 from hypothesis import strategies as st
+from support import child_env
 
 from otel_training import config
 from otel_training.identity import attempt_run_id
@@ -119,8 +119,9 @@ _INSTANCE = (
 def test_two_processes_given_the_same_run_id_have_different_instance_ids():
     """Two real processes with the same run id and rank (a rerun, a copied launch script)
     share dl.run.id but never service.instance.id."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC"))}
-    env.update(OTEL_PYTHON_TRAINING_RUN_ID="same", RANK="0", WORLD_SIZE="2")
+    env = child_env(
+        drop=("TORCHELASTIC",), OTEL_PYTHON_TRAINING_RUN_ID="same", RANK="0", WORLD_SIZE="2"
+    )
     seen = [
         json.loads(
             subprocess.run(

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from support import import_or_unavailable
+from support import child_env, import_or_unavailable
 
 from otel_training.integrations import _recorder
 
@@ -17,10 +16,8 @@ FRAMEWORKS = ("lightning", "pytorch_lightning", "transformers", "accelerate")
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
     return subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=120
     )
 
 

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from framework_checks import (
+    STEP,
+    driver_of,
+    duration_bounds,
+    in_memory_providers,
+    named,
+    process_wide_registrations,
+    run_as_recorded,
+    step_windows,
+    steps_recorded,
+)
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -15,33 +23,11 @@ from opentelemetry.trace import StatusCode
 
 from otel_training import setup, testing
 
-INTEGRATION = Path(__file__).resolve().parent / "integration"
-sys.path.insert(0, str(INTEGRATION))
-
-from framework_checks import (  # noqa: E402
-    STEP,
-    in_memory_providers,
-    named,
-    process_wide_registrations,
-    run_as_recorded,
-    steps_recorded,
-)
-
-
-def _require_lightning():
-    sys.path.insert(0, str(INTEGRATION))
-    from framework_checks import require
-
-    require("lightning")
-    import lightning_run
-
-    return lightning_run
-
 
 def test_given_providers_get_everything_and_nothing_is_configured(tmp_path, monkeypatch):
     """meter_provider= and tracer_provider=: metrics and spans go there; configure() is not
     called, so no pipeline of the environment exists afterwards."""
-    driver = _require_lightning()
+    driver = driver_of("lightning")
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
     reader, exporter = InMemoryMetricReader(), InMemorySpanExporter()
     tracer_provider = TracerProvider()
@@ -69,7 +55,7 @@ def test_given_providers_get_everything_and_nothing_is_configured(tmp_path, monk
 
 def test_the_callback_keeps_no_tap_after_fit(tmp_path):
     """After fit the trainer's save_checkpoint and the precision plugin are their own again."""
-    driver = _require_lightning()
+    driver = driver_of("lightning")
     testing.configure_in_memory(set_global=True)
     result = driver.train(
         tmp_path,
@@ -85,7 +71,7 @@ def test_the_callback_keeps_no_tap_after_fit(tmp_path):
 @pytest.mark.parametrize("package", ["lightning"])
 def test_the_callback_is_a_lightning_callback(package):
     """OtelTrainingCallback is a lightning.pytorch.Callback."""
-    _require_lightning()
+    driver_of("lightning")
     import lightning.pytorch
 
     from otel_training.integrations.lightning import OtelTrainingCallback
@@ -120,7 +106,7 @@ def test_a_failed_fit_is_an_error_and_the_next_fit_records_as_the_first(
     callback then records exactly as a clean one (nothing of the first leaks into it)."""
     import signal
 
-    driver = _require_lightning()
+    driver = driver_of("lightning")
     import lightning.pytorch as lightning
 
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
@@ -181,7 +167,7 @@ def test_a_resume_counts_whole_steps_from_the_restored_step(tmp_path, monkeypatc
     Lightning runs for it (no phantom step at the first micro-batch after the resume)."""
     from otel_training.health.ledger import LEDGER
 
-    driver = _require_lightning()
+    driver = driver_of("lightning")
     import lightning.pytorch as lightning
 
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
@@ -236,10 +222,7 @@ def test_the_sanity_check_is_neither_an_evaluation_nor_in_a_step(tmp_path, monke
     """num_sanity_val_steps before fit: no evaluation span for it, and no step's duration has
     it (each validation lasts >= 0.2 s; the steps' summed duration lies within what the
     probes around the callback's boundaries allow)."""
-    sys.path.insert(0, str(INTEGRATION))
-    from framework_checks import duration_bounds, step_windows
-
-    driver = _require_lightning()
+    driver = driver_of("lightning")
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
     kwargs, reader, exporter = in_memory_providers()
     events: list = []
@@ -268,7 +251,7 @@ def test_a_second_callback_trainer_and_fit_record_exactly_as_the_first(tmp_path,
     """Two fits in one process on the configured pipeline, each with a new callback, trainer
     and model and tensor metrics: the second exports its own steps, losses and tensor gauges
     as the first did, and each leaves no tap, hook or registration behind."""
-    driver = _require_lightning()
+    driver = driver_of("lightning")
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
     telemetry = testing.configure_in_memory()
     baseline = process_wide_registrations()

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+from framework_checks import (
+    STEP,
+    driver_of,
+    in_memory_providers,
+    named,
+    process_wide_registrations,
+    run_as_recorded,
+    steps_recorded,
+)
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -14,29 +22,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from otel_training import setup, testing
-
-INTEGRATION = Path(__file__).resolve().parent / "integration"
-sys.path.insert(0, str(INTEGRATION))
-
-from framework_checks import (  # noqa: E402
-    STEP,
-    in_memory_providers,
-    named,
-    process_wide_registrations,
-    run_as_recorded,
-    steps_recorded,
-)
-
-
-def _require_transformers():
-    sys.path.insert(0, str(INTEGRATION))
-    from framework_checks import require
-
-    require("transformers")
-    require("accelerate")
-    import transformers_run
-
-    return transformers_run
 
 
 def _value(data, name):
@@ -47,7 +32,7 @@ def _value(data, name):
 def test_given_providers_tokens_per_sample_and_flops_per_token(tmp_path, monkeypatch):
     """meter_provider=/tracer_provider= get everything (nothing configured); tokens come from
     tokens_per_sample, TFLOP/s from flops_per_token times the per-device rate."""
-    driver = _require_transformers()
+    driver = driver_of("transformers")
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
     reader, exporter = InMemoryMetricReader(), InMemorySpanExporter()
     tracer_provider = TracerProvider()
@@ -76,7 +61,7 @@ def test_given_providers_tokens_per_sample_and_flops_per_token(tmp_path, monkeyp
 
 def test_the_callback_is_a_trainer_callback():
     """OtelTrainingCallback is a transformers.TrainerCallback."""
-    _require_transformers()
+    driver_of("transformers")
     import transformers
 
     from otel_training.integrations.transformers import OtelTrainingCallback
@@ -88,7 +73,7 @@ def test_the_exception_hook_always_calls_the_programs_and_never_clobbers_it(monk
     """The run's sys.excepthook passes every exception on to the program's hook, even when
     recording it raises; removed while the program has chained its own hook on top, it leaves
     the program's in place and from then on only passes exceptions on."""
-    _require_transformers()
+    driver_of("transformers")
     from otel_training.integrations.transformers import OtelTrainingCallback
 
     seen, recorded = [], []
@@ -169,7 +154,7 @@ def test_a_failed_train_is_an_error_and_the_next_train_records_as_the_first(
     evaluation, in a checkpoint save): the run and the phase it interrupted end with status
     ERROR and the exception, the interrupted step records no point; a second train() with the
     same callback on a new Trainer then records exactly as a clean one."""
-    driver = _require_transformers()
+    driver = driver_of("transformers")
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
     kwargs, reader, exporter = in_memory_providers()
     args = {"max_steps": 4, "gradient_accumulation_steps": 2, "logging_steps": 2}
@@ -216,7 +201,7 @@ def test_a_callback_added_after_init_ends_a_caught_failure_at_the_next_train(tmp
     """A callback given with add_callback misses the first train()'s start: when that train()
     fails and the caller catches it, the next train() ends the run still open with status
     ERROR (RunInterrupted) before recording its own."""
-    driver = _require_transformers()
+    driver = driver_of("transformers")
     kwargs, reader, exporter = in_memory_providers()
     from otel_training.integrations.transformers import OtelTrainingCallback
 
@@ -242,7 +227,7 @@ def test_a_resume_counts_whole_steps_from_the_restored_step(tmp_path, monkeypatc
     numbers it, with all its micro-batches and none of those it skips."""
     from otel_training.health.ledger import LEDGER
 
-    driver = _require_transformers()
+    driver = driver_of("transformers")
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
     kwargs, _, _ = in_memory_providers()
     args = {"gradient_accumulation_steps": 2, "logging_steps": 2, "save_strategy": "steps",
@@ -279,7 +264,7 @@ def test_a_second_callback_trainer_and_train_record_exactly_as_the_first(tmp_pat
     """Two train() in one process on the configured pipeline, each with a new callback,
     Trainer and model and tensor metrics: the second exports its own steps and tensor gauges
     as the first did, and each leaves no hook or registration behind."""
-    driver = _require_transformers()
+    driver = driver_of("transformers")
     monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
     telemetry = testing.configure_in_memory()
     baseline = process_wide_registrations()

@@ -958,3 +958,24 @@ def test_a_message_that_does_not_format_keeps_its_template_and_arguments(caplog)
     (warning,) = [r.getMessage() for r in caplog.records if "format the message" in r.getMessage()]
     assert "template as the body" in warning and LOG_ARGUMENTS in warning
     assert "dropped" not in warning
+
+
+@pytest.mark.parametrize(
+    "trace_flags, valid, linked",
+    [(0x01, True, True), (0x00, True, False), (0x01, False, False)],
+)
+def test_a_log_record_links_only_to_a_sampled_span(trace_flags, valid, linked):
+    """link_to_span: the ids of a valid, sampled span; else zeros and not sampled (no record
+    points at a span that no backend has); None is no span."""
+    from opentelemetry._logs import LogRecord
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    trace_id, span_id = (
+        (0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331) if valid else (0, 0)
+    )
+    context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(trace_flags))
+    record = log_bridge.link_to_span(LogRecord(body="x"), context)
+    expected = (trace_id, span_id, trace_flags) if linked else (0, 0, 0)
+    assert (record.trace_id, record.span_id, int(record.trace_flags)) == expected
+    record = log_bridge.link_to_span(LogRecord(body="x"), None)
+    assert (record.trace_id, record.span_id, int(record.trace_flags)) == (0, 0, 0)

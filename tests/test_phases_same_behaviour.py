@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import nvtx_injection
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace as trace_api
+from support import child_env
 
 import otel_training as ot
 from otel_training import config, testing
@@ -37,9 +39,6 @@ from otel_training.health import ledger as health
 from otel_training.phases import NvtxPhase, Phase, SpanPhase
 from otel_training.processors import NvtxSpanProcessor
 from otel_training.semconv import spans as names
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import nvtx_injection  # noqa: E402
 
 #: Exporters off: what is exported is not compared, and no reader reads the ledger meanwhile.
 BASE = {
@@ -445,8 +444,7 @@ def test_the_same_with_an_nvtx_tool_attached(recorder_library, tmp_path):
     """With the tests' NVTX recorder attached, NVTX-only groups make NVTX ranges (a phase for
     every span of the all-groups run), and still every call behaves the same."""
     output = tmp_path / "nvtx.jsonl"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update(nvtx_injection.environment(recorder_library, output))
+    env = child_env(nvtx_injection.environment(recorder_library, output))
     env.update(
         NVTX_RECORDER_MODE="buffer",
         OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(tmp_path / "telemetry"),

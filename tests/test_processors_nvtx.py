@@ -10,19 +10,17 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
+import nvtx_injection
 import pytest
 from opentelemetry.trace import INVALID_SPAN
+from support import child_env, not_here
 
 import otel_training
 import otel_training.testing
 from otel_training.phases import LedgerPhase, SpanPhase
 from otel_training.processors import NvtxSpanProcessor, nvtx
 from otel_training.semconv import spans as names
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import nvtx_injection  # noqa: E402
 
 PREAMBLE = """
 import threading, time
@@ -42,13 +40,15 @@ def record(recorder_library, tmp_path):
 
     def run(code: str, **env: str) -> list[dict]:
         output = tmp_path / "nvtx.jsonl"
-        child_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        child_env.update(nvtx_injection.environment(recorder_library, output))
-        child_env.update(OTEL_METRICS_EXPORTER="none", OTEL_TRACES_EXPORTER="none")
-        child_env.update(env)
+        variables = {
+            **nvtx_injection.environment(recorder_library, output),
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_TRACES_EXPORTER": "none",
+            **env,
+        }
         result = subprocess.run(
             [sys.executable, "-c", textwrap.dedent(code)],
-            env=child_env,
+            env=child_env(variables),
             capture_output=True,
             text=True,
             timeout=120,
@@ -267,7 +267,7 @@ telemetry.shutdown()
 def test_without_a_tool_the_processor_is_inert(monkeypatch):
     """No injection library attached: the nvtx package gives a dummy domain; nothing runs."""
     if os.environ.get("NVTX_INJECTION64_PATH"):
-        pytest.skip("a tool is attached to this test process")
+        not_here("a tool is attached to this test process")
     processor = NvtxSpanProcessor()
     assert not processor.active
     processor.on_start(object())  # not even looked at
@@ -374,8 +374,7 @@ def test_nvtx_only_phases_without_a_tool_are_the_shared_no_op():
 def test_the_recorders_buffer_mode_counts_every_call_without_writing_them(record):
     """NVTX_RECORDER_MODE=buffer (the benchmarks' profiler-like tool) keeps the calls in
     memory and writes one summary line at exit: 2 per span range, 2 per NVTX-only phase."""
-    records = record(
-        """
+    five_steps = """
 import otel_training as ot
 telemetry = ot.configure()
 for step in range(1, 6):
@@ -383,26 +382,14 @@ for step in range(1, 6):
         with ot.layer("forward", layer_number=1):
             pass
 telemetry.shutdown()
-""",
-        OTEL_PYTHON_TRAINING_SPAN_GROUPS="step,layer",
-        OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS="layer",
-        NVTX_RECORDER_MODE="buffer",
-    )
-    (summary,) = records
+"""
+    groups = {
+        "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "step,layer",
+        "OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS": "layer",
+    }
+    (summary,) = record(five_steps, **groups, NVTX_RECORDER_MODE="buffer")
     assert summary["op"] == "summary"
-    counted = record(
-        """
-import otel_training as ot
-telemetry = ot.configure()
-for step in range(1, 6):
-    with ot.training_iteration(iteration=step):
-        with ot.layer("forward", layer_number=1):
-            pass
-telemetry.shutdown()
-""",
-        OTEL_PYTHON_TRAINING_SPAN_GROUPS="step,layer",
-        OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS="layer",
-    )
+    counted = record(five_steps, **groups)
     assert counted[0] == summary  # the same output file: the buffered run's line first
     counted = counted[1:]
     assert summary["events"] == len(counted)  # the same calls, one event each

@@ -9,8 +9,10 @@ from datetime import datetime, timezone
 import pytest
 from report_files import resource_attributes, span_record, write_lines
 
+from otel_training.identity import attempt_run_id
 from otel_training.report import load_job
-from otel_training.report.attempts import creation_unix_s, identity_of
+from otel_training.report.attempts import creation_unix_s, identity_of, job_key
+from otel_training.resource import iso8601
 
 MS = 1_000_000
 T0 = 1_800_000_000_000_000_000
@@ -80,6 +82,29 @@ def test_creation_time_tolerates_what_is_not_a_time():
     assert creation_unix_s("1970-01-01T00:00:01.500Z") == 1.5
     assert creation_unix_s("1970-01-01T01:00:01+01:00") == 1.0
     assert creation_unix_s(None) is None and creation_unix_s("yesterday") is None
+
+
+@pytest.mark.parametrize("unix_s", [0.0, 1.5, 1_800_000_000.123, 4_102_444_799.999])
+def test_creation_time_reads_what_the_resource_writes(unix_s):
+    """The parser is the inverse of resource.iso8601 (to its milliseconds)."""
+    assert creation_unix_s(iso8601(unix_s)) == pytest.approx(unix_s, abs=5e-4)
+
+
+@pytest.mark.parametrize(
+    "resource, job",
+    [
+        ({"dl.job.id": "j", "dl.run.id": attempt_run_id("r", 3)}, "j"),
+        ({"dl.run.id": attempt_run_id("r", 3)}, "r"),
+        ({"dl.run.id": attempt_run_id("r-a1", 12)}, "r-a1"),  # only the last suffix
+        ({"dl.run.id": "r"}, "r"),
+        ({"slurm.job.id": "4242", "dl.run.id": "r-a0"}, "4242"),  # Megatron-LM's, as the report
+        ({"service.instance.id": "x"}, None),
+    ],
+)
+def test_the_job_of_a_resource(resource, job):
+    """job_key: the job id identity_of reads, else the run id without the suffix that
+    identity.attempt_run_id appends."""
+    assert job_key(resource) == job
 
 
 def _megatron_run(rank: int, run_uuid: str, requeues: int, restarts: int, start_ns: int) -> str:

@@ -3,7 +3,6 @@ job's data, and a rank killed while hung shows its culprit with its stack, escap
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import time
 
 import pytest
 from health_sim import SimRank
-from support import import_or_unavailable
+from support import child_env, import_or_unavailable
 
 from otel_training.health.evidence import Job
 from otel_training.report.health import assess
@@ -71,13 +70,12 @@ def test_a_rank_killed_while_hung_shows_its_culprit_and_stack(tmp_path, monkeypa
     the hang, the culprit phase and the stack the watchdog wrote (HTML-escaped)."""
     from otel_training.report import find_run_directory, load_run, write_report
 
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
-        "OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path),
-        "OTEL_PYTHON_TRAINING_HANG_FLOOR_S": "0.3",
-        "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "per_step",
-        "OTEL_METRIC_EXPORT_INTERVAL": "300",
-    }
+    env = child_env(
+        OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(tmp_path),
+        OTEL_PYTHON_TRAINING_HANG_FLOOR_S="0.3",
+        OTEL_PYTHON_TRAINING_SPAN_GROUPS="per_step",
+        OTEL_METRIC_EXPORT_INTERVAL="300",
+    )
     child = subprocess.Popen(
         [sys.executable, "-c", STALL], env=env, stdout=subprocess.PIPE, text=True
     )

@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import bisect
 import os
-import sys
 import time
-from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
-if str(_HERE) not in sys.path:  # import the helper whatever pytest's import mode is
-    sys.path.insert(0, str(_HERE))
-
-from report_files import (  # noqa: E402
+from report_files import (
     counter,
     gauge,
     histogram,
@@ -24,18 +18,18 @@ from report_files import (  # noqa: E402
     write_real_metrics,
 )
 
-from otel_training.report import TRUNCATED_ATTRIBUTE, load_run  # noqa: E402
-from otel_training.semconv.metrics import (  # noqa: E402
+from otel_training.report import TRUNCATED_ATTRIBUTE, load_run
+from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_LOSS,
     MEGATRON_TRAINING_SKIPPED_ITERS,
     MEGATRON_TRAINING_STEP_DURATION_MS,
 )
-from otel_training.semconv.spans import (  # noqa: E402
+from otel_training.semconv.spans import (
     MEGATRON_CHECKPOINT_SAVE,
     MEGATRON_TRAIN,
     MEGATRON_TRAIN_ITERATION,
 )
-from otel_training.views import STEP_DURATION_BUCKETS_MS  # noqa: E402
+from otel_training.views import STEP_DURATION_BUCKETS_MS
 
 T0 = 1_796_000_000 * 10**9
 S = 10**9

@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from support import unavailable
+from support import program_or_unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "generate_semconv.py"
@@ -457,9 +457,7 @@ def test_factories_create_instruments_with_registry_unit_and_description():
 
 def test_generated_modules_pass_ruff():
     """The generated modules pass `ruff check` and `ruff format --check` with the repo config."""
-    ruff = str(ROOT / ".venv/bin/ruff") if (ROOT / ".venv/bin/ruff").exists() else "ruff"
-    if shutil.which(ruff) is None:
-        unavailable("ruff is not installed")
+    ruff = program_or_unavailable(str(ROOT / ".venv/bin/ruff"), "ruff", install="pip install ruff")
     files = [str(GENERATED_DIR / name) for name in gen.OUTPUTS.values()]
     for command in ([ruff, "check", *files], [ruff, "format", "--check", *files]):
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)

@@ -5,7 +5,6 @@ dashboard. What needs running servers is in tests/integration/test_prometheus.py
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from opentelemetry.semconv._incubating.metrics.hw_metrics import HW_TEMPERATURE
-from support import load_script, unavailable
+from support import load_script, promtool_or_unavailable
 
 from otel_training.semconv.spans import SPANS
 
@@ -285,9 +284,7 @@ def test_the_rules_file_is_generated_from_its_source():
 
 def test_the_rules_file_passes_promtool_check_rules():
     """promtool accepts every rule (syntax, duplicate series, templates)."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        unavailable("promtool is missing (apt-get install -y prometheus)")
+    promtool = promtool_or_unavailable()
     result = subprocess.run(
         [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
     )
@@ -629,12 +626,7 @@ def test_prometheus_promotes_the_rank_identity_and_keeps_suffixed_names():
 def test_prometheus_configuration_passes_promtool(tmp_path):
     """promtool accepts the configuration (the otlp section, which Debian's Prometheus 2 does
     not know, is checked by the test above)."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        message = "promtool is missing (apt-get install -y prometheus)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    promtool = promtool_or_unavailable()
     config = _yaml(PROMETHEUS)
     config.pop("otlp")
     path = tmp_path / "prometheus.yaml"

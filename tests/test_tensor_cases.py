@@ -16,8 +16,6 @@ torch = import_or_unavailable("torch")
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import (  # noqa: E402
     InMemoryMetricReader,
-    MetricExporter,
-    MetricExportResult,
     PeriodicExportingMetricReader,
 )
 from torch import nn  # noqa: E402
@@ -25,33 +23,11 @@ from torch import nn  # noqa: E402
 from otel_training import setup  # noqa: E402
 from otel_training.instruments import record_training_metrics  # noqa: E402
 from otel_training.tensor import TensorMetricExecutor, TensorMetricGauges, TensorObserver  # noqa: E402
+from otel_training.testing import RecordingMetricExporter, points  # noqa: E402
 
 P = "megatron.training."
 GRAD = P + "tensor.grad_norm"
 BALANCE = P + "tensor.router_balance"
-
-
-class RecordingMetricExporter(MetricExporter):
-    """Keeps, for every export, the points of each metric."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.exports: list[dict[str, list]] = []
-
-    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
-        found: dict[str, list] = {}
-        for rm in metrics_data.resource_metrics:
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    found.setdefault(metric.name, []).extend(metric.data.data_points)
-        self.exports.append(found)
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
-        pass
 
 
 class NeverLanding:
@@ -162,13 +138,8 @@ def test_a1_stalled_and_raising_tensor_metrics_do_not_stop_export(caplog):
 
 def _series(reader) -> dict[str, list[dict]]:
     found: dict[str, list[dict]] = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                found.setdefault(metric.name, []).extend(
-                    dict(p.attributes) for p in metric.data.data_points
-                )
+    for name, point in points(reader.get_metrics_data()):
+        found.setdefault(name, []).append(dict(point.attributes))
     return found
 
 

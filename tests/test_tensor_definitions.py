@@ -20,6 +20,7 @@ from otel_training.semconv.attributes import (  # noqa: E402
     MEGATRON_TRAINING_ROUTER_STATISTIC,
 )
 from otel_training.tensor import BUILTIN_METRICS, TensorObserver  # noqa: E402
+from otel_training.testing import points  # noqa: E402
 
 P = "megatron.training.tensor."
 D, V, E, K = 8, 11, 4, 2
@@ -89,17 +90,13 @@ def _observe(schedule: str, router: bool = False, micro_batches: int = 1, **opti
 
 def _read(reader) -> dict[str, dict[tuple, float]]:
     found: dict[str, dict[tuple, float]] = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                for point in metric.data.data_points:
-                    key = tuple(point.attributes.get(k) for k in (
-                        MEGATRON_TRAINING_LAYER,
-                        MEGATRON_TRAINING_ROUTER_STATISTIC,
-                        MEGATRON_TRAINING_ROUTER_EXPERT,
-                    ) if k in point.attributes)  # fmt: skip
-                    found.setdefault(metric.name, {})[key] = point.value
+    for name, point in points(reader.get_metrics_data()):
+        key = tuple(point.attributes.get(k) for k in (
+            MEGATRON_TRAINING_LAYER,
+            MEGATRON_TRAINING_ROUTER_STATISTIC,
+            MEGATRON_TRAINING_ROUTER_EXPERT,
+        ) if k in point.attributes)  # fmt: skip
+        found.setdefault(name, {})[key] = point.value
     return found
 
 

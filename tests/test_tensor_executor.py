@@ -14,8 +14,6 @@ torch = import_or_unavailable("torch")
 
 import numpy as np  # noqa: E402
 from opentelemetry.sdk.metrics.export import (  # noqa: E402
-    MetricExporter,
-    MetricExportResult,
     PeriodicExportingMetricReader,
 )
 
@@ -36,6 +34,7 @@ from otel_training.tensor import (  # noqa: E402
     TensorMetricExecutor,
     layer_attributes,
 )
+from otel_training.testing import RecordingMetricExporter  # noqa: E402
 
 GRAD = frozenset({SiteKind.GRAD})
 FAMILY = "megatron.training.tensor.grad_norm"
@@ -299,34 +298,11 @@ def test_a_device_far_behind_skips_steps_instead_of_queueing_without_bound(caplo
     assert sum("still in flight" in r.getMessage() for r in caplog.records) == 1
 
 
-class InMemoryMetricExporter(MetricExporter):
-    """Keeps every export's (metric name -> points)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.exports: list[dict[str, list]] = []
-
-    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
-        found: dict[str, list] = {}
-        for rm in metrics_data.resource_metrics:
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    found.setdefault(metric.name, []).extend(metric.data.data_points)
-        self.exports.append(found)
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
-        pass
-
-
 def test_shutdown_publishes_landed_copies_before_the_final_export():
     """The executor's flush hook runs before the readers' last collection."""
     from otel_training.tensor import TensorMetricGauges
 
-    exporter = InMemoryMetricExporter()
+    exporter = RecordingMetricExporter()
     reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
     telemetry = setup.configure(
         environ={"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"},

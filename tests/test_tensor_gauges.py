@@ -14,6 +14,7 @@ import_or_unavailable("torch")
 from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
+from otel_training import testing  # noqa: E402
 from otel_training.semconv.metrics import METRICS  # noqa: E402
 from otel_training.tensor import TENSOR_FAMILIES, TensorMetricGauges, layer_attributes  # noqa: E402
 
@@ -50,13 +51,9 @@ def meter_and_reader():
 
 def _collect(reader) -> dict[str, dict[str, float]]:
     found: dict[str, dict[str, float]] = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                for point in metric.data.data_points:
-                    key = "|".join(str(v) for v in point.attributes.values())
-                    found.setdefault(metric.name, {})[key] = point.value
+    for name, point in testing.points(reader.get_metrics_data()):
+        key = "|".join(str(v) for v in point.attributes.values())
+        found.setdefault(name, {})[key] = point.value
     return found
 
 

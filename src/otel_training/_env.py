@@ -13,6 +13,8 @@ import math
 import urllib.parse
 from collections.abc import Mapping
 
+from otel_training._log_once import LogOnce
+
 _logger = logging.getLogger("otel_training.config")
 
 
@@ -46,14 +48,11 @@ class EnvReader:
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self._env = environ
-        self._warned: set[str] = set()
+        self._said = LogOnce(_logger)
 
     def warn(self, message: str, *args: object) -> None:
         """Logs a warning once per reader (generic variables are read for several signals)."""
-        text = message % args
-        if text not in self._warned:
-            self._warned.add(text)
-            _logger.warning("%s", text)
+        self._said.say(message, *args)
 
     def raw(self, name: str) -> str | None:
         """The stripped value of ``name``; ``None`` when unset or blank."""

@@ -74,6 +74,7 @@ from opentelemetry.semconv._incubating.metrics.hw_metrics import (
 )
 
 from otel_training import config
+from otel_training._log_once import MINUTE_S, LogOnce
 from otel_training.config import RankIdentity
 from otel_training.semconv.attributes import DL_GPU_CLOCK_DOMAIN
 from otel_training.semconv.metrics import DL_GPU_CLOCK_SPEED, METRICS
@@ -88,6 +89,10 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
+# A failed read is said at most once a minute (the reader's thread reads at every collection);
+# that the devices are absent, once per process and cause, at INFO.
+_failed = LogOnce(_logger, interval_s=MINUTE_S, exc_info=True)
+_said = LogOnce(_logger, level=logging.INFO)
 
 #: Every instrument name, in the order they are created.
 DEVICE_METRICS: tuple[str, ...] = (
@@ -337,7 +342,7 @@ class DeviceMetrics:
                 try:
                     self._sample = tuple(self.source.read())
                 except Exception:
-                    _logger.warning("device metrics: reading the devices failed", exc_info=True)
+                    _failed("read", "device metrics: reading the devices failed")
                     self._sample = ()
                 self.reads += 1
             return self._sample
@@ -447,14 +452,6 @@ def observe_devices(meter: Meter, identity: RankIdentity | None = None) -> Devic
         return None
 
 
-_said: set[str] = set()
-_said_lock = threading.Lock()
-
-
 def _say_absent(why: str) -> None:
     """One info line per process and cause: the device metrics are absent, and why."""
-    with _said_lock:
-        if why in _said:
-            return
-        _said.add(why)
-    _logger.info("device metrics (hw.gpu.*): %s; none are exported.", why)
+    _said(why, "device metrics (hw.gpu.*): %s; none are exported.", why)

@@ -42,6 +42,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from otel_training import limits as _limits
+from otel_training._log_once import LogOnce
 
 __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
@@ -310,7 +311,7 @@ class SafeMetricExporter(MetricExporter):
         self._limits = limits
         self._max_request_bytes = max_request_bytes
         self._pid = os.getpid()
-        self._warned = False
+        self._said = LogOnce(_logger)
         _relax_grpc_retries(exporter)
 
     @property
@@ -342,13 +343,12 @@ class SafeMetricExporter(MetricExporter):
             self._exporter.shutdown(timeout_millis=timeout_millis, **kwargs)
 
     def _warn_saturated(self, name: str) -> None:
-        if not self._warned:
-            self._warned = True
-            _logger.warning(
-                "otel-training: %s has a point beyond int64 (OTLP carries int64 only); "
-                "exported saturated at its end. This warning is shown once.",
-                name,
-            )
+        self._said(
+            "saturated",
+            "otel-training: %s has a point beyond int64 (OTLP carries int64 only); "
+            "exported saturated at its end. This warning is shown once.",
+            name,
+        )
 
 
 def bounded_metrics(

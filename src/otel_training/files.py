@@ -123,13 +123,8 @@ def open_append(path: str) -> TextIO:
     Raises:
         OSError: when the file cannot be opened, or ``path`` is a symlink (``ELOOP``).
     """
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-    flags |= getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(path, flags, 0o644)
+    fd = _open_fd(path)
     try:
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            os.write(fd, b"\n")
         raw = io.FileIO(fd, "a", closefd=True)
     except BaseException:
         os.close(fd)

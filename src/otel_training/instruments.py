@@ -33,6 +33,7 @@ import threading
 import weakref
 from typing import Any
 
+from otel_training._log_once import LogOnce
 from otel_training.device_reads import PendingDeviceRead, device_type, start_device_read
 from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_GRAD_NORM,
@@ -89,7 +90,7 @@ except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
 # Our additions live apart from _TRAINING_INSTRUMENTS, whose contents Megatron-LM's tests see.
 _NONFINITE_COUNTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FAILED_METERS: weakref.WeakSet = weakref.WeakSet()
-_warned: set[tuple[str, str]] = set()
+_said = LogOnce(_logger)
 
 # argument name -> (metric name, factory); the counter is the only "add" instrument.
 _SPECS = {
@@ -169,8 +170,7 @@ def record_training_metrics(
             first_failure = meter not in _FAILED_METERS
             _FAILED_METERS.add(meter)
         except TypeError:  # not weak-referenceable (None, a str...): once per type
-            first_failure = ("meter", type(meter).__name__) not in _warned
-            _warned.add(("meter", type(meter).__name__))
+            first_failure = _said.due(("meter", type(meter).__name__))
         if first_failure:
             _logger.warning("Failed to create training metric instruments", exc_info=True)
         return
@@ -375,10 +375,7 @@ def _count_nonfinite(meter, key: str, value: float) -> None:
 
 
 def _warn_once(key: str, cause: str, message: str, *args, exc: bool = False) -> None:
-    if (key, cause) in _warned:
-        return
-    _warned.add((key, cause))
-    _logger.warning(message, *args, exc_info=exc)
+    _said((key, cause), message, *args, exc_info=exc)
 
 
 class _DeferredRecorder:

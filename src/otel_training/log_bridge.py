@@ -64,8 +64,9 @@ from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_STACKTRACE,
     EXCEPTION_TYPE,
 )
-from opentelemetry.trace import TraceFlags
+from opentelemetry.trace import SpanContext, TraceFlags
 
+from otel_training._log_once import LogOnce
 from otel_training.limits import safe_text
 from otel_training.semconv.attributes import (
     OTEL_TRAINING_LOG_ARGUMENTS,
@@ -77,6 +78,7 @@ __all__ = [
     "LoggingHandler",
     "bridge_root_logger",
     "has_handlers_besides_bridge",
+    "link_to_span",
     "severity_number",
 ]
 
@@ -102,7 +104,7 @@ _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _current_provider: Callable[[], logs_api.LoggerProvider | None] = lambda: None  # noqa: E731
 
 _emitting = threading.local()
-_warned: set[str] = set()
+_said = LogOnce(_logger, exc_info=True)
 
 
 def bind(current_provider: Callable[[], logs_api.LoggerProvider | None]) -> None:
@@ -124,6 +126,23 @@ def severity_number(levelno: int) -> SeverityNumber:
     return SeverityNumber(1 + 4 * step + min(within, 3))
 
 
+def link_to_span(record: LogRecord, span_context: SpanContext | None) -> LogRecord:
+    """Gives ``record`` the trace and span ids of ``span_context`` when it is a valid, sampled
+    span's (one that is exported), else no ids (zeros, not sampled): a log record never points
+    at a span that no backend has. Used by every log record otel-training emits (the bridge,
+    the exception records of :mod:`otel_training.processors.exception_logs`, the hang
+    watchdog's stacks). Returns ``record``; never raises."""
+    if span_context is not None and span_context.is_valid and span_context.trace_flags.sampled:
+        record.trace_id = span_context.trace_id
+        record.span_id = span_context.span_id
+        record.trace_flags = span_context.trace_flags
+    else:
+        record.trace_id = 0
+        record.span_id = 0
+        record.trace_flags = _NOT_SAMPLED
+    return record
+
+
 def _ignored(name: str) -> bool:
     for prefix in IGNORED_LOGGERS:
         if name == prefix or name.startswith(prefix + "."):
@@ -134,10 +153,8 @@ def _ignored(name: str) -> bool:
 def _warn_once(cause: str, consequence: str, *, exc_info: bool = True) -> None:
     """Logs that the bridge could not do ``cause`` and what happens instead, once per cause
     (to the other handlers: records of otel_training's loggers are never bridged)."""
-    if cause in _warned:
-        return
-    _warned.add(cause)
-    _logger.warning(
+    _said(
+        cause,
         "otel-training: the logging bridge could not %s; %s. This warning is shown once.",
         cause,
         consequence,
@@ -266,15 +283,7 @@ class LoggingHandler(logging.Handler):
             attributes=attributes,
         )
         # Ids only of a span that is recorded and sampled: one that will be exported.
-        if span_context.is_valid and span_context.trace_flags.sampled and span.is_recording():
-            log_record.trace_id = span_context.trace_id
-            log_record.span_id = span_context.span_id
-            log_record.trace_flags = span_context.trace_flags
-        else:
-            log_record.trace_id = 0
-            log_record.span_id = 0
-            log_record.trace_flags = _NOT_SAMPLED
-        logger.emit(log_record)
+        logger.emit(link_to_span(log_record, span_context if span.is_recording() else None))
 
     def _body(self, record: logging.LogRecord) -> tuple[Any, str | None]:
         """(the body, why the message could not be formatted or None)."""

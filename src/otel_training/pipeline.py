@@ -58,6 +58,7 @@ from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE
 from otel_training import config, device_metrics, files, heartbeat, limits, network, replicated
 from otel_training import environment_variables as ev
 from otel_training import views as _views
+from otel_training._log_once import LogOnce
 from otel_training.exporters import (
     DEFAULT_MAX_REQUEST_BYTES,
     SafeLogRecordExporter,
@@ -328,16 +329,13 @@ def build(
     )
 
 
-_said_no_rank: set[tuple[str, int]] = set()
+_said_no_rank = LogOnce(_logger)
 
 
 def _say_no_rank_exports(policy: config.ExportRanks, world_size: int) -> None:
     """The one warning, on every rank, of a policy under which no rank of the job exports."""
-    key = (policy.setting, world_size)
-    if key in _said_no_rank:
-        return
-    _said_no_rank.add(key)
-    _logger.warning(
+    _said_no_rank(
+        (policy.setting, world_size),
         "otel-training: no rank of this job exports telemetry: %s selects no rank of the %d "
         "(ranks 0 to %d); telemetry is off on every rank. Name a rank below %d, or unset it "
         "to export from every rank.",
@@ -350,15 +348,7 @@ def _say_no_rank_exports(policy: config.ExportRanks, world_size: int) -> None:
 
 def _once_per_build() -> network.Warn:
     """A warning function that says each text once (the three signals share variables)."""
-    said: set[str] = set()
-
-    def warn(message: str, *args: object) -> None:
-        text = message % args
-        if text not in said:
-            said.add(text)
-            _logger.warning("%s", text)
-
-    return warn
+    return LogOnce(_logger).say
 
 
 def _unknown_service() -> str:

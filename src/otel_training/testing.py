@@ -19,19 +19,24 @@ from opentelemetry import trace as trace_api
 from opentelemetry._logs import _internal as logs_internal
 from opentelemetry.metrics import _internal as metrics_internal
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricsData
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+)
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
-from otel_training import instruments, log_bridge, setup, spans
+from otel_training import _log_once, instruments, log_bridge, setup, spans
 from otel_training import segments as _segments
 from otel_training.health import ledger as health_ledger
 from otel_training.health import watchdog as health_watchdog
-from otel_training.phases import _warnings as _phase_warnings
 
 __all__ = [
     "InMemoryTelemetry",
+    "RecordingMetricExporter",
     "hex_ids_to_base64",
     "parse_otlp_json",
     "configure_in_memory",
@@ -59,6 +64,30 @@ class InMemoryTelemetry:
         """Collects now; (metric name, data point) pairs, optionally of one metric."""
         instruments.flush_deferred(10.0)
         return points(self.reader.get_metrics_data(), name)
+
+
+class RecordingMetricExporter(MetricExporter):
+    """A metric exporter for a periodic reader in tests: keeps, for every export, the points of
+    each metric (``exports[i][metric name] -> [points]``). Accepts every export."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exports: list[dict[str, list]] = []
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        found: dict[str, list] = {}
+        for name, point in points(metrics_data):
+            found.setdefault(name, []).append(point)
+        self.exports.append(found)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
 
 
 def configure_in_memory(
@@ -151,10 +180,9 @@ def reset() -> None:
     instruments._NONFINITE_COUNTERS.clear()
     instruments._COUNTER_TOTALS.clear()
     instruments._FAILED_METERS.clear()
-    instruments._warned.clear()
     spans._reset_first_iteration()
     health_ledger.LEDGER.reset()
-    _phase_warnings.warned.clear()
+    _log_once.reset()
     _segments._reset_runs()
     metrics_internal._METER_PROVIDER_SET_ONCE = Once()
     metrics_internal._METER_PROVIDER = None
@@ -166,7 +194,6 @@ def reset() -> None:
     logs_internal._LOGGER_PROVIDER = None
     logs_internal._PROXY_LOGGER_PROVIDER = logs_internal.ProxyLoggerProvider()
     log_bridge.bridge_root_logger(False)
-    log_bridge._warned.clear()
     assert isinstance(metrics_api.get_meter_provider(), metrics_internal._ProxyMeterProvider)
 
 

@@ -61,6 +61,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from otel_training._log_once import LogOnce
+
 __all__ = [
     "IntervalStats",
     "StepAccumulator",
@@ -72,14 +74,7 @@ __all__ = [
     "global_count",
 ]
 
-_logger = logging.getLogger(__name__)
-_warned: set[str] = set()
-
-
-def _warn_once(cause: str, message: str, *args: object) -> None:
-    if cause not in _warned:
-        _warned.add(cause)
-        _logger.warning(message, *args)
+_warn_once = LogOnce(logging.getLogger(__name__))
 
 
 def _is_tensor(value: object) -> bool:

@@ -16,6 +16,7 @@ if str(_HERE) not in sys.path:  # import the helper whatever pytest's import mod
     sys.path.insert(0, str(_HERE))
 
 from otlp_receiver import BlackHole, OtlpReceiver, free_port  # noqa: E402
+from support import child_env  # noqa: E402
 
 RunPython = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -56,19 +57,6 @@ def repo_root() -> Path:
     raise RuntimeError(f"no pyproject.toml above {_HERE}")
 
 
-def _child_env(overrides: Mapping[str, str | None] | None, repo_root: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    src = str(repo_root / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    for key, value in (overrides or {}).items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
-
-
 @pytest.fixture
 def run_python(repo_root: Path) -> RunPython:
     """Runs Python code or a module in a subprocess with this interpreter (`sys.executable`).
@@ -79,11 +67,12 @@ def run_python(repo_root: Path) -> RunPython:
             -> subprocess.CompletedProcess[str]
 
     Exactly one of `code` (run with `-c`) or `module` (run with `-m`) is given; `args` follow it.
-    The child's environment is `os.environ` without any OTEL_* variable, with `<repo>/src`
-    prepended to PYTHONPATH and PYTHONUNBUFFERED=1, then `env` merged on top (a value of None
-    removes the variable). stdout/stderr are captured as text; the exit status is not checked.
-    cwd defaults to the repository root. A child still running after `timeout_s` seconds is
-    killed and the test fails with whatever it printed.
+    The child's environment is `support.child_env(env)`: `os.environ` without any OTEL_*
+    variable, with `<repo>/src` prepended to PYTHONPATH, PYTHONUNBUFFERED=1 and one torch
+    thread, then `env` merged on top (a value of None removes the variable). stdout/stderr
+    are captured as text; the exit status is not checked. cwd defaults to the repository root.
+    A child still running after `timeout_s` seconds is killed and the test fails with whatever
+    it printed.
     """
 
     def run(
@@ -102,7 +91,7 @@ def run_python(repo_root: Path) -> RunPython:
         try:
             return subprocess.run(
                 argv,
-                env=_child_env(env, repo_root),
+                env=child_env(env),
                 cwd=cwd if cwd is not None else repo_root,
                 capture_output=True,
                 text=True,

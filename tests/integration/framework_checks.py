@@ -1,14 +1,17 @@
-"""What the framework-callback tests share: requiring a framework, and reading what arrived.
+"""What the framework-callback tests share: each framework's driver, and reading what
+arrived.
 
 Not a test module.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
-import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -23,18 +26,58 @@ from otel_training.semconv.spans import (
 )
 
 STEP = "megatron.training.step_duration_ms"
+#: Per framework: the packages its driver needs, and the driver (a module of this folder).
+_DRIVERS = {
+    "lightning": (("lightning",), "lightning_run"),
+    "transformers": (("transformers", "accelerate"), "transformers_run"),
+}
 
 
-def require(module: str):
-    """Imports ``module``; skips the test without it, except under ``CI=true`` where the test
-    extra installs it and its absence is a failure."""
+def driver_of(framework: str) -> ModuleType:
+    """The driver of ``framework``'s tests (``lightning_run``, ``transformers_run``: a small
+    real run with the callback), imported once its packages are
+    (:func:`support.import_or_unavailable`)."""
+    from support import import_or_unavailable  # not at the top: the drivers also run as scripts
+
+    packages, module = _DRIVERS[framework]
+    for package in packages:
+        import_or_unavailable(package)
+    return importlib.import_module(module)
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread inside the block (a driver's tiny matrices: more threads only contend
+    on a shared machine), the count before it after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        return importlib.import_module(module)
-    except ImportError as error:
-        message = f"{module} is not installed (pip install -e '.[test]'): {error}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def receiver_run(framework: str, monkeypatch, receiver) -> Callable[..., dict]:
+    """``run(root, **kwargs)``: the driver's ``train`` in this process, the callback
+    configuring the pipeline from OTEL_* pointing at ``receiver`` (metrics exported at
+    shutdown, every span group); shut down before it returns."""
+    train = driver_of(framework).train
+    import otel_training
+
+    for key, value in receiver.env("grpc").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
+    monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
+
+    def run(root: Path, **kwargs):
+        try:
+            return train(root, **kwargs)
+        finally:
+            otel_training.shutdown()
+
+    return run
 
 
 def collections_by_rank(receiver) -> dict[int, list[dict[str, list]]]:

@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script too
-from framework_checks import callbacks_with_readers, throughput_gauges  # noqa: E402
+from framework_checks import callbacks_with_readers, one_torch_thread, throughput_gauges  # noqa: E402
 
 VOCAB = 256
 
@@ -313,12 +313,8 @@ def train(
     ]
     trainer = L.Trainer(**options)
     module = build_module(package, events=events, **(module_kwargs or {}))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: more threads only contend on a shared machine
-    try:
+    with one_torch_thread():
         trainer.fit(module, loader, val_loader, ckpt_path=ckpt_path)
-    finally:
-        torch.set_num_threads(threads)
     return {
         "before": before,
         "after": after,

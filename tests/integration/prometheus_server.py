@@ -15,10 +15,8 @@ before it sends the query.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -33,19 +31,11 @@ from typing import Any, TypeVar
 
 import yaml
 from otlp_receiver import LOOPBACK, free_port
+from support import child_env
 
 T = TypeVar("T")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def find_prometheus() -> str | None:
-    """Path of the `prometheus` binary: $PROMETHEUS_BINARY, then PATH, then /usr/bin."""
-    candidates = (os.environ.get("PROMETHEUS_BINARY"), shutil.which("prometheus"))
-    for candidate in (*candidates, "/usr/bin/prometheus"):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 def poll(what: str, probe: Callable[[], T | None], timeout_s: float, interval_s: float = 0.2) -> T:
@@ -236,23 +226,6 @@ class PrometheusServer:
 
 
 # -- driver processes ------------------------------------------------------------------------
-
-
-def child_env(overrides: Mapping[str, str | None] | None = None) -> dict[str, str]:
-    """The environment of a driver: ours without OTEL_*, `<repo>/src` first on PYTHONPATH,
-    unbuffered output, one torch thread (the tests share two cores), then `overrides`
-    (None removes a variable)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    src = str(REPO_ROOT / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("OMP_NUM_THREADS", "1")
-    for key, value in (overrides or {}).items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
 
 
 class DriverProcess:

@@ -1,32 +1,57 @@
 """Helpers for tests that start real ``torchrun`` jobs (``python -m torch.distributed.run``) of
 two CPU processes on gloo, bound to 127.0.0.1, and read what each rank wrote to the embedded
-default's files."""
+default's files; and ranks started without torchrun (:func:`gloo_ranks`)."""
 
 from __future__ import annotations
 
-import os
+import json
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 from otlp_receiver import free_port
+from support import REPO_ROOT, child_env
 
 
-def require_gloo() -> None:
-    """Skips the test without torch.distributed's gloo backend; fails it under ``CI=true``."""
+def gloo_ranks(
+    command: Sequence[str], world: int, out: Path, *, timeout_s: float = 240.0
+) -> list[Any]:
+    """Runs ``python COMMAND RANK WORLD PORT OUT/rank{RANK}.json`` for every rank of ``world``
+    (the ranks meet at 127.0.0.1:PORT, without torchrun), each with :func:`support.child_env`
+    from the repository root, and returns what each rank wrote to its JSON file, by rank.
+
+    Raises:
+        AssertionError: when a rank fails (its exit status and the end of its output).
+        subprocess.TimeoutExpired: when a rank runs past ``timeout_s`` seconds (all are
+            killed).
+    """
+    port = free_port()
+    children = [
+        subprocess.Popen(
+            [sys.executable, *command, str(rank), str(world), str(port),
+             str(out / f"rank{rank}.json")],
+            env=child_env(),
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world)
+    ]  # fmt: skip
+    outputs = []
     try:
-        import torch.distributed as dist
-    except ModuleNotFoundError:
-        message = "torch is not installed"
-    else:
-        if dist.is_available() and dist.is_gloo_available():
-            return
-        message = "torch.distributed with gloo is not available"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
+        for child in children:
+            outputs.append(child.communicate(timeout=timeout_s)[0])
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+    for rank, (child, output) in enumerate(zip(children, outputs)):
+        assert child.returncode == 0, f"rank {rank}:\n{output[-6000:]}"
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
 
 
 def torchrun_args(
@@ -51,11 +76,6 @@ def rank_stdout(log_dir: Path, local_rank: int) -> str:
     """What ``local_rank`` printed to stdout in the one job that wrote ``log_dir``."""
     (path,) = log_dir.glob(f"*/attempt_*/{local_rank}/stdout.log")
     return path.read_text()
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """Variables for a torchrun job: one thread per rank (two ranks share two cores)."""
-    return {"OMP_NUM_THREADS": "1", **extra}
 
 
 @dataclass(frozen=True)

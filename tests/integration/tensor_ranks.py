@@ -24,67 +24,35 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 SCHEDULE_COMMIT = "grad_norm:1,param_norm:1,grad_nonfinite:1"
 
 
-def launch(scenarios: str, world: int, out: Path, repo_root: Path) -> list[dict]:
+def launch(scenarios: str, world: int, out: Path) -> list[dict]:
     """Runs ``scenarios`` on ``world`` gloo ranks; returns each rank's results (by scenario).
 
     Raises:
         AssertionError: when a rank fails, with its output.
     """
-    from otlp_receiver import free_port
+    from rank_jobs import gloo_ranks  # not at the top: this file also runs as a rank
 
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(repo_root / "src"), env.get("PYTHONPATH")) if p
-    )
-    env["OMP_NUM_THREADS"] = "1"
-    children = [
-        subprocess.Popen(
-            [sys.executable, __file__, scenarios, str(rank), str(world), str(port),
-             str(out / f"rank{rank}.json")],
-            env=env,
-            cwd=repo_root,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(world)
-    ]  # fmt: skip
-    outputs = []
-    try:
-        for child in children:
-            outputs.append(child.communicate(timeout=240)[0])
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-    for rank, (child, output) in enumerate(zip(children, outputs)):
-        assert child.returncode == 0, f"rank {rank}:\n{output[-6000:]}"
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
+    return gloo_ranks([__file__, scenarios], world, out, timeout_s=240)
 
 
 # -- in each rank ---------------------------------------------------------------------------
 
 
 def _points(reader) -> dict[str, float]:
+    from otel_training.testing import points
+
     found = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                if metric.name.startswith("megatron.training.tensor."):
-                    family = metric.name.removeprefix("megatron.training.tensor.")
-                    for point in metric.data.data_points:
-                        labels = "|".join(str(v) for v in point.attributes.values())
-                        found[f"{family}|{labels}"] = point.value
+    for name, point in points(reader.get_metrics_data()):
+        if name.startswith("megatron.training.tensor."):
+            family = name.removeprefix("megatron.training.tensor.")
+            labels = "|".join(str(v) for v in point.attributes.values())
+            found[f"{family}|{labels}"] = point.value
     return found
 
 

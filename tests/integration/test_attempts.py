@@ -6,7 +6,6 @@ policies that stay the same across a restart."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -16,8 +15,7 @@ from pathlib import Path
 
 import pytest
 from otlp_receiver import free_port
-from rank_jobs import child_env, require_gloo
-from support import import_or_unavailable
+from support import child_env, gloo_or_unavailable, import_or_unavailable
 
 from otel_training.report import find_run_directory, load_job
 from otel_training.report.rundir import peek_resource
@@ -68,20 +66,16 @@ def _torchrun(root: Path, nproc: int, *extra: str, **env: str) -> subprocess.Com
     :data:`RDZV_ID`, the way multi-node jobs run: restarts meet in a new round) on 127.0.0.1,
     writing to ``root/out``."""
     import_or_unavailable("torch")
-    require_gloo()
+    gloo_or_unavailable()
     script = root / "worker.py"
     script.write_text(WORKER)
-    full_env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("OTEL_", "TORCHELASTIC_", "SLURM_", "MEGATRON_OTEL_", "NEMO_LENS_"))
-    }
-    full_env.update(
-        child_env(
-            OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(root / "out"),
-            OTEL_PYTHON_TRAINING_SPAN_GROUPS="per_step",
-            **env,
-        )
+    full_env = child_env(
+        {
+            "OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(root / "out"),
+            "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "per_step",
+        },
+        drop=("TORCHELASTIC_", "SLURM_", "MEGATRON_OTEL_", "NEMO_LENS_"),
+        **env,
     )
     argv = [
         sys.executable,

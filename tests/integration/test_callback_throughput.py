@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
-from framework_checks import duration_bounds, require, step_windows
-from rank_jobs import require_gloo
+from framework_checks import driver_of, duration_bounds, step_windows
+from support import gloo_or_unavailable
 
 HERE = Path(__file__).resolve().parent
 WORLD = 2
@@ -50,10 +49,8 @@ def test_lightning_throughput_on_two_ranks(run_python, tmp_path):
     every 3: per interval, tokens/s = this rank's fed tokens x 2 / the steps' summed time
     (evaluations and saves outside it) for tokens_per_sample and tokens_per_batch; TFLOP/s =
     flops_per_token x job tokens / (time x 1e12 x 2), and from the module's flops_per_batch."""
-    require("lightning")
-    require_gloo()
-    sys.path.insert(0, str(HERE))
-    import lightning_run
+    lightning_run = driver_of("lightning")
+    gloo_or_unavailable()
 
     script = str(HERE / "lightning_run.py")
     env = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
@@ -92,11 +89,8 @@ def test_transformers_throughput_on_two_ranks(run_python, tmp_path):
     2 steps and save every 3: per logging step, tokens/s = this rank's fed tokens x 2 / the
     steps' summed time for tokens_per_sample and tokens_per_batch; TFLOP/s = flops_per_token x
     job tokens / (time x 1e12 x 2), and from the Trainer's count, 6 x N x both ranks' tokens."""
-    require("transformers")
-    require("accelerate")
-    require_gloo()
-    sys.path.insert(0, str(HERE))
-    import transformers_run
+    transformers_run = driver_of("transformers")
+    gloo_or_unavailable()
 
     env = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
     env["OTEL_LOGS_EXPORTER"] = "none"

@@ -5,7 +5,6 @@ rank 0 prints."""
 from __future__ import annotations
 
 import math
-import os
 import re
 import subprocess
 import sys
@@ -14,14 +13,12 @@ from pathlib import Path
 import pytest
 from rank_jobs import (
     RankMetrics,
-    child_env,
     last_metrics,
     metric_files,
     rank_stdout,
-    require_gloo,
     torchrun_args,
 )
-from support import import_or_unavailable
+from support import child_env, gloo_or_unavailable, import_or_unavailable
 
 P = "megatron.training."
 STEPS, BATCH, SEQ, LAYERS, D_MODEL = 6, 4, 32, 1, 32
@@ -48,14 +45,10 @@ class Job:
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, repo_root) -> Job:
     import_or_unavailable("torch")
-    require_gloo()
+    gloo_or_unavailable()
     root = tmp_path_factory.mktemp("demo2")
     output, checkpoints, logs = root / "telemetry", root / "checkpoints", root / "logs"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(repo_root / "src"), env.get("PYTHONPATH")) if p
-    )
-    env.update(child_env(OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(output)))
+    env = child_env(OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(output))
     argv = [
         sys.executable,
         "-m",

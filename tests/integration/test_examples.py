@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from rank_jobs import child_env, last_metrics, metric_files, require_gloo, torchrun_args
-from support import import_or_unavailable
+from rank_jobs import last_metrics, metric_files, torchrun_args
+from support import gloo_or_unavailable, import_or_unavailable
 
 import_or_unavailable("torch")
 
@@ -44,7 +44,7 @@ def test_train_loop_records_the_rate_of_the_step_that_ran(run_python, tmp_path):
 def test_train_ddp_under_torchrun_exports_both_ranks(run_python, otlp_receiver, tmp_path):
     """Two gloo ranks export under their own identities and one run id, the same averaged loss
     and averaged gradients, and the job's tokens over each rank's step time."""
-    require_gloo()
+    gloo_or_unavailable()
     steps = 4
     result = run_python(
         module="torch.distributed.run",
@@ -53,7 +53,7 @@ def test_train_ddp_under_torchrun_exports_both_ranks(run_python, otlp_receiver, 
             "examples/train_ddp.py",
             *["--steps", str(steps), "--log-interval", str(steps), *SMALL],
         ),
-        env={**otlp_receiver.env("grpc"), **child_env()},
+        env=otlp_receiver.env("grpc"),
         timeout_s=150,
     )
     assert result.returncode == 0, result.stderr[-4000:]

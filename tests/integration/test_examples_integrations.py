@@ -4,7 +4,8 @@ OTLP receiver: every optimizer step, the loss and tokens/s."""
 from __future__ import annotations
 
 import pytest
-from framework_checks import STEP, collections_by_rank, last_collection, require
+from framework_checks import STEP, collections_by_rank, last_collection
+from support import import_or_unavailable
 
 SHORT = ["--steps", "4", "--batch-size", "2", "--seq-len", "16", "--accumulate", "2",
          "--log-every", "2", "--data-bytes", "20000"]  # fmt: skip
@@ -19,7 +20,7 @@ SHORT = ["--steps", "4", "--batch-size", "2", "--seq-len", "16", "--accumulate",
 )
 def test_example_runs_and_exports(run_python, otlp_receiver, repo_root, script, framework):
     """The example trains four steps; the receiver gets four step points, loss and tokens/s."""
-    require(framework)
+    import_or_unavailable(framework)
     env = {**otlp_receiver.env("grpc"), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     path = str(repo_root / script)
     result = run_python(

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from support import unavailable
+import support
+from support import program_or_unavailable, unavailable
 
 from otel_training.report import find_run_directory, load_job
 
@@ -87,9 +87,7 @@ PERMISSIONS = ("readonly", "chmod")
 
 def _tmpfs_wrapper(out: Path) -> list[str]:
     """``unshare`` into a mount namespace of our own with a 1 MiB tmpfs at ``out``."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        unavailable("unshare (util-linux) is not installed: no private tmpfs")
+    unshare = program_or_unavailable("unshare", install="util-linux; for a private tmpfs")
     probe = subprocess.run(
         [unshare, "-rm", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {out} && echo ok"],
         capture_output=True,
@@ -106,9 +104,7 @@ def _as_owner_only() -> list[str]:
     permissions (as root; empty for anyone else, whom permissions bind already)."""
     if os.geteuid() != 0:
         return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        unavailable("setpriv (util-linux) is not installed: root would ignore permissions")
+    setpriv = program_or_unavailable("setpriv", install="util-linux; else root ignores permissions")
     caps = "-dac_override,-dac_read_search,-fowner"
     return [setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}"]
 
@@ -135,11 +131,7 @@ def _run(tmp_path: Path, mode: str, run_python_env: dict[str, str]) -> tuple[Pat
 
 @pytest.fixture
 def child_env(repo_root) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SLURM_", "RANK"))}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(repo_root / "src"), env.get("PYTHONPATH")) if p
-    )
-    return env
+    return support.child_env(drop=("SLURM_", "RANK"))
 
 
 def _iterations(run_dir: Path) -> list[int]:

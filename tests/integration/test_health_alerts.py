@@ -25,9 +25,8 @@ from alerts_job import (
     hang_latency_s,
     inject_hang,
 )
-from prometheus_server import PrometheusServer, find_prometheus, grafana_render
-from rank_jobs import require_gloo
-from support import unavailable
+from prometheus_server import PrometheusServer, grafana_render
+from support import gloo_or_unavailable, prometheus_or_unavailable
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -75,10 +74,8 @@ class Observed:
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory) -> Observed:
-    require_gloo()
-    binary = find_prometheus()
-    if binary is None:
-        unavailable("the prometheus binary is missing (apt-get install -y prometheus)")
+    gloo_or_unavailable()
+    binary = prometheus_or_unavailable()
     with HealthJob(binary, tmp_path_factory.mktemp("health"), PLAN) as job:
         straggling_since = job.stamp(1, "straggle", timeout_s=120)
         fired_while_healthy = [

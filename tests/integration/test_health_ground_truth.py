@@ -12,13 +12,13 @@ import json
 
 import pytest
 from health_truth import BUCKETS, errors, run_variant
-from rank_jobs import require_gloo
+from support import gloo_or_unavailable
 
 
 @pytest.mark.timeout(400)
 def test_killed_and_restarted_job_matches_its_truth_log(tmp_path):
     """Every bucket within the tolerance, goodput within 0.5 points, steps 41-47 lost."""
-    require_gloo()
+    gloo_or_unavailable()
     outcome = run_variant(tmp_path, "sigkill")
     truth, found = outcome.truth, outcome.health
     tolerance = truth["tolerance_s"]

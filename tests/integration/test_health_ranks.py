@@ -8,17 +8,15 @@ machine."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 from otlp_receiver import free_port
-from rank_jobs import require_gloo
+from support import child_env, gloo_or_unavailable
 
 JOB = textwrap.dedent(
     """
@@ -58,13 +56,9 @@ JOB = textwrap.dedent(
 def test_health_names_the_straggler_and_the_hang_culprit_from_the_files(tmp_path, how):
     """Straggler rank 1 (compute); hung, culprit rank 1: outside the collective with its stack
     (sleep), or silent (SIGSTOP) while rank 0's stack shows it waiting in the all_reduce."""
-    require_gloo()
+    gloo_or_unavailable()
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    env.update(
-        OMP_NUM_THREADS="1",
+    env = child_env(
         WORLD_SIZE="2",
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,10 +18,11 @@ from framework_checks import (
     l2,
     last_collection,
     rate_bounds,
-    require,
+    receiver_run,
     runs,
     tensor_gauges,
 )
+from support import import_or_unavailable
 
 from otel_training.semconv.attributes import MEGATRON_CHECKPOINT_PATH, MEGATRON_ITERATION
 
@@ -32,26 +32,9 @@ SEQ = 16  # tokens per sample (bytes predicted per row)
 
 @pytest.fixture
 def lightning_run(monkeypatch, otlp_receiver):
-    """``run(**kwargs)``: lightning_run.train in this process, the callback configuring the
-    pipeline from OTEL_* pointing at the receiver; shut down before it returns."""
-    require("lightning")
-    sys.path.insert(0, str(HERE))
-    import lightning_run as driver
-
-    import otel_training
-
-    for key, value in otlp_receiver.env("grpc").items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
-    monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
-
-    def run(root: Path, **kwargs):
-        try:
-            return driver.train(root, **kwargs)
-        finally:
-            otel_training.shutdown()
-
-    return run
+    """``run(root, **kwargs)``: lightning_run.train in this process, exporting to the
+    receiver (framework_checks.receiver_run)."""
+    return receiver_run("lightning", monkeypatch, otlp_receiver)
 
 
 def _interval_steps(every: int, steps: int) -> list[tuple[int, int]]:
@@ -121,7 +104,7 @@ def test_spans_of_the_run_iterations_updates_validation_and_checkpoints(
     """One run span; in its trace segment the iterations (the first wrapped as the first
     iteration), each with its optimizer span, a span per validation loop and per checkpoint
     file ModelCheckpoint wrote, with their paths."""
-    lightning = require("lightning.pytorch")
+    lightning = import_or_unavailable("lightning.pytorch")
     checkpoints = tmp_path / "checkpoints"
     saver = lightning.callbacks.ModelCheckpoint(
         dirpath=checkpoints, every_n_train_steps=2, save_top_k=-1
@@ -176,8 +159,8 @@ def test_amp_overflow_steps_are_skipped_iters_and_leave_the_loss(
 ):
     """16-mixed on CPU with an inf loss at step 3: the steps the gradient scaler skipped (its
     scale dropped) are counted, and their micro-batches are not in the interval's loss."""
-    torch = require("torch")
-    lightning = require("lightning.pytorch")
+    torch = import_or_unavailable("torch")
+    lightning = import_or_unavailable("lightning.pytorch")
     scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
     precision = lightning.plugins.precision.MixedPrecision("16-mixed", "cpu", scaler=scaler)
     result = lightning_run(
@@ -200,7 +183,7 @@ def test_amp_overflow_steps_are_skipped_iters_and_leave_the_loss(
 
 def test_pytorch_lightning_trainers_take_the_same_callback(lightning_run, otlp_receiver, tmp_path):
     """The callback works in a ``pytorch_lightning.Trainer`` too."""
-    require("pytorch_lightning")
+    import_or_unavailable("pytorch_lightning")
     lightning_run(tmp_path, package="pytorch_lightning", callback_kwargs={"tensor_metrics": "none"})
     final = last_collection(collections_by_rank(otlp_receiver)[0])
     assert final[STEP][0].count == 6
@@ -212,7 +195,7 @@ def test_two_ddp_ranks_on_gloo_export_under_their_own_identity(
 ):
     """Lightning's own DDP launcher (no RANK variable), two CPU processes: each rank arrives
     with the trainer's rank identity, its own loss and its step count."""
-    require("lightning")
+    import_or_unavailable("lightning")
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "600000"}
     env["OTEL_PYTHON_TRAINING_SPAN_GROUPS"] = "all"
     script = str(HERE / "lightning_run.py")

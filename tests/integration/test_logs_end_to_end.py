@@ -6,15 +6,12 @@ with logs stay bounded."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from support import start_python, terminate_when_ready
 
 from otel_training.semconv.attributes import DL_RANK, DL_WORLD_SIZE
 from otel_training.testing import parse_otlp_json
@@ -201,33 +198,11 @@ LOG_UNTIL_TERMINATED = textwrap.dedent(
 def test_sigterm_flushes_the_logs_and_terminates(otlp_receiver, repo_root):
     """SIGTERM into a process that logs in a loop: it dies by SIGTERM as before, and the
     records logged before it (at least the first 100) reach the receiver."""
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    child_env.update(otlp_receiver.env("grpc"))
-    child_env.update(
-        {
-            "PYTHONPATH": str(Path(repo_root) / "src"),
-            "PYTHONUNBUFFERED": "1",
-            "OTEL_BLRP_SCHEDULE_DELAY": "60000",  # only the flush at SIGTERM exports
-        }
-    )
-    child = subprocess.Popen(
-        [sys.executable, "-c", LOG_UNTIL_TERMINATED],
-        env=child_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout.readline().strip() == "ready", child.stderr.read()[-3000:]
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the child hung after SIGTERM")
-        stderr = child.stderr.read()
-    finally:
-        child.kill()
-        child.wait()
-    assert child.returncode == -signal.SIGTERM, stderr[-3000:]
+    env = {
+        **otlp_receiver.env("grpc"),
+        "OTEL_BLRP_SCHEDULE_DELAY": "60000",  # only the flush at SIGTERM exports
+    }
+    code, stderr = terminate_when_ready(start_python(LOG_UNTIL_TERMINATED, env=env))
+    assert code == -signal.SIGTERM, stderr[-3000:]
     bodies = {r.body for r in otlp_receiver.logs()}
     assert {f"record {i}" for i in range(1, 101)} <= bodies

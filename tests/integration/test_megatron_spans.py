@@ -4,12 +4,12 @@ torchrun job on gloo against a real OTLP receiver."""
 from __future__ import annotations
 
 import collections
-import os
 import subprocess
 import sys
 import textwrap
 
-from rank_jobs import child_env, require_gloo, torchrun_args
+from rank_jobs import torchrun_args
+from support import child_env, gloo_or_unavailable
 
 from otel_training.semconv import spans as names
 
@@ -79,16 +79,10 @@ JOB = textwrap.dedent(
 
 
 def _run(tmp_path, receiver, **env: str) -> None:
-    require_gloo()
+    gloo_or_unavailable()
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    variables = {
-        **child_env(**receiver.env("grpc")),
-        "OTEL_METRICS_EXPORTER": "none",
-        **env,
-    }
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    full_env.update(variables)
+    full_env = child_env({**receiver.env("grpc"), "OTEL_METRICS_EXPORTER": "none", **env})
     result = subprocess.run(
         [
             sys.executable,

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -42,11 +41,11 @@ from otlp_receiver import free_port
 from prometheus_server import (
     DriverProcess,
     PrometheusServer,
-    find_prometheus,
     grafana_render,
     grafana_variables,
     poll,
 )
+from support import prometheus_or_unavailable
 
 from otel_training.config import TENSOR_METRIC_NAMES
 from otel_training.views import STEP_DURATION_BUCKETS_MS
@@ -200,13 +199,7 @@ def _finite(result: list[dict[str, Any]]) -> bool:
 
 @pytest.fixture(scope="module")
 def prometheus_binary() -> str:
-    binary = find_prometheus()
-    if binary is None:
-        message = "the prometheus binary is missing (apt-get install -y prometheus)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return binary
+    return prometheus_or_unavailable()
 
 
 @pytest.fixture(scope="module")

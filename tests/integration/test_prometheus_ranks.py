@@ -3,7 +3,6 @@ its own port, base port + LOCAL_RANK, and says which."""
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -14,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 from prometheus_server import free_port_run
+from support import child_env
 
 RANK = textwrap.dedent(
     """
@@ -29,9 +29,7 @@ RANK = textwrap.dedent(
 
 
 def _start(rank: int, base: int, repo_root: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update(
-        PYTHONPATH=str(repo_root / "src"),
+    env = child_env(
         OTEL_METRICS_EXPORTER="prometheus",
         OTEL_TRACES_EXPORTER="none",
         OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",

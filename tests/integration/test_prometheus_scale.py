@@ -8,8 +8,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from prometheus_server import find_prometheus
-from support import unavailable
+from support import prometheus_or_unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,9 +27,7 @@ def test_prometheus_stores_the_series_the_model_counts(tmp_path):
     """Three ranks of the 4,096-rank job: rank 0 (it sends the replicated values) has
     series_per_rank series, rank 1 (it does not) series_per_silent_rank, each with its
     target_info; the step histogram has its 38 buckets."""
-    binary = find_prometheus()
-    if binary is None:
-        unavailable("prometheus is missing (apt-get install -y prometheus)")
+    binary = prometheus_or_unavailable()
     bench = _bench()
     model = bench.model
     w = model.Workload(4096)

@@ -10,8 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from prometheus_server import child_env
 from rank_jobs import metric_files
+from support import child_env
 
 from otel_training.replicated import REPLICATED_METRICS
 

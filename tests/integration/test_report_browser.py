@@ -4,8 +4,6 @@ error, every plot drawn with data points, no request made by the page, and a scr
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -13,7 +11,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from support import import_or_unavailable
+from support import child_env, chromium_or_unavailable, import_or_unavailable
 
 import_or_unavailable("torch")
 import_or_unavailable("plotly")
@@ -40,30 +38,12 @@ DEMO = [
 ]  # fmt: skip
 
 
-def _chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        message = "chromium is not installed (Debian's chromium package)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
-
-
-def _env(**more: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    env.update(more)
-    return env
-
-
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     """A real demo run (several metric exports, all span groups, tensor metrics), reported
     with the real command."""
     base = tmp_path_factory.mktemp("report-browser")
-    env = _env(
+    env = child_env(
         OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(base / "telemetry"),
         OTEL_METRIC_EXPORT_INTERVAL="200",
         OTEL_PYTHON_TRAINING_SPAN_GROUPS="all",
@@ -137,7 +117,7 @@ class _Rendered(HTMLParser):
 def _browse(url: str, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
     profile = tmp / f"profile-{len(list(tmp.glob('profile-*')))}"
     return subprocess.run(
-        [_chromium(), *FLAGS, f"--user-data-dir={profile}", *extra, url],
+        [chromium_or_unavailable(), *FLAGS, f"--user-data-dir={profile}", *extra, url],
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip
 
@@ -227,7 +207,7 @@ def test_a_report_of_two_attempts_draws_each_attempt(tmp_path):
     """Two attempts of one SLURM job (requeue 0 and 1), reported from the output directory
     with the real command: the attempts table links both, each attempt's curves and timeline
     are drawn (prefixed ids a1-/a2-, none shared), and no script fails."""
-    env = _env(
+    env = child_env(
         OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(tmp_path / "telemetry"),
         OTEL_PYTHON_TRAINING_SPAN_GROUPS="per_step",
         SLURM_JOB_ID="913",

@@ -6,11 +6,10 @@ from __future__ import annotations
 import base64
 import json
 import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from support import start_python, terminate_when_ready
 
 TRAIN_AGAINST_ENDPOINT = textwrap.dedent(
     """
@@ -178,7 +177,6 @@ def test_last_interval_is_exported_at_normal_exit(run_python, otlp_receiver):
 
 def test_sigterm_flushes_then_terminates(repo_root, otlp_receiver, tmp_path):
     """On SIGTERM the last values are exported, then the process dies of SIGTERM as before."""
-    import os
 
     code = textwrap.dedent(
         """
@@ -189,23 +187,8 @@ def test_sigterm_flushes_then_terminates(repo_root, otlp_receiver, tmp_path):
         time.sleep(60)
         """
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update(otlp_receiver.env("grpc"))
-    env["PYTHONPATH"] = str(repo_root / "src")
-    child = subprocess.Popen(
-        [sys.executable, "-c", code],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        child.send_signal(signal.SIGTERM)
-        child.wait(timeout=30)
-    finally:
-        child.kill()
-    assert child.returncode == -signal.SIGTERM
+    status, stderr = terminate_when_ready(start_python(code, env=otlp_receiver.env("grpc")))
+    assert status == -signal.SIGTERM, stderr[-3000:]
     assert [p.value for p in otlp_receiver.metrics("megatron.training.loss")] == [4.25]
 
 

@@ -4,7 +4,6 @@ next process of the run starts on a fresh line behind the torn tail."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from support import child_env
 
 from otel_training import config
 from otel_training.testing import parse_otlp_json
@@ -76,13 +76,11 @@ RESTART = textwrap.dedent(
 
 
 def _env(output_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    root = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), env.get("PYTHONPATH", "")])
-    env["OTEL_PYTHON_TRAINING_OUTPUT_DIR"] = str(output_dir)
-    env["OTEL_PYTHON_TRAINING_RUN_ID"] = "killed-run"
-    env["OTEL_PYTHON_TRAINING_SPAN_GROUPS"] = "per_step"
-    return env
+    return child_env(
+        OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(output_dir),
+        OTEL_PYTHON_TRAINING_RUN_ID="killed-run",
+        OTEL_PYTHON_TRAINING_SPAN_GROUPS="per_step",
+    )
 
 
 def _iterations(lines: list[bytes]) -> tuple[set[int], list[int]]:

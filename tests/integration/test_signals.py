@@ -4,17 +4,15 @@ kept, open spans ended as truncated, a main thread stuck in C code, forked child
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
-from support import build_shared_library
+from support import build_shared_library, start_python, terminate_when_ready
 
 from otel_training.semconv.attributes import OTEL_TRAINING_SPAN_TRUNCATED
 
@@ -34,47 +32,14 @@ TIGHT_LOOP = textwrap.dedent(
 )
 
 
-def _start(code: str, env: dict[str, str], repo_root: Path) -> subprocess.Popen:
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    child_env.update(env)
-    child_env["PYTHONPATH"] = str(repo_root / "src")
-    child_env["PYTHONUNBUFFERED"] = "1"
-    return subprocess.Popen(
-        [sys.executable, "-c", code],
-        env=child_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _terminate_when_ready(child: subprocess.Popen, delay_s: float = 0.0) -> tuple[int, str]:
-    """Waits for "ready", sends SIGTERM after ``delay_s``, returns (exit status, stderr); a
-    child that does not end within 30 s is a hang and fails the test."""
-    try:
-        line = child.stdout.readline().strip()
-        assert line == "ready", child.stderr.read()[-3000:]
-        if delay_s:
-            time.sleep(delay_s)
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the child hung after SIGTERM")
-        return child.returncode, child.stderr.read()
-    finally:
-        child.kill()
-        child.wait()
-
-
 @pytest.mark.parametrize("trial", range(12))
 def test_sigterm_into_a_tight_record_loop_keeps_the_last_interval(otlp_receiver, repo_root, trial):
     """SIGTERM delivered anywhere in a tight record_training_metrics loop: the process ends by
     SIGTERM, and the final collection (the only one: the interval is 60 s) reaches the
     receiver with values recorded after "ready"."""
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"}
-    child = _start(TIGHT_LOOP, env, repo_root)
-    code, stderr = _terminate_when_ready(child, delay_s=random.Random(trial).uniform(0, 0.05))
+    child = start_python(TIGHT_LOOP, env=env)
+    code, stderr = terminate_when_ready(child, delay_s=random.Random(trial).uniform(0, 0.05))
     assert code == -signal.SIGTERM, stderr[-3000:]
     losses = [p.value for p in otlp_receiver.metrics("megatron.training.loss")]
     assert len(losses) == 1 and losses[0] >= 1000.0, stderr[-3000:]
@@ -104,7 +69,7 @@ def test_spans_open_at_sigterm_are_ended_truncated_and_exported(otlp_receiver, r
         "OTEL_PYTHON_TRAINING_SPAN_GROUPS": "per_step",
         "OTEL_PYTHON_TRAINING_JSONLOG_DIR": str(tmp_path),
     }
-    code, stderr = _terminate_when_ready(_start(OPEN_SPANS, env, repo_root))
+    code, stderr = terminate_when_ready(start_python(OPEN_SPANS, env=env))
     assert code == -signal.SIGTERM, stderr[-3000:]
     spans = {s.name: s for s in otlp_receiver.spans()}
     assert set(spans) == {
@@ -159,16 +124,8 @@ def test_sigterm_while_the_main_thread_is_stuck_in_c_still_flushes(
 ):
     """A main thread in C code never runs Python's handler: the watcher, woken through the
     wakeup fd, flushes anyway and ends the process with status 143."""
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    child_env.update(otlp_receiver.env("grpc"), PYTHONPATH=str(repo_root / "src"))
-    child = subprocess.Popen(
-        [sys.executable, "-c", STUCK_IN_C, str(spin_library)],
-        env=child_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    code, stderr = _terminate_when_ready(child)
+    child = start_python(STUCK_IN_C, str(spin_library), env=otlp_receiver.env("grpc"))
+    code, stderr = terminate_when_ready(child)
     assert code == 128 + signal.SIGTERM, stderr[-3000:]
     assert [p.value for p in otlp_receiver.metrics("megatron.training.loss")] == [4.5]
 
@@ -298,14 +255,7 @@ def test_sigterm_into_a_program_that_handles_it_leaves_its_fate_alone(
     records and ends after SIGTERM is exported, nothing truncated."""
     checkpoint = tmp_path / "checkpoint"
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", PROGRAM_HANDLES, mode, str(checkpoint)],
-        env={**_env_without_otel(), **env, "PYTHONPATH": str(repo_root / "src")},
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    child = start_python(PROGRAM_HANDLES, mode, str(checkpoint), env=env, stdin=True)
     try:
         assert child.stdout.readline().strip() == "ready", child.stderr.read()[-3000:]
         child.send_signal(signal.SIGTERM)
@@ -330,10 +280,6 @@ def test_sigterm_into_a_program_that_handles_it_leaves_its_fate_alone(
     spans = {s.name: s for s in otlp_receiver.spans()}
     for name in ("megatron.train", "megatron.checkpoint.save"):
         assert OTEL_TRAINING_SPAN_TRUNCATED not in spans[name].attributes, name
-
-
-def _env_without_otel() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
 
 
 EXITS_IN_ITS_HANDLER = textwrap.dedent(
@@ -365,14 +311,8 @@ def test_a_handler_that_exits_decides_the_exit_status(otlp_receiver, repo_root, 
     """A handler that calls sys.exit(5) or os._exit(9): that is the exit status; after
     sys.exit, what the program records on its way out is exported at exit."""
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", EXITS_IN_ITS_HANDLER, how],
-        env={**_env_without_otel(), **env, "PYTHONPATH": str(repo_root / "src")},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    code, stderr = _terminate_when_ready(child)
+    child = start_python(EXITS_IN_ITS_HANDLER, how, env=env)
+    code, stderr = terminate_when_ready(child)
     assert code == status, stderr[-3000:]
     if how == "sys.exit":  # also in the flush at SIGTERM, when that ran after the last record
         assert -1.0 in [p.value for p in otlp_receiver.metrics("megatron.training.loss")]
@@ -411,13 +351,7 @@ def test_sigterm_while_stuck_in_c_with_a_handler_of_the_programs_flushes_and_wai
     library = build_shared_library(source, tmp_path / "libwait.so", "-O0")
     release = tmp_path / "release"
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", STUCK_IN_C_PROGRAM_HANDLES, str(library), str(release)],
-        env={**_env_without_otel(), **env, "PYTHONPATH": str(repo_root / "src")},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    child = start_python(STUCK_IN_C_PROGRAM_HANDLES, str(library), str(release), env=env)
     try:
         assert child.stdout.readline().strip() == "ready", child.stderr.read()[-3000:]
         child.send_signal(signal.SIGTERM)
@@ -504,13 +438,7 @@ def test_asyncio_keeps_its_wakeup_fd_and_its_signal_handler(otlp_receiver, repo_
     left to it, its callback runs, the exit status is the program's, the last values are
     exported at exit."""
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", ASYNCIO_HANDLES, order],
-        env={**_env_without_otel(), **env, "PYTHONPATH": str(repo_root / "src")},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    code, stderr = _terminate_when_ready(child)
+    child = start_python(ASYNCIO_HANDLES, order, env=env)
+    code, stderr = terminate_when_ready(child)
     assert code == 4, stderr[-3000:]
     assert [p.value for p in otlp_receiver.metrics("megatron.training.loss")] == [-1.0]

@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from framework_checks import require
 from otlp_receiver import free_port
-from rank_jobs import require_gloo
+from support import child_env, gloo_or_unavailable, import_or_unavailable
 
 from otel_training.semconv.attributes import OTEL_TRAINING_SPAN_TRUNCATED
 
@@ -71,10 +70,7 @@ SCONTROL = '#!/bin/sh\necho "$@" >> "{calls}"\n'
 
 
 def _env(repo_root: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SLURM_"))}
-    env.update(PYTHONPATH=str(repo_root / "src"), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    env.update(extra)
-    return env
+    return child_env(extra, drop=("SLURM_",), OMP_NUM_THREADS="1")
 
 
 def _wait_for(condition, what: str, children: list[subprocess.Popen], timeout_s: float = 60.0):
@@ -113,7 +109,7 @@ def test_lightning_saves_and_exits_as_it_decides_with_telemetry_on(
     first: HPC checkpoint and ``scontrol requeue``): its SIGTERMException path runs
     OnExceptionCheckpoint, the process exits 0 as Lightning decides, and what the graceful
     path recorded arrives with the last training metrics."""
-    require("lightning")
+    import_or_unavailable("lightning")
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"}
     calls = tmp_path / "scontrol.calls"
     if variant == "slurm":
@@ -229,7 +225,7 @@ def test_a_megatron_style_exit_signal_handler_saves_on_every_rank_with_telemetry
     """Two gloo ranks with an exit-signal handler set after configure(), SIGTERM to both (as
     SLURM sends it): they agree, save a checkpoint at the same iteration and exit 0; each
     rank's last loss and its checkpoint span arrive, nothing truncated."""
-    require_gloo()
+    gloo_or_unavailable()
     env = {
         **otlp_receiver.env("grpc"),
         "OTEL_METRIC_EXPORT_INTERVAL": "60000",

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -218,60 +216,22 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:  # pragma: no c
 
 
 def _require_gloo() -> None:
-    from support import import_or_unavailable  # not at the top: this file also runs as a rank
+    from support import gloo_or_unavailable  # not at the top: this file also runs as a rank
 
-    torch = import_or_unavailable("torch")
-    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
-        if os.environ.get("CI") == "true":
-            pytest.fail("torch.distributed with gloo is required under CI")
-        pytest.skip("torch.distributed with gloo is not available")
+    gloo_or_unavailable()
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, repo_root):
-    from otlp_receiver import free_port
+def two_ranks(tmp_path_factory):
+    from rank_jobs import gloo_ranks  # not at the top: this file also runs as a rank
 
     _require_gloo()
-    out = tmp_path_factory.mktemp("ranks")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(repo_root / "src"), env.get("PYTHONPATH")) if p
-    )
-    env["OMP_NUM_THREADS"] = "1"
-    children = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(rank), "2", str(port), str(out / f"rank{rank}.json")],
-            env=env,
-            cwd=repo_root,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    outputs = []
-    try:
-        for child in children:
-            outputs.append(child.communicate(timeout=180)[0])
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-    for rank, (child, output) in enumerate(zip(children, outputs)):
-        assert child.returncode == 0, f"rank {rank}:\n{output[-4000:]}"
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+    return gloo_ranks([__file__], 2, tmp_path_factory.mktemp("ranks"), timeout_s=180)
 
 
 def test_every_rank_reports_the_whole_tensor_values(two_ranks):
     """Gauges on each rank equal torch on the whole tensors (sharded, DTensor, owned, DP data)."""
-    for rank, result in enumerate(two_ranks):
-        observed, expected = result["observed"], result["expected"]
-        missing = sorted(set(expected) - set(observed))
-        assert not missing, f"rank {rank} lacks {missing}"
-        for key, value in expected.items():
-            assert observed[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (rank, key)
-        assert result["failures"] == 0
+    _assert_whole_tensor_values(two_ranks)
 
 
 def test_an_empty_dtensor_shard_contributes_nothing(two_ranks):
@@ -303,14 +263,14 @@ def test_one_host_copy_per_due_step_on_each_rank(two_ranks):
 
 
 @pytest.fixture(scope="module")
-def scenarios(tmp_path_factory, repo_root):
+def scenarios(tmp_path_factory):
     """flat, pipeline and ep on two ranks, tp_dp on four: {scenario: [result of each rank]}."""
     import tensor_ranks
 
     _require_gloo()
     found: dict[str, list[dict]] = {}
     for names, world in (("flat,pipeline,ep", 2), ("tp_dp", 4)):
-        ranks = tensor_ranks.launch(names, world, tmp_path_factory.mktemp("ranks"), repo_root)
+        ranks = tensor_ranks.launch(names, world, tmp_path_factory.mktemp("ranks"))
         for name in names.split(","):
             found[name] = [rank[name] for rank in ranks]
     return found

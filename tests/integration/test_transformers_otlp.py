@@ -5,7 +5,6 @@ what the test measured itself."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,11 @@ from framework_checks import (
     l2,
     last_collection,
     rate_bounds,
-    require,
+    receiver_run,
     runs,
     tensor_gauges,
 )
+from support import import_or_unavailable
 
 from otel_training.semconv.attributes import MEGATRON_CHECKPOINT_PATH, MEGATRON_ITERATION
 
@@ -31,28 +31,9 @@ SEQ = 32
 
 @pytest.fixture
 def trainer_run(monkeypatch, otlp_receiver):
-    """``run(root, **kwargs)``: transformers_run.train in this process, the callback
-    configuring the pipeline from OTEL_* pointing at the receiver; shut down before it
-    returns."""
-    require("transformers")
-    require("accelerate")
-    sys.path.insert(0, str(HERE))
-    import transformers_run as driver
-
-    import otel_training
-
-    for key, value in otlp_receiver.env("grpc").items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "600000")
-    monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "all")
-
-    def run(root: Path, **kwargs):
-        try:
-            return driver.train(root, **kwargs)
-        finally:
-            otel_training.shutdown()
-
-    return run
+    """``run(root, **kwargs)``: transformers_run.train in this process, exporting to the
+    receiver (framework_checks.receiver_run)."""
+    return receiver_run("transformers", monkeypatch, otlp_receiver)
 
 
 def test_metrics_equal_the_log_history_and_what_the_test_measured(
@@ -140,7 +121,7 @@ def test_an_exception_that_ends_the_program_is_recorded_on_the_run_span(
 ):
     """A failure at step 3 that nobody catches: the process exits 1 and its run span arrives
     with status ERROR and the exception."""
-    require("transformers")
+    import_or_unavailable("transformers")
     code = (
         "import sys; from pathlib import Path; sys.path.insert(0, 'tests/integration'); "
         "import transformers_run; "
@@ -164,7 +145,7 @@ def test_two_ranks_under_torchrun_on_gloo_export_under_their_own_identity(
 ):
     """torchrun, two CPU processes: each rank arrives with its identity, the Trainer's global
     loss of each logging step, its step count, and tokens/s from num_input_tokens_seen."""
-    require("transformers")
+    import_or_unavailable("transformers")
     env = {**otlp_receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "600000"}
     env["OTEL_PYTHON_TRAINING_SPAN_GROUPS"] = "all"
     result = run_python(

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from support import unavailable
+from support import program_or_unavailable
 
 __all__ = ["TlsFiles", "make_tls_files"]
 
@@ -35,8 +34,9 @@ def make_tls_files(directory: Path) -> TlsFiles:
     try:
         import cryptography  # noqa: F401
     except ImportError:
-        if shutil.which("openssl") is None:
-            unavailable("neither the cryptography package nor the openssl command is available")
+        program_or_unavailable(
+            "openssl", install="apt-get install -y openssl, or pip install cryptography"
+        )
         return _with_openssl(directory)
     return _with_cryptography(directory)
 

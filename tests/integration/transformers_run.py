@@ -24,7 +24,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script too
-from framework_checks import callbacks_with_readers, throughput_gauges  # noqa: E402
+from framework_checks import callbacks_with_readers, one_torch_thread, throughput_gauges  # noqa: E402
 
 VOCAB = 256
 
@@ -210,12 +210,8 @@ def train(
     if add_callback:
         for callback in [*callbacks, after_probe]:
             trainer.add_callback(callback)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: more threads only contend on a shared machine
-    try:
+    with one_torch_thread():
         trainer.train(resume_from_checkpoint=resume_from_checkpoint)
-    finally:
-        torch.set_num_threads(threads)
     return {
         "before": before,
         "after": after,

@@ -14,15 +14,14 @@ directories (``{run}-a{attempt}``) or appended to the same files.
 each rank's processes of one run id in the order of their creation (the k-th process of every
 rank is attempt k); ordered by their first ``process.creation.time``.
 
-**The job**: the processes whose ``dl.job.id`` is the same, else whose run id is the same
-without its ``-a{attempt}`` suffix (:func:`job_key`). Nothing here raises.
+**The job**: the processes whose job id is the same, else whose run id is the same without
+its ``-a{attempt}`` suffix (:func:`otel_training.report.attempts.job_key`, which also reads
+each process's identity and creation time). Nothing here raises.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,12 +36,9 @@ __all__ = [
     "Process",
     "Sample",
     "attempts",
-    "job_key",
-    "parse_time",
 ]
 
 PHASES = _ledger.PHASES
-_ATTEMPT_SUFFIX = re.compile(r"-a\d+$")
 #: Default export interval of the embedded default's metrics, seconds.
 DEFAULT_EXPORT_INTERVAL_S = 5.0
 
@@ -248,26 +244,3 @@ def attempts(processes: Iterable[Process]) -> list[Attempt]:
             Attempt(number if number is not None else position, number is not None, group)
         )
     return result
-
-
-def job_key(resource: Mapping[str, Any]) -> str | None:
-    """The job a resource belongs to: ``dl.job.id``, else ``dl.run.id`` without ``-a{N}``."""
-    job = resource.get("dl.job.id")
-    if job:
-        return str(job)
-    run = resource.get("dl.run.id")
-    return _ATTEMPT_SUFFIX.sub("", str(run)) if run else None
-
-
-def parse_time(text: Any) -> float | None:
-    """``process.creation.time`` (ISO 8601, ``2026-12-01T20:30:00.123Z``) as Unix seconds;
-    ``None`` when it is not one."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        moment = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=_dt.timezone.utc)
-    return moment.timestamp()

@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from otel_training._log_once import MINUTE_S, LogOnce
 from otel_training.health import ledger as _ledger
 from otel_training.semconv.attributes import DL_TRAINING_PHASE, MEGATRON_CHECKPOINT_OPERATION
 from otel_training.semconv.metrics import (
@@ -30,6 +31,8 @@ from otel_training.semconv.metrics import (
 __all__ = ["observe_ledger"]
 
 _logger = logging.getLogger("otel_training.health")
+# The reader's thread reads the ledger at every collection: a failure is said once a minute.
+_read_failed = LogOnce(_logger, interval_s=MINUTE_S, exc_info=True)
 
 # One attribute set per phase, made once.
 _PHASE_ATTRIBUTES = tuple({DL_TRAINING_PHASE: phase} for phase in _ledger.PHASES)
@@ -57,7 +60,7 @@ def observe_ledger(
             try:
                 return list(observe(source().read()))
             except Exception:
-                _logger.warning("reading the health ledger failed", exc_info=True)
+                _read_failed("read", "reading the health ledger failed")
                 return []
 
         return callback

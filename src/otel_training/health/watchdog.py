@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from otel_training import clock
+from otel_training._log_once import LogOnce
 from otel_training.health import hang as _hang
 from otel_training.health import ledger as _ledger
 
@@ -115,7 +116,7 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
-        self._warned = False
+        self._failed = LogOnce(_logger, exc_info=True)
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -144,9 +145,7 @@ class Watchdog:
             try:
                 self.check()
             except Exception:
-                if not self._warned:
-                    self._warned = True
-                    _logger.warning("the hang watchdog failed a check", exc_info=True)
+                self._failed("check", "the hang watchdog failed a check")
 
     # -- one reading -----------------------------------------------------------------------
 
@@ -306,8 +305,8 @@ def _emit_log(telemetry: Any, record: dict[str, Any], span: Any) -> bool:
         THREAD_NAME,
     )
     from opentelemetry.semconv.attributes.code_attributes import CODE_STACKTRACE
-    from opentelemetry.trace import TraceFlags
 
+    from otel_training.log_bridge import link_to_span
     from otel_training.semconv.attributes import (
         DL_TRAINING_PHASE,
         MEGATRON_ITERATION,
@@ -346,13 +345,5 @@ def _emit_log(telemetry: Any, record: dict[str, Any], span: Any) -> bool:
         attributes=attributes,
     )
     context = span.get_span_context() if span is not None else None
-    if context is not None and context.is_valid and context.trace_flags.sampled:
-        log_record.trace_id = context.trace_id
-        log_record.span_id = context.span_id
-        log_record.trace_flags = context.trace_flags
-    else:
-        log_record.trace_id = 0
-        log_record.span_id = 0
-        log_record.trace_flags = TraceFlags(TraceFlags.DEFAULT)
-    provider.get_logger("otel_training.health").emit(log_record)
+    provider.get_logger("otel_training.health").emit(link_to_span(log_record, context))
     return True

@@ -23,23 +23,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_training import config, setup, spans
+from otel_training._log_once import LogOnce
 from otel_training.instruments import record_training_metrics
 from otel_training.memory import memory_allocated_gib
 from otel_training.semconv.attributes import MEGATRON_ITERATION
 from otel_training.throughput import StepAccumulator
 
 _logger = logging.getLogger("otel_training.integrations")
-_warned: set[str] = set()
+#: ``warn_once(cause, message, *args, exc_info=False)``: logged the first time ``cause`` is seen
+#: in this process; never raises.
+warn_once = LogOnce(_logger)
 # At the end of a run that ended well, how long the tensor observer's last device results are
 # waited for (s): the training loop is over, and the final collection should have them.
 _FINAL_FLUSH_S = 2.0
-
-
-def warn_once(cause: str, message: str, *args: Any, exc_info: bool = False) -> None:
-    """Logs ``message`` the first time ``cause`` is seen in this process."""
-    if cause not in _warned:
-        _warned.add(cause)
-        _logger.warning(message, *args, exc_info=exc_info)
 
 
 def guarded(method: Callable) -> Callable:

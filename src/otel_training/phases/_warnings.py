@@ -1,18 +1,9 @@
-"""The phases' once-only warnings: one line per cause and process (logger otel_training.spans)."""
+"""The phases' once-only warnings: one line per cause and process, with the exception being
+handled (logger otel_training.spans; the mechanism is :class:`otel_training._log_once.LogOnce`)."""
 
 from __future__ import annotations
 
-import logging
-from typing import Any
+from otel_training._log_once import LogOnce
 
-_logger = logging.getLogger("otel_training.spans")
-
-#: The causes warned about in this process (cleared by :func:`otel_training.testing.reset`).
-warned: set[str] = set()
-
-
-def warn_once(cause: str, message: str, *args: Any, exc_info: bool = True) -> None:
-    """Logs ``message % args`` as a warning the first time ``cause`` occurs. Never raises."""
-    if cause not in warned:
-        warned.add(cause)
-        _logger.warning(message, *args, exc_info=exc_info)
+#: ``warn_once(cause, message, *args, exc_info=True)``; never raises.
+warn_once = LogOnce("otel_training.spans", exc_info=True)

@@ -24,6 +24,7 @@ from opentelemetry.metrics import Meter
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
 
+from otel_training._log_once import LogOnce
 from otel_training.semconv.attributes import (
     MEGATRON_CHECKPOINT_OPERATION,
     OTEL_TRAINING_SPAN_TRUNCATED,
@@ -63,7 +64,7 @@ class CheckpointMetricsSpanProcessor(SpanProcessor):
 
     def __init__(self, meter: Meter) -> None:
         self._histogram = create_megatron_checkpoint_duration(meter)
-        self._failed = False
+        self._failed = LogOnce(_logger, exc_info=True)
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         """Does nothing."""
@@ -83,13 +84,11 @@ class CheckpointMetricsSpanProcessor(SpanProcessor):
                 return
             self._histogram.record((end_ns - start_ns) / 1e9, attributes)
         except Exception:
-            if not self._failed:
-                self._failed = True
-                _logger.warning(
-                    "otel-training could not record a checkpoint duration; further failures "
-                    "are not logged.",
-                    exc_info=True,
-                )
+            self._failed(
+                "record",
+                "otel-training could not record a checkpoint duration; further failures "
+                "are not logged.",
+            )
 
     def shutdown(self) -> None:
         """Does nothing: the points are the MeterProvider's to export."""

@@ -39,7 +39,9 @@ from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_STACKTRACE,
     EXCEPTION_TYPE,
 )
-from opentelemetry.trace import TraceFlags
+
+from otel_training._log_once import LogOnce
+from otel_training.log_bridge import link_to_span
 
 __all__ = ["ExceptionLogSpanProcessor"]
 
@@ -63,7 +65,7 @@ class ExceptionLogSpanProcessor(SpanProcessor):
         # (trace id, span id) of a span whose child logged an exception -> its type, message
         # and stack trace.
         self._propagating: OrderedDict[tuple[int, int], tuple[Any, Any, str]] = OrderedDict()
-        self._warned = False
+        self._failed = LogOnce(_logger, exc_info=True)
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         return None
@@ -79,12 +81,7 @@ class ExceptionLogSpanProcessor(SpanProcessor):
                 if event.name == "exception":
                     self._on_exception(span, event)
         except Exception:
-            if not self._warned:
-                self._warned = True
-                _logger.warning(
-                    "otel-training: could not log an exception recorded on a span",
-                    exc_info=True,
-                )
+            self._failed("log", "otel-training: could not log an exception recorded on a span")
 
     def _on_exception(self, span: ReadableSpan, event: Any) -> None:
         attributes = event.attributes or {}
@@ -111,15 +108,7 @@ class ExceptionLogSpanProcessor(SpanProcessor):
             body=body,
             attributes={k: attributes[k] for k in _EXCEPTION_ATTRIBUTES if k in attributes},
         )
-        if context.trace_flags.sampled:
-            record.trace_id = context.trace_id
-            record.span_id = context.span_id
-            record.trace_flags = context.trace_flags
-        else:
-            record.trace_id = 0
-            record.span_id = 0
-            record.trace_flags = TraceFlags(TraceFlags.DEFAULT)
-        self._logger.emit(record)
+        self._logger.emit(link_to_span(record, context))
 
     def shutdown(self) -> None:
         with self._lock:

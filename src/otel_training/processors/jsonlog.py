@@ -47,6 +47,7 @@ from opentelemetry.trace import StatusCode
 
 from otel_training import files
 from otel_training import limits as _limits
+from otel_training._log_once import LogOnce
 
 __all__ = ["IDENTITY_KEYS", "JsonLogSpanProcessor", "jsonable"]
 
@@ -175,7 +176,7 @@ class JsonLogSpanProcessor(SpanProcessor):
         self._names: dict[str, str] = {}
         self._trace_id = 0
         self._trace_text = ""
-        self._write_failed = False
+        self._write_failed = LogOnce(_logger, exc_info=True)
         self._thread = threading.Thread(target=self._run, name="otel-training-jsonlog", daemon=True)
         self._thread.start()
         if hasattr(os, "register_at_fork"):
@@ -294,9 +295,7 @@ class JsonLogSpanProcessor(SpanProcessor):
             self._file.write(text)
             self._file.flush()
         except (OSError, ValueError):
-            if not self._write_failed:
-                self._write_failed = True
-                _logger.warning("cannot write span JSON lines to %s", self.path, exc_info=True)
+            self._write_failed("write", "cannot write span JSON lines to %s", self.path)
 
     def _line(self, item: tuple) -> str:
         """One line of ``item`` (this runs for every record, on the writer's thread)."""

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
+from otel_training._log_once import LogOnce
 from otel_training.config import CUSTOM_SPAN_GROUP, DEFAULT_NVTX_DOMAIN
 from otel_training.semconv.spans import SPANS
 
@@ -99,7 +100,7 @@ class NvtxSpanProcessor(SpanProcessor):
         self._ranges: dict[int, object] = {}
         self._event_attributes: dict[str, object] = {}
         self._colors = {**GROUP_COLORS, **(colors or {})}
-        self._failed = False
+        self._failed = LogOnce(_logger, exc_info=True)
         if not enabled:
             return
         try:
@@ -198,6 +199,4 @@ class NvtxSpanProcessor(SpanProcessor):
         return attributes
 
     def _fail(self) -> None:
-        if not self._failed:
-            self._failed = True
-            _logger.warning("an NVTX range call failed; continuing", exc_info=True)
+        self._failed("range", "an NVTX range call failed; continuing")

@@ -17,11 +17,12 @@ Nothing here raises.
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ProcessIdentity", "creation_unix_s", "identity_of"]
+__all__ = ["ProcessIdentity", "creation_unix_s", "identity_of", "job_key"]
 
 # Megatron-LM's and NeMo Lens' resource attribute names (read only, never written by us).
 NEMO_LENS_JOB_UUID = "nemo.lens.job_uuid"
@@ -33,6 +34,8 @@ SLURM_ARRAY_TASK_ID = "slurm.array.task_id"
 SLURM_RESTART_COUNT = "slurm.restart_count"
 SLURM_TORCHELASTIC_RESTART_COUNT = "slurm.torchelastic.restart_count"
 NVRX_CYCLE = "nvrx.cycle"
+# What otel_training.identity.attempt_run_id appends to the run id of an attempt.
+_ATTEMPT_SUFFIX = re.compile(r"-a\d+$")
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,9 @@ def _count(value: Any) -> int | None:
 
 
 def creation_unix_s(value: Any) -> float | None:
-    """``process.creation.time`` (ISO 8601, as OpenTelemetry's semantic conventions write it)
-    in Unix seconds; ``None`` when absent or not a time."""
+    """``process.creation.time`` (ISO 8601, as OpenTelemetry's semantic conventions write it,
+    :func:`otel_training.resource.iso8601`) in Unix seconds; ``None`` when absent or not a
+    time (a time without a zone is UTC)."""
     text = _text(value)
     if text is None:
         return None
@@ -125,3 +129,13 @@ def identity_of(resource: Mapping[str, Any]) -> ProcessIdentity:
         instance=_text(resource.get("service.instance.id")),
         created_s=creation_unix_s(resource.get("process.creation.time")),
     )
+
+
+def job_key(resource: Mapping[str, Any]) -> str | None:
+    """The job ``resource`` belongs to, the same in every attempt: its job id
+    (:func:`identity_of`), else its run id without the ``-a{N}`` that
+    :func:`otel_training.identity.attempt_run_id` appends; ``None`` when it has neither."""
+    identity = identity_of(resource)
+    if identity.job_id is not None:
+        return identity.job_id
+    return _ATTEMPT_SUFFIX.sub("", identity.run_id) if identity.run_id else None

@@ -27,14 +27,8 @@ from typing import Any
 import orjson
 
 from otel_training.health import ledger as _ledger
-from otel_training.health.evidence import (
-    Job,
-    PhaseSpan,
-    Process,
-    Sample,
-    job_key,
-    parse_time,
-)
+from otel_training.health.evidence import Job, PhaseSpan, Process, Sample
+from otel_training.report.attempts import creation_unix_s, job_key
 from otel_training.report.rundir import (
     RunFile,
     default_output_directory,
@@ -265,7 +259,7 @@ class _Reader:
                 run_id=None if identity[0] is None else str(identity[0]),
                 job_id=None if resource.get("dl.job.id") is None else str(resource["dl.job.id"]),
                 attempt=identity[1],
-                created_s=parse_time(identity[2]),
+                created_s=creation_unix_s(identity[2]),
                 resource=dict(resource),
             )
         process.directories.add(file.path.parent)
@@ -633,7 +627,7 @@ def read_job(
 
     Args:
         directories: The job's run directories.
-        job: Its key (:func:`otel_training.health.evidence.job_key`); ``None``: every line.
+        job: Its key (:func:`otel_training.report.attempts.job_key`); ``None``: every line.
         workers: Processes that read files side by side; default: the CPU count when the
             files hold more than :data:`PARALLEL_BYTES`, else 1 (this process).
     """

@@ -31,6 +31,7 @@ from types import MappingProxyType
 import numpy as np
 import torch
 
+from otel_training._log_once import MINUTE_S, LogOnce
 from otel_training.semconv.attributes import (
     MEGATRON_TRAINING_LAYER,
     MEGATRON_TRAINING_ROUTER_EXPERT,
@@ -50,7 +51,6 @@ from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_TENSOR_ROUTER_EXPERT_LOAD,
     MEGATRON_TRAINING_TENSOR_UPDATE_RATIO,
 )
-from otel_training.tensor._ratelimit import RateLimitedLogger
 from otel_training.tensor.metric import (
     GLOBAL,
     Axes,
@@ -80,7 +80,7 @@ __all__ = [
     "build_metric",
 ]
 
-_warn = RateLimitedLogger(logging.getLogger(__name__))
+_warn = LogOnce(logging.getLogger(__name__), interval_s=MINUTE_S)
 
 #: The schedule an observer uses when none is given in code or in the environment.
 DEFAULT_SCHEDULE: tuple[tuple[str, int], ...] = (
@@ -335,29 +335,15 @@ class MaxAbsMetric(ShardedReductionMetric):
         return float(host[0])
 
 
-_STATISTIC_ATTRIBUTES: dict[tuple[str, str], Mapping[str, str]] = {}
-_EXPERT_ATTRIBUTES: dict[tuple[str, int], Mapping[str, str | int]] = {}
+_LAYER_ATTRIBUTES: dict[tuple[str, str, str | int], Mapping[str, str | int]] = {}
 
 
-def _statistic_attributes(label: str, statistic: str) -> Mapping[str, str]:
-    key = (label, statistic)
-    found = _STATISTIC_ATTRIBUTES.get(key)
+def _layer_attributes(label: str, key: str, value: str | int) -> Mapping[str, str | int]:
+    """``{megatron.training.layer: label, key: value}``, made once per combination."""
+    found = _LAYER_ATTRIBUTES.get((label, key, value))
     if found is None:
-        found = MappingProxyType(
-            {MEGATRON_TRAINING_LAYER: label, MEGATRON_TRAINING_ROUTER_STATISTIC: statistic}
-        )
-        _STATISTIC_ATTRIBUTES[key] = found
-    return found
-
-
-def _expert_attributes(label: str, expert: int) -> Mapping[str, str | int]:
-    key = (label, expert)
-    found = _EXPERT_ATTRIBUTES.get(key)
-    if found is None:
-        found = MappingProxyType(
-            {MEGATRON_TRAINING_LAYER: label, MEGATRON_TRAINING_ROUTER_EXPERT: expert}
-        )
-        _EXPERT_ATTRIBUTES[key] = found
+        found = MappingProxyType({MEGATRON_TRAINING_LAYER: label, key: value})
+        _LAYER_ATTRIBUTES[(label, key, value)] = found
     return found
 
 
@@ -442,7 +428,9 @@ class RouterMetric(ShardedReductionMetric):
             if mean > 0:
                 stats = (counts.max() / mean, counts.std() / mean, float((counts == 0).mean()))
                 for statistic, value in zip(ROUTER_STATISTICS, stats):
-                    balance_attrs.append(_statistic_attributes(label, statistic))
+                    balance_attrs.append(
+                        _layer_attributes(label, MEGATRON_TRAINING_ROUTER_STATISTIC, statistic)
+                    )
                     balance.append(value)
             if experts > 1 and tokens > 0:
                 entropy_attrs.append(layer_attributes(label))
@@ -450,7 +438,7 @@ class RouterMetric(ShardedReductionMetric):
             if self.per_expert and mean > 0:
                 kept = min(experts, budget)
                 if kept < experts:
-                    _warn.warning(
+                    _warn(
                         ("experts", id(self)),
                         "router_expert_load: keeping %d (layer, expert) series "
                         "(max_expert_series); the experts of later layers are dropped.",
@@ -459,7 +447,9 @@ class RouterMetric(ShardedReductionMetric):
                 budget -= kept
                 share = counts / counts.sum()
                 for expert in range(kept):
-                    expert_attrs.append(_expert_attributes(label, expert))
+                    expert_attrs.append(
+                        _layer_attributes(label, MEGATRON_TRAINING_ROUTER_EXPERT, expert)
+                    )
                     loads.append(share[expert])
         out = []
         if self.summary:

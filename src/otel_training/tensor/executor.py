@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from otel_training import setup
-from otel_training.tensor._ratelimit import RateLimitedLogger
+from otel_training._log_once import MINUTE_S, LogOnce
 from otel_training.tensor.metric import (
     GLOBAL,
     CollectiveRequest,
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
-_warn = RateLimitedLogger(_logger)
+_warn = LogOnce(_logger, interval_s=MINUTE_S)
 _DISTRIBUTED = torch.distributed.is_available()
 
 
@@ -273,7 +273,7 @@ class TensorMetricExecutor:
             self._run(step, work)
         except Exception as error:  # a collective or a copy failed: drop the step
             self.stats.failures += 1
-            _warn.warning(
+            _warn(
                 ("run", id(self), type(error)),
                 "tensor metrics of step %d dropped: %r",
                 step,
@@ -286,7 +286,7 @@ class TensorMetricExecutor:
             self.poll()
         if len(self._pending) >= self._max_pending:
             self.stats.dropped += 1
-            _warn.warning(
+            _warn(
                 ("backlog", id(self)),
                 "tensor metrics of step %d skipped: %d device-to-host copies still in flight "
                 "(the device is behind); values resume when they complete.",
@@ -334,7 +334,7 @@ class TensorMetricExecutor:
 
     def _failed(self, metric: TensorMetric, error: Exception) -> None:
         self.stats.failures += 1
-        _warn.warning(
+        _warn(
             (id(self), metric.name, type(error)),
             "tensor metric %s failed and is dropped for this step: %r",
             metric.name,
@@ -496,7 +496,7 @@ class _HostResult:
             executor = self.executor()
             if executor is not None:
                 executor.stats.failures += 1
-            _warn.warning(
+            _warn(
                 ("finish", id(self.executor), self.metric.name, type(error)),
                 "tensor metric %s could not finish: %r",
                 self.metric.name,
@@ -517,7 +517,7 @@ def _merge(found: dict, fv: FamilyValues, max_series: int, owner: int = 0) -> No
         attributes = found[fv.family][0] + attributes
         values = np.concatenate([found[fv.family][1], values])
     if len(values) > max_series:
-        _warn.warning(
+        _warn(
             ("max_series", owner, fv.family),
             "%s has %d series; keeping %d (max_series) and dropping the rest.",
             fv.family,

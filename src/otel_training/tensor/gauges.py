@@ -41,13 +41,13 @@ from typing import Any, Protocol
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from otel_training import proxy
+from otel_training._log_once import MINUTE_S, LogOnce
 from otel_training.semconv.metrics import METRICS
-from otel_training.tensor._ratelimit import RateLimitedLogger
 
 __all__ = ["TENSOR_FAMILIES", "TensorMetricGauges", "ValueSource"]
 
 _logger = logging.getLogger(__name__)
-_warn = RateLimitedLogger(_logger)
+_warn = LogOnce(_logger, interval_s=MINUTE_S)
 
 #: Every tensor-metric family of the registry (``megatron.training.tensor.*``).
 TENSOR_FAMILIES: tuple[str, ...] = tuple(
@@ -186,7 +186,7 @@ class TensorMetricGauges:
                         if not (math.isnan(value) or math.isinf(value))
                     ]
                 except Exception as error:
-                    _warn.warning(
+                    _warn(
                         (id(source), family, type(error)),
                         "tensor-metric source %s failed for %s; its points are skipped: %r",
                         type(source).__name__,

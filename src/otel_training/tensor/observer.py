@@ -52,8 +52,8 @@ from opentelemetry.metrics import Meter, NoOpMeter
 from torch import nn
 
 from otel_training import config
+from otel_training._log_once import MINUTE_S, LogOnce
 from otel_training.tensor._forward import Gate, first_tensor, make_hook
-from otel_training.tensor._ratelimit import RateLimitedLogger
 from otel_training.tensor.definitions import DEFAULT_SCHEDULE, build_metric
 from otel_training.tensor.executor import TensorMetricExecutor
 from otel_training.tensor.gauges import TensorMetricGauges
@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
-_warn = RateLimitedLogger(_logger)
+_warn = LogOnce(_logger, interval_s=MINUTE_S)
 
 Schedule = str | Mapping[str | TensorMetric, int] | Iterable[tuple[str | TensorMetric, int]]
 
@@ -170,7 +170,7 @@ class _Local:
             return self._view
         view = shard.local(tensor)
         if view is None:
-            _warn.warning(
+            _warn(
                 ("flat_shard", self.name),
                 "tensor observer: %s has %d elements, neither the whole tensor nor the range "
                 "[%d, %d) of its FlatShard; it counts 0 in this step.",
@@ -608,7 +608,7 @@ class TensorObserver:
 
     @staticmethod
     def _hook_failed(error: Exception) -> None:
-        _warn.warning(("hook", type(error)), "tensor observer hook failed: %r", error)
+        _warn(("hook", type(error)), "tensor observer hook failed: %r", error)
 
     def _refresh_if_changed(self) -> None:
         """Finds the sites again when the model changed (checked before due steps)."""
@@ -657,7 +657,7 @@ class TensorObserver:
             self._watch.dirty = True
             self._refresh_if_changed()
         except Exception as error:
-            _warn.warning(("refresh", id(self), type(error)), "tensor observer: %r", error)
+            _warn(("refresh", id(self), type(error)), "tensor observer: %r", error)
 
     @property
     def sites(self) -> tuple[Site, ...]:
@@ -726,7 +726,7 @@ class TensorObserver:
                 gate.work, gate.scope, gate.forward_due = work, scope, True
             return bool(due)
         except Exception as error:
-            _warn.warning(("begin_step", id(self), type(error)), "tensor observer: %r", error)
+            _warn(("begin_step", id(self), type(error)), "tensor observer: %r", error)
             return False
 
     def _due(self, step: int) -> tuple[frozenset[int], tuple[int, ...]]:
@@ -740,7 +740,7 @@ class TensorObserver:
         return found
 
     def _forward_failed(self, site: Site, metric: TensorMetric, error: Exception) -> None:
-        _warn.warning(
+        _warn(
             ("prepare", id(self), metric.name, type(error)),
             "tensor metric %s could not observe %s: %r",
             metric.name,
@@ -761,7 +761,7 @@ class TensorObserver:
             index = self._forward_site(canonical_name(name), SiteKind(kind), top_k)
             scope.observe((index,), tensor)
         except Exception as error:
-            _warn.warning(("observe", id(self), type(error)), "tensor observer: %r", error)
+            _warn(("observe", id(self), type(error)), "tensor observer: %r", error)
 
     def commit(self) -> None:
         """The commit point: after the step's last backward, before gradient clipping and
@@ -781,9 +781,7 @@ class TensorObserver:
                 if scope.forward or self._gate.untraceable:
                     self._check_forward(scope)
         except Exception as error:
-            _warn.warning(
-                ("commit", id(self), type(error)), "tensor observer: %r", error, exc_info=True
-            )
+            _warn(("commit", id(self), type(error)), "tensor observer: %r", error, exc_info=True)
 
     def _commit(self, scope: _StepScope) -> None:
         rows_by_slot: dict[int, Rows] = {}
@@ -916,7 +914,7 @@ class TensorObserver:
             if slot.commit_kinds:
                 continue
             if untraceable and not slot.metric.traceable:
-                _warn.warning(
+                _warn(
                     ("untraceable", id(self), slot.metric.name),
                     "tensor metric %s is not traceable (TensorMetric.traceable is False): its "
                     "values are unavailable while the model runs under torch.compile.",
@@ -924,7 +922,7 @@ class TensorObserver:
                 )
             entry = scope.entries.get(index)
             if scope.began and slot.forward_sites and not (entry and entry[0]):
-                _warn.warning(
+                _warn(
                     ("unobserved", id(self), slot.metric.name),
                     "tensor metric %s was due at step %d but saw no tensor: run the step's "
                     "forward passes between begin_step() and commit(); a model compiled (and "
@@ -965,7 +963,7 @@ class TensorObserver:
         try:
             self.executor.poll()
         except Exception as error:
-            _warn.warning(("close", id(self), type(error)), "tensor observer: %r", error)
+            _warn(("close", id(self), type(error)), "tensor observer: %r", error)
         remove, self._remove_source = self._remove_source, _nothing
         if remove is not _nothing:
             remove()
