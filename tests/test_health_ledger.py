@@ -326,7 +326,7 @@ def test_span_recorder_handles_feed_the_ledger():
 
 
 def test_the_instruments_export_the_ledger():
-    """Seven instruments, 26 series at most, in the registry's units; unknown values absent."""
+    """Eight instruments, 27 series at most, in the registry's units; unknown values absent."""
     reader = InMemoryMetricReader()
     ot.configure(
         metric_readers=[reader],

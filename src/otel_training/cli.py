@@ -130,6 +130,14 @@ def _load(command: str, directory: str | None):
     return job, 0
 
 
+def _say(text: str) -> None:
+    """Prints ``text`` to stdout, whatever it holds: a lone surrogate (an undecodable byte of
+    a directory name) as a backslash escape, as the string rule writes it."""
+    from otel_training.limits import safe_text
+
+    print(safe_text(text, None), flush=True)
+
+
 def _what(job) -> str:
     """``run ID`` for one run, ``job ID (N attempts)`` for several."""
     latest = job.latest
@@ -153,11 +161,10 @@ def _run_report(directory: str | None, output: str) -> int:
         print(f"{_PROG} report: error: cannot write {output}: {error}", file=sys.stderr)
         return 1
     ranks = len(job.latest.ranks)
-    print(
+    _say(
         f"report of {_what(job)} ({ranks} rank"
         f"{'s' if ranks != 1 else ''}, {job.latest.directory}): {path}\n"
-        f"open it in a browser: {path.as_uri()}",
-        flush=True,
+        f"open it in a browser: {path.as_uri()}"
     )
     return 0
 
@@ -175,11 +182,10 @@ def _run_trace(directory: str | None, output: str) -> int:
         return 1
     spans = sum(len(run.spans) for run in job.runs)
     ranks = len({s.rank for run in job.runs for s in run.spans})
-    print(
+    _say(
         f"trace of {_what(job)} ({spans:,} spans, {ranks} "
         f"rank{'s' if ranks != 1 else ''}): {path}\n"
-        "open it at https://ui.perfetto.dev ('Open trace file') or in chrome://tracing ('Load')",
-        flush=True,
+        "open it at https://ui.perfetto.dev ('Open trace file') or in chrome://tracing ('Load')"
     )
     return 0
 
@@ -199,7 +205,7 @@ def _run_health(directory: str | None, as_json: bool) -> int:
     if as_json:
         print(json.dumps(health.to_json(), indent=1, allow_nan=False, default=str), flush=True)
     else:
-        print(format_text(health), flush=True)
+        _say(format_text(health))
     return 0
 
 

@@ -152,6 +152,7 @@ def reset() -> None:
     instruments._COUNTER_TOTALS.clear()
     instruments._FAILED_METERS.clear()
     instruments._warned.clear()
+    instruments._steps_recorded = 0
     spans._reset_first_iteration()
     health_ledger.LEDGER.reset()
     _phase_warnings.warned.clear()
