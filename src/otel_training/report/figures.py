@@ -65,15 +65,10 @@ SMOOTHING = 0.6
 CURVES: tuple[tuple[str, str, str, bool], ...] = (
     (MEGATRON_TRAINING_LOSS, "Loss", "loss", True),
     (MEGATRON_TRAINING_LEARNING_RATE, "Learning rate", "learning rate", False),
-    (MEGATRON_TRAINING_GRAD_NORM, "Grad norm", "gradient L2 norm, before clipping", True),
-    (MEGATRON_TRAINING_TOKENS_PER_SEC, "Tokens/s", "throughput (tokens/s)", True),
-    (
-        MEGATRON_TRAINING_THROUGHPUT_TFLOPS,
-        "TFLOP/s per GPU",
-        "throughput (TFLOP/s per GPU)",
-        True,
-    ),
-    (MEGATRON_TRAINING_MEMORY_ALLOCATED_GB, "Memory allocated", "memory allocated (GiB)", False),
+    (MEGATRON_TRAINING_GRAD_NORM, "Grad norm", "grad norm (L2)", True),
+    (MEGATRON_TRAINING_TOKENS_PER_SEC, "Tokens/s", "tokens/s", True),
+    (MEGATRON_TRAINING_THROUGHPUT_TFLOPS, "TFLOP/s per GPU", "TFLOP/s per GPU", True),
+    (MEGATRON_TRAINING_MEMORY_ALLOCATED_GB, "Memory allocated", "allocated (GiB)", False),
 )
 """The training curves: metric, title, y axis title (the quantity, and its unit where it has
 one: Megatron-LM's loss, learning rate and grad norm have none), smoothed."""

@@ -423,5 +423,3 @@ def format_text(health: JobHealth) -> str:
     for note in health.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
-
-

@@ -161,9 +161,13 @@ def colour_ranges(heatmaps: Iterable[HeatmapData]) -> dict[tuple[str, str], _Ran
     return ranges
 
 
-def _colorbar_title(name: str) -> str:
-    short = name.rsplit(".", 1)[-1].replace("_", " ")
-    unit = METRICS[name].unit if name in METRICS else ""
+def colorbar_title(data: HeatmapData) -> str:
+    """The title of a heatmap's colour bar: its family (the router statistic for
+    ``router_balance``, else the metric's last name), with the unit where it has one."""
+    statistic = dict(data.extra).get(MEGATRON_TRAINING_ROUTER_STATISTIC)
+    short = str(statistic) if statistic else data.name.rsplit(".", 1)[-1]
+    short = short.replace("_", " ")
+    unit = METRICS[data.name].unit if data.name in METRICS else ""
     return short if unit in ("", "1") else f"{short} ({unit})"
 
 
@@ -192,10 +196,10 @@ def tensor_heatmaps(run: Run, axis, *, max_columns: int = 240) -> list:
     return heatmap_plots(heatmap_data(run, axis), axis, max_columns=max_columns)
 
 
-def _colour_axis(family_range: _Range | None, name: str) -> dict:
+def _colour_axis(family_range: _Range | None, title: str) -> dict:
     """The heatmap's colour settings: the family's range, a titled colour bar; a constant
     family as that constant (one tick, the cells at the scale's low end)."""
-    colorbar: dict = {"thickness": 12, "title": {"text": label(_colorbar_title(name), None)}}
+    colorbar: dict = {"thickness": 12, "title": {"text": label(title, 40)}}
     settings: dict = {"colorscale": COLORSCALE, "colorbar": colorbar}
     if family_range is None:
         return settings
@@ -252,7 +256,7 @@ def _heatmap(data: HeatmapData, axis, family_range: _Range | None, max_columns: 
                 y=[label(n) for n in names],
                 z=z,
                 hovertemplate=f"%{{y}}<br>{axis.title} %{{x}}<br>%{{z}}<extra></extra>",
-                **_colour_axis(family_range, data.name),
+                **_colour_axis(family_range, colorbar_title(data)),
             )
         ],
         layout(

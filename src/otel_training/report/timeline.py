@@ -30,7 +30,7 @@ __all__ = ["row_label", "timeline_plot"]
 #: Rows up to which every row is labelled; beyond, the first row of each rank only.
 MAX_LABELLED_ROWS = 120
 #: Span names named in one row's label at most.
-NAMES_PER_ROW = 2
+NAMES_PER_ROW = 3
 
 
 @dataclass
@@ -171,12 +171,22 @@ def _short(name: str) -> str:
 
 def row_label(names: Counter, rank: int | None = None) -> str:
     """A row's tick label: the rank (on a rank's first row) and the span names the row holds,
-    the most frequent first (``rank 0 · train``, ``train.iteration``), escaped for plotly."""
-    ordered = [name for name, _ in names.most_common()]
-    shown = ", ".join(_short(n) for n in ordered[:NAMES_PER_ROW])
+    the most frequent first, without ``megatron.`` and with a dotted prefix they share said
+    by its last part (``rank 0 · train``, ``iteration: data_loading, forward_backward, …``);
+    escaped for plotly."""
+    ordered = [_short(name) for name, _ in names.most_common()]
+    shown = ordered[:NAMES_PER_ROW]
+    parts = [name.split(".") for name in shown]
+    common = 0
+    if len(parts) > 1:
+        while all(len(p) > common + 1 and p[common] == parts[0][common] for p in parts):
+            common += 1
+    text = ", ".join(".".join(p[common:]) for p in parts)
+    if common:
+        text = parts[0][common - 1] + ": " + text
     if len(ordered) > NAMES_PER_ROW:
-        shown += ", …"
-    text = label(shown, 40)
+        text += ", …"
+    text = label(text, 56)
     return f"rank {rank} · {text}" if rank is not None else text
 
 
@@ -295,7 +305,7 @@ def timeline_plot(run: Run, *, max_bars: int = 3_000):
             "tickfont": {"size": 11},
         },
         legend={"title": {"text": "span group"}},
-        margin={"l": 70, "r": 20, "t": 20, "b": 50},
+        margin={"l": 70, "r": 20, "t": 34, "b": 50},
     )
     layout_["legend"]["y"] = -60 / max(1, height - 70)
     points = sum(len(e["x"]) for e in bars.values())
