@@ -218,14 +218,24 @@ def _run_demo(argv: Sequence[str]) -> int:
     except ModuleNotFoundError as exc:  # tqdm/numpy or a broken torch install
         print(f"{_PROG}: error: {exc}. {_TORCH_HINT}", file=sys.stderr)
         return 1
+    from otel_training.demo.threads import apply_threads
     from otel_training.setup import configure
 
     config = config_from_args(argv, prog=f"{_PROG} demo")
+    threads = apply_threads(config.threads)
     telemetry = configure(service_name="otel-training-demo")
     try:
+        if not config.quiet and _identity_rank() == 0:
+            print(f"threads: {threads.sentence}", flush=True)
         result = train(config, telemetry.meter)  # under torchrun: data-parallel over the ranks
         if result.rank == 0:
-            summary = format_summary(result, telemetry.destination, telemetry.output_dir)
+            summary = format_summary(
+                result,
+                telemetry.destination,
+                telemetry.output_dir,
+                threads=threads.sentence,
+                command=command_name(),
+            )
             print(summary, flush=True)
     except ValueError as exc:  # settings that do not fit together, the data or the device
         print(f"{_PROG} demo: error: {exc}", file=sys.stderr)
@@ -236,6 +246,39 @@ def _run_demo(argv: Sequence[str]) -> int:
     finally:
         telemetry.shutdown()
     return 0
+
+
+def _identity_rank() -> int:
+    from otel_training import config
+
+    return config.load_identity().rank
+
+
+def command_name() -> str:
+    """How to run ``otel-training`` from the working directory, as a person would type it:
+    ``otel-training`` when that name on ``PATH`` is this installation's; else the script
+    installed beside this Python (``.venv/bin/otel-training`` when the working directory holds
+    ``.venv``); else ``python -m otel_training.cli`` with this Python. Never raises."""
+    import shlex
+    import shutil
+    from pathlib import Path
+
+    try:
+        script = Path(sys.executable).parent / _PROG  # the venv's bin, its link not followed
+        found = shutil.which(_PROG)
+        if script.is_file():
+            if found and Path(found).resolve() == script.resolve():
+                return _PROG
+            try:
+                shown = str(script.relative_to(Path.cwd()))
+            except ValueError:
+                shown = str(script)
+            return shlex.quote(shown)
+        if found:
+            return _PROG
+        return f"{shlex.quote(sys.executable)} -m otel_training.cli"
+    except (OSError, ValueError):
+        return _PROG
 
 
 def main(argv: Sequence[str] | None = None) -> int:
