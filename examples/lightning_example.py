@@ -1,6 +1,6 @@
 """Train a small byte-level language model with PyTorch Lightning, recorded by otel-training.
 
-    pip install 'otel-training[lightning]'
+    pip install -e '.[lightning]'                   # in the checkout (make setup does)
     python examples/lightning_example.py            # telemetry to ./otel-training-telemetry
     OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 python examples/lightning_example.py
 

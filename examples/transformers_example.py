@@ -1,6 +1,6 @@
 """Train a tiny GPT-2 with the Hugging Face Trainer, recorded by otel-training.
 
-    pip install 'otel-training[transformers]'
+    pip install -e '.[transformers]'                # in the checkout (make setup does)
     python examples/transformers_example.py         # telemetry to ./otel-training-telemetry
     OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 python examples/transformers_example.py
 

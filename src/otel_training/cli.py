@@ -33,8 +33,8 @@ __all__ = ["main"]
 
 _PROG = "otel-training"
 _TORCH_HINT = (
-    "otel-training demo needs PyTorch, tqdm and numpy: pip install 'otel-training[torch]' "
-    "(install the torch build that fits your machine first)"
+    "otel-training demo needs PyTorch, tqdm and numpy: pip install -e '.[torch]' in the "
+    "otel-training checkout (install the torch build that fits your machine first)"
 )
 
 

@@ -26,7 +26,10 @@ from otel_training.report.wording import plural, rank_list
 
 __all__ = ["REPORT_HINT", "build_report", "dom_id", "format_value", "utf8", "write_report"]
 
-REPORT_HINT = "otel-training report needs plotly and jinja2: pip install 'otel-training[report]'"
+REPORT_HINT = (
+    "otel-training report needs plotly and jinja2: pip install -e '.[report]' in the "
+    "otel-training checkout"
+)
 
 _PLOT_CONFIG = {
     "displaylogo": False,
