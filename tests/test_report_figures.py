@@ -103,6 +103,30 @@ def test_ranks_that_logged_alike_draw_one_line_at_the_logged_steps(tmp_path):
     assert "at the step it describes" in axis.lead(True)
 
 
+def test_ranks_that_each_missed_a_logged_value_still_draw_one_line_with_all(tmp_path):
+    """Two values logged within one export interval: the gauge exports only the later one,
+    a different one on each rank (rank 0 misses step 20, rank 1 step 10); the ranks agree
+    where both have a value, so one line holds every step either exported."""
+    for rank, exports in ((0, [12, 32]), (1, [22, 38])):
+        write_ledger_metrics(
+            tmp_path / f"metrics-rank{rank}.jsonl", steps=40, log_every=10, export_at=exports,
+            values=_values, rank=rank, world_size=2,
+        )  # fmt: skip
+    run = load_run(tmp_path)
+    axis = figures.XAxis(run)
+    per_rank = {r: axis.value_points(r, *_gauge_points(run, r))[:2] for r in (0, 1)}
+    assert per_rank[0][0] == [10, 30, 40] and per_rank[1][0] == [20, 30, 40]
+    plots, _ = figures.curve_plots(run, axis)
+    loss = plots[0].figure.data
+    assert [t.name for t in loss] == ["ranks 0, 1 (raw)", "ranks 0, 1"]
+    assert list(loss[0].x) == LOGGED
+
+
+def _gauge_points(run, rank, name=MEGATRON_TRAINING_LOSS):
+    series = run.ranks[rank].gauge(name)[0]
+    return series.times_ns, series.values
+
+
 def test_values_that_differ_by_rank_keep_a_line_each_at_the_same_steps(tmp_path):
     """Tokens/s differs by rank: one line each, both at the logged steps."""
     for rank, every in ((0, 6), (1, 11)):

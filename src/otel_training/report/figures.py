@@ -173,19 +173,34 @@ def _rank_points(run: Run, axis: XAxis, name: str) -> tuple[dict[int, tuple[list
     return per_rank, exact and bool(per_rank)
 
 
-def _same(a: Sequence[float], b: Sequence[float]) -> bool:
-    return len(a) == len(b) and all(
-        x == y or (isinstance(x, float) and isinstance(y, float) and x != x and y != y)
-        for x, y in zip(a, b)
-    )
+def _equal(a: float, b: float) -> bool:
+    return a == b or (a != a and b != b)  # NaN equals NaN here
 
 
-def _identical(per_rank: dict[int, tuple[list, list]]) -> bool:
-    """Every rank drew the same points (a loss averaged over the ranks, a learning rate)."""
-    series = list(per_rank.values())
-    return len(series) > 1 and all(
-        _same(xs, series[0][0]) and _same(ys, series[0][1]) for xs, ys in series[1:]
-    )
+def agreeing(per_rank: dict[int, tuple[list, list]]) -> tuple[list, list] | None:
+    """One series for ranks that recorded the same values (a loss averaged over the ranks, a
+    learning rate): their points merged, when at every step that two of them share they agree
+    and each shares a step with another; else ``None``. A rank may lack a step that another
+    has: a gauge exported every few seconds keeps only the last of two values logged within
+    one export interval, a different one on each rank."""
+    if len(per_rank) < 2:
+        return None
+    merged: dict[float, float] = {}
+    for xs, ys in per_rank.values():
+        shared = 0
+        for x, y in zip(xs, ys):
+            known = merged.get(x)
+            if known is None:
+                continue
+            if not _equal(known, y):
+                return None
+            shared += 1
+        if merged and not shared:
+            return None
+        for x, y in zip(xs, ys):
+            merged.setdefault(x, y)
+    steps = sorted(merged)
+    return steps, [merged[x] for x in steps]
 
 
 def constant_axis(values: Sequence[float | None]) -> tuple[dict, float | None]:
@@ -230,8 +245,9 @@ def _rank_traces(
 ) -> tuple[list, int, bool, str]:
     """One line per rank (drawn once when every rank drew the same): traces, points,
     downsampled, caption."""
-    identical = _identical(per_rank)
-    lines = {min(per_rank): per_rank[min(per_rank)]} if identical else per_rank
+    merged = agreeing(per_rank)
+    identical = merged is not None
+    lines = {min(per_rank): merged} if merged is not None else per_rank
     traces, points, downsampled = [], 0, False
     per_trace = max(200, max_points // (len(lines) * (2 if smooth else 1)))
     legend = len(lines) > 1 or identical
@@ -271,7 +287,10 @@ def _rank_traces(
             points += len(xs_s)
     caption = "One line per rank"
     if identical:
-        caption = f"Every rank ({rank_list(per_rank)}) recorded the same values: one line"
+        caption = (
+            f"Ranks {rank_list(per_rank)} recorded the same values (each exports the last value "
+            "of an export interval; together they have more): one line"
+        )
     caption += (
         f"; faint: raw values, solid: smoothed (TensorBoard's EMA, weight {SMOOTHING})."
         if smooth
