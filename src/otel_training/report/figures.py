@@ -287,10 +287,7 @@ def _rank_traces(
             points += len(xs_s)
     caption = "One line per rank"
     if identical:
-        caption = (
-            f"Ranks {rank_list(per_rank)} recorded the same values (each exports the last value "
-            "of an export interval; together they have more): one line"
-        )
+        caption = f"Ranks {rank_list(per_rank)} recorded the same values: one line"
     caption += (
         f"; faint: raw values, solid: smoothed (TensorBoard's EMA, weight {SMOOTHING})."
         if smooth
