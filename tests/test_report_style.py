@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from otel_training.health.ledger import PHASES
 from otel_training.report import style
-from otel_training.report.wording import plural, rank_list, ranks_phrase
+from otel_training.report.wording import cut, plural, rank_list, ranks_phrase
 from otel_training.semconv.spans import SPAN_GROUP_LEVELS
 
 
@@ -59,3 +59,11 @@ def test_ranks_are_said_alike():
     assert ranks_phrase([0]) == "rank 0" and ranks_phrase([1, 0]) == "ranks 0, 1"
     assert rank_list([0, 1, 2, 3, 5, 7, 8]) == "0–3, 5, 7, 8"
     assert ranks_phrase([]) == "no rank" and rank_list([]) == "none"
+
+
+def test_a_long_name_is_cut_saying_how_much():
+    """At most the limit, the marker included, saying how many characters went."""
+    short = cut("x" * 10_000, 240)
+    kept = short.index("…")
+    assert short == "x" * kept + f"…[{10_000 - kept:,} more characters]" and len(short) <= 240
+    assert cut("short", 240) == "short"

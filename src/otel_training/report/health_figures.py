@@ -19,7 +19,7 @@ from otel_training.report.health import JobHealth
 from otel_training.report.plot import Plot
 from otel_training.report.series import round_significant
 from otel_training.report.style import BUCKET_COLORS, PALETTE, PHASE_COLORS, layout
-from otel_training.report.wording import ranks_phrase
+from otel_training.report.wording import cut, ranks_phrase
 
 __all__ = ["health_plots", "health_tables"]
 
@@ -275,7 +275,7 @@ def health_tables(health: JobHealth) -> dict[str, Any]:
         attempts.append(
             {
                 "attempt": acc.attempt,
-                "run_id": text(acc.run_id),
+                "run_id": cut(text(acc.run_id), 240),
                 "ranks": len(acc.ranks),
                 "resumed_from": text(acc.resumed_from),
                 "last_iteration": text(acc.last_iteration),
@@ -319,7 +319,7 @@ def health_tables(health: JobHealth) -> dict[str, Any]:
         "rows": rows,
         "attempts": attempts,
         "hang": hang,
-        "job": health.job or "–",
+        "job": cut(health.job or "–", 120),
         "directories": [str(d) for d in health.directories],
         "notes": list(health.notes),
     }

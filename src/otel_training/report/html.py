@@ -22,7 +22,7 @@ from typing import Any
 from otel_training.report._nogc import no_gc
 from otel_training.report.run import Job, Run
 from otel_training.report.summary import Summary, summarize
-from otel_training.report.wording import plural, rank_list
+from otel_training.report.wording import cut, plural, rank_list
 
 __all__ = ["REPORT_HINT", "build_report", "dom_id", "format_value", "utf8", "write_report"]
 
@@ -236,12 +236,16 @@ def build_report(source: Run | Job) -> str:
         return _build(Job.of(source), jinja2, plotly)
 
 
-#: Characters of a run id or job id kept in the page's header (the summary has all of it).
+#: Characters kept of a name from the files in the page's header and titles.
 _HEADER_ID_LENGTH = 120
+#: Characters kept of a value from the files in the summary and the tables.
+_VALUE_LENGTH = 240
+#: Characters kept of a note (notes quote names from the files).
+_NOTE_LENGTH = 600
 
 
 def _short(text: str, limit: int = _HEADER_ID_LENGTH) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return cut(text, limit)
 
 
 def _build(job: Job, jinja2, plotly) -> str:
@@ -271,6 +275,7 @@ def _build(job: Job, jinja2, plotly) -> str:
     notes = list(job.notes)
     if not several:
         notes += job.runs[0].notes
+    notes = [_short(note, _NOTE_LENGTH) for note in notes]
     if downsampled:
         notes.append(
             "Long series were downsampled to keep this page small: curves keep each bucket's "
@@ -420,6 +425,7 @@ def _attempt(
         facts.insert(2, ("attempt", run.attempt_label))
     if run.created_s is not None:
         facts.append(("processes started", _iso(run.created_s, 1.0)))
+    facts = [(key, _short(value, _VALUE_LENGTH)) for key, value in facts]
     files = []
     for f in run.files:
         problems = []
@@ -433,7 +439,7 @@ def _attempt(
             problems.append(f.skipped)
         files.append(
             {
-                "name": f.path.name,
+                "name": _short(f.path.name, _VALUE_LENGTH),
                 "rank": f.rank,
                 "size": _size(f.size_bytes),
                 "lines": "–" if f.skipped else f"{f.lines:,}",
@@ -458,7 +464,7 @@ def _attempt(
     row = {
         "label": label,
         "anchor": f"#{prefix}summary",
-        "run_id": summary.run_id,
+        "run_id": _short(summary.run_id, _VALUE_LENGTH),
         "started": _iso(run.created_s, 1.0)
         if run.created_s is not None
         else _iso(summary.start_ns),
@@ -467,7 +473,7 @@ def _attempt(
         "steps": format_value(summary.steps) if summary.steps is not None else "–",
         "failed": str(sum(1 for s in run.spans if s.failed)),
         "open": str(sum(1 for s in run.spans if s.truncated)),
-        "directory": str(run.directory),
+        "directory": _short(str(run.directory), _VALUE_LENGTH),
     }
     context = {
         "label": label,
@@ -475,14 +481,17 @@ def _attempt(
         "summary": summary,
         "short_run_id": _short(summary.run_id),
         "subtitle": subtitle,
-        "notes": run.notes if label else [],
+        "notes": [_short(note, _NOTE_LENGTH) for note in run.notes] if label else [],
         "tiles": _tiles(summary),
         "metric_table": {"headers": metric_headers, "rows": metric_rows},
-        "nonfinite": [(k, format_value(v)) for k, v in sorted(summary.nonfinite.items())],
+        "nonfinite": [
+            (_short(k, _VALUE_LENGTH), format_value(v))
+            for k, v in sorted(summary.nonfinite.items())
+        ],
         "facts": facts,
         "sections": sections,
         "files": files,
-        "directory": str(run.directory),
+        "directory": _short(str(run.directory), _VALUE_LENGTH),
         "row": row,
     }
     return context, shrunk

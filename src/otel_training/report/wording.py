@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["plural", "rank_list", "ranks_phrase"]
+__all__ = ["cut", "plural", "rank_list", "ranks_phrase"]
 
 
 def plural(n: int, word: str, words: str | None = None) -> str:
@@ -40,3 +40,13 @@ def ranks_phrase(ranks: Iterable[int]) -> str:
     if not ordered:
         return "no rank"
     return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {rank_list(ordered)}"
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how many more there were
+    (``…[9,880 more characters]``): a name of 10,000 characters from the files would bury a
+    page or a table; the files have all of it."""
+    if len(text) <= limit:
+        return text
+    keep = max(1, limit - len(f"…[{len(text) - limit:,} more characters]"))
+    return text[:keep] + f"…[{len(text) - keep:,} more characters]"
