@@ -177,6 +177,19 @@ def _equal(a: float, b: float) -> bool:
     return a == b or (a != a and b != b)  # NaN equals NaN here
 
 
+def _identical(per_rank: dict[int, tuple[list, list]]) -> tuple[list, list] | None:
+    """The points of every rank when they are all the same, else ``None``."""
+    series = list(per_rank.values())
+    first = series[0]
+    same = len(series) > 1 and all(
+        len(xs) == len(first[0])
+        and xs == first[0]
+        and all(_equal(a, b) for a, b in zip(ys, first[1]))
+        for xs, ys in series[1:]
+    )
+    return first if same else None
+
+
 def agreeing(per_rank: dict[int, tuple[list, list]]) -> tuple[list, list] | None:
     """One series for ranks that recorded the same values (a loss averaged over the ranks, a
     learning rate): their points merged, when at every step that two of them share they agree
@@ -241,11 +254,12 @@ def _spread(per_rank: dict[int, tuple[list, list]], bins: int) -> tuple[list, li
 
 
 def _rank_traces(
-    per_rank: dict[int, tuple[list, list]], smooth: bool, max_points: int
+    per_rank: dict[int, tuple[list, list]], smooth: bool, max_points: int, exact: bool
 ) -> tuple[list, int, bool, str]:
-    """One line per rank (drawn once when every rank drew the same): traces, points,
+    """One line per rank, one for ranks that recorded the same values (at the steps they
+    describe: :func:`agreeing`; else only when their points are the same): traces, points,
     downsampled, caption."""
-    merged = agreeing(per_rank)
+    merged = agreeing(per_rank) if exact else _identical(per_rank)
     identical = merged is not None
     lines = {min(per_rank): merged} if merged is not None else per_rank
     traces, points, downsampled = [], 0, False
@@ -327,12 +341,12 @@ def curve_plots(run: Run, axis: XAxis, *, max_points: int = 8_000) -> tuple[list
     """
     plots, missing = [], []
     for name, title, y_title, smooth in CURVES:
-        per_rank, _ = _rank_points(run, axis, name)
+        per_rank, exact = _rank_points(run, axis, name)
         if not per_rank:
             missing.append(title)
             continue
         if len(per_rank) <= MAX_RANK_LINES:
-            traces, points, downsampled, caption = _rank_traces(per_rank, smooth, max_points)
+            traces, points, downsampled, caption = _rank_traces(per_rank, smooth, max_points, exact)
         else:
             traces, points, downsampled, caption = _band_traces(per_rank, max_points)
         if downsampled:
