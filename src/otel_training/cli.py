@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import sys
 from collections.abc import Sequence
 
@@ -121,21 +122,36 @@ def _load(command: str, directory: str | None):
         return None, 2
     job = load_job(run_directory)
     for note in job.notes:
-        print(f"{_PROG} {command}: note: {note}", file=sys.stderr)
+        print(_terminal(f"{_PROG} {command}: note: {note}"), file=sys.stderr)
     several = len(job.runs) > 1
     for label, run in zip(job.labels, job.runs):
         for note in run.notes:
             where = f"{label}: " if several else ""
-            print(f"{_PROG} {command}: note: {where}{note}", file=sys.stderr)
+            print(_terminal(f"{_PROG} {command}: note: {where}{note}"), file=sys.stderr)
     return job, 0
 
 
-def _say(text: str) -> None:
-    """Prints ``text`` to stdout, whatever it holds: a lone surrogate (an undecodable byte of
-    a directory name) as a backslash escape, as the string rule writes it."""
-    from otel_training.limits import safe_text
+#: Characters a terminal acts on rather than shows: C0 and C1 controls but the line feed (an
+#: escape sequence sets the window title or the colours), and bidirectional overrides.
+_TERMINAL_CONTROLS = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+#: Characters of one line kept of a note (the report shows the notes too).
+_NOTE_CHARACTERS = 1_000
 
-    print(safe_text(text, None), flush=True)
+
+def _terminal(text: str, limit: int | None = _NOTE_CHARACTERS) -> str:
+    """``text`` as a terminal shows it and nothing else: lone surrogates (an undecodable byte
+    of a directory name) and the characters a terminal would act on as backslash escapes,
+    cut to ``limit`` characters (names from the files can be 10,000 long)."""
+    from otel_training.limits import safe_text
+    from otel_training.report.wording import cut
+
+    text = _TERMINAL_CONTROLS.sub(lambda m: ascii(m.group())[1:-1], safe_text(text, None))
+    return text if limit is None else cut(text, limit)
+
+
+def _say(text: str) -> None:
+    """Prints ``text`` to stdout as :func:`_terminal` makes it, every line whole."""
+    print("\n".join(_terminal(line, None) for line in text.split("\n")), flush=True)
 
 
 def _what(job) -> str:
