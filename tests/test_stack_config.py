@@ -74,6 +74,9 @@ WITHOUT_PANEL = {
     "megatron.training.tensor.router_expert_load",
     # Device metrics: the node's view is DCGM's (hardware.yaml); queried in Explore.
     "dl.gpu.clock.speed",
+    # The step of the last training log: what places a value at its step in the report; a
+    # dashboard draws over time.
+    "dl.training.progress.logged_iteration",
 }
 
 
