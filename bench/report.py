@@ -12,8 +12,9 @@ in the real formats and at realistic rates:
   step, the default buckets), skipped iterations and non-finite values, and the tensor gauges
   of 24 layers (grad norm, param norm, activation RMS, router balance x 3 statistics, router
   entropy; computed every 50 steps, exported at every collection like any observable gauge), and
-  the health ledger (``dl.training.phase.time`` and ``.elapsed`` per phase, progress, checkpoint
-  iteration and age; rank 5 computes 25 % longer and waits as much less, a straggler);
+  the health ledger (``dl.training.phase.time`` and ``.elapsed`` per phase, progress and the
+  step of the last log, checkpoint iteration and age; rank 5 computes 25 % longer and waits as
+  much less, a straggler);
 - ``spans-rank{R}.jsonl``: start and end lines (docs/spans.md) of the run, startup with a
   checkpoint load, every iteration with its forward/backward and optimizer step, an evaluation
   every 500 steps and a checkpoint save every 1,000;
@@ -154,6 +155,7 @@ class _Rank:
         self.open_phase = "startup"
         self.open_since_ns = created_ns
         self.iteration: int | None = None
+        self.logged: int | None = None  # the step of the last training log
         self.progress_ns: int | None = None
         self.saved: int | None = None
         self.loaded: int | None = None
@@ -169,7 +171,7 @@ class _Rank:
             self.open_phase, self.open_since_ns = phase, until_ns
 
     def ledger_metrics(self, time_ns: int) -> list[dict]:
-        """The ledger's seven instruments at ``time_ns`` (the time since the last accounting
+        """The ledger's eight instruments at ``time_ns`` (the time since the last accounting
         goes to the phase open then)."""
         totals = dict(self.phase_s)
         totals[self.open_phase] += max(0, time_ns - self.accounted_ns) / 1e9
@@ -216,6 +218,8 @@ class _Rank:
         if self.iteration is not None:
             metrics.append(gauge("dl.training.progress.iteration", float(self.iteration)))
             metrics.append(gauge("dl.training.progress.timestamp", progress / 1e9))
+        if self.logged is not None:
+            metrics.append(gauge("dl.training.progress.logged_iteration", float(self.logged)))
         operation = "megatron.checkpoint.operation"
         if self.saved is not None:
             metrics.append(gauge("dl.training.checkpoint.iteration", float(self.saved),
@@ -372,6 +376,7 @@ class _Rank:
 
     def log(self, step: int, steps: int, duration_s: float) -> None:
         r = self.random
+        self.logged = step
         progress = step / steps
         warmup = min(1.0, step / 200)
         lr = 3e-4 * warmup * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))

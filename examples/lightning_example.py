@@ -1,6 +1,6 @@
 """Train a small byte-level language model with PyTorch Lightning, recorded by otel-training.
 
-    pip install 'otel-training[lightning]'
+    pip install -e '.[lightning]'                   # in the checkout (make setup does)
     python examples/lightning_example.py            # telemetry to ./otel-training-telemetry
     OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 python examples/lightning_example.py
 
@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import otel_training.setup
+from otel_training.demo.threads import apply_threads
 from otel_training.integrations.lightning import OtelTrainingCallback
 
 
@@ -71,6 +72,9 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=10, help="steps per log interval")
     parser.add_argument("--data-bytes", type=int, default=1_000_000, help="bytes of sources")
     args = parser.parse_args()
+    # torch's threads for the CPUs this process may use, shared with what else runs on them (its
+    # default, one per CPU of the machine, is several times slower on busy CPUs): the demo's rule.
+    apply_threads()
 
     data = stdlib_bytes(args.data_bytes)
     rows = data[: len(data) // (args.seq_len + 1) * (args.seq_len + 1)]

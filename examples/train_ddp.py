@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 import otel_training
 from otel_training.demo.data import load_stdlib_corpus
 from otel_training.demo.model import GPT, GPTConfig
+from otel_training.demo.threads import apply_threads
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=100, help="optimizer steps")
@@ -47,6 +48,9 @@ args = parser.parse_args()
 
 dist.init_process_group("gloo")  # on GPUs: "nccl", with the model on cuda:LOCAL_RANK
 rank, world_size = dist.get_rank(), dist.get_world_size()
+# torch's threads: OMP_NUM_THREADS, which torchrun sets to 1 for several ranks per node, else
+# the CPUs this process may use shared with what else runs on them (the demo's rule).
+apply_threads()
 
 torch.manual_seed(0)  # the same initial model on every rank (DDP also broadcasts rank 0's)
 corpus = load_stdlib_corpus(max_bytes=args.max_data_bytes).shard(rank, world_size)

@@ -29,6 +29,7 @@ import torch
 import otel_training
 from otel_training.demo.data import load_stdlib_corpus
 from otel_training.demo.model import GPT, GPTConfig
+from otel_training.demo.threads import apply_threads
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=100, help="optimizer steps")
@@ -41,6 +42,9 @@ parser.add_argument("--warmup", type=int, default=20, help="linear warmup steps"
 parser.add_argument("--max-data-bytes", type=int, default=2_000_000, help="bytes of sources")
 args = parser.parse_args()
 
+# torch's threads for the CPUs this process may use, shared with what else runs on them (its
+# default, one per CPU of the machine, is several times slower on busy CPUs): the demo's rule.
+apply_threads()
 torch.manual_seed(0)
 corpus = load_stdlib_corpus(max_bytes=args.max_data_bytes)  # train[N] uint8 bytes
 model = GPT(GPTConfig(seq_len=args.seq_len, n_layers=2, d_model=64, n_heads=4))

@@ -1,6 +1,6 @@
 """Train a tiny GPT-2 with the Hugging Face Trainer, recorded by otel-training.
 
-    pip install 'otel-training[transformers]'
+    pip install -e '.[transformers]'                # in the checkout (make setup does)
     python examples/transformers_example.py         # telemetry to ./otel-training-telemetry
     OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 python examples/transformers_example.py
 
@@ -20,6 +20,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 import otel_training.setup
+from otel_training.demo.threads import apply_threads
 from otel_training.integrations.transformers import OtelTrainingCallback
 
 
@@ -46,6 +47,9 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=10, help="steps per logging step")
     parser.add_argument("--data-bytes", type=int, default=1_000_000, help="bytes of sources")
     args = parser.parse_args()
+    # torch's threads for the CPUs this process may use, shared with what else runs on them (its
+    # default, one per CPU of the machine, is several times slower on busy CPUs): the demo's rule.
+    apply_threads()
 
     config = GPT2Config(
         vocab_size=256, n_positions=args.seq_len, n_embd=64, n_layer=2, n_head=4,

@@ -5,7 +5,7 @@ hand-written OTLP document checked against opentelemetry-proto so that it is the
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,49 @@ def write_real_metrics(
             provider.force_flush()
     finally:
         provider.shutdown()
+
+
+def write_ledger_metrics(
+    path: Path,
+    *,
+    steps: int,
+    log_every: int,
+    export_at: Iterable[int],
+    values: Callable[[int], Mapping[str, Any]],
+    rank: int = 0,
+    world_size: int = 1,
+    run_id: str = RUN_ID,
+) -> None:
+    """A rank's metrics file as the embedded default writes it, with the real health ledger
+    and its instruments: every step completes an iteration in the ledger and records its step
+    duration; every ``log_every`` steps ``values(step)`` are recorded with the real
+    ``record_training_metrics``; an export (one line) after each step of ``export_at`` and at
+    the end. Uses (and resets) this process's ledger."""
+    from otel_training.health.ledger import ITERATION, LEDGER
+    from otel_training.health.metrics import observe_ledger
+
+    exporter = FileMetricExporter(path)
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=10**9)
+    provider = MeterProvider(
+        metric_readers=[reader],
+        resource=Resource.create(resource_attributes(rank, world_size, run_id)),
+        views=default_views(),
+    )
+    meter = provider.get_meter("otel_training")
+    LEDGER.reset()
+    observe_ledger(meter)
+    exports = set(export_at)
+    try:
+        for step in range(1, steps + 1):
+            LEDGER.exit(LEDGER.enter(ITERATION), ITERATION, iteration=step)
+            record_training_metrics(meter, step_duration_ms=10.0 + step % 3)
+            if step % log_every == 0:
+                record_training_metrics(meter, **values(step))
+            if step in exports:
+                provider.force_flush()
+    finally:
+        provider.shutdown()
+        LEDGER.reset()
 
 
 def key_value(key: str, value: Any) -> dict[str, Any]:

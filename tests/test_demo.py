@@ -219,7 +219,7 @@ def test_cli_demo_writes_telemetry(tmp_path, capsys):
 
 
 def test_cli_without_torch_says_how_to_install(monkeypatch, capsys):
-    """Without torch, `demo` exits 1 with the `pip install 'otel-training[torch]'` hint."""
+    """Without torch, `demo` exits 1 with the `pip install -e '.[torch]'` hint."""
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util,
@@ -227,7 +227,7 @@ def test_cli_without_torch_says_how_to_install(monkeypatch, capsys):
         lambda name, *a: None if name == "torch" else real_find_spec(name, *a),
     )
     assert cli.main(["demo"]) == 1
-    assert "pip install 'otel-training[torch]'" in capsys.readouterr().err
+    assert "pip install -e '.[torch]' in the otel-training checkout" in capsys.readouterr().err
 
 
 def test_cli_version(capsys):

@@ -327,7 +327,7 @@ def test_span_recorder_handles_feed_the_ledger():
 
 
 def test_the_instruments_export_the_ledger():
-    """Seven instruments, 26 series at most, in the registry's units; unknown values absent."""
+    """Eight instruments, 27 series at most, in the registry's units; unknown values absent."""
     reader = InMemoryMetricReader()
     ot.configure(
         metric_readers=[reader],
@@ -402,3 +402,46 @@ def test_an_iteration_set_while_open_is_what_the_ledger_records(groups):
         save.set_attribute("megatron.iteration", 41)
     reading = health.LEDGER.read()
     assert (reading.loaded_iteration, reading.saved_iteration) == (40, 41)
+
+
+def test_the_logged_iteration_is_the_step_the_training_values_describe():
+    """record_training_metrics with a log interval's values notes the last completed step; a
+    step duration alone does not; an open iteration's record_metrics notes its own number."""
+    reader = InMemoryMetricReader()
+    telemetry = ot.configure(
+        metric_readers=[reader],
+        environ={"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"},
+    )
+    assert "dl.training.progress.logged_iteration" not in _points(reader)
+    for iteration in range(1, 4):
+        with ot.training_iteration(iteration=iteration):
+            pass
+        ot.record_training_metrics(telemetry.meter, step_duration_ms=5.0)
+    assert health.LEDGER.read().logged_iteration is None  # only step durations so far
+    ot.record_training_metrics(telemetry.meter, loss=2.0, learning_rate=1e-3)
+    assert _points(reader)["dl.training.progress.logged_iteration"] == [({}, 3)]
+    with ot.training_iteration(iteration=4) as step:
+        step.record_metrics(loss=1.5)  # inside step 4: its values
+        assert health.LEDGER.read().logged_iteration == 4
+    for iteration in (5, 6):
+        with ot.training_iteration(iteration=iteration):
+            pass
+    ot.record_training_metrics(telemetry.meter, step_duration_ms=5.0)
+    assert health.LEDGER.read().logged_iteration == 4
+    ot.record_training_metrics(telemetry.meter, skipped_iters=0)
+    assert _points(reader)["dl.training.progress.logged_iteration"] == [({}, 6)]
+
+
+def test_without_phases_the_logged_iteration_counts_the_step_durations():
+    """A loop that records a step duration each step but no phase: the values of a log
+    interval are at the count of steps recorded so far (the report's step clock then)."""
+    meter = ot.configure(
+        environ={"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"}
+    ).meter
+    ot.record_training_metrics(meter, loss=3.0)  # before any step: nothing to say
+    assert health.LEDGER.read().logged_iteration is None
+    for step in range(1, 21):
+        ot.record_training_metrics(meter, step_duration_ms=5.0)
+        if step % 10 == 0:
+            ot.record_training_metrics(meter, loss=1.0 / step)
+            assert health.LEDGER.read().logged_iteration == step

@@ -91,3 +91,25 @@ def test_trace_needs_neither_torch_nor_plotly(run_dir, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[] 0"
+
+
+def test_notes_and_paths_reach_the_terminal_as_text(tmp_path, capsys):
+    """A span name with a terminal escape sequence, a direction override and 5,000 characters,
+    in a directory whose name has an undecodable byte: the note on stderr shows them escaped
+    and cut, stdout names the directory with the byte as \\xff; nothing raises."""
+    import os
+
+    from report_files import span_record
+
+    directory = tmp_path / os.fsdecode(b"run-\xff-\x1b[31mred")
+    directory.mkdir()
+    name = "\x1b]0;pwned\x07 \u202eevil " + "x" * 5_000
+    write_lines(
+        directory / "spans-rank0.jsonl", [span_record("span_start", name, "1" * 16, None, T0)]
+    )
+    assert cli.main(["report", str(directory), "-o", str(tmp_path / "r.html")]) == 0
+    captured = capsys.readouterr()
+    note = next(line for line in captured.err.splitlines() if "never ended" in line)
+    assert "\\x1b]0;pwned\\x07 \\u202eevil xxx" in note and "\x1b" not in captured.err
+    assert len(note) <= 1_000 and "more characters]" in note
+    assert "run-\\xff-\\x1b[31mred" in captured.out and "\x1b" not in captured.out

@@ -108,7 +108,7 @@ def test_the_summary_names_goodput_the_culprit_and_its_stack():
     job, now = hung_job()
     text = format_text(assess(job, now_s=now))
     assert "goodput" in text and "lost_progress" in text and "downtime" in text
-    assert "culprit 1" in text and "rank 1: in forward_backward  <- culprit" in text
+    assert "culprit: rank 1" in text and "rank 1: in forward_backward  <- culprit" in text
     assert "in stuck_here" in text
 
 

@@ -42,6 +42,11 @@ def test_the_figures_hold_the_job():
         "plot-health-goodput", "plot-health-phases", "plot-health-risk", "plot-health-stragglers",
     }  # fmt: skip
     assert all(p.points > 0 for p in plots.values())
+    for plot in plots.values():  # both axes named, the colour bar too
+        layout = plot.figure.layout
+        assert layout.xaxis.title.text and layout.yaxis.title.text, plot.id
+    assert plots["plot-health-stragglers"].figure.data[0].colorbar.title.text
+    assert list(plots["plot-health-phases"].figure.data[0].y) == ["rank 0", "rank 1"]
     assert "rank 1 (attempt 0: score 1.33" in plots["plot-health-stragglers"].caption
     assert "cause compute" in plots["plot-health-stragglers"].caption
     tables = health_tables(health)

@@ -202,7 +202,7 @@ def test_without_any_step_count_the_curves_are_over_time(tmp_path):
     plots, missing = figures.curve_plots(run, axis)
     assert [p.title for p in plots] == ["Loss"] and "Learning rate" in missing
     assert list(plots[0].figure.data[0].x) == [0.0, 1.0, 2.0]
-    assert "time since start" in build_report(run)
+    assert figures.TIME_AXIS in build_report(run)
 
 
 def test_many_ranks_are_drawn_as_a_median_and_a_band(tmp_path):

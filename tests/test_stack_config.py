@@ -77,6 +77,9 @@ WITHOUT_PANEL = {
     # says so in the job's log; queried in Explore.
     "otel_training.log_record.dropped",
     "otel_training.span.dropped",
+    # The step of the last training log: what places a value at its step in the report; a
+    # dashboard draws over time.
+    "dl.training.progress.logged_iteration",
 }
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import sys
 from collections.abc import Sequence
 
@@ -33,8 +34,8 @@ __all__ = ["main"]
 
 _PROG = "otel-training"
 _TORCH_HINT = (
-    "otel-training demo needs PyTorch, tqdm and numpy: pip install 'otel-training[torch]' "
-    "(install the torch build that fits your machine first)"
+    "otel-training demo needs PyTorch, tqdm and numpy: pip install -e '.[torch]' in the "
+    "otel-training checkout (install the torch build that fits your machine first)"
 )
 
 
@@ -121,13 +122,36 @@ def _load(command: str, directory: str | None):
         return None, 2
     job = load_job(run_directory)
     for note in job.notes:
-        print(f"{_PROG} {command}: note: {note}", file=sys.stderr)
+        print(_terminal(f"{_PROG} {command}: note: {note}"), file=sys.stderr)
     several = len(job.runs) > 1
     for label, run in zip(job.labels, job.runs):
         for note in run.notes:
             where = f"{label}: " if several else ""
-            print(f"{_PROG} {command}: note: {where}{note}", file=sys.stderr)
+            print(_terminal(f"{_PROG} {command}: note: {where}{note}"), file=sys.stderr)
     return job, 0
+
+
+#: Characters a terminal acts on rather than shows: C0 and C1 controls but the line feed (an
+#: escape sequence sets the window title or the colours), and bidirectional overrides.
+_TERMINAL_CONTROLS = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+#: Characters of one line kept of a note (the report shows the notes too).
+_NOTE_CHARACTERS = 1_000
+
+
+def _terminal(text: str, limit: int | None = _NOTE_CHARACTERS) -> str:
+    """``text`` as a terminal shows it and nothing else: lone surrogates (an undecodable byte
+    of a directory name) and the characters a terminal would act on as backslash escapes,
+    cut to ``limit`` characters (names from the files can be 10,000 long)."""
+    from otel_training.limits import safe_text
+    from otel_training.report.wording import cut
+
+    text = _TERMINAL_CONTROLS.sub(lambda m: ascii(m.group())[1:-1], safe_text(text, None))
+    return text if limit is None else cut(text, limit)
+
+
+def _say(text: str) -> None:
+    """Prints ``text`` to stdout as :func:`_terminal` makes it, every line whole."""
+    print("\n".join(_terminal(line, None) for line in text.split("\n")), flush=True)
 
 
 def _what(job) -> str:
@@ -153,11 +177,10 @@ def _run_report(directory: str | None, output: str) -> int:
         print(f"{_PROG} report: error: cannot write {output}: {error}", file=sys.stderr)
         return 1
     ranks = len(job.latest.ranks)
-    print(
+    _say(
         f"report of {_what(job)} ({ranks} rank"
         f"{'s' if ranks != 1 else ''}, {job.latest.directory}): {path}\n"
-        f"open it in a browser: {path.as_uri()}",
-        flush=True,
+        f"open it in a browser: {path.as_uri()}"
     )
     return 0
 
@@ -175,11 +198,10 @@ def _run_trace(directory: str | None, output: str) -> int:
         return 1
     spans = sum(len(run.spans) for run in job.runs)
     ranks = len({s.rank for run in job.runs for s in run.spans})
-    print(
+    _say(
         f"trace of {_what(job)} ({spans:,} spans, {ranks} "
         f"rank{'s' if ranks != 1 else ''}): {path}\n"
-        "open it at https://ui.perfetto.dev ('Open trace file') or in chrome://tracing ('Load')",
-        flush=True,
+        "open it at https://ui.perfetto.dev ('Open trace file') or in chrome://tracing ('Load')"
     )
     return 0
 
@@ -199,7 +221,7 @@ def _run_health(directory: str | None, as_json: bool) -> int:
     if as_json:
         print(json.dumps(health.to_json(), indent=1, allow_nan=False, default=str), flush=True)
     else:
-        print(format_text(health), flush=True)
+        _say(format_text(health))
     return 0
 
 
@@ -212,14 +234,24 @@ def _run_demo(argv: Sequence[str]) -> int:
     except ModuleNotFoundError as exc:  # tqdm/numpy or a broken torch install
         print(f"{_PROG}: error: {exc}. {_TORCH_HINT}", file=sys.stderr)
         return 1
+    from otel_training.demo.threads import apply_threads
     from otel_training.setup import configure
 
     config = config_from_args(argv, prog=f"{_PROG} demo")
+    threads = apply_threads(config.threads)
     telemetry = configure(service_name="otel-training-demo")
     try:
+        if not config.quiet and _identity_rank() == 0:
+            print(f"threads: {threads.sentence}", flush=True)
         result = train(config, telemetry.meter)  # under torchrun: data-parallel over the ranks
         if result.rank == 0:
-            summary = format_summary(result, telemetry.destination, telemetry.output_dir)
+            summary = format_summary(
+                result,
+                telemetry.destination,
+                telemetry.output_dir,
+                threads=threads.sentence,
+                command=command_name(),
+            )
             print(summary, flush=True)
     except ValueError as exc:  # settings that do not fit together, the data or the device
         print(f"{_PROG} demo: error: {exc}", file=sys.stderr)
@@ -230,6 +262,39 @@ def _run_demo(argv: Sequence[str]) -> int:
     finally:
         telemetry.shutdown()
     return 0
+
+
+def _identity_rank() -> int:
+    from otel_training import config
+
+    return config.load_identity().rank
+
+
+def command_name() -> str:
+    """How to run ``otel-training`` from the working directory, as a person would type it:
+    ``otel-training`` when that name on ``PATH`` is this installation's; else the script
+    installed beside this Python (``.venv/bin/otel-training`` when the working directory holds
+    ``.venv``); else ``python -m otel_training.cli`` with this Python. Never raises."""
+    import shlex
+    import shutil
+    from pathlib import Path
+
+    try:
+        script = Path(sys.executable).parent / _PROG  # the venv's bin, its link not followed
+        found = shutil.which(_PROG)
+        if script.is_file():
+            if found and Path(found).resolve() == script.resolve():
+                return _PROG
+            try:
+                shown = str(script.relative_to(Path.cwd()))
+            except ValueError:
+                shown = str(script)
+            return shlex.quote(shown)
+        if found:
+            return _PROG
+        return f"{shlex.quote(sys.executable)} -m otel_training.cli"
+    except (OSError, ValueError):
+        return _PROG
 
 
 def main(argv: Sequence[str] | None = None) -> int:

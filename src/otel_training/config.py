@@ -45,6 +45,7 @@ __all__ = [
     "Settings",
     "load",
     "load_identity",
+    "load_omp_num_threads",
     "sample_score",
     "sampled_ranks",
     "span_groups_from_names",
@@ -481,6 +482,21 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
 def load_identity(environ: Mapping[str, str] | None = None) -> RankIdentity:
     """Parses only the rank identity (see :class:`RankIdentity`). Never raises."""
     return read_identity(EnvReader(os.environ if environ is None else environ))
+
+
+def load_omp_num_threads(environ: Mapping[str, str] | None = None) -> int | None:
+    """``OMP_NUM_THREADS``: the threads OpenMP (and so torch) takes per process, the first
+    number of a list (``4,2``: nested levels) when it is a whole number >= 1; ``None`` when
+    unset, or unusable (one warning). Never raises."""
+    env = EnvReader(os.environ if environ is None else environ)
+    raw = env.raw("OMP_NUM_THREADS")
+    if raw is None:
+        return None
+    first = raw.split(",", 1)[0].strip()
+    if first.isdigit() and int(first) >= 1:
+        return int(first)
+    env.reject("OMP_NUM_THREADS", raw, None, "is not a whole number of at least 1")
+    return None
 
 
 def _resolve_span_groups(

@@ -21,6 +21,10 @@ What it adds, without changing what Megatron-LM's own tests see:
   metric says so.
 - Values that cannot be numbers, and negative step durations, are dropped with one warning per
   metric and cause. Nothing here raises.
+- A call with a value of a log interval (any but the step duration) notes in the health ledger
+  the step those values describe (``dl.training.progress.logged_iteration``, exported beside
+  them), so that a report places each value at its step
+  (:meth:`otel_training.health.ledger.Ledger.training_logged`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 
 from otel_training._log_once import LogOnce
 from otel_training.device_reads import PendingDeviceRead, device_type, start_device_read
+from otel_training.health.ledger import LEDGER
 from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_GRAD_NORM,
     MEGATRON_TRAINING_LEARNING_RATE,
@@ -91,6 +96,8 @@ except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
 _NONFINITE_COUNTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _FAILED_METERS: weakref.WeakSet = weakref.WeakSet()
 _said = LogOnce(_logger)
+#: Calls given a step duration in this process: the step count when no phase reports one.
+_steps_recorded = 0
 
 # argument name -> (metric name, factory); the counter is the only "add" instrument.
 _SPECS = {
@@ -158,6 +165,7 @@ def record_training_metrics(
     meter (a disabled SDK, a rank that does not export) nothing is recorded but the same
     warnings are given, and device values are not read at all.
     """
+    global _steps_recorded
     if metrics is None or _forked_child:
         return
     if type(meter) in _PROXY_METERS:  # record on the real meter it stands for now
@@ -224,6 +232,18 @@ def record_training_metrics(
             instruments["memory_allocated_gb"].set(v)
         else:
             _emit(meter, "memory_allocated_gb", instruments["memory_allocated_gb"].set, v)
+    if step_duration_ms is not None:
+        _steps_recorded += 1
+    if (
+        loss is not None
+        or learning_rate is not None
+        or grad_norm is not None
+        or tokens_per_sec is not None
+        or throughput_tflops is not None
+        or memory_allocated_gb is not None
+        or skipped_iters is not None
+    ):
+        LEDGER.training_logged(steps_recorded=_steps_recorded or None)
 
 
 def _emit(meter, key: str, write, value) -> None:

@@ -180,6 +180,7 @@ def reset() -> None:
     instruments._NONFINITE_COUNTERS.clear()
     instruments._COUNTER_TOTALS.clear()
     instruments._FAILED_METERS.clear()
+    instruments._steps_recorded = 0
     spans._reset_first_iteration()
     health_ledger.LEDGER.reset()
     _log_once.reset()

@@ -238,3 +238,108 @@ def test_a_report_of_two_attempts_draws_each_attempt(tmp_path):
             assert counts["svg"] >= 1 and counts["points"] + counts["vertices"] > 0, plot
     assert 'href="#a1-summary">attempt 0</a>' in result.stdout
     assert 'href="#a2-summary">attempt 1</a>' in result.stdout
+
+
+class _Structure(HTMLParser):
+    """A rendered page's elements: per tag, those outside the plots and, inside them, those
+    that hostile text could add (links, scripts, images, styled or broken text); the marks
+    a payload's script would leave; the sections; each plot's drawing."""
+
+    INJECTABLE = frozenset(
+        ("a", "script", "img", "iframe", "object", "embed", "style", "link", "foreignobject")
+        + ("tspan", "b", "i", "br", "input", "form", "svg")
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outside: dict[str, int] = {}
+        self.inside: dict[str, int] = {}
+        self.marks: list[str] = []
+        self.ids: set[str] = set()
+        self.title = ""
+        self._in_title = False
+        self._plot_depth = 0
+        self.plots: dict[str, int] = {}
+        self._plot = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if "data-pwned" in attrs:
+            self.marks.append(attrs["data-pwned"] or "")
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        self._in_title = tag == "title"
+        if tag == "div" and "data-plot" in attrs and self._plot is None:
+            self._plot, self._plot_depth = attrs["data-plot"], 0
+            self.plots[self._plot] = 0
+        if self._plot is None:
+            self.outside[tag] = self.outside.get(tag, 0) + 1
+            return
+        if tag == "div":
+            self._plot_depth += 1
+        if tag in self.INJECTABLE:
+            self.inside[tag] = self.inside.get(tag, 0) + 1
+        if tag == "svg" and "main-svg" in (attrs.get("class") or ""):
+            self.plots[self._plot] += 1
+
+    def handle_startendtag(self, tag, attrs):
+        self.handle_starttag(tag, attrs)
+        if tag == "div":
+            self.handle_endtag(tag)
+
+    def handle_endtag(self, tag):
+        self._in_title = False
+        if self._plot is not None and tag == "div":
+            self._plot_depth -= 1
+            if self._plot_depth == 0:
+                self._plot = None
+
+    def handle_data(self, data):
+        if self._in_title:
+            self.title += data
+
+
+def test_a_report_whose_every_string_is_hostile_runs_no_script_and_adds_no_element(tmp_path):
+    """A job of two attempts whose every string is markup, script, quotes, </script>,
+    right-to-left overrides, lone surrogates and 10,000 characters (run and job ids, service,
+    span names, attribute keys and values, exception messages, layer names, the directory
+    name), reported with the real command and rendered in Chromium: no payload's script ran,
+    the page has the elements of the same job with plain strings (plots included), every
+    section and plot is drawn, no script error; its trace is strict JSON."""
+    import hostile_run
+
+    rendered = {}
+    for name, text in (("hostile", hostile_run.hostile), ("plain", hostile_run.plain)):
+        directories = hostile_run.write_job(tmp_path / name, text)
+        output = tmp_path / f"{name}.html"
+        made = subprocess.run(
+            [sys.executable, "-m", "otel_training.cli", "report", str(directories[-1]),
+             "-o", str(output)],
+            env=child_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert made.returncode == 0 and "(2 attempts)" in made.stdout, made.stderr[-3000:]
+        result = _browse(output.as_uri(), tmp_path, "--dump-dom")
+        assert result.returncode == 0, result.stderr[-2000:]
+        page = _Structure()
+        page.feed(result.stdout)
+        rendered[name] = page
+        dom = _Rendered()
+        dom.feed(result.stdout)
+        assert dom.errors_hidden is True and dom.error_lines == 0, name
+        traced = subprocess.run(
+            [sys.executable, "-m", "otel_training.cli", "trace", str(directories[-1]),
+             "-o", str(tmp_path / f"{name}.json")],
+            env=child_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert traced.returncode == 0, traced.stderr[-3000:]
+        document = json.loads((tmp_path / f"{name}.json").read_bytes().decode("utf-8"))
+        assert {e["ph"] for e in document["traceEvents"]} == {"M", "X", "i"}
+    hostile, plain = rendered["hostile"], rendered["plain"]
+    assert hostile.marks == [] and plain.marks == []
+    assert hostile.title == plain.title.replace("plain4", hostile.title.split(" · ")[0])
+    assert hostile.outside == plain.outside
+    assert hostile.inside == plain.inside
+    for section in ("health", "attempts", "a1-summary", "a1-curves", "a2-tensors",
+                    "a2-timeline", "a2-files"):  # fmt: skip
+        assert section in hostile.ids, section
+    assert len(hostile.plots) == len(plain.plots) >= 16 and all(hostile.plots.values())

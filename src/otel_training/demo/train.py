@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import math
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -137,6 +138,13 @@ class DemoConfig:
             + ",".join(f"{name}:{interval}" for name, interval in DEFAULT_SCHEDULE)
         ),
     )
+    threads: int | None = field(
+        default=None,
+        metadata=_opt(
+            "torch threads per process; when unset, OMP_NUM_THREADS, else the CPUs shared by "
+            "the processes of the node and left idle by the load (otel_training.demo.threads)"
+        ),
+    )
     inject_nonfinite_at: int | None = field(
         default=None, metadata=_opt("make this optimizer step's loss NaN", hidden=True)
     )
@@ -146,6 +154,8 @@ class DemoConfig:
         for name in (*positive, "log_interval", "grad_accum", "experts", "top_k", "eval_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.warmup < 0 or self.eval_interval < 0 or self.checkpoint_interval < 0:
             raise ValueError("warmup, eval_interval and checkpoint_interval must be >= 0")
         if not self.lr > 0:
@@ -700,7 +710,12 @@ def _log_interval(
 
 
 def format_summary(
-    result: TrainResult, destination: str | None = None, output_dir: str | None = None
+    result: TrainResult,
+    destination: str | None = None,
+    output_dir: str | None = None,
+    *,
+    threads: str | None = None,
+    command: str = "otel-training",
 ) -> str:
     """The lines that close a run: loss first vs last interval, steps, time, the ranks, where
     telemetry went and, last, how to view the files.
@@ -709,15 +724,20 @@ def format_summary(
         result: the run.
         destination: one line saying where telemetry went (``Telemetry.destination``).
         output_dir: the absolute directory of the run's files, when the embedded default
-            wrote them; the last line then names it with ``otel-training report`` and
-            ``otel-training trace``.
+            wrote them; the last line then names it with the ``report``, ``trace`` and
+            ``health`` commands.
+        threads: the torch threads per process and why
+            (:attr:`otel_training.demo.threads.ThreadChoice.sentence`).
+        command: how to run ``otel-training`` from here, as the last line prints it (a path
+            such as ``.venv/bin/otel-training`` when the name is not on ``PATH``).
     """
     lines = [
         f"loss {result.first_loss:.3f} -> {result.last_loss:.3f} "
         f"(first vs last interval) over {result.steps} steps"
         + (f", {result.skipped_iters} skipped" if result.skipped_iters else "")
         + (f", resumed from step {result.resumed_from}" if result.resumed_from is not None else ""),
-        f"wall time {result.wall_time_s:.1f} s on {result.device}",
+        f"wall time {result.wall_time_s:.1f} s on {result.device}"
+        + (f" with {threads}" if threads else ""),
     ]
     if result.interval_tokens_per_sec:
         rate = result.interval_tokens_per_sec[-1]
@@ -742,8 +762,10 @@ def format_summary(
         lines.append(destination if prefixed else f"telemetry: {destination}")
     if output_dir:
         ranks = f"ranks 0-{result.world_size - 1}" if result.world_size > 1 else "rank 0"
+        where = shlex.quote(output_dir)
+        lines.append(f"files ({ranks}): {output_dir}")
         lines.append(
-            f"files ({ranks}): {output_dir} | view: otel-training report {output_dir} ; "
-            f"otel-training trace {output_dir} ; otel-training health {output_dir}"
+            f"view them: {command} report {where} ; {command} trace {where} ; "
+            f"{command} health {where}"
         )
     return "\n".join(lines)

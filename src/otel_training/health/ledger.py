@@ -22,6 +22,12 @@ last one + 1 when it has none) and its end time become the progress. A checkpoin
 without an exception records the iteration it holds; a load, the iteration it restored (which
 also becomes the progress).
 
+**Logged iteration.** When the training metrics of a log interval are recorded
+(:func:`otel_training.record_training_metrics` with a value other than the step duration), the
+step they describe is noted: the last completed iteration then, an open iteration's own number
+when the caller knows it (:meth:`Ledger.training_logged`). Exported beside those values, it
+places each value at its step in the report.
+
 **Threads.** The ledger follows the thread that enters its first phase (the training thread);
 phases of other threads (an asynchronous checkpoint's finalisation) are ignored by it.
 Transitions out of order (a handle of :class:`otel_training.SpanRecorder` stopped before one
@@ -169,6 +175,8 @@ class LedgerReading:
         loaded_iteration: The iteration restored by the last good load, or ``None``.
         checkpoint_age_s: The progress a crash would lose now, in seconds, or ``None`` before
             the first iteration began.
+        logged_iteration: The step that the training metrics recorded last describe
+            (:meth:`Ledger.training_logged`), or ``None`` before the first.
     """
 
     phase_time_s: Mapping[str, float]
@@ -180,6 +188,7 @@ class LedgerReading:
     saved_iteration: int | None
     loaded_iteration: int | None
     checkpoint_age_s: float | None
+    logged_iteration: int | None = None
 
 
 class Ledger:
@@ -210,6 +219,7 @@ class Ledger:
         "progress_unix_s",
         "saved_iteration",
         "loaded_iteration",
+        "logged_iteration",
         "_safe_unix_s",
         "_perf",
         "_unix",
@@ -242,6 +252,7 @@ class Ledger:
         self.progress_unix_s: float | None = None
         self.saved_iteration: int | None = None
         self.loaded_iteration: int | None = None
+        self.logged_iteration: int | None = None
         self._safe_unix_s: float | None = None
 
     # -- the training thread -------------------------------------------------------------
@@ -345,6 +356,18 @@ class Ledger:
         self.progress_unix_s = now
         self.iteration = iteration
 
+    def training_logged(
+        self, iteration: int | None = None, steps_recorded: int | None = None
+    ) -> None:
+        """Notes that the training metrics of a log interval were recorded now: they describe
+        ``iteration`` when the caller knows it (an open iteration's own number), else the last
+        completed iteration, else ``steps_recorded`` (the step durations recorded so far in
+        this process: the step count when no phase reports one). Any thread; never raises."""
+        if iteration is None:
+            iteration = self.iteration if self.iteration is not None else steps_recorded
+        if iteration is not None:
+            self.logged_iteration = iteration
+
     # -- the reader's thread ---------------------------------------------------------------
 
     def read(self) -> LedgerReading:
@@ -375,6 +398,7 @@ class Ledger:
             saved_iteration=self.saved_iteration,
             loaded_iteration=self.loaded_iteration,
             checkpoint_age_s=None if safe is None else max(0.0, unix_now - safe),
+            logged_iteration=self.logged_iteration,
         )
 
     def reset(self) -> None:

@@ -1,7 +1,7 @@
 """The health ledger as observable instruments: ``dl.training.phase.time`` and friends.
 
-:func:`observe_ledger` creates, on a pipeline's meter, the seven instruments of
-``semconv/registry/health.yaml`` (26 series per rank). Their callbacks run on the metric
+:func:`observe_ledger` creates, on a pipeline's meter, the eight instruments of
+``semconv/registry/health.yaml`` (27 series per rank). Their callbacks run on the metric
 reader's thread, read :data:`otel_training.health.ledger.LEDGER` (a few microseconds: no lock,
 no device work, no waiting) and yield its values; a value not known yet (no step completed, no
 checkpoint saved) is absent rather than zero.
@@ -24,6 +24,7 @@ from otel_training.semconv.metrics import (
     DL_TRAINING_PHASE_TIME,
     DL_TRAINING_PROGRESS_AGE,
     DL_TRAINING_PROGRESS_ITERATION,
+    DL_TRAINING_PROGRESS_LOGGED_ITERATION,
     DL_TRAINING_PROGRESS_TIMESTAMP,
     METRICS,
 )
@@ -52,7 +53,7 @@ def observe_ledger(
         meter: The pipeline's meter.
         source: Returns the ledger to read (default: this process's); for tests.
         names: Only these instruments (the heartbeat's, :mod:`otel_training.heartbeat`);
-            ``None`` for all seven.
+            ``None`` for all eight.
     """
 
     def guard(observe: Callable[[_ledger.LedgerReading], Iterable[Observation]]):
@@ -78,6 +79,10 @@ def observe_ledger(
         if reading.iteration is not None:
             yield Observation(reading.iteration)
 
+    def logged_iteration(reading: _ledger.LedgerReading) -> Iterable[Observation]:
+        if reading.logged_iteration is not None:
+            yield Observation(reading.logged_iteration)
+
     def progress_timestamp(reading: _ledger.LedgerReading) -> Iterable[Observation]:
         if reading.progress_unix_s is not None:
             yield Observation(reading.progress_unix_s)
@@ -99,6 +104,7 @@ def observe_ledger(
         DL_TRAINING_PHASE_TIME: (meter.create_observable_counter, phase_time),
         DL_TRAINING_PHASE_ELAPSED: (meter.create_observable_gauge, phase_elapsed),
         DL_TRAINING_PROGRESS_ITERATION: (meter.create_observable_gauge, progress_iteration),
+        DL_TRAINING_PROGRESS_LOGGED_ITERATION: (meter.create_observable_gauge, logged_iteration),
         DL_TRAINING_PROGRESS_TIMESTAMP: (meter.create_observable_gauge, progress_timestamp),
         DL_TRAINING_PROGRESS_AGE: (meter.create_observable_gauge, progress_age),
         DL_TRAINING_CHECKPOINT_ITERATION: (meter.create_observable_gauge, checkpoint_iteration),

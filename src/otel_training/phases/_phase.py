@@ -306,6 +306,8 @@ class Phase:
             values = {key: value for key, value in values.items() if key in METRIC_KEYS}
         state = self._state or configured()
         instruments.record_training_metrics(state.meter, **values)
+        if self._kind == ITERATION and self._stage == _OPEN and self._progress is not None:
+            LEDGER.training_logged(self._progress)  # the values of this very step
         for key, value in values.items():
             if value is not None:
                 self.set_attribute(METRIC_KEYS[key], value)

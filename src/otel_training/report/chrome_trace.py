@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from otel_training.report._nogc import no_gc
+from otel_training.report.reader import safe_strings
 from otel_training.report.run import TRUNCATED_ATTRIBUTE, Job, Run, Span
 from otel_training.report.tracks import place_spans
 from otel_training.semconv.spans import SPANS
@@ -183,18 +184,18 @@ def _run_events(
                 categories.append("error")
             if span.truncated:
                 categories.append("truncated")
-            args: dict[str, Any] = {
-                "span_id": span.span_id,
-                "trace_id": span.trace_id,
-                "parent_span_id": span.parent_span_id,
-                "status": span.status,
-            }
+            args: dict[str, Any] = dict(span.attributes)  # the span's own fields win
+            args.update(
+                span_id=span.span_id,
+                trace_id=span.trace_id,
+                parent_span_id=span.parent_span_id,
+                status=span.status,
+            )
             if span.status_description:
                 args["status_description"] = span.status_description
             if span.open:
                 args["open"] = True
                 args[TRUNCATED_ATTRIBUTE] = True
-            args.update(span.attributes)
             args["source"] = span.source
             slices.append(
                 {
@@ -241,5 +242,9 @@ def write_chrome_trace(source: Run | Job, path: str | os.PathLike) -> Path:
     path = Path(path).absolute()
     with no_gc():
         document = build_chrome_trace(source)
-        path.write_bytes(orjson.dumps(document))  # several times faster than json
+        try:
+            data = orjson.dumps(document)  # several times faster than json
+        except TypeError:  # a lone surrogate (a directory name's undecodable byte)
+            data = orjson.dumps(safe_strings(document))
+        path.write_bytes(data)
     return path

@@ -26,6 +26,7 @@ from otel_training.health import straggler as _straggler
 from otel_training.health.evidence import Attempt, Job, Process, attempts
 from otel_training.health.ledger import PHASES
 from otel_training.report.jobfiles import job_directories, read_job
+from otel_training.report.wording import ranks_phrase
 
 __all__ = ["JobHealth", "assess_job", "format_text"]
 
@@ -391,8 +392,8 @@ def format_text(health: JobHealth) -> str:
         assert v is not None
         lines.append(
             f"hang: attempt {hang.account.attempt} has made no progress for "
-            f"{_duration(v.since_s)}; stalled ranks {_ranks(v.stalled_ranks)}; culprit"
-            f"{'s' if len(v.culprits) != 1 else ''} {_ranks(v.culprits)}"
+            f"{_duration(v.since_s)}; stalled: {ranks_phrase(v.stalled_ranks)}; culprit"
+            f"{'s' if len(v.culprits) != 1 else ''}: {ranks_phrase(v.culprits)}"
             f" ({(v.rule or '').replace('_', ' ')})"
         )
         for rank, phase in sorted(v.phases.items()):
@@ -422,7 +423,3 @@ def format_text(health: JobHealth) -> str:
     for note in health.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return ", ".join(str(r) for r in ranks) if ranks else "none"

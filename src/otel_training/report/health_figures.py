@@ -15,38 +15,13 @@ import plotly.graph_objects as go
 
 from otel_training.health import goodput as _goodput
 from otel_training.health.ledger import PHASES
-from otel_training.report.figures import PALETTE, Plot, _layout
 from otel_training.report.health import JobHealth
+from otel_training.report.plot import Plot
 from otel_training.report.series import round_significant
+from otel_training.report.style import BUCKET_COLORS, PALETTE, PHASE_COLORS, layout
+from otel_training.report.wording import cut, ranks_phrase
 
 __all__ = ["health_plots", "health_tables"]
-
-#: A colour per bucket: productive green, the bucket colours after.
-BUCKET_COLORS = {
-    "productive": "#2ca02c",
-    "startup": "#9edae5",
-    "checkpoint_load": "#c5b0d5",
-    "warmup_excess": "#ffbb78",
-    "checkpoint_save": "#9467bd",
-    "evaluate": "#17becf",
-    "data_wait": "#ff7f0e",
-    "lost_progress": "#d62728",
-    "hang": "#8c564b",
-    "downtime": "#7f7f7f",
-    "other": "#c7c7c7",
-}
-PHASE_COLORS = {
-    "startup": "#9edae5",
-    "checkpoint_load": "#c5b0d5",
-    "warmup": "#ffbb78",
-    "data_loading": "#ff7f0e",
-    "forward_backward": "#2ca02c",
-    "optimizer": "#98df8a",
-    "communication": "#1f77b4",
-    "checkpoint_save": "#9467bd",
-    "evaluate": "#17becf",
-    "other": "#c7c7c7",
-}
 
 
 def _r(value: float) -> float:
@@ -93,13 +68,15 @@ def goodput_plot(health: JobHealth) -> Plot | None:
         for name, bar in bars.items()
         if bar["x"]
     ]  # fmt: skip
-    layout = _layout(
+    height = min(600, 170 + 40 * len(rows))
+    figure_layout = layout(
         "seconds since the job's first process started",
-        height=min(600, 140 + 40 * len(rows)),
+        "attempt",
+        height=height,
         barmode="overlay",
         yaxis={"autorange": "reversed", "categoryorder": "array", "categoryarray": rows},
-        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
-        margin={"l": 80, "r": 20, "t": 30, "b": 45},
+        legend=_legend_below(height),
+        margin={"l": 80, "r": 20, "t": 20, "b": 45},
     )
     points = sum(len(b["x"]) for b in bars.values())
     caption = (
@@ -109,19 +86,24 @@ def goodput_plot(health: JobHealth) -> Plot | None:
         "before the next attempt. Definitions: docs/health.md."
     )
     return Plot("plot-health-goodput", "Goodput and badput by attempt", caption,
-                go.Figure(traces, layout), points)  # fmt: skip
+                go.Figure(traces, figure_layout), points)  # fmt: skip
 
 
 def phases_plot(health: JobHealth) -> Plot | None:
     """Where each rank's time went: its ledger's phase times at its last export, per attempt."""
     rows: list[str] = []
     values: dict[str, list[float]] = {p: [] for p in PHASES}
+    several = len(health.attempts) > 1
     for item in health.attempts:
         for process in sorted(item.attempt.processes, key=lambda p: p.rank):
             ledger = process.ledger
             if not ledger:
                 continue
-            rows.append(f"a{item.account.attempt} rank {process.rank}")
+            rows.append(
+                f"attempt {item.account.attempt}, rank {process.rank}"
+                if several
+                else f"rank {process.rank}"
+            )
             last = ledger[-1].phase_s
             for i, phase in enumerate(PHASES):
                 values[phase].append(_r(last[i]))  # type: ignore[index]
@@ -133,13 +115,15 @@ def phases_plot(health: JobHealth) -> Plot | None:
         for p in PHASES
         if any(values[p])
     ]  # fmt: skip
-    layout = _layout(
-        "seconds (at the last export of each process)",
-        height=min(900, 140 + 24 * len(rows)),
+    height = min(900, 170 + 24 * len(rows))
+    figure_layout = layout(
+        "seconds with the phase innermost, up to the process's last export",
+        "process",
+        height=height,
         barmode="stack",
         yaxis={"autorange": "reversed"},
-        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
-        margin={"l": 100, "r": 20, "t": 30, "b": 45},
+        legend=_legend_below(height),
+        margin={"l": 100, "r": 20, "t": 20, "b": 45},
     )
     points = sum(1 for p in PHASES for v in values[p] if v)
     caption = (
@@ -149,7 +133,7 @@ def phases_plot(health: JobHealth) -> Plot | None:
         "shorter is a straggler; the others wait for it in communication."
     )
     return Plot("plot-health-phases", "Where each rank's time goes", caption,
-                go.Figure(traces, layout), points)  # fmt: skip
+                go.Figure(traces, figure_layout), points)  # fmt: skip
 
 
 def risk_plot(health: JobHealth) -> Plot | None:
@@ -174,13 +158,15 @@ def risk_plot(health: JobHealth) -> Plot | None:
             )  # fmt: skip
     if not traces:
         return None
-    layout = _layout("seconds since the job's first process started", "progress at risk (s)")
+    figure_layout = layout("seconds since the job's first process started", "progress at risk (s)")
     caption = (
         "<code>dl.training.checkpoint.age</code> at each export: the seconds of training a "
         "crash would lose then (since the step the last good checkpoint holds). It drops at "
         "each save; a line that keeps climbing means saves fail or stopped."
     )
-    return Plot("plot-health-risk", "Progress at risk", caption, go.Figure(traces, layout), points)
+    return Plot(
+        "plot-health-risk", "Progress at risk", caption, go.Figure(traces, figure_layout), points
+    )
 
 
 def straggler_plot(health: JobHealth) -> Plot | None:
@@ -212,11 +198,11 @@ def straggler_plot(health: JobHealth) -> Plot | None:
             x=[columns[i] for i in kept],
             y=[f"rank {r}" for r in ranks],
             zmin=0.8, zmax=1.6, zmid=1.0, colorscale="RdBu", reversescale=True,
-            colorbar={"title": {"text": "score"}},
+            colorbar={"title": {"text": "score (× peers)"}},
             hovertemplate="%{y}, steps %{x}: score %{z:.3f}<extra></extra>",
         ),
-        _layout("window (attempt, steps)", "", height=min(700, 160 + 22 * len(ranks)),
-                xaxis={"type": "category", "title": {"text": "window (attempt, steps)"}}),
+        layout("window (attempt, steps)", "rank", height=min(700, 160 + 22 * len(ranks)),
+               xaxis={"type": "category"}),
     )  # fmt: skip
     flagged = [
         f"rank {s.rank} (attempt {item.account.attempt}: score {s.score:.2f} in {s.windows} "
@@ -235,6 +221,12 @@ def straggler_plot(health: JobHealth) -> Plot | None:
     )
     return Plot("plot-health-stragglers", "Stragglers by window", caption, figure,
                 len(kept) * len(ranks), step > 1)  # fmt: skip
+
+
+def _legend_below(height: int) -> dict:
+    """A legend under the x axis title of a figure ``height`` pixels tall (clear of the
+    tool bar at the top right)."""
+    return {"orientation": "h", "x": 0, "y": -62 / max(1, height - 65), "yanchor": "top"}
 
 
 def health_plots(health: JobHealth) -> list[Plot]:
@@ -283,7 +275,7 @@ def health_tables(health: JobHealth) -> dict[str, Any]:
         attempts.append(
             {
                 "attempt": acc.attempt,
-                "run_id": text(acc.run_id),
+                "run_id": cut(text(acc.run_id), 240),
                 "ranks": len(acc.ranks),
                 "resumed_from": text(acc.resumed_from),
                 "last_iteration": text(acc.last_iteration),
@@ -313,8 +305,9 @@ def health_tables(health: JobHealth) -> dict[str, Any]:
         hang = {
             "attempt": item.account.attempt,
             "since_s": f"{verdict.since_s:.1f} s",
-            "stalled": ", ".join(map(str, verdict.stalled_ranks)) or "none",
-            "culprits": ", ".join(map(str, verdict.culprits)) or "none named",
+            "stalled": ranks_phrase(verdict.stalled_ranks),
+            "culprits": ranks_phrase(verdict.culprits) if verdict.culprits else "none named",
+            "culprit_count": len(verdict.culprits),
             "rule": (verdict.rule or "").replace("_", " "),
             "phases": [(r, p, r in verdict.culprits) for r, p in sorted(verdict.phases.items())],
             "stacks": stacks,
@@ -326,7 +319,7 @@ def health_tables(health: JobHealth) -> dict[str, Any]:
         "rows": rows,
         "attempts": attempts,
         "hang": hang,
-        "job": health.job or "–",
+        "job": cut(health.job or "–", 120),
         "directories": [str(d) for d in health.directories],
         "notes": list(health.notes),
     }

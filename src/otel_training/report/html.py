@@ -10,8 +10,11 @@ need them.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
+import html
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,10 +22,14 @@ from typing import Any
 from otel_training.report._nogc import no_gc
 from otel_training.report.run import Job, Run
 from otel_training.report.summary import Summary, summarize
+from otel_training.report.wording import cut, plural, rank_list
 
-__all__ = ["REPORT_HINT", "build_report", "write_report"]
+__all__ = ["REPORT_HINT", "build_report", "dom_id", "format_value", "utf8", "write_report"]
 
-REPORT_HINT = "otel-training report needs plotly and jinja2: pip install 'otel-training[report]'"
+REPORT_HINT = (
+    "otel-training report needs plotly and jinja2: pip install -e '.[report]' in the "
+    "otel-training checkout"
+)
 
 _PLOT_CONFIG = {
     "displaylogo": False,
@@ -136,7 +143,9 @@ def _tiles(summary: Summary) -> list[_Tile]:
         _Tile(
             "ranks",
             f"{len(ranks)}" + (f" of {summary.world_size}" if summary.world_size else ""),
-            ", ".join(summary.hosts[:3]) + (" …" if len(summary.hosts) > 3 else ""),
+            (plural(len(summary.hosts), "host") + ": " if summary.hosts else "")
+            + ", ".join(summary.hosts[:3])
+            + (" …" if len(summary.hosts) > 3 else ""),
         ),
         _Tile(
             "last loss",
@@ -173,19 +182,34 @@ def _tiles(summary: Summary) -> list[_Tile]:
     return tiles
 
 
+_ID_CHARACTERS = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def dom_id(text: str) -> str:
+    """``text`` as an HTML id that needs no escaping anywhere (plotly writes it into a
+    ``<script>`` as it is): characters other than letters, digits, ``_ . -`` become ``_``, and
+    a changed id gets a short hash of the original so that two stay apart."""
+    safe = _ID_CHARACTERS.sub("_", text)[:120]
+    if safe == text:
+        return safe
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+    return f"{safe}-{digest}"
+
+
 def _plot_html(plot, plotly, prefix: str = "") -> dict[str, Any]:
+    div_id = dom_id(prefix + plot.id)
     html = plotly.io.to_html(
         plot.figure,
         full_html=False,
         include_plotlyjs=False,
-        div_id=prefix + plot.id,
+        div_id=div_id,
         config=_PLOT_CONFIG,
         default_width="100%",
         default_height=f"{plot.figure.layout.height or 300}px",
         validate=False,
     )
     return {
-        "id": prefix + plot.id,
+        "id": div_id,
         "title": plot.title,
         "caption": plot.caption,
         "points": plot.points,
@@ -197,10 +221,12 @@ def build_report(source: Run | Job) -> str:
     """The report page of a run, or of every attempt of a job (each attempt its own sections,
     in the order they ran, after a table of the attempts).
 
-    Sections per attempt: summary (run id, service, ranks, world size, steps, duration, files,
-    the eight Megatron-LM metrics' last values, non-finite values, skipped iterations),
-    training curves, step duration quantiles and histogram, per-layer tensor heatmaps, the
-    timeline of phases, the files read. Anything missing is said in the page instead.
+    Sections: the job's run health; per attempt, its summary (run id, service, ranks, world
+    size, steps, duration, files, the eight Megatron-LM metrics' last values, non-finite
+    values, skipped iterations), training curves, step duration quantiles and histogram,
+    per-layer tensor heatmaps (one colour scale per family over the job), the timeline of
+    phases, the files read. Anything missing is said in the page instead. Every string from
+    the files is escaped: it shows as text, never as markup or script.
 
     Raises:
         ModuleNotFoundError: when plotly or jinja2 is not installed (the ``report`` extra).
@@ -210,21 +236,46 @@ def build_report(source: Run | Job) -> str:
         return _build(Job.of(source), jinja2, plotly)
 
 
+#: Characters kept of a name from the files in the page's header and titles.
+_HEADER_ID_LENGTH = 120
+#: Characters kept of a value from the files in the summary and the tables.
+_VALUE_LENGTH = 240
+#: Characters kept of a note (notes quote names from the files).
+_NOTE_LENGTH = 600
+
+
+def _short(text: str, limit: int = _HEADER_ID_LENGTH) -> str:
+    return cut(text, limit)
+
+
 def _build(job: Job, jinja2, plotly) -> str:
     import markupsafe
 
+    from otel_training.report import figures, heatmaps
+
     several = len(job.runs) > 1
     labels = job.labels
+    axes = [figures.XAxis(run) for run in job.runs]
+    tensor_data = [heatmaps.heatmap_data(run, axis) for run, axis in zip(job.runs, axes)]
+    ranges = heatmaps.colour_ranges(data for found in tensor_data for data in found)
     attempts = []
     downsampled = False
     for index, run in enumerate(job.runs):
         prefix = f"a{index + 1}-" if several else ""
-        context, shrunk = _attempt(run, labels[index] if several else "", prefix, plotly)
+        context, shrunk = _attempt(
+            run,
+            labels[index] if several else "",
+            prefix,
+            plotly,
+            axes[index],
+            heatmaps.heatmap_plots(tensor_data[index], axes[index], ranges),
+        )
         attempts.append(context)
         downsampled = downsampled or shrunk
     notes = list(job.notes)
     if not several:
         notes += job.runs[0].notes
+    notes = [_short(note, _NOTE_LENGTH) for note in notes]
     if downsampled:
         notes.append(
             "Long series were downsampled to keep this page small: curves keep each bucket's "
@@ -261,7 +312,7 @@ def _build(job: Job, jinja2, plotly) -> str:
     return template.render(
         version=_version(),
         several=several,
-        title=title,
+        title=_short(title),
         subtitle=subtitle,
         notes=notes,
         attempts=attempts,
@@ -281,23 +332,30 @@ _ORDERED = {
 }
 
 
-def _attempt(run: Run, label: str, prefix: str, plotly) -> tuple[dict[str, Any], bool]:
+def _ranks_fact(ranks: list[int]) -> str:
+    """``1 (rank 0)``, ``2 (ranks 0, 1)``, ``8 (ranks 0–7)``."""
+    if not ranks:
+        return "–"
+    return f"{len(ranks)} ({'rank' if len(ranks) == 1 else 'ranks'} {rank_list(ranks)})"
+
+
+def _attempt(
+    run: Run, label: str, prefix: str, plotly, axis, heatmap_plots: list
+) -> tuple[dict[str, Any], bool]:
     """The template's context of one attempt (ids prefixed with ``prefix``) and whether any
     of its plots was downsampled."""
     from otel_training.report import figures
 
-    axis = figures.XAxis(run)
     summary = summarize(run, axis.clocks)
     curves, missing_curves = figures.curve_plots(run, axis)
     step_plots = figures.step_duration_plots(run, axis)
-    heatmaps = figures.tensor_heatmaps(run, axis)
     timeline, _ = figures.timeline_plot(run)
-    axis_lead = (
-        f"x axis: optimizer step, from {axis.source} (a value is placed at the step reached "
-        "when it was exported)."
+    axis_lead = axis.lead(figures.curves_exact(run, axis))
+    heatmap_lead = (
+        f"x axis: {figures.STEP_AXIS}, the step reached when the values were exported (from "
+        f"{axis.source})."
         if axis.is_steps
-        else "x axis: seconds since the run's first record (no step count was recorded: "
-        "record <code>step_duration_ms</code> each step, or turn on iteration spans)."
+        else f"x axis: {figures.TIME_AXIS}."
     )
     sections = [
         _Section(
@@ -328,12 +386,13 @@ def _attempt(run: Run, label: str, prefix: str, plotly) -> tuple[dict[str, Any],
         _Section(
             prefix + "tensors",
             "Tensor metrics per layer",
-            "Per-layer statistics of the tensor observer, layers in model order. " + axis_lead
-            if heatmaps
+            "Per-layer statistics of the tensor observer, layers in model order; one colour "
+            "scale per family, the same in every attempt. " + heatmap_lead
+            if heatmap_plots
             else "",
-            [_plot_html(p, plotly, prefix) for p in heatmaps],
+            [_plot_html(p, plotly, prefix) for p in heatmap_plots],
             ""
-            if heatmaps
+            if heatmap_plots
             else "No per-layer tensor metric in this run (see "
             "<code>OTEL_PYTHON_TRAINING_TENSOR_METRICS</code> and docs/tensor-metrics.md).",
         ),
@@ -354,7 +413,7 @@ def _attempt(run: Run, label: str, prefix: str, plotly) -> tuple[dict[str, Any],
     facts = [
         ("run id", summary.run_id),
         ("service", summary.service_name or "–"),
-        ("ranks", ", ".join(str(r) for r in summary.ranks) or "–"),
+        ("ranks", _ranks_fact(summary.ranks)),
         ("world size", str(summary.world_size) if summary.world_size else "–"),
         ("hosts", ", ".join(summary.hosts) or "–"),
         ("started", _iso(summary.start_ns)),
@@ -366,6 +425,7 @@ def _attempt(run: Run, label: str, prefix: str, plotly) -> tuple[dict[str, Any],
         facts.insert(2, ("attempt", run.attempt_label))
     if run.created_s is not None:
         facts.append(("processes started", _iso(run.created_s, 1.0)))
+    facts = [(key, _short(value, _VALUE_LENGTH)) for key, value in facts]
     files = []
     for f in run.files:
         problems = []
@@ -379,7 +439,7 @@ def _attempt(run: Run, label: str, prefix: str, plotly) -> tuple[dict[str, Any],
             problems.append(f.skipped)
         files.append(
             {
-                "name": f.path.name,
+                "name": _short(f.path.name, _VALUE_LENGTH),
                 "rank": f.rank,
                 "size": _size(f.size_bytes),
                 "lines": "–" if f.skipped else f"{f.lines:,}",
@@ -390,21 +450,21 @@ def _attempt(run: Run, label: str, prefix: str, plotly) -> tuple[dict[str, Any],
     subtitle = " · ".join(
         part
         for part in (
-            summary.service_name,
-            f"{len(summary.ranks)} rank{'s' if len(summary.ranks) != 1 else ''}",
+            _short(summary.service_name) if summary.service_name else None,
+            plural(len(summary.ranks), "rank"),
             f"{format_value(summary.steps)} steps" if summary.steps is not None else None,
             _duration(summary.duration_s) if summary.duration_s is not None else None,
             _iso(summary.start_ns) if summary.start_ns is not None else None,
         )
         if part
     )
-    shrunk = any(p.downsampled for p in [*curves, *step_plots, *heatmaps]) or (
+    shrunk = any(p.downsampled for p in [*curves, *step_plots, *heatmap_plots]) or (
         timeline is not None and timeline.downsampled
     )
     row = {
         "label": label,
         "anchor": f"#{prefix}summary",
-        "run_id": summary.run_id,
+        "run_id": _short(summary.run_id, _VALUE_LENGTH),
         "started": _iso(run.created_s, 1.0)
         if run.created_s is not None
         else _iso(summary.start_ns),
@@ -413,21 +473,25 @@ def _attempt(run: Run, label: str, prefix: str, plotly) -> tuple[dict[str, Any],
         "steps": format_value(summary.steps) if summary.steps is not None else "–",
         "failed": str(sum(1 for s in run.spans if s.failed)),
         "open": str(sum(1 for s in run.spans if s.truncated)),
-        "directory": str(run.directory),
+        "directory": _short(str(run.directory), _VALUE_LENGTH),
     }
     context = {
         "label": label,
         "prefix": prefix,
         "summary": summary,
+        "short_run_id": _short(summary.run_id),
         "subtitle": subtitle,
-        "notes": run.notes if label else [],
+        "notes": [_short(note, _NOTE_LENGTH) for note in run.notes] if label else [],
         "tiles": _tiles(summary),
         "metric_table": {"headers": metric_headers, "rows": metric_rows},
-        "nonfinite": [(k, format_value(v)) for k, v in sorted(summary.nonfinite.items())],
+        "nonfinite": [
+            (_short(k, _VALUE_LENGTH), format_value(v))
+            for k, v in sorted(summary.nonfinite.items())
+        ],
         "facts": facts,
         "sections": sections,
         "files": files,
-        "directory": str(run.directory),
+        "directory": _short(str(run.directory), _VALUE_LENGTH),
         "row": row,
     }
     return context, shrunk
@@ -444,7 +508,8 @@ def _version() -> str:
 
 def write_report(source: Run | Job, path: str | os.PathLike) -> Path:
     """Writes :func:`build_report` of ``source`` (a run, or a job's attempts) to ``path``
-    (UTF-8).
+    (UTF-8; a lone surrogate, such as an undecodable byte of a directory name, is written as
+    a backslash escape, ``\\xNN``).
 
     Returns:
         The absolute path written.
@@ -455,8 +520,19 @@ def write_report(source: Run | Job, path: str | os.PathLike) -> Path:
     """
     page = build_report(source)
     path = Path(path).absolute()
-    path.write_text(page, encoding="utf-8")
+    path.write_bytes(utf8(page))
     return path
+
+
+def utf8(text: str) -> bytes:
+    """``text`` in UTF-8, lone surrogates as backslash escapes (the string rule of
+    :func:`otel_training.limits.safe_text`). Never raises."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        from otel_training.limits import safe_text
+
+        return safe_text(text, None).encode("utf-8")
 
 
 def _health(job: Job) -> tuple[dict[str, Any] | None, list, str]:
@@ -469,7 +545,12 @@ def _health(job: Job) -> tuple[dict[str, Any] | None, list, str]:
     try:
         health = assess_job(job.runs[-1].directory)
     except Exception as error:  # the report must not fail for its health section
-        return None, [], f"Run health could not be assessed ({type(error).__name__}: {error})."
+        return (
+            None,
+            [],
+            f"Run health could not be assessed ({type(error).__name__}: "
+            f"{html.escape(str(error))}).",
+        )
     if not any(p.ledger for p in health.processes):
         return (
             None,

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from otel_training.limits import safe_text
 from otel_training.report import attempts, clocks
 from otel_training.report._nogc import no_gc
 from otel_training.report.run import (
@@ -39,9 +40,12 @@ from otel_training.report.run import (
     Span,
 )
 from otel_training.report.rundir import GAPS, RunFile, job_directories, run_files
+from otel_training.report.wording import plural as _plural
+from otel_training.report.wording import rank_list as _rank_list
+from otel_training.report.wording import ranks_phrase
 from otel_training.semconv.attributes import DL_RANK, DL_RUN_ID, DL_WORLD_SIZE
 
-__all__ = ["load_job", "load_run", "load_runs", "order_runs"]
+__all__ = ["load_job", "load_run", "load_runs", "order_runs", "safe_strings"]
 
 IN_PROGRESS_S = 60.0
 """Files modified less than this many seconds ago, with spans still open, mean a run that is
@@ -60,15 +64,34 @@ class _Torn(Exception):
 
 def _loads(raw: bytes) -> Any:
     """One JSON document; raises :class:`_Torn` when ``raw`` is not one. orjson parses these
-    lines about twice as fast as json; json reads what it refuses (bare NaN and Infinity)."""
+    lines about twice as fast as json; json reads what it refuses (bare NaN and Infinity, and
+    lone surrogates such as ``"\\ud800"``, which no UTF-8 text can hold: each becomes a
+    backslash escape, as the string rule of :func:`otel_training.limits.safe_text` writes
+    it, so that the report and the trace can always be written)."""
     try:
         return orjson.loads(raw)
     except ValueError:
         pass
     try:
-        return json.loads(raw)
+        document = json.loads(raw)
     except ValueError as error:
         raise _Torn from error
+    if b"\\ud" in raw or b"\\uD" in raw:
+        document = safe_strings(document)
+    return document
+
+
+def safe_strings(value: Any) -> Any:
+    """``value`` (JSON-like: dicts, lists, strings, numbers) with every string, keys too,
+    through :func:`otel_training.limits.safe_text` without a length limit: lone surrogates
+    as backslash escapes, the rest as it is. Never raises."""
+    if isinstance(value, str):
+        return safe_text(value, None)
+    if isinstance(value, list):
+        return [safe_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {safe_text(k, None): safe_strings(v) for k, v in value.items()}
+    return value
 
 
 def _any_value(value: dict[str, Any]) -> Any:
@@ -867,14 +890,6 @@ def _gap_notes(run: Run) -> list[str]:
     return notes
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def _rank_list(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in ranks)
-
-
 def _notes(run: Run, now_s: float, *, shown_alone: bool) -> list[str]:
     """Plain sentences on what was missing or odd in ``run``'s files; ``shown_alone``: the
     run is shown without the other runs of its files (which are then named)."""
@@ -908,7 +923,7 @@ def _notes(run: Run, now_s: float, *, shown_alone: bool) -> list[str]:
                 + f"): the {what} are empty."
             )
         elif missing:
-            notes.append(f"No {signal} file for rank {_rank_list(missing)}.")
+            notes.append(f"No {signal} file for {ranks_phrase(missing)}.")
     world_size = run.resource.get(DL_WORLD_SIZE)
     if isinstance(world_size, int) and world_size > len(ranks) and ranks:
         notes.append(
@@ -936,15 +951,16 @@ def _notes(run: Run, now_s: float, *, shown_alone: bool) -> list[str]:
         names = sorted({s.name for s in open_spans})
         notes.append(
             f"{_plural(len(open_spans), 'span')} never ended ({', '.join(names[:4])}"
-            f"{'...' if len(names) > 4 else ''}; ranks "
-            f"{_rank_list(sorted({s.rank for s in open_spans}))}): shown open until the last "
+            f"{'...' if len(names) > 4 else ''}; "
+            f"{ranks_phrase({s.rank for s in open_spans})}): shown open until the last "
             "time seen on their rank."
         )
     ended_at_exit = [s for s in run.spans if s.truncated and not s.open]
     if ended_at_exit:
         notes.append(
-            f"{_plural(len(ended_at_exit), 'span')} were still open at exit or SIGTERM and were "
-            "ended then (truncated)."
+            f"{_plural(len(ended_at_exit), 'span')} "
+            f"{'was' if len(ended_at_exit) == 1 else 'were'} still open at exit or SIGTERM and "
+            f"{'was' if len(ended_at_exit) == 1 else 'were'} ended then (truncated)."
         )
     newest = max((f.mtime_s for f in run.files), default=0.0)
     if open_spans and now_s - newest < IN_PROGRESS_S:

@@ -36,6 +36,7 @@ __all__ = [
     "DL_TRAINING_PHASE_TIME",
     "DL_TRAINING_PROGRESS_AGE",
     "DL_TRAINING_PROGRESS_ITERATION",
+    "DL_TRAINING_PROGRESS_LOGGED_ITERATION",
     "DL_TRAINING_PROGRESS_TIMESTAMP",
     "MEGATRON_CHECKPOINT_DURATION",
     "MEGATRON_TRAINING_GRAD_NORM",
@@ -70,6 +71,7 @@ __all__ = [
     "create_dl_training_phase_time",
     "create_dl_training_progress_age",
     "create_dl_training_progress_iteration",
+    "create_dl_training_progress_logged_iteration",
     "create_dl_training_progress_timestamp",
     "create_megatron_checkpoint_duration",
     "create_megatron_training_grad_norm",
@@ -286,6 +288,31 @@ def create_dl_training_progress_iteration(meter: Meter) -> Gauge:
     Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
     """
     spec = METRICS[DL_TRAINING_PROGRESS_ITERATION]
+    return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+DL_TRAINING_PROGRESS_LOGGED_ITERATION: Final = "dl.training.progress.logged_iteration"
+"""The optimizer step that the training metrics recorded last describe.
+
+Instrument: gauge. Unit as exported: ``"{iteration}"``; true unit: ``"{iteration}"``. Value type:
+int. Stability: development.
+
+Set when record_training_metrics is given a value other than the step duration (the loss, learning
+rate, grad norm, throughput, memory or skipped iterations of a log interval): the last optimizer
+step completed then (dl.training.progress.iteration at that moment), or inside an open iteration
+phase that knows its number, that number; without any completed step, the count of step durations
+recorded so far. Exported in the same collection as those gauges, it places each of their values at
+the step it describes, where the step reached at the export would place it up to an export interval
+later, differently on every rank. Absent before the first such call.
+"""
+
+
+def create_dl_training_progress_logged_iteration(meter: Meter) -> Gauge:
+    """Create the gauge ``dl.training.progress.logged_iteration`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[DL_TRAINING_PROGRESS_LOGGED_ITERATION]
     return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
 
 
@@ -922,6 +949,17 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
             description=(
                 "The last optimizer step this process completed (the global iteration number)."
             ),
+            true_unit="{iteration}",
+            value_type="int",
+            stability="development",
+            attributes=(),
+            naming_exception=None,
+        ),
+        DL_TRAINING_PROGRESS_LOGGED_ITERATION: MetricSpec(
+            name=DL_TRAINING_PROGRESS_LOGGED_ITERATION,
+            instrument="gauge",
+            unit="{iteration}",
+            description="The optimizer step that the training metrics recorded last describe.",
             true_unit="{iteration}",
             value_type="int",
             stability="development",

@@ -1,0 +1,52 @@
+"""Words for counts and ranks, said alike everywhere: ``1 rank``, ``2 ranks``, ``rank 0``,
+``ranks 0–7``. Used by the report, the trace's notes and ``otel-training health``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["cut", "plural", "rank_list", "ranks_phrase"]
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 rank``, ``2 ranks`` (``words``: the plural when it is not ``word + "s"``)."""
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {words or word + 's'}"
+
+
+def rank_list(ranks: Iterable[int]) -> str:
+    """The ranks in order, runs of three or more consecutive ranks as ranges: ``0–3, 5, 7``;
+    ``none`` when there is none."""
+    ordered = sorted(set(ranks))
+    if not ordered:
+        return "none"
+    parts: list[str] = []
+    start = previous = ordered[0]
+    for rank in [*ordered[1:], None]:
+        if rank is not None and rank == previous + 1:
+            previous = rank
+            continue
+        if previous - start >= 2:
+            parts.append(f"{start}–{previous}")
+        else:
+            parts.extend(str(r) for r in range(start, previous + 1))
+        if rank is not None:
+            start = previous = rank
+    return ", ".join(parts)
+
+
+def ranks_phrase(ranks: Iterable[int]) -> str:
+    """``rank 0`` for one rank, ``ranks 0, 1`` or ``ranks 0–7`` for several, ``no rank``."""
+    ordered = sorted(set(ranks))
+    if not ordered:
+        return "no rank"
+    return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {rank_list(ordered)}"
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how many more there were
+    (``…[9,880 more characters]``): a name of 10,000 characters from the files would bury a
+    page or a table; the files have all of it."""
+    if len(text) <= limit:
+        return text
+    keep = max(1, limit - len(f"…[{len(text) - limit:,} more characters]"))
+    return text[:keep] + f"…[{len(text) - keep:,} more characters]"
