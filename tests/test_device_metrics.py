@@ -1,6 +1,7 @@
 """Device metrics: hw.* instruments by OpenTelemetry's names, units and attributes, one sample per
-interval on the reader's thread; absent with one info line without NVML or a GPU; a real NVML
-read where a GPU is."""
+interval on the reader's thread; absent with one info line without NVML or a GPU; NVML's native
+units converted, its errors survived, through a fake libnvidia-ml.so.1 that the real pynvml
+binding loads (tests/fake_nvml); a real NVML read where a GPU is."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
+from fake_nvml import FakeNvml, installed
+from fake_nvml import build as build_fake_nvml
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,
@@ -228,3 +232,316 @@ def test_a_real_nvml_read_where_a_gpu_is():
     ):
         assert 0 < used <= total
     assert found[DL_GPU_CLOCK_SPEED]
+
+
+# -- NVML through the fake library (tests/fake_nvml): native units in, OpenTelemetry's out ------
+
+# NVML's return codes (nvml.h), written out so that the tests do not take them from the binding.
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNKNOWN = 999
+
+# Two GPUs as NVML reports them: %, bytes, mW, mJ, degrees Celsius, MHz.
+H100_NVML = {
+    "utilization_gpu_percent": 87,
+    "memory_total_bytes": 85_899_345_920,  # 80 GiB
+    "memory_used_bytes": 21_474_836_480,  # 20 GiB
+    "power_mw": 312_456,
+    "energy_mj": 9_876_543_210,
+    "temperature_c": 67,
+    "clock_graphics_mhz": 1_980,
+    "clock_sm_mhz": 1_755,
+    "clock_memory_mhz": 2_619,
+}
+A100_NVML = {
+    "utilization_gpu_percent": 3,
+    "memory_total_bytes": 42_949_672_960,  # 40 GiB
+    "memory_used_bytes": 32_212_254_720,  # 30 GiB
+    "power_mw": 61_000,
+    "energy_mj": 1_500,
+    "temperature_c": 35,
+    "clock_graphics_mhz": 210,
+    "clock_sm_mhz": 1_410,
+    "clock_memory_mhz": 1_215,
+}
+# The same readings in OpenTelemetry's units (1, By, W, J, Cel, Hz), worked out by hand.
+H100_OTEL = {
+    hw_metrics.HW_GPU_UTILIZATION: 0.87,
+    hw_metrics.HW_GPU_MEMORY_USAGE: 21_474_836_480,
+    hw_metrics.HW_GPU_MEMORY_LIMIT: 85_899_345_920,
+    hw_metrics.HW_GPU_MEMORY_UTILIZATION: 0.25,
+    hw_metrics.HW_POWER: 312.456,
+    hw_metrics.HW_ENERGY: 9_876_543.21,
+    hw_metrics.HW_TEMPERATURE: 67.0,
+}
+A100_OTEL = {
+    hw_metrics.HW_GPU_UTILIZATION: 0.03,
+    hw_metrics.HW_GPU_MEMORY_USAGE: 32_212_254_720,
+    hw_metrics.HW_GPU_MEMORY_LIMIT: 42_949_672_960,
+    hw_metrics.HW_GPU_MEMORY_UTILIZATION: 0.75,
+    hw_metrics.HW_POWER: 61.0,
+    hw_metrics.HW_ENERGY: 1.5,
+    hw_metrics.HW_TEMPERATURE: 35.0,
+}
+H100_CLOCKS_HZ = {"graphics": 1.98e9, "sm": 1.755e9, "memory": 2.619e9}
+A100_CLOCKS_HZ = {"graphics": 2.1e8, "sm": 1.41e9, "memory": 1.215e9}
+
+
+@pytest.fixture(scope="module")
+def fake_nvml_library(tmp_path_factory) -> Path:
+    """The fake libnvidia-ml.so.1, built once for this module with the C compiler."""
+    return build_fake_nvml(tmp_path_factory.mktemp("nvml"))
+
+
+@pytest.fixture
+def fake_nvml(fake_nvml_library):
+    """pynvml's library is the fake for this test: no device until the test adds some."""
+    pynvml = import_or_unavailable("pynvml")
+    device_metrics._said.clear()
+    with installed(pynvml, fake_nvml_library) as fake:
+        yield fake
+
+
+def _two_gpus(fake: FakeNvml) -> None:
+    fake.add("GPU-11111111-h100", "NVIDIA H100 80GB HBM3", **H100_NVML)
+    fake.add("GPU-22222222-a100", "NVIDIA A100-SXM4-40GB", **A100_NVML)
+
+
+def _nvml_metrics():
+    """A reader and the device metrics of one rank alone on its node, one sample a collection
+    (:func:`_collect`)."""
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("gpu")
+    source = NvmlDevices(identity=RankIdentity(local_rank=0, local_world_size=1))
+    return reader, DeviceMetrics(meter, source, min_interval_s=3600.0)
+
+
+def _collect(reader, metrics: DeviceMetrics) -> dict[str, list]:
+    """One collection from a new sample (the last one made older than the interval)."""
+    metrics._taken -= 7200.0
+    return _points(reader)
+
+
+def _by_gpu(found: dict[str, list]) -> dict[str, dict[str, float]]:
+    """{hw.id of the GPU: {instrument: value}} (the temperature under its parent GPU)."""
+    values: dict[str, dict[str, float]] = {}
+    for name, points in found.items():
+        if name == DL_GPU_CLOCK_SPEED:
+            continue
+        for _, attributes, value in points:
+            gpu = attributes.get("hw.parent", attributes["hw.id"])
+            values.setdefault(gpu, {})[name] = value
+    return values
+
+
+def _clocks(found: dict[str, list]) -> dict[str, dict[str, float]]:
+    clocks: dict[str, dict[str, float]] = {}
+    for _, attributes, value in found.get(DL_GPU_CLOCK_SPEED, []):
+        clocks.setdefault(attributes["hw.id"], {})[attributes["dl.gpu.clock.domain"]] = value
+    return clocks
+
+
+def test_nvml_native_units_are_exported_in_opentelemetrys_units(fake_nvml, monkeypatch):
+    """%, bytes, mW, mJ, degrees Celsius and MHz from the driver become 1, By, W, J, Cel and Hz,
+    per GPU, with the GPU's UUID and NVML's product name (docs/device-metrics.md, Instruments)."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _two_gpus(fake_nvml)
+    reader, metrics = _nvml_metrics()
+    found = _collect(reader, metrics)
+    assert _by_gpu(found) == {"GPU-11111111-h100": H100_OTEL, "GPU-22222222-a100": A100_OTEL}
+    assert _clocks(found) == {
+        "GPU-11111111-h100": H100_CLOCKS_HZ,
+        "GPU-22222222-a100": A100_CLOCKS_HZ,
+    }
+    units = {name: {unit for unit, _, _ in points} for name, points in found.items()}
+    assert units == {
+        hw_metrics.HW_GPU_UTILIZATION: {"1"},
+        hw_metrics.HW_GPU_MEMORY_USAGE: {"By"},
+        hw_metrics.HW_GPU_MEMORY_LIMIT: {"By"},
+        hw_metrics.HW_GPU_MEMORY_UTILIZATION: {"1"},
+        hw_metrics.HW_POWER: {"W"},
+        hw_metrics.HW_ENERGY: {"J"},
+        hw_metrics.HW_TEMPERATURE: {"Cel"},
+        DL_GPU_CLOCK_SPEED: {"Hz"},
+    }
+    (power,) = [a for _, a, v in found[hw_metrics.HW_POWER] if v == 312.456]
+    assert power == {
+        "hw.id": "GPU-11111111-h100",
+        "hw.type": "gpu",
+        "hw.name": "NVIDIA H100 80GB HBM3",
+        "hw.vendor": "NVIDIA",
+    }
+    temperatures = {a["hw.id"]: a for _, a, _ in found[hw_metrics.HW_TEMPERATURE]}
+    assert temperatures["GPU-22222222-a100/temperature"] == {
+        "hw.id": "GPU-22222222-a100/temperature",
+        "hw.type": "temperature",
+        "hw.parent": "GPU-22222222-a100",
+        "hw.sensor_location": "gpu",
+        "hw.name": "NVIDIA A100-SXM4-40GB die",
+    }
+
+
+def test_each_collection_reads_the_driver_anew(fake_nvml, monkeypatch):
+    """A value that changed in the driver is exported at the next sample, not the first one."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _two_gpus(fake_nvml)
+    reader, metrics = _nvml_metrics()
+    _collect(reader, metrics)
+    fake_nvml.set(0, power_mw=700_000, utilization_gpu_percent=100, energy_mj=9_876_600_000)
+    gpu = _by_gpu(_collect(reader, metrics))["GPU-11111111-h100"]
+    assert (gpu[hw_metrics.HW_POWER], gpu[hw_metrics.HW_GPU_UTILIZATION]) == (700.0, 1.0)
+    assert gpu[hw_metrics.HW_ENERGY] == 9_876_600.0
+
+
+def test_a_field_the_device_does_not_support_is_left_out_and_not_asked_again(
+    fake_nvml, monkeypatch
+):
+    """NVML_ERROR_NOT_SUPPORTED for one field of one GPU drops that series only, and the
+    driver is not asked for it again; the GPU's other fields and the other GPU go on."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _two_gpus(fake_nvml)
+    fake_nvml.fail(0, "nvmlDeviceGetPowerUsage", NVML_ERROR_NOT_SUPPORTED)
+    fake_nvml.fail(1, "nvmlDeviceGetClockInfo", NVML_ERROR_NOT_SUPPORTED)
+    reader, metrics = _nvml_metrics()
+    for _ in range(3):
+        found = _collect(reader, metrics)
+    expected_h100 = {k: v for k, v in H100_OTEL.items() if k != hw_metrics.HW_POWER}
+    assert _by_gpu(found) == {"GPU-11111111-h100": expected_h100, "GPU-22222222-a100": A100_OTEL}
+    assert _clocks(found) == {"GPU-11111111-h100": H100_CLOCKS_HZ}
+    assert fake_nvml.calls(0, "nvmlDeviceGetPowerUsage") == 1
+    assert fake_nvml.calls(1, "nvmlDeviceGetClockInfo") == 3  # once per domain, then never
+    assert fake_nvml.calls(0, "nvmlDeviceGetUtilizationRates") == 3
+
+
+def test_a_passing_nvml_failure_loses_one_sample_only(fake_nvml, monkeypatch):
+    """An error that may pass (NVML_ERROR_UNKNOWN) drops that field from one sample; the next
+    sample asks again and exports it."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _two_gpus(fake_nvml)
+    fake_nvml.fail(0, "nvmlDeviceGetTotalEnergyConsumption", NVML_ERROR_UNKNOWN, times=1)
+    reader, metrics = _nvml_metrics()
+    first = _by_gpu(_collect(reader, metrics))["GPU-11111111-h100"]
+    assert hw_metrics.HW_ENERGY not in first and first[hw_metrics.HW_POWER] == 312.456
+    second = _by_gpu(_collect(reader, metrics))["GPU-11111111-h100"]
+    assert second[hw_metrics.HW_ENERGY] == 9_876_543.21
+
+
+def test_a_gpu_lost_mid_run_stops_its_series_and_the_others_go_on(fake_nvml, monkeypatch, caplog):
+    """NVML_ERROR_GPU_IS_LOST: that GPU's series stop (one warning names it), the driver is
+    not asked about it again, the other GPU is still read, and nothing raises."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _two_gpus(fake_nvml)
+    reader, metrics = _nvml_metrics()
+    assert set(_by_gpu(_collect(reader, metrics))) == {"GPU-11111111-h100", "GPU-22222222-a100"}
+    fake_nvml.lose(1)
+    with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
+        for _ in range(3):
+            found = _collect(reader, metrics)
+    assert _by_gpu(found) == {"GPU-11111111-h100": H100_OTEL}
+    assert set(_clocks(found)) == {"GPU-11111111-h100"}
+    assert fake_nvml.calls(1, "nvmlDeviceGetUtilizationRates") == 2  # the good read, the lost one
+    assert fake_nvml.calls(1, "nvmlDeviceGetPowerUsage") == 1
+    lines = [r.getMessage() for r in caplog.records if "GPU-22222222-a100" in r.getMessage()]
+    assert len(lines) == 1 and "is lost" in lines[0] and "GPU is lost" in lines[0]
+    assert metrics.reads == 4
+
+
+def test_cuda_visible_devices_chooses_gpus_by_uuid_and_index_in_cudas_order(fake_nvml, monkeypatch):
+    """CUDA_VISIBLE_DEVICES by GPU- UUID and index, in its order; the list ends where CUDA's
+    does (a UUID no GPU has, a MIG device); with one rank per visible GPU, the rank's own."""
+    for uuid in ("GPU-aaaa", "GPU-bbbb", "GPU-cccc"):
+        fake_nvml.add(uuid, "NVIDIA L4", **H100_NVML)
+    alone = RankIdentity(local_rank=0, local_world_size=1)
+
+    def read_ids(visible: str, identity: RankIdentity = alone) -> list[str]:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        return [sample.id for sample in NvmlDevices(identity=identity).read()]
+
+    assert read_ids("GPU-cccc,0") == ["GPU-cccc", "GPU-aaaa"]
+    assert read_ids("GPU-cccc,GPU-0000,1") == ["GPU-cccc"]
+    assert read_ids("1,MIG-5c1d1e2a-0000,0") == ["GPU-bbbb"]
+    assert read_ids("2,GPU-aaaa", RankIdentity(local_rank=1, local_world_size=2)) == ["GPU-aaaa"]
+    assert read_ids("GPU-0000") == []
+
+
+def test_an_nvml_that_cannot_start_leaves_the_instruments_absent(fake_nvml, caplog, monkeypatch):
+    """nvmlInit failing (no driver) or no GPU: no hw.* point, one info line that says why."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fake_nvml.fail_init(NVML_ERROR_DRIVER_NOT_LOADED)
+    with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
+        reader, metrics = _nvml_metrics()
+        assert _collect(reader, metrics) == {} and _collect(reader, metrics) == {}
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "device metrics (hw.gpu.*): NVML is unavailable (Driver Not Loaded); none are exported."
+    ]
+    fake_nvml.fail_init(0)  # the driver is there, with no GPU
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
+        reader, metrics = _nvml_metrics()
+        assert _collect(reader, metrics) == {}
+    assert [r.getMessage() for r in caplog.records] == [
+        "device metrics (hw.gpu.*): NVML sees no GPU for this process; none are exported."
+    ]
+
+
+def test_a_gpu_that_cannot_be_opened_is_left_out(fake_nvml, caplog, monkeypatch):
+    """A GPU lost before the first sample (its handle fails) is left out with one info line;
+    the other GPUs are read."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _two_gpus(fake_nvml)
+    fake_nvml.fail(0, "nvmlDeviceGetHandleByIndex_v2", NVML_ERROR_GPU_IS_LOST)
+    with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
+        reader, metrics = _nvml_metrics()
+        assert _by_gpu(_collect(reader, metrics)) == {"GPU-22222222-a100": A100_OTEL}
+    left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert left_out == ["device metrics: GPU 0 cannot be read (GPU is lost); left out"]
+
+
+def test_configure_reads_gpus_through_libnvidia_ml_so_1(fake_nvml_library, tmp_path):
+    """In a process whose loader finds the fake as libnvidia-ml.so.1, configure() exports the
+    GPU's readings in OpenTelemetry's units: the binding's own library loading, end to end."""
+    import_or_unavailable("pynvml")
+    code = (
+        "import ctypes, sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from fake_nvml import FakeNvml\n"
+        "fake = FakeNvml(ctypes.CDLL('libnvidia-ml.so.1'))\n"
+        "fake.add('GPU-33333333-b200', 'NVIDIA B200', power_mw=998_001, energy_mj=42,\n"
+        "         utilization_gpu_percent=50, temperature_c=80, clock_sm_mhz=1_965,\n"
+        "         memory_total_bytes=4_096, memory_used_bytes=1_024)\n"
+        "from opentelemetry.sdk.metrics.export import InMemoryMetricReader\n"
+        "from otel_training import setup\n"
+        "reader = InMemoryMetricReader()\n"
+        "setup.configure(environ={'OTEL_METRICS_EXPORTER': 'none', 'OTEL_TRACES_EXPORTER':\n"
+        "    'none'}, metric_readers=[reader], set_global=False)\n"
+        "data = reader.get_metrics_data()\n"
+        "for m in (m for rm in data.resource_metrics for sm in rm.scope_metrics\n"
+        "          for m in sm.metrics if m.name.startswith(('hw.', 'dl.gpu.'))):\n"
+        "    for p in m.data.data_points:\n"
+        "        print(m.name, m.unit, p.attributes.get('dl.gpu.clock.domain', '-'), p.value)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env["LD_LIBRARY_PATH"] = str(fake_nvml_library.parent)
+    env["OTEL_PYTHON_TRAINING_OUTPUT_DIR"] = str(tmp_path)
+    tests = str(Path(__file__).resolve().parent)
+    result = subprocess.run(
+        [sys.executable, "-c", code, tests], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == [
+        "dl.gpu.clock.speed Hz graphics 0.0",
+        "dl.gpu.clock.speed Hz memory 0.0",
+        "dl.gpu.clock.speed Hz sm 1965000000.0",
+        "hw.energy J - 0.042",
+        "hw.gpu.memory.limit By - 4096",
+        "hw.gpu.memory.usage By - 1024",
+        "hw.gpu.memory.utilization 1 - 0.25",
+        "hw.gpu.utilization 1 - 0.5",
+        "hw.power W - 998.001",
+        "hw.temperature Cel - 80.0",
+    ]

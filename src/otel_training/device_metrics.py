@@ -165,6 +165,8 @@ class NvmlDevices:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._unsupported: set[tuple[str, str]] = set()
+        self._permanent: frozenset[Any] = frozenset()
+        self._lost: set[str] = set()
 
     def read(self) -> Sequence[DeviceSample]:
         if os.getpid() != self._pid:  # a forked child: the parent reports the devices
@@ -174,7 +176,15 @@ class NvmlDevices:
                 self._start()
             if self._state != "ready":
                 return []
-            return [self._sample(*handle) for handle in self._handles]
+            samples = []
+            for handle, uuid, name in self._handles:
+                if uuid in self._lost:
+                    continue
+                try:
+                    samples.append(self._sample(handle, uuid, name))
+                except _GpuLost:
+                    continue
+            return samples
 
     def _start(self) -> None:
         try:
@@ -185,19 +195,27 @@ class NvmlDevices:
         try:
             nvml.nvmlInit()
             count = nvml.nvmlDeviceGetCount()
-            handles = []
-            for wanted in self._selection(count):
+        except Exception as error:  # NVMLError: no driver, no GPU
+            self._absent(f"NVML is unavailable ({error})")
+            return
+        handles = []
+        for wanted in self._selection(count):
+            try:
                 if isinstance(wanted, str) and not wanted.isdigit():
                     handle = nvml.nvmlDeviceGetHandleByUUID(wanted)
                 else:
                     handle = nvml.nvmlDeviceGetHandleByIndex(int(wanted))
-                handles.append((handle, _text(nvml.nvmlDeviceGetUUID(handle)), _name(nvml, handle)))
-        except Exception as error:  # NVMLError: no driver, no GPU, a device that went away
-            self._absent(f"NVML is unavailable ({error})")
-            return
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            except Exception as error:
+                if isinstance(error, nvml.NVMLError) and error.value == nvml.NVML_ERROR_NOT_FOUND:
+                    break  # a UUID that no GPU has: CUDA sees no device from there on
+                _logger.info("device metrics: GPU %s cannot be read (%s); left out", wanted, error)
+                continue
+            handles.append((handle, uuid, _name(nvml, handle)))
         if not handles:
             self._absent("NVML sees no GPU for this process")
             return
+        self._permanent = frozenset(getattr(nvml, code, None) for code in _PERMANENT_ERRORS)
         self._nvml, self._handles, self._state = nvml, handles, "ready"
         _logger.info(
             "device metrics: reading %d GPU(s) with NVML: %s",
@@ -257,14 +275,43 @@ class NvmlDevices:
         )
 
     def _get(self, uuid: str, what: str, read: Callable[..., Any], *args: Any) -> Any:
+        """``read(*args)``, or ``None`` when NVML cannot tell: a field the device does not
+        have (NOT_SUPPORTED, NO_PERMISSION...) is not asked again, a passing failure (TIMEOUT,
+        UNKNOWN...) is asked again at the next sample.
+
+        Raises:
+            _GpuLost: when the GPU fell off the bus (GPU_IS_LOST): it is not read again.
+        """
         if (uuid, what) in self._unsupported:
             return None
         try:
             return read(*args)
-        except Exception as error:  # NVMLError_NotSupported on some boards, MIG, vGPU
+        except Exception as error:
+            nvml = self._nvml
+            code = getattr(error, "value", None) if isinstance(error, nvml.NVMLError) else None
+            if code is not None and code == nvml.NVML_ERROR_GPU_IS_LOST:
+                self._lost.add(uuid)
+                _logger.warning("device metrics: %s is lost (%s); its metrics stop", uuid, error)
+                raise _GpuLost(uuid) from error
+            if code is not None and code not in self._permanent:
+                _logger.debug("device metrics: %s of %s failed this time: %s", what, uuid, error)
+                return None
             self._unsupported.add((uuid, what))
             _logger.debug("device metrics: %s of %s is not available: %s", what, uuid, error)
             return None
+
+
+class _GpuLost(Exception):
+    """A GPU that NVML says is lost (``NVML_ERROR_GPU_IS_LOST``): no more samples of it."""
+
+
+#: NVML's errors that say a field cannot be read on this device, ever (the rest may pass).
+_PERMANENT_ERRORS = (
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_NO_PERMISSION",
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "NVML_ERROR_INVALID_ARGUMENT",
+)
 
 
 def _text(value: Any) -> str:
