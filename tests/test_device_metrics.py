@@ -5,6 +5,7 @@ binding loads (tests/fake_nvml); a real NVML read where a GPU is."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import subprocess
@@ -13,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from fake_nvml import FakeNvml, installed
+from fake_nvml import SONAME, FakeNvml, installed
 from fake_nvml import build as build_fake_nvml
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
@@ -292,7 +293,7 @@ A100_CLOCKS_HZ = {"graphics": 2.1e8, "sm": 1.41e9, "memory": 1.215e9}
 
 @pytest.fixture(scope="module")
 def fake_nvml_library(tmp_path_factory) -> Path:
-    """The fake libnvidia-ml.so.1, built once for this module with the C compiler."""
+    """The fake NVML for this process, built once for this module with the C compiler."""
     return build_fake_nvml(tmp_path_factory.mktemp("nvml"))
 
 
@@ -399,21 +400,35 @@ def test_each_collection_reads_the_driver_anew(fake_nvml, monkeypatch):
 def test_a_field_the_device_does_not_support_is_left_out_and_not_asked_again(
     fake_nvml, monkeypatch
 ):
-    """NVML_ERROR_NOT_SUPPORTED for one field of one GPU drops that series only, and the
-    driver is not asked for it again; the GPU's other fields and the other GPU go on."""
+    """NVML_ERROR_NOT_SUPPORTED for a field of one GPU (one clock domain alone, too) drops that
+    series of that GPU only, and the driver is not asked for it again; its other fields and
+    the other GPU's same fields go on."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     _two_gpus(fake_nvml)
     fake_nvml.fail(0, "nvmlDeviceGetPowerUsage", NVML_ERROR_NOT_SUPPORTED)
-    fake_nvml.fail(1, "nvmlDeviceGetClockInfo", NVML_ERROR_NOT_SUPPORTED)
+    fake_nvml.fail(0, "nvmlDeviceGetClockInfo", NVML_ERROR_NOT_SUPPORTED, argument=2)  # memory
+    for call in (
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetTemperature",
+    ):
+        fake_nvml.fail(1, call, NVML_ERROR_NOT_SUPPORTED)
     reader, metrics = _nvml_metrics()
     for _ in range(3):
         found = _collect(reader, metrics)
-    expected_h100 = {k: v for k, v in H100_OTEL.items() if k != hw_metrics.HW_POWER}
-    assert _by_gpu(found) == {"GPU-11111111-h100": expected_h100, "GPU-22222222-a100": A100_OTEL}
-    assert _clocks(found) == {"GPU-11111111-h100": H100_CLOCKS_HZ}
+    assert _by_gpu(found) == {
+        "GPU-11111111-h100": {k: v for k, v in H100_OTEL.items() if k != hw_metrics.HW_POWER},
+        "GPU-22222222-a100": {hw_metrics.HW_POWER: 61.0},
+    }
+    assert _clocks(found) == {
+        "GPU-11111111-h100": {"graphics": 1.98e9, "sm": 1.755e9},
+        "GPU-22222222-a100": A100_CLOCKS_HZ,
+    }
     assert fake_nvml.calls(0, "nvmlDeviceGetPowerUsage") == 1
-    assert fake_nvml.calls(1, "nvmlDeviceGetClockInfo") == 3  # once per domain, then never
-    assert fake_nvml.calls(0, "nvmlDeviceGetUtilizationRates") == 3
+    assert fake_nvml.calls(0, "nvmlDeviceGetClockInfo") == 3 + 3 + 1  # graphics, sm, memory
+    assert fake_nvml.calls(1, "nvmlDeviceGetTemperature") == 1
+    assert fake_nvml.calls(1, "nvmlDeviceGetPowerUsage") == 3
 
 
 def test_a_passing_nvml_failure_loses_one_sample_only(fake_nvml, monkeypatch):
@@ -431,21 +446,21 @@ def test_a_passing_nvml_failure_loses_one_sample_only(fake_nvml, monkeypatch):
 
 def test_a_gpu_lost_mid_run_stops_its_series_and_the_others_go_on(fake_nvml, monkeypatch, caplog):
     """NVML_ERROR_GPU_IS_LOST: that GPU's series stop (one warning names it), the driver is
-    not asked about it again, the other GPU is still read, and nothing raises."""
+    not asked about it again, the GPU after it is still read, and nothing raises."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     _two_gpus(fake_nvml)
     reader, metrics = _nvml_metrics()
     assert set(_by_gpu(_collect(reader, metrics))) == {"GPU-11111111-h100", "GPU-22222222-a100"}
-    fake_nvml.lose(1)
+    fake_nvml.lose(0)
     with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
         for _ in range(3):
             found = _collect(reader, metrics)
-    assert _by_gpu(found) == {"GPU-11111111-h100": H100_OTEL}
-    assert set(_clocks(found)) == {"GPU-11111111-h100"}
-    assert fake_nvml.calls(1, "nvmlDeviceGetUtilizationRates") == 2  # the good read, the lost one
-    assert fake_nvml.calls(1, "nvmlDeviceGetPowerUsage") == 1
-    lines = [r.getMessage() for r in caplog.records if "GPU-22222222-a100" in r.getMessage()]
-    assert len(lines) == 1 and "is lost" in lines[0] and "GPU is lost" in lines[0]
+    assert _by_gpu(found) == {"GPU-22222222-a100": A100_OTEL}
+    assert set(_clocks(found)) == {"GPU-22222222-a100"}
+    assert fake_nvml.calls(0, "nvmlDeviceGetUtilizationRates") == 2  # the good read, the lost one
+    assert fake_nvml.calls(0, "nvmlDeviceGetPowerUsage") == 1
+    lines = [r.getMessage() for r in caplog.records if "GPU-11111111-h100" in r.getMessage()]
+    assert lines == ["device metrics: GPU-11111111-h100 is lost (GPU is lost); its metrics stop"]
     assert metrics.reads == 4
 
 
@@ -463,8 +478,17 @@ def test_cuda_visible_devices_chooses_gpus_by_uuid_and_index_in_cudas_order(fake
     assert read_ids("GPU-cccc,0") == ["GPU-cccc", "GPU-aaaa"]
     assert read_ids("GPU-cccc,GPU-0000,1") == ["GPU-cccc"]
     assert read_ids("1,MIG-5c1d1e2a-0000,0") == ["GPU-bbbb"]
+    assert read_ids("0,3,1") == ["GPU-aaaa"]  # index 3 of 3 GPUs: no such device
     assert read_ids("2,GPU-aaaa", RankIdentity(local_rank=1, local_world_size=2)) == ["GPU-aaaa"]
+    # LOCAL_RANK beyond LOCAL_WORLD_SIZE is no rank of the node's: every visible GPU
+    assert read_ids("2,0", RankIdentity(local_rank=2, local_world_size=2)) == [
+        "GPU-cccc",
+        "GPU-aaaa",
+    ]
     assert read_ids("GPU-0000") == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # an explicit choice wins over it
+    chosen = NvmlDevices(devices=["GPU-bbbb", 2], identity=alone).read()
+    assert [sample.id for sample in chosen] == ["GPU-bbbb", "GPU-cccc"]
 
 
 def test_an_nvml_that_cannot_start_leaves_the_instruments_absent(fake_nvml, caplog, monkeypatch):
@@ -501,10 +525,12 @@ def test_a_gpu_that_cannot_be_opened_is_left_out(fake_nvml, caplog, monkeypatch)
     assert left_out == ["device metrics: GPU 0 cannot be read (GPU is lost); left out"]
 
 
-def test_configure_reads_gpus_through_libnvidia_ml_so_1(fake_nvml_library, tmp_path):
+def test_configure_reads_gpus_through_libnvidia_ml_so_1(tmp_path):
     """In a process whose loader finds the fake as libnvidia-ml.so.1, configure() exports the
     GPU's readings in OpenTelemetry's units: the binding's own library loading, end to end."""
     import_or_unavailable("pynvml")
+    (tmp_path / "driver").mkdir()
+    driver = build_fake_nvml(tmp_path / "driver", SONAME)
     code = (
         "import ctypes, sys\n"
         "sys.path.insert(0, sys.argv[1])\n"
@@ -526,7 +552,7 @@ def test_configure_reads_gpus_through_libnvidia_ml_so_1(fake_nvml_library, tmp_p
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    env["LD_LIBRARY_PATH"] = str(fake_nvml_library.parent)
+    env["LD_LIBRARY_PATH"] = str(driver.parent)
     env["OTEL_PYTHON_TRAINING_OUTPUT_DIR"] = str(tmp_path)
     tests = str(Path(__file__).resolve().parent)
     result = subprocess.run(
@@ -544,4 +570,120 @@ def test_configure_reads_gpus_through_libnvidia_ml_so_1(fake_nvml_library, tmp_p
         "hw.gpu.utilization 1 - 0.5",
         "hw.power W - 998.001",
         "hw.temperature Cel - 80.0",
+    ]
+
+
+def test_a_gpu_without_a_name_is_named_gpu(fake_nvml, monkeypatch):
+    """When NVML cannot tell a GPU's product name, hw.name is "GPU"; its values still go out."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _two_gpus(fake_nvml)
+    fake_nvml.fail(1, "nvmlDeviceGetName", NVML_ERROR_UNKNOWN)
+    reader, metrics = _nvml_metrics()
+    names = {a["hw.id"]: a["hw.name"] for _, a, _ in _collect(reader, metrics)[hw_metrics.HW_POWER]}
+    assert names == {"GPU-11111111-h100": "NVIDIA H100 80GB HBM3", "GPU-22222222-a100": "GPU"}
+
+
+def test_uuids_and_names_are_text_from_any_binding_version():
+    """Older nvidia-ml-py bindings return bytes, newer ones str: both become the same text."""
+    assert device_metrics._text(b"GPU-1234") == "GPU-1234" == device_metrics._text("GPU-1234")
+
+
+def test_device_metrics_of_an_sdk_set_up_by_hand_read_this_processs_gpus(fake_nvml, monkeypatch):
+    """DeviceMetrics(meter) reads NVML by default; observe_devices(meter, identity) reads the
+    GPU of that rank (one rank per GPU on the node: its own)."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _two_gpus(fake_nvml)
+    reader = InMemoryMetricReader()
+    DeviceMetrics(MeterProvider(metric_readers=[reader]).get_meter("gpu"))
+    assert set(_by_gpu(_points(reader))) == {"GPU-11111111-h100", "GPU-22222222-a100"}
+    reader = InMemoryMetricReader()
+    second = RankIdentity(local_rank=1, local_world_size=2)
+    observe_devices(MeterProvider(metric_readers=[reader]).get_meter("gpu"), second)
+    assert set(_by_gpu(_points(reader))) == {"GPU-22222222-a100"}
+
+
+def test_without_nvidia_ml_py_the_devices_are_absent_with_one_info_line(monkeypatch, caplog):
+    """Without the package (not importable in this process): observe_devices builds nothing,
+    an NvmlDevices reads nothing, and one info line says which package to install."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    device_metrics._said.clear()
+    meter = MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("gpu")
+    with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
+        assert observe_devices(meter, RankIdentity()) is None
+        assert NvmlDevices(devices=[0]).read() == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "device metrics (hw.gpu.*): nvidia-ml-py is not installed "
+        "(pip install 'otel-training[nvml]'); none are exported."
+    ]
+
+
+def test_one_sample_serves_one_second_by_default():
+    """docs/device-metrics.md: "One sample of every device serves all eight instruments and
+    every reader for one second (min_interval_s)"."""
+    default = inspect.signature(DeviceMetrics).parameters["min_interval_s"].default
+    assert default == 1.0
+
+
+class RecordingMeter:
+    """Keeps the keyword arguments of each instrument created, by name."""
+
+    def __init__(self) -> None:
+        self.created: dict[str, dict] = {}
+
+    def __getattr__(self, kind: str):
+        def create(name, **kwargs):
+            self.created[name] = {"kind": kind, **kwargs}
+
+        return create
+
+
+def test_instruments_are_described_as_opentelemetrys_conventions_describe_them():
+    """Each hw.* instrument's description and unit are those of OpenTelemetry's hardware
+    conventions (their create_hw_* functions); the kinds are the conventions' too, observable."""
+    ours, theirs = RecordingMeter(), RecordingMeter()
+    DeviceMetrics(ours, InMemoryDevices([]))
+    for name in DEVICE_METRICS:
+        if name == DL_GPU_CLOCK_SPEED:
+            continue
+        create = getattr(hw_metrics, "create_" + name.replace(".", "_"))
+        create(theirs, []) if "callbacks" in inspect.signature(create).parameters else create(
+            theirs
+        )
+        assert ours.created[name]["description"] == theirs.created[name]["description"], name
+        assert ours.created[name]["unit"] == theirs.created[name]["unit"], name
+        kind = theirs.created[name]["kind"].removeprefix("create_").removeprefix("observable_")
+        assert ours.created[name]["kind"] == f"create_observable_{kind}", name
+    clock = METRICS[DL_GPU_CLOCK_SPEED]
+    assert ours.created[DL_GPU_CLOCK_SPEED]["description"] == clock.description
+
+
+def test_a_gpu_reporting_no_memory_size_has_no_memory_fraction():
+    """A total of 0 bytes (or none) gives no hw.gpu.memory.utilization point for that GPU;
+    the other GPUs' fractions are exported."""
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("devices")
+    zero = DeviceSample(id="GPU-0", name="x", memory_used_bytes=0, memory_total_bytes=0)
+    unknown = DeviceSample(id="GPU-9", name="x", memory_used_bytes=None, memory_total_bytes=8)
+    DeviceMetrics(meter, InMemoryDevices([zero, unknown, H100]))
+    fractions = _points(reader)[hw_metrics.HW_GPU_MEMORY_UTILIZATION]
+    assert [(a["hw.id"], v) for _, a, v in fractions] == [("GPU-1", 0.25)]
+
+
+class FailingDevices:
+    """A device source whose read raises, as a broken binding might."""
+
+    def read(self):
+        raise RuntimeError("the binding broke")
+
+
+def test_a_source_that_fails_loses_its_points_with_one_warning_and_no_sdk_error(caplog):
+    """A read that raises costs that collection's points: one warning of ours per sample, and
+    no callback error for the SDK to log."""
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("devices")
+    DeviceMetrics(meter, FailingDevices(), min_interval_s=3600.0)
+    with caplog.at_level(logging.WARNING):
+        assert _points(reader) == {}
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [
+        ("otel_training.device_metrics", "device metrics: reading the devices failed")
     ]

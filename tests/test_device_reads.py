@@ -38,6 +38,8 @@ def test_device_type_reads_torch_tensors_strings_and_device_objects():
     assert device_type(Holder(device=Device("mps"))) == "mps"
     assert device_type(Holder(device=Device(3))) is None
     assert device_type(Holder(device=Device(None))) is None
+    assert device_type(Holder(device=object())) is None
+    assert device_type(Holder(device="cuda:0:1")) == "cuda"
     assert device_type(Holder(is_cuda=True)) == "cuda"
     assert device_type(Holder(is_cuda=1)) is None
     assert device_type(Holder(is_cuda=True, device="cpu")) == "cpu"

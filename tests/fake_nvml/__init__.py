@@ -21,18 +21,19 @@ SOURCE = Path(__file__).with_name("fake_nvml.c")
 SONAME = "libnvidia-ml.so.1"
 
 
-def build(directory: Path) -> Path:
-    """Compiles the fake into ``directory/libnvidia-ml.so.1`` (a skip without a C compiler, a
-    failure under ``CI=true``).
+def build(directory: Path, name: str = "libfake_nvml.so") -> Path:
+    """Compiles the fake into ``directory/name``, with ``name`` as its soname (a skip without a
+    C compiler, a failure under ``CI=true``). Loaded in the test process, it must not be named
+    :data:`SONAME`: the dynamic loader would hand it to any later ``CDLL(SONAME)``, a real
+    NVML read included; a child process finds one named :data:`SONAME` by ``LD_LIBRARY_PATH``.
 
     Raises:
         subprocess.CalledProcessError: when the compiler rejects the source.
     """
     from support import build_shared_library
 
-    return build_shared_library(
-        SOURCE, directory / SONAME, "-O2", "-Wall", "-Wextra", "-Werror", f"-Wl,-soname,{SONAME}"
-    )
+    flags = ("-O2", "-Wall", "-Wextra", "-Werror", f"-Wl,-soname,{name}")
+    return build_shared_library(SOURCE, directory / name, *flags)
 
 
 class FakeNvml:
@@ -59,7 +60,7 @@ class FakeNvml:
         self.library = library
         library.fake_nvml_add_device.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         library.fake_nvml_set.argtypes = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_ulonglong]
-        failure = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_int, ctypes.c_long]
+        failure = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_long]
         library.fake_nvml_fail.argtypes = failure
         library.fake_nvml_lose.argtypes = [ctypes.c_uint]
         library.fake_nvml_fail_init.argtypes = [ctypes.c_int]
@@ -79,10 +80,12 @@ class FakeNvml:
         for what, value in values.items():
             assert self.library.fake_nvml_set(index, what.encode(), value) == 0, what
 
-    def fail(self, index: int, call: str, error: int, times: int = -1) -> None:
+    def fail(self, index: int, call: str, error: int, times: int = -1, argument: int = -1) -> None:
         """Makes NVML function ``call`` of device ``index`` return ``error`` (an
-        ``NVML_ERROR_*`` code) for the next ``times`` calls, or every call when negative."""
-        assert self.library.fake_nvml_fail(index, call.encode(), error, times) == 0, call
+        ``NVML_ERROR_*`` code) for the next ``times`` calls, or every call when negative; only
+        for clock type or sensor ``argument`` when it is given."""
+        outcome = self.library.fake_nvml_fail(index, call.encode(), argument, error, times)
+        assert outcome == 0, call
 
     def lose(self, index: int) -> None:
         """Device ``index`` falls off the bus: every call on it fails with GPU_IS_LOST."""

@@ -81,7 +81,8 @@ struct nvmlDevice_st {
     unsigned int clock_mhz[CLOCK_TYPES]; /* graphics, sm, memory: nvmlClockType_t 0, 1, 2 */
     int lost;
     nvmlReturn_t failure[CALL_COUNT];
-    long failures_left[CALL_COUNT]; /* < 0: every call fails */
+    int failing_argument[CALL_COUNT]; /* the clock type or sensor that fails; < 0: any */
+    long failures_left[CALL_COUNT];   /* < 0: every call fails */
     unsigned long calls[CALL_COUNT];
 };
 typedef struct nvmlDevice_st *nvmlDevice_t;
@@ -107,6 +108,8 @@ int fake_nvml_add_device(const char *uuid, const char *name)
         return -1;
     struct nvmlDevice_st *device = &devices[device_count];
     memset(device, 0, sizeof *device);
+    for (int call = 0; call < CALL_COUNT; call++)
+        device->failing_argument[call] = -1;
     snprintf(device->uuid, TEXT, "%s", uuid);
     snprintf(device->name, TEXT, "%s", name);
     return (int)device_count++;
@@ -151,13 +154,16 @@ static int call_index(const char *call)
 }
 
 /* Makes `call` of device `index` return `failure`: for the next `times` calls, or for every
- * call when `times` < 0. Returns 0, or -1 for an unknown index or call. */
-int fake_nvml_fail(unsigned int index, const char *call, nvmlReturn_t failure, long times)
+ * call when `times` < 0; only for its clock type or sensor `argument` when that is >= 0.
+ * Returns 0, or -1 for an unknown index or call. */
+int fake_nvml_fail(unsigned int index, const char *call, int argument, nvmlReturn_t failure,
+                   long times)
 {
     int which = call_index(call);
     if (index >= device_count || which < 0)
         return -1;
     devices[index].failure[which] = failure;
+    devices[index].failing_argument[which] = argument;
     devices[index].failures_left[which] = times;
     return 0;
 }
@@ -185,8 +191,9 @@ long fake_nvml_calls(unsigned int index, const char *call)
 
 /* ---- NVML ---------------------------------------------------------------------------- */
 
-/* The outcome of `call` on `device` before it answers: counted, then lost or failed or not. */
-static nvmlReturn_t enter(struct nvmlDevice_st *device, int call)
+/* The outcome of `call` (with its clock type or sensor `argument`, else -1) on `device`
+ * before it answers: counted, then lost or failed or not. */
+static nvmlReturn_t enter(struct nvmlDevice_st *device, int call, int argument)
 {
     if (!initialised)
         return NVML_ERROR_UNINITIALIZED;
@@ -195,7 +202,8 @@ static nvmlReturn_t enter(struct nvmlDevice_st *device, int call)
     device->calls[call]++;
     if (device->lost)
         return NVML_ERROR_GPU_IS_LOST;
-    if (device->failure[call] != NVML_SUCCESS && device->failures_left[call] != 0) {
+    int chosen = device->failing_argument[call] < 0 || device->failing_argument[call] == argument;
+    if (device->failure[call] != NVML_SUCCESS && chosen && device->failures_left[call] != 0) {
         if (device->failures_left[call] > 0)
             device->failures_left[call]--;
         return device->failure[call];
@@ -241,7 +249,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
         return NVML_ERROR_UNINITIALIZED;
     if (index >= device_count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    nvmlReturn_t outcome = enter(&devices[index], CALL_HANDLE_BY_INDEX);
+    nvmlReturn_t outcome = enter(&devices[index], CALL_HANDLE_BY_INDEX, -1);
     if (outcome == NVML_SUCCESS)
         *device = &devices[index];
     return outcome;
@@ -254,7 +262,7 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
     for (unsigned int i = 0; i < device_count; i++) {
         if (strcmp(devices[i].uuid, uuid))
             continue;
-        nvmlReturn_t outcome = enter(&devices[i], CALL_HANDLE_BY_UUID);
+        nvmlReturn_t outcome = enter(&devices[i], CALL_HANDLE_BY_UUID, -1);
         if (outcome == NVML_SUCCESS)
             *device = &devices[i];
         return outcome;
@@ -272,19 +280,19 @@ static nvmlReturn_t copy_text(const char *text, char *out, unsigned int length)
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
-    nvmlReturn_t outcome = enter(device, CALL_UUID);
+    nvmlReturn_t outcome = enter(device, CALL_UUID, -1);
     return outcome != NVML_SUCCESS ? outcome : copy_text(device->uuid, uuid, length);
 }
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
-    nvmlReturn_t outcome = enter(device, CALL_NAME);
+    nvmlReturn_t outcome = enter(device, CALL_NAME, -1);
     return outcome != NVML_SUCCESS ? outcome : copy_text(device->name, name, length);
 }
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
 {
-    nvmlReturn_t outcome = enter(device, CALL_UTILIZATION);
+    nvmlReturn_t outcome = enter(device, CALL_UTILIZATION, -1);
     if (outcome == NVML_SUCCESS) {
         utilization->gpu = device->utilization_gpu_percent;
         utilization->memory = 0;
@@ -294,7 +302,7 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-    nvmlReturn_t outcome = enter(device, CALL_MEMORY);
+    nvmlReturn_t outcome = enter(device, CALL_MEMORY, -1);
     if (outcome == NVML_SUCCESS) {
         memory->total = device->memory_total_bytes;
         memory->used = device->memory_used_bytes;
@@ -305,7 +313,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power_mw)
 {
-    nvmlReturn_t outcome = enter(device, CALL_POWER);
+    nvmlReturn_t outcome = enter(device, CALL_POWER, -1);
     if (outcome == NVML_SUCCESS)
         *power_mw = device->power_mw;
     return outcome;
@@ -313,7 +321,7 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power_mw
 
 nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy_mj)
 {
-    nvmlReturn_t outcome = enter(device, CALL_ENERGY);
+    nvmlReturn_t outcome = enter(device, CALL_ENERGY, -1);
     if (outcome == NVML_SUCCESS)
         *energy_mj = device->energy_mj;
     return outcome;
@@ -321,7 +329,7 @@ nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned l
 
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensor, unsigned int *celsius)
 {
-    nvmlReturn_t outcome = enter(device, CALL_TEMPERATURE);
+    nvmlReturn_t outcome = enter(device, CALL_TEMPERATURE, sensor);
     if (outcome == NVML_SUCCESS && sensor != 0) /* NVML_TEMPERATURE_GPU: the die */
         return NVML_ERROR_INVALID_ARGUMENT;
     if (outcome == NVML_SUCCESS)
@@ -331,7 +339,7 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensor, unsigned 
 
 nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, int type, unsigned int *mhz)
 {
-    nvmlReturn_t outcome = enter(device, CALL_CLOCK);
+    nvmlReturn_t outcome = enter(device, CALL_CLOCK, type);
     if (outcome == NVML_SUCCESS && (type < 0 || type >= CLOCK_TYPES))
         return NVML_ERROR_INVALID_ARGUMENT;
     if (outcome == NVML_SUCCESS)
