@@ -453,10 +453,10 @@ def test_a_gpu_lost_mid_run_stops_its_series_and_the_others_go_on(fake_nvml, mon
     assert set(_by_gpu(_collect(reader, metrics))) == {"GPU-11111111-h100", "GPU-22222222-a100"}
     fake_nvml.lose(0)
     with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
-        for _ in range(3):
+        for _ in range(3):  # the sample that finds it lost, and two after
             found = _collect(reader, metrics)
-    assert _by_gpu(found) == {"GPU-22222222-a100": A100_OTEL}
-    assert set(_clocks(found)) == {"GPU-22222222-a100"}
+            assert _by_gpu(found) == {"GPU-22222222-a100": A100_OTEL}
+            assert set(_clocks(found)) == {"GPU-22222222-a100"}
     assert fake_nvml.calls(0, "nvmlDeviceGetUtilizationRates") == 2  # the good read, the lost one
     assert fake_nvml.calls(0, "nvmlDeviceGetPowerUsage") == 1
     lines = [r.getMessage() for r in caplog.records if "GPU-11111111-h100" in r.getMessage()]
@@ -619,9 +619,13 @@ def test_without_nvidia_ml_py_the_devices_are_absent_with_one_info_line(monkeypa
 
 def test_one_sample_serves_one_second_by_default():
     """docs/device-metrics.md: "One sample of every device serves all eight instruments and
-    every reader for one second (min_interval_s)"."""
-    default = inspect.signature(DeviceMetrics).parameters["min_interval_s"].default
-    assert default == 1.0
+    every reader for one second (min_interval_s)": a sample one second old is taken anew."""
+    assert inspect.signature(DeviceMetrics).parameters["min_interval_s"].default == 1.0
+    meter = MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("devices")
+    metrics = DeviceMetrics(meter, InMemoryDevices([H100]))
+    assert metrics.samples() == (H100,)
+    metrics._taken -= 1.0  # the sample is now (at least) one second old
+    assert metrics.samples() == (H100,) and metrics.reads == 2
 
 
 class RecordingMeter:
