@@ -123,17 +123,7 @@ def open_append(path: str) -> TextIO:
     Raises:
         OSError: when the file cannot be opened, or ``path`` is a symlink (``ELOOP``).
     """
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-    flags |= getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(path, flags, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            os.write(fd, b"\n")
-        raw = io.FileIO(fd, "a", closefd=True)
-    except BaseException:
-        os.close(fd)
-        raise
+    raw = io.FileIO(_open_fd(path), "a", closefd=True)
     return io.TextIOWrapper(
         io.BufferedWriter(raw), encoding="utf-8", errors="backslashreplace", newline="\n"
     )
@@ -141,9 +131,8 @@ def open_append(path: str) -> TextIO:
 
 def _open_fd(path: str) -> int:
     """An append-only descriptor of ``path`` (created 0644, never through a symlink), after a
-    newline when the file ends inside a line."""
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-    flags |= getattr(os, "O_NOFOLLOW", 0)
+    newline when the file ends inside a line. Python makes it non-inheritable (PEP 446)."""
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(path, flags, 0o644)
     try:
         size = os.fstat(fd).st_size
