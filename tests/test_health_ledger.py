@@ -520,3 +520,13 @@ def test_the_instruments_carry_the_ledgers_values_and_the_registrys_descriptions
     for metric in _metrics(reader):
         spec = METRICS[metric.name]
         assert (metric.unit, metric.description) == (spec.unit, spec.description), metric.name
+
+
+def test_a_creation_time_after_now_counts_from_now():
+    """A process creation time later than the ledger's wall clock (clocks that disagree) gives
+    no negative and no invented startup: the time counts from now."""
+    fake = FakeClock()
+    ledger = Ledger(fake.unix() + 5.0, perf=fake.perf, unix=fake.unix)
+    assert ledger.read().phase_time_s["startup"] == 0.0
+    fake.advance(0.5)
+    assert ledger.read().phase_time_s["startup"] == pytest.approx(0.5)

@@ -162,17 +162,28 @@ def test_without_segment_spans_phases_start_under_the_segments_shared_parent():
 
 
 class FailingTracer:
-    """A tracer whose spans cannot start."""
+    """A tracer whose spans cannot start the first ``failures`` times."""
+
+    def __init__(self, failures: int = 10**9) -> None:
+        self.failures = failures
+        self.tracer = TracerProvider().get_tracer("x")
 
     def start_span(self, *args, **kwargs):
-        raise RuntimeError("no span today")
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("no span today")
+        return self.tracer.start_span(*args, **kwargs)
 
 
-def test_a_segment_span_that_cannot_start_gives_no_context_and_no_raise():
-    """When the tracer raises, context_for returns None (the phase keeps its own context)."""
+def test_a_segment_span_that_cannot_start_gives_no_context_and_is_tried_again():
+    """When the tracer raises, context_for returns None (the phase keeps its own context),
+    never raises, and the next phase of the segment tries again."""
     segments = TraceSegments(FailingTracer(), RUN, 2, ALWAYS_ON)
     assert segments.context_for(1) is None and segments.context_for(2) is None
     segments.close()
+    once = TraceSegments(FailingTracer(failures=1), RUN, 2, ALWAYS_ON)
+    assert once.context_for(1) is None
+    assert trace_api.get_current_span(once.context_for(2)).is_recording()
 
 
 def test_run_level_parents_are_the_run_span_or_none():
