@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup demo test lint bench bench-spans bench-tensor bench-overhead gpu-check bench-bad-day \
 	bench-report bench-integrations bench-scale bench-prometheus bench-health \
-	bench-health-alerts semconv rules clean
+	bench-health-alerts semconv rules mutation clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,13 @@ bench-prometheus: setup
 # with 4 gloo ranks and Debian's Prometheus (about half an hour, mostly waiting).
 bench-health-alerts: setup
 	$(PY) bench/health_alerts.py
+# Mutation testing (mutmut) of the modules that hold definitions and rules, each with its own
+# fast tests ([tool.otel_training.mutation] in pyproject.toml): the kill rate per module and
+# every survivor (docs/testing.md). Not part of `make test`; about 25 min on 2 cores.
+# MUTATION_ARGS: module names to run only those, --keep, --max-children N, --fail-under 90.
+MUTATION_ARGS ?=
+mutation: setup
+	$(PY) scripts/mutation.py $(MUTATION_ARGS)
 
 semconv: setup
 	$(PY) scripts/generate_semconv.py
@@ -94,4 +101,4 @@ rules: setup
 	$(PY) scripts/generate_rules.py
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info otel-training-telemetry
+	rm -rf $(VENV) build dist src/*.egg-info otel-training-telemetry mutants

@@ -49,8 +49,19 @@ _BUILD_OUTPUT = ("__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache", "
 
 def _checkout_state() -> set[str] | None:
     """The checkout's untracked and ignored entries (git's view), build output left out;
-    ``None`` outside a git checkout."""
+    ``None`` outside a git checkout, or when these tests are a copy inside one (``make
+    mutation`` runs them in ``mutants/``, which git ignores as a whole)."""
     try:
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"],
+            cwd=_CHECKOUT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+        if Path(top).resolve() != _CHECKOUT:
+            return None
         listed = subprocess.run(
             ["git", "status", "--porcelain", "--ignored=matching"],
             cwd=_CHECKOUT,

@@ -177,3 +177,159 @@ def test_a_flapping_directory_warns_a_bounded_number_of_times(tmp_path, caplog):
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 2 * files.MAX_OUTAGE_WARNINGS + 1
     assert "10 lines" in said[-1] and "10 outages" in said[-1]
+
+
+def test_open_append_writes_utf8_lines_after_what_was_there(tmp_path):
+    """open_append: a new file is created 0644 (umask 022), UTF-8 text goes after the file's
+    last complete line, what cannot be encoded is written as a backslash escape, lines end in
+    \\n, and closing the stream closes its file."""
+    old_umask = os.umask(0o022)
+    try:
+        stream = files.open_append(str(tmp_path / "new.jsonl"))
+    finally:
+        os.umask(old_umask)
+    assert (tmp_path / "new.jsonl").stat().st_mode & 0o777 == 0o644
+    stream.write("é\n\ud800\n")
+    stream.close()
+    assert (tmp_path / "new.jsonl").read_bytes() == b"\xc3\xa9\n\\ud800\n"
+    torn = tmp_path / "torn.jsonl"
+    torn.write_bytes(b'{"a": 1}\n{"b"')
+    with files.open_append(str(torn)) as again:
+        fd = again.fileno()
+        again.write("x\n")
+    assert torn.read_bytes() == b'{"a": 1}\n{"b"\nx\n'
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed with the stream
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    with files.open_append(str(empty)) as stream:
+        stream.write("y\n")
+    assert empty.read_bytes() == b"y\n"
+
+
+def test_an_append_stream_after_close_writes_nothing_and_has_no_file(tmp_path):
+    """After close(): closed, writes are dropped, fileno() raises EBADF; close() again is
+    harmless."""
+    import errno
+
+    run = tmp_path / "run"
+    run.mkdir()
+    stream = _stream(run)
+    assert stream.writable() and not stream.closed
+    assert stream.fileno() >= 0
+    _write(stream, "a")
+    stream.close()
+    stream.close()
+    assert stream.closed
+    assert stream.write("b\n") == 2
+    stream.flush()
+    with pytest.raises(OSError) as raised:
+        stream.fileno()
+    assert raised.value.errno == errno.EBADF
+    assert (run / "metrics-rank0.jsonl").read_text() == "a\n"
+
+
+def test_gap_records_say_whose_file_what_and_why(tmp_path):
+    """A gap record names itself, the file, its signal and the reason with the errno's name;
+    a file not named {signal}-rank{R}.jsonl goes to gaps-rank0.jsonl under what it holds."""
+    import errno
+
+    run = tmp_path / "run"
+    run.mkdir()
+    stream = _stream(run, "spans-rank3.jsonl")
+    other = files.AppendStream(str(run / "odd.log"), what="notes", setting="S")
+    _write(stream, "s1")
+    _write(other, "n1")
+    shutil.rmtree(run)
+    run.write_text("x")
+    for current in (stream, other):
+        current.records(2)
+        _write(current, "lost", "lost too")
+    run.unlink()
+    _write(stream, "s2")
+    _write(other, "n2")
+    (gap,) = [json.loads(line) for line in (run / "gaps-rank3.jsonl").read_text().splitlines()]
+    assert {k: gap[k] for k in ("record", "file", "signal", "lost_lines", "lost_records")} == {
+        "record": "gap",
+        "file": "spans-rank3.jsonl",
+        "signal": "spans",
+        "lost_lines": 2,
+        "lost_records": 2,
+    }
+    assert gap["reason"] == f"EEXIST: {os.strerror(errno.EEXIST)}"  # makedirs over a file
+    assert gap["resource"] == {"dl.run.id": "r", "dl.rank": 0}
+    (odd,) = [json.loads(line) for line in (run / "gaps-rank0.jsonl").read_text().splitlines()]
+    assert (odd["file"], odd["signal"], odd["lost_lines"]) == ("odd.log", "notes", 2)
+    assert (run / "odd.log").read_text() == "n2\n"
+    stream.close()
+    other.close()
+
+
+def test_a_directory_failing_for_several_files_is_announced_once_per_outage(tmp_path, caplog):
+    """Two files of a directory that fails: one warning when it starts (by the first file),
+    each file's recovery said once; when the directory fails again after both recovered, it
+    is announced again."""
+    run = tmp_path / "run"
+    run.mkdir()
+    metrics, logs = _stream(run), _stream(run, "logs-rank0.jsonl")
+    with caplog.at_level(logging.WARNING, logger="otel_training"):
+        for outage in range(2):
+            shutil.rmtree(run)
+            run.write_text("x")
+            logs.records(1)
+            _write(metrics, "lost")
+            _write(logs, "lost")
+            run.unlink()
+            _write(metrics, f"m{outage}")
+            _write(logs, f"l{outage}")
+    said = [r.getMessage() for r in caplog.records]
+    assert [m.split(" ", 2)[1] for m in said] == ["cannot", "writes", "writes"] * 2, said
+    assert "1 lines (1 log records)" in said[2] and "1 lines could" in said[1]
+    assert (run / "logs-rank0.jsonl").read_text() == "l1\n"
+    metrics.close()
+    logs.close()
+
+
+def test_closing_during_an_outage_says_what_was_lost(tmp_path, caplog):
+    """A stream closed while its directory still fails: one warning that it stopped with
+    writes failing and how many lines were lost, and the gap is recorded when possible."""
+    run = tmp_path / "run"
+    run.mkdir()
+    stream = _stream(run)
+    shutil.rmtree(run)
+    run.write_text("x")
+    with caplog.at_level(logging.WARNING, logger="otel_training"):
+        _write(stream, "lost", "lost")
+        stream.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "stopped writing, with writes failing" in said[1]
+    assert "2 lines could not be written" in said[1]
+    assert stream.lost_lines == 2
+
+
+def test_a_write_cut_short_keeps_whole_lines_and_starts_the_next_on_a_new_line(tmp_path):
+    """A write that fails part-way (the file size limit, EFBIG): the lines that reached the
+    file whole count as written, the rest as lost with all the write's records, and the next
+    write begins with a newline, so no line is glued to the torn one."""
+    import resource
+    import signal
+
+    run = tmp_path / "run"
+    run.mkdir()
+    stream = _stream(run)
+    _write(stream, "0123456789")  # 11 bytes
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (30, limits[1]))
+        stream.records(3)
+        _write(stream, "abcdefghi", "jklmnopqrstuvwxyz")  # 10 + 18 bytes: the second is cut
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, previous)
+    assert (stream.lines_written, stream.lost_lines, stream.lost_records) == (2, 1, 3)
+    _write(stream, "next")
+    text = (run / "metrics-rank0.jsonl").read_text()
+    assert text == "0123456789\nabcdefghi\njklmnopqr\nnext\n"
+    assert stream.lines_written == 3
+    stream.close()

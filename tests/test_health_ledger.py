@@ -445,3 +445,155 @@ def test_without_phases_the_logged_iteration_counts_the_step_durations():
         if step % 10 == 0:
             ot.record_training_metrics(meter, loss=1.0 / step)
             assert health.LEDGER.read().logged_iteration == step
+
+
+def test_a_save_of_a_step_older_than_the_steps_kept_is_dated_by_the_save():
+    """The ledger keeps the completion times of the last 256 steps: a save of an older step
+    counts from the save's own time (an upper bound), a save of a kept step from that step."""
+    ledger, fake = make_ledger()
+    for iteration in range(1, 301):
+        spend(ledger, fake, ITERATION, 1.0, iteration=iteration)
+    step_100_done = fake.unix() - 200.0
+    spend(ledger, fake, CHECKPOINT_SAVE, 2.0, iteration=100)
+    assert ledger.read().checkpoint_age_s == pytest.approx(fake.unix() - step_100_done)
+    spend(ledger, fake, CHECKPOINT_SAVE, 2.0, iteration=10)  # older than the kept 256 steps
+    reading = ledger.read()
+    assert reading.saved_iteration == 10
+    assert reading.checkpoint_age_s == pytest.approx(0.0)  # the save's own time
+
+
+def test_saves_and_loads_without_numbers_or_steps():
+    """A save without a number holds the last completed step; a save at startup, before any
+    step, counts from the save; a save right after a load holds the loaded state."""
+    ledger, fake = make_ledger()
+    spend(ledger, fake, CHECKPOINT_SAVE, 0.5, iteration=0)  # before any iteration began
+    fake.advance(1.0)
+    assert ledger.read().checkpoint_age_s == pytest.approx(1.0)
+    assert ledger.read().saved_iteration == 0
+    spend(ledger, fake, CHECKPOINT_LOAD, 0.5, iteration=40)
+    loaded = fake.unix()
+    fake.advance(3.0)
+    spend(ledger, fake, CHECKPOINT_SAVE, 0.5, iteration=40)
+    reading = ledger.read()
+    assert reading.saved_iteration == 40
+    assert reading.checkpoint_age_s == pytest.approx(fake.unix() - loaded)
+    spend(ledger, fake, ITERATION, 1.0, iteration=41)
+    spend(ledger, fake, CHECKPOINT_SAVE, 0.5)
+    assert ledger.read().saved_iteration == 41
+    assert ledger.read().checkpoint_age_s == pytest.approx(0.5)
+    fresh, _ = make_ledger()
+    fresh.checkpoint_saved()  # nothing completed, nothing named: nothing saved
+    assert fresh.read().saved_iteration is None and fresh.read().checkpoint_age_s is None
+
+
+def test_the_innermost_phase_is_open_since_it_began():
+    """open_s of a phase nested in another is its own time, not its parent's; the progress age
+    right after a step is zero."""
+    ledger, fake = make_ledger()
+    spend(ledger, fake, ITERATION, 1.0, iteration=1)
+    assert ledger.read().age_s == 0.0
+    ledger.enter(ITERATION)
+    fake.advance(1.0)
+    ledger.enter(COMMUNICATION)
+    fake.advance(0.25)
+    reading = ledger.read()
+    assert reading.open_phase == "communication" and reading.open_s == pytest.approx(0.25)
+
+
+def test_stale_and_foreign_tokens_close_nothing():
+    """A token of -1 (another thread's), a token closed by an outer exit, or an exit from
+    another thread leaves the open phases and the progress as they were."""
+    ledger, fake = make_ledger()
+    step = ledger.enter(ITERATION)
+    save = ledger.enter(CHECKPOINT_SAVE)
+    ledger.exit(step, ITERATION, iteration=1)  # closes the save too, which did not complete
+    again = ledger.enter(ITERATION)
+    ledger.exit(save, CHECKPOINT_SAVE, iteration=1)  # the save's token is stale now
+    ledger.exit(-1, ITERATION, iteration=9)
+    other = threading.Thread(target=ledger.exit, args=(again, ITERATION, 7))
+    other.start()
+    other.join()
+    fake.advance(1.0)
+    reading = ledger.read()
+    assert reading.open_phase == "forward_backward" and reading.open_s == pytest.approx(1.0)
+    assert (reading.iteration, reading.saved_iteration) == (1, None)
+
+
+def test_reset_keeps_the_ledgers_clocks():
+    """A ledger started afresh reads the same clocks it was given (a test's fake ones)."""
+    ledger, fake = make_ledger()
+    ledger.reset()
+    spend(ledger, fake, ITERATION, 1.0, iteration=1)
+    reading = ledger.read()
+    assert reading.phase_time_s["warmup"] == 1.0
+    assert reading.progress_unix_s == fake.unix()
+
+
+def test_after_fork_the_ledger_starts_at_the_fork_on_its_own_clocks():
+    """The fork hook (run in a forked child) starts the process's ledger afresh, from the
+    time of the fork, keeping the clocks the ledger reads."""
+    from otel_training import clock
+
+    ledger = health.LEDGER
+    fake = FakeClock()
+    try:
+        ledger.__init__(fake.unix(), perf=fake.perf, unix=fake.unix)
+        spend(ledger, fake, ITERATION, 1.0, iteration=5)
+        before = clock.unix_s()
+        health._after_fork_in_child()
+        after = clock.unix_s()
+        assert ledger.read().iteration is None
+        assert before <= ledger.created_unix_s <= after
+        assert ledger._perf == fake.perf and ledger._unix == fake.unix
+    finally:
+        ledger.__init__()
+
+
+def _fake_ledger_points(ledger: Ledger) -> dict[str, list]:
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from otel_training.health.metrics import observe_ledger
+
+    reader = InMemoryMetricReader()
+    observe_ledger(MeterProvider(metric_readers=[reader]).get_meter("health"), lambda: ledger)
+    return reader
+
+
+def test_the_instruments_carry_the_ledgers_values_and_the_registrys_descriptions():
+    """Every instrument's value is the reading's (built on fake clocks): the open phase's
+    elapsed time and 0 for the others, progress time and age, saved and loaded iterations,
+    checkpoint age; names, units and descriptions are the registry's."""
+    from otel_training.semconv.metrics import METRICS
+
+    ledger, fake = make_ledger(started_s_ago=2.0)
+    spend(ledger, fake, CHECKPOINT_LOAD, 1.0, iteration=40)
+    spend(ledger, fake, ITERATION, 1.0, iteration=41)
+    done = fake.unix()
+    spend(ledger, fake, CHECKPOINT_SAVE, 0.5, iteration=41)
+    ledger.enter(EVALUATE)
+    fake.advance(0.25)
+    reader = _fake_ledger_points(ledger)
+    points = _points(reader)
+    elapsed = {a["dl.training.phase"]: v for a, v in points["dl.training.phase.elapsed"]}
+    assert elapsed == {phase: (0.25 if phase == "evaluate" else 0.0) for phase in PHASES}
+    assert points["dl.training.progress.iteration"] == [({}, 41)]
+    assert points["dl.training.progress.timestamp"] == [({}, done)]
+    assert points["dl.training.progress.age"] == [({}, pytest.approx(0.75))]
+    assert sorted(points["dl.training.checkpoint.iteration"], key=str) == [
+        ({"megatron.checkpoint.operation": "load"}, 40),
+        ({"megatron.checkpoint.operation": "save"}, 41),
+    ]
+    assert points["dl.training.checkpoint.age"] == [({}, pytest.approx(0.75))]
+    for metric in _metrics(reader):
+        spec = METRICS[metric.name]
+        assert (metric.unit, metric.description) == (spec.unit, spec.description), metric.name
+
+
+def test_a_creation_time_after_now_counts_from_now():
+    """A process creation time later than the ledger's wall clock (clocks that disagree) gives
+    no negative and no invented startup: the time counts from now."""
+    fake = FakeClock()
+    ledger = Ledger(fake.unix() + 5.0, perf=fake.perf, unix=fake.unix)
+    assert ledger.read().phase_time_s["startup"] == 0.0
+    fake.advance(0.5)
+    assert ledger.read().phase_time_s["startup"] == pytest.approx(0.5)

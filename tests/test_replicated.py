@@ -202,3 +202,17 @@ def test_a_rank_without_the_layout_exports_as_before_and_says_so():
     assert MEGATRON_TRAINING_LOSS in names
     assert "replicated values from every rank" in memory.telemetry.destination
     memory.telemetry.shutdown()
+
+
+def test_the_notes_say_the_policy_as_it_was_set():
+    """The notes name the variable as set, the rank count only when auto decided, and the
+    replicated metrics as a comma-separated list."""
+    name = "OTEL_PYTHON_TRAINING_EXPORT_REPLICATED"
+    sending = decide("pp_first", 8, _layout(2, 0, 0)).note
+    assert sending == f"replicated values from this rank for pipeline stage 2 ({name}=pp_first)"
+    silent = decide("pp_first", 8, _layout(2, 1, 0)).note
+    assert silent == (
+        f"replicated values ({', '.join(REPLICATED_METRICS)}) not from this rank: the rank of "
+        f"pipeline stage 2 with tensor- and data-parallel rank 0 sends them ({name}=pp_first)"
+    )
+    assert decide("auto", 65, _layout(0, 0, 0)).note.endswith(f"({name}=auto (65 ranks > 64))")

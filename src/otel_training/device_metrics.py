@@ -169,7 +169,9 @@ class NvmlDevices:
         self._state = "new"  # new -> ready | absent
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._unsupported: set[tuple[str, str]] = set()
+        self._unsupported: set[tuple[Any, ...]] = set()  # (GPU, NVML function, its arguments)
+        self._permanent: frozenset[Any] = frozenset()
+        self._lost: set[str] = set()
 
     def read(self) -> Sequence[DeviceSample]:
         if os.getpid() != self._pid:  # a forked child: the parent reports the devices
@@ -179,7 +181,15 @@ class NvmlDevices:
                 self._start()
             if self._state != "ready":
                 return []
-            return [self._sample(*handle) for handle in self._handles]
+            samples = []
+            for handle, uuid, name in self._handles:
+                if uuid in self._lost:
+                    continue
+                try:
+                    samples.append(self._sample(handle, uuid, name))
+                except _GpuLost:
+                    continue
+            return samples
 
     def _start(self) -> None:
         try:
@@ -190,19 +200,27 @@ class NvmlDevices:
         try:
             nvml.nvmlInit()
             count = nvml.nvmlDeviceGetCount()
-            handles = []
-            for wanted in self._selection(count):
+        except Exception as error:  # NVMLError: no driver, no GPU
+            self._absent(f"NVML is unavailable ({error})")
+            return
+        handles = []
+        for wanted in self._selection(count):
+            try:
                 if isinstance(wanted, str) and not wanted.isdigit():
                     handle = nvml.nvmlDeviceGetHandleByUUID(wanted)
                 else:
                     handle = nvml.nvmlDeviceGetHandleByIndex(int(wanted))
-                handles.append((handle, _text(nvml.nvmlDeviceGetUUID(handle)), _name(nvml, handle)))
-        except Exception as error:  # NVMLError: no driver, no GPU, a device that went away
-            self._absent(f"NVML is unavailable ({error})")
-            return
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            except Exception as error:
+                if isinstance(error, nvml.NVMLError) and error.value == nvml.NVML_ERROR_NOT_FOUND:
+                    break  # a UUID that no GPU has: CUDA sees no device from there on
+                _logger.info("device metrics: GPU %s cannot be read (%s); left out", wanted, error)
+                continue
+            handles.append((handle, uuid, _name(nvml, handle)))
         if not handles:
             self._absent("NVML sees no GPU for this process")
             return
+        self._permanent = frozenset(getattr(nvml, code) for code in _PERMANENT_ERRORS)
         self._nvml, self._handles, self._state = nvml, handles, "ready"
         _logger.info(
             "device metrics: reading %d GPU(s) with NVML: %s",
@@ -225,7 +243,7 @@ class NvmlDevices:
                 else:  # a MIG device or an invalid entry: CUDA stops at the first one
                     break
         identity = self._identity or config.load_identity()
-        if 1 < len(visible) == identity.local_world_size and identity.local_rank < len(visible):
+        if len(visible) == identity.local_world_size and identity.local_rank < len(visible):
             return [visible[identity.local_rank]]  # one rank per visible GPU: its own
         return visible
 
@@ -235,18 +253,18 @@ class NvmlDevices:
 
     def _sample(self, handle: Any, uuid: str, name: str) -> DeviceSample:
         nvml = self._nvml
-        rates = self._get(uuid, "utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
-        memory = self._get(uuid, "memory", nvml.nvmlDeviceGetMemoryInfo, handle)
-        power_mw = self._get(uuid, "power", nvml.nvmlDeviceGetPowerUsage, handle)
-        energy_mj = self._get(uuid, "energy", nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        rates = self._get(uuid, nvml.nvmlDeviceGetUtilizationRates, handle)
+        memory = self._get(uuid, nvml.nvmlDeviceGetMemoryInfo, handle)
+        power_mw = self._get(uuid, nvml.nvmlDeviceGetPowerUsage, handle)
+        energy_mj = self._get(uuid, nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
         temperature = self._get(
-            uuid, "temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU
+            uuid, nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU
         )
         clocks = {}
         for domain, clock in zip(
             _CLOCK_DOMAINS, (nvml.NVML_CLOCK_GRAPHICS, nvml.NVML_CLOCK_SM, nvml.NVML_CLOCK_MEM)
         ):
-            mhz = self._get(uuid, f"clock.{domain}", nvml.nvmlDeviceGetClockInfo, handle, clock)
+            mhz = self._get(uuid, nvml.nvmlDeviceGetClockInfo, handle, clock)
             if mhz is not None:
                 clocks[domain] = float(mhz) * 1e6
         return DeviceSample(
@@ -261,15 +279,45 @@ class NvmlDevices:
             clocks_hz=clocks,
         )
 
-    def _get(self, uuid: str, what: str, read: Callable[..., Any], *args: Any) -> Any:
-        if (uuid, what) in self._unsupported:
+    def _get(self, uuid: str, read: Callable[..., Any], handle: Any, *args: Any) -> Any:
+        """``read(handle, *args)``, or ``None`` when NVML cannot tell: a field the device
+        does not have (NOT_SUPPORTED, NO_PERMISSION...) is not asked again, a passing failure
+        (TIMEOUT, UNKNOWN...) is asked again at the next sample.
+
+        Raises:
+            _GpuLost: when the GPU fell off the bus (GPU_IS_LOST): it is not read again.
+        """
+        field = (uuid, read.__name__, *args)
+        if field in self._unsupported:
             return None
         try:
-            return read(*args)
-        except Exception as error:  # NVMLError_NotSupported on some boards, MIG, vGPU
-            self._unsupported.add((uuid, what))
-            _logger.debug("device metrics: %s of %s is not available: %s", what, uuid, error)
+            return read(handle, *args)
+        except Exception as error:
+            nvml = self._nvml
+            code = error.value if isinstance(error, nvml.NVMLError) else None
+            if code == nvml.NVML_ERROR_GPU_IS_LOST:
+                self._lost.add(uuid)
+                _logger.warning("device metrics: %s is lost (%s); its metrics stop", uuid, error)
+                raise _GpuLost from error
+            if code is not None and code not in self._permanent:
+                _logger.debug("device metrics: %s failed this time: %s", field, error)
+                return None
+            self._unsupported.add(field)
+            _logger.debug("device metrics: %s is not available: %s", field, error)
             return None
+
+
+class _GpuLost(Exception):
+    """A GPU that NVML says is lost (``NVML_ERROR_GPU_IS_LOST``): no more samples of it."""
+
+
+#: NVML's errors that say a field cannot be read on this device, ever (the rest may pass).
+_PERMANENT_ERRORS = (
+    "NVML_ERROR_NOT_SUPPORTED",
+    "NVML_ERROR_NO_PERMISSION",
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "NVML_ERROR_INVALID_ARGUMENT",
+)
 
 
 def _text(value: Any) -> str:

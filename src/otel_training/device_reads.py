@@ -19,9 +19,9 @@ def device_type(value) -> str | None:
     Never raises on a value with a ``device`` attribute of any kind."""
     device = getattr(value, "device", None)
     if device is None:
-        return "cuda" if getattr(value, "is_cuda", False) is True else None
+        return "cuda" if getattr(value, "is_cuda", None) is True else None
     if isinstance(device, str):
-        return device.split(":", 1)[0]
+        return device.split(":")[0]
     kind = getattr(device, "type", None)
     return kind if isinstance(kind, str) else None
 

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Mutation testing of the modules that hold definitions and rules (``make mutation``).
+
+Runs mutmut 3 once per module of ``[tool.otel_training.mutation]`` in ``pyproject.toml``, each
+in its own directory ``mutants/{module}/`` (git ignores ``mutants/``), with mutmut's settings
+of ``[tool.mutmut]`` and, as its test selection, only the tests listed for that module:
+mutmut's stats run then gives each mutant the tests among them that reach its function, and a
+mutant runs only those, stopping at the first failure. Prints the kill rate per module and
+every mutant that was not killed, with its diff; ``docs/testing.md`` says why each is accepted.
+
+Usage::
+
+    python scripts/mutation.py                       # every module, from scratch
+    python scripts/mutation.py device_metrics files  # some modules (by file stem or path)
+    python scripts/mutation.py --keep clock          # keep earlier results, retest changes only
+
+Options: ``--max-children N`` (default: the CPU count), ``--fail-under PERCENT`` (exit 1 when
+fewer of the mutants of the modules run were killed), ``--keep``.
+
+A mutant counts as killed when a test failed (or timed out, or crashed) with it; survivors,
+mutants that no selected test reaches (``no tests``) and suspicious ones count against the
+rate. Needs the ``mutation`` extra (mutmut); no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: mutmut brings toml there
+    import toml as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+MUTANTS = ROOT / "mutants"
+#: Statuses of ``mutmut results`` that count as killed.
+KILLED = frozenset({"killed", "timeout", "segfault", "caught by type check"})
+_RESULT_LINE = re.compile(r"^\s+(?P<key>\S+): (?P<status>.+)$")
+_MUTANT = re.compile(r"^(?P<module>.+)\.(?P<function>x[^.]+)__mutmut_(?P<number>\d+)$")
+
+
+@dataclass
+class Outcome:
+    """The mutants of one module by status, and how long its run took."""
+
+    module: str
+    statuses: dict[str, str] = field(default_factory=dict)
+    wall_s: float = 0.0
+    failed: str | None = None
+
+    @property
+    def killed(self) -> int:
+        return sum(status in KILLED for status in self.statuses.values())
+
+    @property
+    def not_killed(self) -> list[str]:
+        return sorted(key for key, status in self.statuses.items() if status not in KILLED)
+
+
+def _settings() -> tuple[dict, dict, dict]:
+    """(pytest's settings, mutmut's, tests by module) from pyproject.toml."""
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]
+    return tool["pytest"]["ini_options"], tool["mutmut"], tool["otel_training"]["mutation"]
+
+
+def _stem(module: str) -> str:
+    """``src/otel_training/health/ledger.py`` -> ``health.ledger``."""
+    relative = Path(module).relative_to("src/otel_training").with_suffix("")
+    return ".".join(relative.parts)
+
+
+def _toml(table: str, values: dict) -> str:
+    """A TOML table of strings, numbers, booleans and lists of them (JSON spells them alike)."""
+    lines = [f"[{table}]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _prepare(directory: Path, module: str, tests: list[str], pytest_options: dict, mutmut: dict):
+    """A project root for one module's run: links to the sources and tests, and a
+    pyproject.toml whose mutmut section mutates ``module`` and selects ``tests``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    linked = ["src", "tests", *(Path(p).parts[0] for p in mutmut.get("also_copy", []))]
+    for name in dict.fromkeys(linked):
+        link = directory / name
+        if not link.is_symlink():
+            link.symlink_to(os.path.relpath(ROOT / name, directory))
+    settings = {**mutmut, "only_mutate": [module], "pytest_add_cli_args_test_selection": tests}
+    text = _toml("tool.pytest.ini_options", pytest_options) + "\n" + _toml("tool.mutmut", settings)
+    (directory / "pyproject.toml").write_text(text)
+
+
+def _mutmut(directory: Path, *args: str, log=None) -> subprocess.CompletedProcess:
+    mutmut = Path(sys.executable).with_name("mutmut")
+    command = [str(mutmut) if mutmut.exists() else "mutmut", *args]
+    if log is not None:
+        return subprocess.run(command, cwd=directory, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.run(command, cwd=directory, capture_output=True, text=True)
+
+
+def run_module(module: str, tests: list[str], options: argparse.Namespace, settings) -> Outcome:
+    """Runs mutmut on ``module`` with ``tests`` and reads back every mutant's status."""
+    pytest_options, mutmut, _ = settings
+    outcome = Outcome(module)
+    directory = MUTANTS / _stem(module)
+    if not options.keep and directory.exists():
+        shutil.rmtree(directory)
+    missing = [test for test in tests if not (ROOT / test).exists()]
+    if missing:
+        outcome.failed = f"tests not found: {', '.join(missing)}"
+        return outcome
+    _prepare(directory, module, tests, pytest_options, mutmut)
+    started = time.monotonic()
+    args = ["run"] + ([f"--max-children={options.max_children}"] if options.max_children else [])
+    with open(directory / "mutmut.log", "w") as log:
+        run = _mutmut(directory, *args, log=log)
+    outcome.wall_s = time.monotonic() - started
+    if run.returncode != 0:
+        outcome.failed = f"mutmut run exited {run.returncode}: see {directory / 'mutmut.log'}"
+        return outcome
+    listed = _mutmut(directory, "results", "--all", "true")
+    for line in listed.stdout.splitlines():
+        match = _RESULT_LINE.match(line)
+        if match:
+            outcome.statuses[match["key"]] = match["status"]
+    return outcome
+
+
+def _diff(module: str, key: str) -> list[str]:
+    """The changed lines of mutant ``key`` (what ``mutmut show`` prints), without headers."""
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    here = os.getcwd()
+    os.chdir(MUTANTS / _stem(module))
+    try:
+        shown = get_diff_for_mutant(key, path=module).splitlines()
+    except Exception as error:  # a mutant mutmut cannot show: say so, keep listing
+        shown = [f"+ (no diff: {error})"]
+    finally:
+        os.chdir(here)
+    return [
+        line
+        for line in shown
+        if line[:1] in "+-" and not line.startswith(("+++", "---")) and line[1:].strip()
+    ]
+
+
+def _readable(key: str) -> str:
+    """``otel_training.clock.x_unix_s__mutmut_3`` -> ``unix_s #3``; methods as Class.method."""
+    match = _MUTANT.match(key)
+    if not match:
+        return key
+    function = match["function"]
+    function = function[2:].replace("ǁ", ".") if function.startswith("xǁ") else function[2:]
+    return f"{function} #{match['number']}"
+
+
+def report(outcomes: list[Outcome], total_s: float) -> float:
+    """Prints the kill rate per module and the mutants not killed; returns the overall rate
+    in percent."""
+    print()
+    print(f"{'module':<44} {'mutants':>7} {'killed':>7} {'not':>5} {'rate':>7} {'wall':>7}")
+    killed = mutants = 0
+    for outcome in outcomes:
+        name = outcome.module.removeprefix("src/")
+        if outcome.failed:
+            print(f"{name:<44} FAILED: {outcome.failed}")
+            continue
+        count = len(outcome.statuses)
+        rate = 100.0 * outcome.killed / count if count else 100.0
+        killed, mutants = killed + outcome.killed, mutants + count
+        print(
+            f"{name:<44} {count:>7} {outcome.killed:>7} {count - outcome.killed:>5} "
+            f"{rate:>6.1f}% {outcome.wall_s:>6.0f}s"
+        )
+    overall = 100.0 * killed / mutants if mutants else 100.0
+    not_killed = mutants - killed
+    print(f"{'all':<44} {mutants:>7} {killed:>7} {not_killed:>5} {overall:>6.1f}% {total_s:>6.0f}s")
+    for outcome in outcomes:
+        if outcome.failed or not outcome.not_killed:
+            continue
+        print(f"\nnot killed in {outcome.module.removeprefix('src/')}:")
+        for key in outcome.not_killed:
+            print(f"  {_readable(key)} ({outcome.statuses[key]}): {key}")
+            for line in _diff(outcome.module, key):
+                print(f"      {line}")
+    return overall
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", help="file stems or paths (default: all)")
+    parser.add_argument("--max-children", type=int, default=None)
+    parser.add_argument("--fail-under", type=float, default=0.0)
+    parser.add_argument("--keep", action="store_true", help="reuse earlier results")
+    options = parser.parse_args(argv)
+    settings = _settings()
+    table = settings[2]
+    chosen = list(table)
+    if options.modules:
+        wanted = set(options.modules)
+        chosen = [m for m in table if {m, _stem(m), Path(m).stem} & wanted]
+        unknown = wanted - {name for m in chosen for name in (m, _stem(m), Path(m).stem)}
+        if unknown:
+            parser.error(f"not in [tool.otel_training.mutation]: {', '.join(sorted(unknown))}")
+    started = time.monotonic()
+    outcomes = []
+    for module in chosen:
+        print(f"mutating {module} with {', '.join(table[module])} ...", flush=True)
+        outcomes.append(run_module(module, table[module], options, settings))
+    overall = report(outcomes, time.monotonic() - started)
+    if any(outcome.failed for outcome in outcomes):
+        return 2
+    return 1 if overall < options.fail_under else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
