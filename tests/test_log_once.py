@@ -197,6 +197,24 @@ def _logs(nodes: list[ast.stmt]) -> bool:
     )
 
 
+def _unconditional(statements: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements that run whenever ``statements`` run: into ``with`` and ``try`` bodies,
+    not into branches, loops, handlers or nested functions."""
+    found = []
+    for statement in statements:
+        if isinstance(statement, ast.With | ast.Try):
+            found += _unconditional(statement.body)
+        elif not isinstance(statement, ast.If | ast.For | ast.While | ast.FunctionDef):
+            found.append(statement)
+    return found
+
+
+def _marks_and_logs_together(function: ast.FunctionDef, name: str) -> bool:
+    """``function`` marks ``name`` and logs unconditionally after its early return (a log in
+    a branch on another condition is no once-only line)."""
+    return _marks(function.body, name) and _logs(_unconditional(function.body))
+
+
 def _said_flags(tree: ast.AST) -> list[int]:
     """Lines of the shapes of a once-only warning written by hand: ``if not x: x = True;
     log``, ``if k not in s: s.add(k); log``, or an early ``if k in s: return`` in a function
@@ -213,8 +231,7 @@ def _said_flags(tree: ast.AST) -> list[int]:
                     and (name := _marked(n.test))
                     and len(n.body) == 1
                     and isinstance(n.body[0], ast.Return)
-                    and _marks(node.body, name)
-                    and _logs(node.body)
+                    and _marks_and_logs_together(node, name)
                 ):
                     found.append(n.lineno)
     return sorted(set(found))
@@ -243,10 +260,15 @@ def test_the_once_only_shape_is_recognised():
         "    _warned.add(cause)\n    _logger.warning('x')\n"
     )
     plain = "if not ok:\n    _logger.warning('x')\n"
+    other_branch = (  # a set that gates reads, and a warning in a branch of its own
+        "def get(field):\n    if field in _unsupported:\n        return None\n"
+        "    if lost:\n        _logger.warning('x')\n    _unsupported.add(field)\n"
+    )
     assert _said_flags(ast.parse(flag)) == [1]
     assert _said_flags(ast.parse(causes)) == [1]
     assert _said_flags(ast.parse(early)) == [2]
     assert _said_flags(ast.parse(plain)) == []
+    assert _said_flags(ast.parse(other_branch)) == []
 
 
 class _FailingSource:
