@@ -44,10 +44,35 @@ PARTS = (
     Part("limits.md", "One rule for every string"),
     Part("limits.md", "Requests a receiver accepts"),
     Part("limits.md", "Network: proxies and certificates"),
+    Part("health.md", "Goodput"),
+    Part("health.md", "Hangs"),
+    Part("health.md", "Stragglers"),
+    Part("spans.md", "Traces across ranks", "The budget."),
+    Part("spans.md", "Traces across ranks", "Ids."),
+    Part("spans.md", "Traces across ranks", "Sampling"),
+    Part("spans.md", "Run, attempt and job"),
+    Part("device-metrics.md", "Instruments"),
+    Part("README.md", "Metrics"),
 )
 
 #: Sentences of the parts that state no rule a test could check: (doc, their start, why).
-NOT_RULES: tuple[tuple[str, str, str], ...] = ()
+NOT_RULES: tuple[tuple[str, str, str], ...] = (
+    (
+        "health.md",
+        "Defined in one module, `otel_training.health.goodput`.",
+        "where the definition lives, which no behaviour shows; the rules follow it",
+    ),
+    (
+        "health.md",
+        "Defined in one module, `otel_training.health.straggler`.",
+        "where the definition lives, which no behaviour shows; the rules follow it",
+    ),
+    (
+        "health.md",
+        "5 is NVRx's safety factor",
+        "where the numbers of the threshold table come from; the table's rows are tested",
+    ),
+)
 
 _FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```[^\n]*$", re.S | re.M)
 _ITEM = re.compile(r"^\s*(?:[-*]|\d+\.)\s+")
@@ -199,7 +224,7 @@ def test_every_rule_of_the_part_has_a_test(part):
 @pytest.mark.parametrize("part", PARTS, ids=str)
 def test_the_part_is_found(part):
     """The part this module checks exists once and holds rules (a renamed section fails)."""
-    assert len(rules(part)) >= 3
+    assert len(rules(part)) >= 2
 
 
 def test_every_exclusion_is_a_sentence_of_a_checked_part():
