@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from doc_rules import documents
 from google.protobuf import json_format
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
@@ -197,6 +198,9 @@ def test_otel_service_name_beats_the_default_service_name(monkeypatch):
     assert telemetry.meter_provider._sdk_config.resource.attributes["service.name"] == "from-env"
 
 
+@documents(
+    "spans.md", "The span ids of the spans themselves come from each process's own generator"
+)
 def test_span_ids_do_not_follow_the_global_random_seed():
     """Two ranks that seed `random` alike still get different span ids."""
     ids = []
@@ -351,6 +355,9 @@ def test_resource_attributes_are_parsed_once_as_the_specification_says(monkeypat
     assert ["entry 2" in r.getMessage() for r in warnings] == [True, False]
 
 
+@documents(
+    "spans.md", "one set in `OTEL_RESOURCE_ATTRIBUTES` or in code is kept as given, with `-rank{R}`"
+)
 @pytest.mark.parametrize(("world_size", "expected"), [("4", "pod-7-rank2"), ("1", "pod-7")])
 def test_one_instance_id_for_a_whole_pod_stays_distinct_per_rank(world_size, expected):
     """A service.instance.id an operator sets for a whole pod gets -rank{R} with several
