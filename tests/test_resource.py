@@ -17,6 +17,7 @@ from otel_training.identity import process_tag
 from otel_training.resource import TrainingResourceDetector, identity_attributes, iso8601
 
 
+@documents("README.md", "detected from torchrun, SLURM and Kubernetes")
 @documents("spans.md", "`service.instance.id` is `{run id}-rank{R}-{8 hex digits}`")
 def test_detector_reads_torchrun(monkeypatch):
     """Under torchrun the resource has dl.* rank identity, host and a per-process instance id."""

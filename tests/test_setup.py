@@ -408,3 +408,24 @@ def test_no_secret_in_the_destination_or_any_warning(caplog):
     assert "http://127.0.0.1:9/v1/metrics" in telemetry.destination
     assert telemetry.settings.metrics_otlp.headers["authorization"] == "Bearer TOKEN3"
     telemetry.shutdown(timeout_millis=500)
+
+
+@documents("README.md", "The parallel layout Megatron-LM adds there")
+def test_the_parallel_layout_is_what_the_training_code_passes():
+    """dl.tensor_parallel.size, dl.pipeline_parallel.size and dl.data_parallel.size are not
+    detected from a launcher; configure(resource_attributes=...) puts them in the Resource."""
+    from otel_training.semconv.attributes import (
+        DL_DATA_PARALLEL_SIZE,
+        DL_PIPELINE_PARALLEL_SIZE,
+        DL_TENSOR_PARALLEL_SIZE,
+    )
+
+    environ = {"RANK": "3", "WORLD_SIZE": "64", "TORCHELASTIC_RUN_ID": "r"}
+    environ |= {"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"}
+    layout = {DL_TENSOR_PARALLEL_SIZE: 8, DL_PIPELINE_PARALLEL_SIZE: 2, DL_DATA_PARALLEL_SIZE: 4}
+    detected = setup.configure(set_global=False, environ=environ)
+    attributes = detected.meter_provider._sdk_config.resource.attributes
+    assert not set(layout) & set(attributes) and attributes[DL_WORLD_SIZE] == 64
+    passed = setup.configure(set_global=False, environ=environ, resource_attributes=layout)
+    attributes = passed.meter_provider._sdk_config.resource.attributes
+    assert {k: attributes[k] for k in layout} == layout
