@@ -171,7 +171,7 @@ def test_a_restart_that_loads_an_older_checkpoint_loses_every_step_after_it():
 
 @documents(
     "health.md",
-    "hang = when at E_i the reference rank had made no progress for longer than H for its",
+    "hang = when at E_i the reference rank had made no progress for longer than H",
 )
 def test_a_tail_without_progress_longer_than_h_is_hang():
     """Stuck 100 s in compute inside step 48 with a 60 s floor: hang, not lost progress."""

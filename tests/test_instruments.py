@@ -235,7 +235,7 @@ def test_no_op_without_opentelemetry(monkeypatch):
 @documents("README.md", "Rank identity is never a point attribute")
 @documents(
     "README.md",
-    "The first eight keep Megatron-LM's names, kinds and units (empty, except `ms` for the",
+    "The first eight keep Megatron-LM's names, kinds and units",
 )
 @documents("README.md", "`megatron.training.step_duration_ms` | Histogram, unit `ms`")
 def test_sdk_names_kinds_units_and_values():

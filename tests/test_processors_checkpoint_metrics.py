@@ -56,7 +56,7 @@ class _Parts:
         return testing.points(self.reader.get_metrics_data(), NAME)
 
 
-@documents("README.md", "duration of each checkpoint save/load span that ended normally, by")
+@documents("README.md", "duration of each checkpoint save/load span that ended normally")
 def test_save_and_load_phases_record_their_span_durations():
     """A save and a load phase each record one point: their operation, the span's own duration."""
     memory = testing.configure_in_memory(

@@ -45,6 +45,22 @@ def _check(record: dict, every: int, expected_counts) -> int:
     return checked
 
 
+@documents(
+    "integrations.md",
+    "A step lasts from the end of the previous step",
+)
+@documents(
+    "integrations.md",
+    "Both throughput figures are `otel_training.throughput.throughput()`",
+)
+@documents(
+    "integrations.md",
+    "else the module's `flops_per_batch` attribute",
+)
+@documents(
+    "integrations.md",
+    "(this rank's count × the world size)",
+)
 @documents("README.md", "and pinned by tests built from independent data")
 @documents("README.md", "The demo and the callbacks report the job's rate")
 @documents("README.md", "(evaluations and checkpoint saves between steps excluded)")
@@ -88,6 +104,15 @@ def test_lightning_throughput_on_two_ranks(run_python, tmp_path):
         assert _check(record, 2, expected) == 3 * 4
 
 
+@documents(
+    "integrations.md",
+    "A step lasts from the end of the previous step",
+)
+@documents(
+    "integrations.md",
+    "Both throughput figures are `otel_training.throughput.throughput()`",
+)
+@documents("integrations.md", "else the Trainer's own count (`state.total_flos`, over all ranks)")
 @documents("README.md", ", or a framework's own count")
 @documents("README.md", "(evaluations and checkpoint saves between steps excluded)")
 def test_transformers_throughput_on_two_ranks(run_python, tmp_path):
