@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from doc_rules import documents
 from support import load_script, promtool_or_unavailable
 
 from otel_training.health.ledger import PHASES
@@ -337,6 +338,8 @@ def test_the_rules_classify_every_phase_of_the_ledger_once():
     assert "communication" not in generate_rules.BUSY
 
 
+@documents("health.md", "the Prometheus rules carry the same numbers")
+@documents("health.md", "the Prometheus rules follow it")
 def test_a_variant_changes_only_its_parameters(capsys):
     """`generate_rules.py --stdout --hang-floor-s 30 --interval-s 5` prints the same rules
     with a 30 s floor and 5 s evaluation, and says so in its header; `--check` passes on

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from doc_rules import documents
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -549,6 +550,8 @@ def test_a_bad_export_strategy_warns_once_and_every_rank_exports(caplog):
     assert settings.export_ranks.policy == "all" and len(warnings) == 1
 
 
+@documents("spans.md", "L = `OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS` (default 1000)")
+@documents("spans.md", "(B, default 20,000 spans, about 2.4 MB)")
 def test_nvtx_only_groups_and_trace_segments(caplog):
     """fine is the fine-grained groups; names add up; the segment length is a whole number."""
     settings, _ = load(caplog, OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS="fine")
@@ -569,7 +572,7 @@ def test_nvtx_only_groups_and_trace_segments(caplog):
         == 50
     )
     bad, warnings = load(caplog, OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS="0")
-    assert bad.trace_segment_iterations == config.DEFAULT_TRACE_SEGMENT_ITERATIONS
+    assert bad.trace_segment_iterations == config.DEFAULT_TRACE_SEGMENT_ITERATIONS == 1000
     assert len(warnings) == 1
     assert load(caplog)[0].trace_span_budget == config.DEFAULT_TRACE_SPAN_BUDGET == 20_000
     assert load(caplog, OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET="64")[0].trace_span_budget == 64
@@ -579,6 +582,10 @@ def test_nvtx_only_groups_and_trace_segments(caplog):
         assert len(warnings) == 1 and "OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET" in warnings[0], raw
 
 
+@documents(
+    "spans.md",
+    "`OTEL_PYTHON_TRAINING_RUN_ID`, else Megatron-LM's `MEGATRON_OTEL_RUN_ID`, else NeMo",
+)
 def test_megatron_and_lens_run_ids(caplog):
     """OTEL_PYTHON_TRAINING_RUN_ID, else MEGATRON_OTEL_RUN_ID, else NEMO_LENS_RUN_ID."""
     assert load(caplog, NEMO_LENS_RUN_ID="lens")[0].identity.run_id == "lens"

@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+from doc_rules import documents
 from support import import_or_unavailable
 
 torch = import_or_unavailable("torch")
@@ -106,6 +107,7 @@ def test_one_step_duration_point_per_optimizer_step(corpus):
     assert histogram.count == 7
 
 
+@documents("README.md", "The demo and the callbacks report the job's rate")
 @pytest.mark.parametrize(("grad_accum", "batch_size"), [(1, 8), (4, 2)])
 def test_tokens_per_sec_counts_every_micro_batch(corpus, grad_accum, batch_size):
     """tokens/s = all micro-batches' tokens / summed step time, whatever the accumulation."""

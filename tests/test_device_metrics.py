@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from doc_rules import documents
 from fake_nvml import SONAME, FakeNvml, installed
 from fake_nvml import build as build_fake_nvml
 from opentelemetry.sdk.metrics import MeterProvider
@@ -75,6 +76,8 @@ H100 = DeviceSample(
 )
 
 
+@documents("device-metrics.md", "Rank identity stays in the Resource, as everywhere")
+@documents("device-metrics.md", "`hw.gpu.task` = `general`")
 def test_instruments_use_opentelemetrys_hardware_names_units_and_attributes():
     """Each value becomes its hw.* instrument, in OTel's unit, with hw.id, hw.type=gpu, hw.name,
     hw.vendor; the temperature is a sensor of the GPU; clocks carry their domain."""
@@ -344,6 +347,21 @@ def _clocks(found: dict[str, list]) -> dict[str, dict[str, float]]:
     return clocks
 
 
+@documents(
+    "device-metrics.md",
+    "GPU metrics carry `hw.id` (the GPU's UUID), `hw.type` = `gpu`, `hw.name` (the product",
+)
+@documents("device-metrics.md", "clock speed per `dl.gpu.clock.domain`: `graphics`, `sm`, `memory`")
+@documents("device-metrics.md", "GPU die temperature (`nvmlDeviceGetTemperature`)")
+@documents(
+    "device-metrics.md",
+    "energy since the driver was loaded (`nvmlDeviceGetTotalEnergyConsumption`, mJ)",
+)
+@documents("device-metrics.md", "power draw (`nvmlDeviceGetPowerUsage`, mW)")
+@documents("device-metrics.md", "`hw.gpu.memory.utilization` | gauge | `1` | used / total")
+@documents("device-metrics.md", "device memory (`.total`)")
+@documents("device-metrics.md", "device memory in use (`nvmlDeviceGetMemoryInfo().used`)")
+@documents("device-metrics.md", "fraction of the last sample period in which a kernel ran")
 def test_nvml_native_units_are_exported_in_opentelemetrys_units(fake_nvml, monkeypatch):
     """%, bytes, mW, mJ, degrees Celsius and MHz from the driver become 1, By, W, J, Cel and Hz,
     per GPU, with the GPU's UUID and NVML's product name (docs/device-metrics.md, Instruments)."""
@@ -641,6 +659,9 @@ class RecordingMeter:
         return create
 
 
+@documents(
+    "device-metrics.md", "The `hw.*` names, units, descriptions and attributes are OpenTelemetry's"
+)
 def test_instruments_are_described_as_opentelemetrys_conventions_describe_them():
     """Each hw.* instrument's description and unit are those of OpenTelemetry's hardware
     conventions (their create_hw_* functions); the kinds are the conventions' too, observable."""
@@ -661,6 +682,7 @@ def test_instruments_are_described_as_opentelemetrys_conventions_describe_them()
     assert ours.created[DL_GPU_CLOCK_SPEED]["description"] == clock.description
 
 
+@documents("device-metrics.md", "`hw.gpu.memory.utilization` | gauge | `1` | used / total")
 def test_a_gpu_reporting_no_memory_size_has_no_memory_fraction():
     """A total of 0 bytes (or none) gives no hw.gpu.memory.utilization point for that GPU;
     the other GPUs' fractions are exported."""
@@ -691,3 +713,44 @@ def test_a_source_that_fails_loses_its_points_with_one_warning_and_no_sdk_error(
     assert [(r.name, r.getMessage()) for r in caplog.records] == [
         ("otel_training.device_metrics", "device metrics: reading the devices failed")
     ]
+
+
+@documents("device-metrics.md", "`dl.gpu.clock.speed` | gauge")
+@documents("device-metrics.md", "`hw.temperature` | gauge")
+@documents("device-metrics.md", "`hw.energy` | counter")
+@documents("device-metrics.md", "`hw.power` | gauge")
+@documents("device-metrics.md", "`hw.gpu.memory.limit` | up-down counter")
+@documents("device-metrics.md", "`hw.gpu.memory.usage` | up-down counter")
+@documents("device-metrics.md", "`hw.gpu.utilization` | gauge")
+def test_the_kinds_are_those_of_the_instruments_table():
+    """docs/device-metrics.md: utilisation, memory fraction, power, temperature and clocks are
+    gauges, memory used and total up-down counters, energy a counter; all observable."""
+    meter = RecordingMeter()
+    DeviceMetrics(meter, InMemoryDevices([]))
+    gauge, up_down, counter = (
+        "create_observable_gauge",
+        "create_observable_up_down_counter",
+        "create_observable_counter",
+    )
+    assert {name: meter.created[name]["kind"] for name in DEVICE_METRICS} == {
+        hw_metrics.HW_GPU_UTILIZATION: gauge,
+        hw_metrics.HW_GPU_MEMORY_USAGE: up_down,
+        hw_metrics.HW_GPU_MEMORY_LIMIT: up_down,
+        hw_metrics.HW_GPU_MEMORY_UTILIZATION: gauge,
+        hw_metrics.HW_POWER: gauge,
+        hw_metrics.HW_ENERGY: counter,
+        hw_metrics.HW_TEMPERATURE: gauge,
+        DL_GPU_CLOCK_SPEED: gauge,
+    }
+
+
+@documents(
+    "device-metrics.md", "OpenTelemetry defines no GPU clock yet (`hw.cpu.speed` is the CPU's)"
+)
+def test_opentelemetry_defines_no_gpu_clock_yet():
+    """The hardware conventions name the CPU's speed, not a GPU clock: dl.gpu.clock.speed is
+    ours, in the registry (when they add one, this fails and the docs and instrument move)."""
+    names = [n for n in dir(hw_metrics) if n.startswith("HW_")]
+    assert "HW_CPU_SPEED" in names
+    assert not [n for n in names if "GPU" in n and any(w in n for w in ("CLOCK", "SPEED", "FREQ"))]
+    assert DL_GPU_CLOCK_SPEED == "dl.gpu.clock.speed" and DL_GPU_CLOCK_SPEED in METRICS

@@ -4,11 +4,12 @@ ledger, every bucket against the value computed by hand from the script."""
 from __future__ import annotations
 
 import pytest
+from doc_rules import documents
 from health_sim import SimRank
 
 from otel_training.health import goodput, hang
 from otel_training.health import ledger as L
-from otel_training.health.evidence import Attempt, attempts
+from otel_training.health.evidence import Attempt, PhaseSpan, Process, Sample, attempts
 
 STEP = 0.02 + 0.06 + 0.005 + 0.01  # data + compute + communication + optimizer
 GAP = 0.005  # between steps: the ledger's other
@@ -82,6 +83,18 @@ def expected_buckets(killed: float, end: float) -> tuple[dict[str, float], float
     return buckets, productive
 
 
+@documents("health.md", "goodput = productive / W.")
+@documents("health.md", "other = W − productive − the other buckets")
+@documents(
+    "health.md",
+    "startup, checkpoint_load, checkpoint_save (its blocking part), evaluate: their phases",
+)
+@documents("health.md", "data_wait = `data_loading`")
+@documents("health.md", "warmup_excess = the first step of the process − the attempt's median step")
+@documents("health.md", "The last attempt loses nothing")
+@documents("health.md", "lost_progress = the step phases")
+@documents("health.md", "downtime = S_{i+1} − E_i")
+@documents("health.md", "W = E_n − S_1 (the wall time)")
 def test_every_bucket_is_the_hand_computed_value():
     """Killed inside step 48, restarted 1.5 s later from step 40: each bucket, to 1 ms."""
     p0, p1, killed = two_attempts()
@@ -102,9 +115,11 @@ def test_every_bucket_is_the_hand_computed_value():
     assert (first.resumed_from, first.last_iteration, first.lost_iterations) == (None, 47, (41, 47))
     assert (second.resumed_from, second.last_iteration, second.lost_iterations) == (40, 100, None)
     assert first.ended == "killed" and second.ended == "completed"
+    assert second.buckets["lost_progress"] == 0.0
     assert first.median_step_s == pytest.approx(STEP)
 
 
+@documents("health.md", "Productive time and the ten buckets add up to W exactly")
 def test_buckets_and_productive_time_add_up_to_the_wall_time():
     """Whatever the script, the partition is exact: productive + buckets = W."""
     p0, p1, _ = two_attempts(step_spans=False)
@@ -114,6 +129,9 @@ def test_buckets_and_productive_time_add_up_to_the_wall_time():
         assert item.productive_s + sum(item.buckets.values()) == pytest.approx(item.wall_s)
 
 
+@documents(
+    "health.md", "The reference rank's ledger splits `[its creation, E_i]` into the ten phases"
+)
 def test_without_step_spans_the_buckets_stay_within_a_step():
     """Default span groups (no iteration spans): the export samples and the checkpoint and
     evaluation spans still place the restore point; each bucket within two steps."""
@@ -136,6 +154,9 @@ def test_attempts_without_a_counter_are_ordered_by_creation_time():
     assert job.buckets["lost_progress"] == pytest.approx(GAP + 7 * (STEP + GAP) + 0.05, abs=1e-3)
 
 
+@documents("health.md", "Saves, loads and evaluations after b_i stay in their own buckets")
+@documents("health.md", "lost_progress = the step phases")
+@documents("health.md", "b_i = when the step that attempt i+1 restored completed")
 def test_a_restart_that_loads_an_older_checkpoint_loses_every_step_after_it():
     """The next attempt restored step 20, not 40: steps 21-47 are lost, save 40 is not."""
     p0, _, killed = two_attempts()
@@ -148,6 +169,10 @@ def test_a_restart_that_loads_an_older_checkpoint_loses_every_step_after_it():
     assert job.attempts[0].buckets["evaluate"] == pytest.approx(0.4, abs=1e-3)
 
 
+@documents(
+    "health.md",
+    "hang = when at E_i the reference rank had made no progress for longer than H",
+)
 def test_a_tail_without_progress_longer_than_h_is_hang():
     """Stuck 100 s in compute inside step 48 with a 60 s floor: hang, not lost progress."""
     r = run_attempt(T0, 0, load=None, last=47, cut_s=100.0)
@@ -164,6 +189,10 @@ def test_a_tail_without_progress_longer_than_h_is_hang():
     assert strict.attempts[0].buckets["hang"] == 0.0
 
 
+@documents(
+    "health.md",
+    "the lowest rank that exported the ledger until within one export interval",
+)
 def test_the_reference_rank_dying_first_leaves_the_rest_to_its_peers():
     """Rank 0 dies 0.4 s before rank 1: the attempt ends with rank 1, and the 0.4 s is lost."""
     r0 = run_attempt(T0, 0, load=None, last=47, cut_s=0.05, rank=0)
@@ -173,12 +202,13 @@ def test_the_reference_rank_dying_first_leaves_the_rest_to_its_peers():
     found = attempts([p0, p1, a1.end()])
     job = goodput.account(found)
     assert job.attempts[0].reference_rank == 0
-    assert job.attempts[0].end_s == pytest.approx(r1.now)
+    assert job.attempts[0].end_s == pytest.approx(r1.now, abs=1e-6)
     assert job.attempts[0].buckets["lost_progress"] == pytest.approx(
         GAP + 7 * (STEP + GAP) + 0.45, abs=1e-3
     )
 
 
+@documents("health.md", "Meta's time to start (its first step's end − S_i) and time to recover")
 def test_time_to_start_and_time_to_recover():
     """Meta's: first step's end minus the attempt's start; the next one's minus the end."""
     p0, p1, killed = two_attempts()
@@ -190,6 +220,7 @@ def test_time_to_start_and_time_to_recover():
     assert job.attempts[1].time_to_start_s == pytest.approx(restart_first_end - killed - 1.5)
 
 
+@documents("health.md", "How an attempt ended (`ended`)")
 def test_a_job_still_running_is_running():
     """Evidence within two export intervals of now, spans still open: running."""
     r = run_attempt(T0, 0, load=None, last=30, cut_s=0.01)
@@ -213,6 +244,9 @@ def test_an_attempt_without_the_ledger_is_other_with_a_note():
     assert job.productive_s == 0.0 and "ledger" in job.notes[0]
 
 
+@documents(
+    "health.md", "The reference rank's ledger splits `[its creation, E_i]` into the ten phases"
+)
 def test_the_timeline_places_spans_between_exports():
     """Between two exports a save's time is where its span is; the step phases fill the rest."""
     r = SimRank(T0, export_s=5.0)
@@ -231,3 +265,167 @@ def test_the_timeline_places_spans_between_exports():
     assert after[L.CHECKPOINT_SAVE] - before[L.CHECKPOINT_SAVE] == pytest.approx(1.0)
     assert sum(timeline.at(r.now)) == pytest.approx(r.now - T0)
     assert timeline.at(save.start_s)[L.CHECKPOINT_SAVE] == pytest.approx(0.0, abs=1e-9)
+
+
+@documents(
+    "health.md",
+    "the lowest rank that exported the ledger until within one export interval",
+)
+def test_the_reference_rank_is_the_lowest_that_exported_until_the_end():
+    """5 s exports: rank 0 ending 4 s before rank 1 is the reference; ending 30 s before, it
+    is not (rank 1 is)."""
+    for gap, reference in ((4.0, 0), (30.0, 1)):
+        r0 = run_attempt(T0, 0, load=None, last=30, rank=0)
+        r1 = run_attempt(T0, 0, load=None, last=30, rank=1)
+        r1.advance(gap)
+        job = goodput.account(attempts([r0.end(), r1.end()]))
+        assert job.attempts[0].reference_rank == reference, gap
+
+
+@documents(
+    "health.md",
+    "E_i = their last evidence of life, cut at S_{i+1} when attempts overlap",
+)
+def test_an_attempt_runs_from_its_first_process_to_its_last_evidence_or_the_next_start():
+    """S_i: rank 1 created 3 s before rank 0; E_i: cut where the next attempt starts when the
+    old processes outlive it (2 s here): no downtime, W from S_1 to E_2."""
+    r1 = run_attempt(T0, 0, load=None, last=47, cut_s=0.05, rank=1)
+    r0 = run_attempt(T0 + 3.0, 0, load=None, last=47, cut_s=0.05, rank=0)
+    old_end = max(r0.now, r1.now)
+    a1 = run_attempt(old_end - 2.0, 1, load=40, last=60)
+    job = goodput.account(attempts([r0.end(), r1.end(), a1.end()]))
+    first, second = job.attempts
+    assert first.start_s == T0 and job.start_s == T0
+    assert (
+        first.end_s == pytest.approx(old_end - 2.0, abs=1e-6) and first.buckets["downtime"] == 0.0
+    )
+    assert second.start_s == pytest.approx(old_end - 2.0, abs=1e-6)
+    assert job.wall_s == pytest.approx(a1.now - T0)
+
+
+@documents("health.md", "Time before the reference rank was created is `startup`")
+def test_time_before_the_reference_rank_was_created_is_startup():
+    """Rank 1 created 3 s before rank 0 (the reference): startup is rank 0's 2 s and the 3 s."""
+    r1 = run_attempt(T0, 0, load=None, last=30, rank=1)
+    r0 = run_attempt(T0 + 3.0, 0, load=None, last=30, rank=0)
+    job = goodput.account(attempts([r0.end(), r1.end()]))
+    assert job.attempts[0].reference_rank == 0
+    assert job.buckets["startup"] == pytest.approx(2.0 + 3.0, abs=1e-3)
+
+
+@documents("health.md", "without a load, its first iteration − 1")
+def test_without_a_load_the_next_attempt_restored_the_step_before_its_first():
+    """The restart loads nothing and starts at step 41: step 40 is b_i, steps 41-47 are lost,
+    as with a load of step 40."""
+    p0, _, killed = two_attempts()
+    r = SimRank(killed + 1.5, attempt=1)
+    r.advance(2.0)
+    r.iteration = 40
+    for _ in range(10):
+        r.step()
+        r.advance(GAP)
+    job = goodput.account(attempts([p0, r.end()]))
+    first = job.attempts[0]
+    assert first.lost_iterations == (41, 47)
+    assert first.buckets["lost_progress"] == pytest.approx(GAP + 7 * (STEP + GAP) + 0.05, abs=1e-3)
+
+
+@documents("health.md", "Taken from, in order: that iteration's span end")
+def test_the_restored_step_is_dated_by_the_best_evidence_in_order():
+    """When step 10 completed: its span's end (100), else an export at that progress (101),
+    else an export whose last save is it (120 - 15), else its save's start (106), else the
+    progress of the exports around it interpolated (step 8 at 90, step 12 at 110: 100)."""
+    process = Process(rank=0, created_s=0.0)
+    process.spans = [
+        PhaseSpan("megatron.train.iteration", L.ITERATION, 99.0, 100.0, 10),
+        PhaseSpan("megatron.checkpoint.save", L.CHECKPOINT_SAVE, 106.0, 107.0, 10),
+    ]
+    process.samples = [
+        Sample(95.0, iteration=8, progress_s=90.0),
+        Sample(102.0, iteration=10, progress_s=101.0),
+        Sample(115.0, iteration=12, progress_s=110.0),
+        Sample(120.0, iteration=12, progress_s=110.0, saved_iteration=10, checkpoint_age_s=15.0),
+    ]
+    assert goodput.completion_s(process, 10) == 100.0
+    process.spans.pop(0)
+    assert goodput.completion_s(process, 10) == 101.0
+    del process.samples[1]
+    assert goodput.completion_s(process, 10) == 105.0
+    process.samples.pop()
+    assert goodput.completion_s(process, 10) == 106.0
+    process.spans.clear()
+    assert goodput.completion_s(process, 10) == pytest.approx(100.0)
+
+
+@documents("health.md", "A running attempt is judged at now, as the hang verdict is")
+def test_a_running_attempt_is_judged_at_now():
+    """Stuck 55 s in a step and still exporting, 60 s floor: at its last evidence it is not
+    hung; judged at now, 8 s later (within two export intervals), it is."""
+    r = run_attempt(T0, 0, load=None, last=30, cut_s=55.0)
+    process = r.end()
+    policy = hang.HangPolicy(floor_s=60.0)
+    running = goodput.account([Attempt(0, True, [process])], policy, now_s=r.now + 8.0)
+    assert running.attempts[0].ended == "hung"
+    assert running.attempts[0].buckets["hang"] == pytest.approx(GAP + 55.0, abs=1e-3)
+    ended = goodput.account([Attempt(0, True, [process])], policy)
+    assert ended.attempts[0].ended == "killed" and ended.attempts[0].buckets["hang"] == 0.0
+
+
+@documents("health.md", "How an attempt ended (`ended`)")
+def test_each_way_an_attempt_ends():
+    """sigterm: spans truncated on the signal; failed: its last iteration raised; exited: an
+    attempt before the last that shut down; completed: the last one that did."""
+
+    def ended(process, *, last=True):
+        found = [Attempt(0, True, [process])]
+        if not last:
+            later = run_attempt(process.alive_s + 1.0, 1, load=None, last=5).end()
+            found.append(Attempt(1, True, [later]))
+        return goodput.account(found).attempts[0].ended
+
+    assert ended(run_attempt(T0, 0, load=None, last=30).end()) == "completed"
+    assert ended(run_attempt(T0, 0, load=None, last=30).end(), last=False) == "exited"
+    stopped = run_attempt(T0, 0, load=None, last=30).end()
+    stopped.signal = "SIGTERM"
+    assert ended(stopped) == "sigterm"
+    r = run_attempt(T0, 0, load=None, last=30)
+    start = r.now
+    r.advance(0.05)
+    r.process.spans.append(PhaseSpan("megatron.train.iteration", L.ITERATION, start, r.now, 31,
+                                     failed=True))  # fmt: skip
+    assert ended(r.end()) == "failed"
+
+
+@documents(
+    "health.md",
+    "Without per-step spans the last progress known is that of the last export, checkpoint",
+)
+def test_without_step_spans_the_last_progress_known_is_the_last_exports_or_saves():
+    """Default span groups: of steps 1-47 the last known is the save of step 40 (after the last
+    export); with iteration spans, step 47 at its end."""
+    r = run_attempt(T0, 0, load=None, last=47, step_spans=False)
+    process = r.end()
+    exported = max(s.iteration for s in process.samples if s.time_s < r.now)
+    save = [s for s in process.spans if s.phase == L.CHECKPOINT_SAVE and s.iteration == 40][0]
+    assert exported < 40 and goodput.last_progress(process) == (40, save.start_s)
+    spans = run_attempt(T0, 0, load=None, last=47).end()
+    step = [s for s in spans.spans if s.iteration == 47][0]
+    assert goodput.last_progress(spans) == (47, step.end_s)
+
+
+@documents(
+    "health.md",
+    "step time = `data_loading + forward_backward + optimizer + communication`, samples",
+)
+def test_the_median_step_is_the_step_phases_per_step_after_the_warm_up():
+    """Steps of 0.095 s (data, compute, communication, optimizer) with 0.9 s of other between
+    them after a 20 s warm-up step, no iteration spans, exports every 5 s: the median step is
+    0.095 s (within the share of a step an export cuts), not 1 s and not the warm-up's."""
+    r = SimRank(T0, step_spans=False)
+    r.advance(2.0)
+    r.step(extra_first=20.0)
+    for _ in range(10):
+        r.advance(0.9)
+        r.step()
+    process = r.end()
+    assert goodput.median_step_s(process) == pytest.approx(STEP, rel=0.1)

@@ -4,6 +4,7 @@ docs/health.md), each rule pinned by an example computed by hand."""
 from __future__ import annotations
 
 import pytest
+from doc_rules import documents
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,6 +13,7 @@ from otel_training.health import hang
 from otel_training.health.hang import HangPolicy, RankState, judge
 
 
+@documents("health.md", "max(5 × median step, floor)")
 def test_h_in_a_step_phase_is_five_median_steps_at_least_the_floor():
     """max(5 x median step, floor): 60 s for 2 s steps, 100 s for 20 s steps."""
     policy = HangPolicy()
@@ -21,6 +23,7 @@ def test_h_in_a_step_phase_is_five_median_steps_at_least_the_floor():
     assert HangPolicy(floor_s=1.0).threshold_s("data_loading", 0.05) == 1.0
 
 
+@documents("health.md", "max(2 × the longest of that phase seen on the rank, budget, the step H)")
 def test_long_phases_get_twice_the_longest_seen_at_least_ten_minutes():
     """A checkpoint save: max(2 x longest save seen, 600 s, the step threshold)."""
     policy = HangPolicy()
@@ -30,6 +33,7 @@ def test_long_phases_get_twice_the_longest_seen_at_least_ten_minutes():
     assert policy.threshold_s("checkpoint_load", 1.0, 1.0) == 600.0
 
 
+@documents("health.md", "`startup`, `warmup` | max(budget, the step H)")
 def test_startup_and_warmup_get_thirty_minutes():
     """The initial budget of NVRx and DLRover: 1,800 s."""
     assert HangPolicy().threshold_s("startup") == 1800.0
@@ -37,6 +41,13 @@ def test_startup_and_warmup_get_thirty_minutes():
     assert HangPolicy(startup_s=60.0).threshold_s("warmup", 20.0) == 100.0
 
 
+@documents(
+    "health.md",
+    "The ranks' watchdogs and `otel-training health` read the same variables (`config.py`)",
+)
+@documents("health.md", "`OTEL_PYTHON_TRAINING_HANG_STARTUP_S` (1800)")
+@documents("health.md", "`OTEL_PYTHON_TRAINING_HANG_PHASE_BUDGET_S` (600)")
+@documents("health.md", "`OTEL_PYTHON_TRAINING_HANG_FLOOR_S` (60)")
 def test_the_floor_is_read_from_the_environment_like_the_ranks_read_it():
     """OTEL_PYTHON_TRAINING_HANG_FLOOR_S and the budgets, with the one bad-value policy."""
     settings = config.load(
@@ -60,6 +71,9 @@ def test_a_bad_floor_warns_once_and_uses_the_default(raw, caplog):
     assert sum("OTEL_PYTHON_TRAINING_HANG_FLOOR_S" in r.message for r in caplog.records) == 1
 
 
+@documents(
+    "health.md", "The median step of a rank: the median over its samples of (step time gained ÷"
+)
 def test_the_median_step_is_the_median_of_interval_means():
     """Samples (iteration, cumulative step time): the mean per step of each interval, then
     the median; intervals without a step left out."""
@@ -73,6 +87,8 @@ def state(rank, phase="communication", age=100.0, threshold=60.0, iteration=10, 
     return RankState(rank, phase, age, threshold, iteration, silent)
 
 
+@documents("health.md", "Hung: every exporting rank is stalled")
+@documents("health.md", "Stalled: progress age > H for its phase.")
 def test_a_job_is_hung_when_every_exporting_rank_is_stalled():
     """Stalled = progress age above H; one rank still progressing means no hang."""
     verdict = judge([state(0), state(1, age=10.0)])
@@ -81,6 +97,7 @@ def test_a_job_is_hung_when_every_exporting_rank_is_stalled():
     assert verdict.hung and verdict.since_s == 100.0
 
 
+@documents("health.md", "`silent`: the silent ranks")
 def test_rule_one_silent_ranks_while_peers_export():
     """A rank that stopped exporting (GIL held, SIGSTOP, dead) is the culprit."""
     verdict = judge([state(0), state(1, phase="forward_backward", silent=True), state(2)])
@@ -88,6 +105,9 @@ def test_rule_one_silent_ranks_while_peers_export():
     assert verdict.silent_ranks == (1,)
 
 
+@documents(
+    "health.md", "`outside_communication`: while at least half of the ranks are in `communication`"
+)
 def test_rule_two_ranks_outside_communication_while_most_wait_in_it():
     """Ranks 0, 2, 3 wait in communication; rank 1 never reached the collective."""
     ranks = [state(0), state(1, phase="forward_backward"), state(2), state(3)]
@@ -97,6 +117,10 @@ def test_rule_two_ranks_outside_communication_while_most_wait_in_it():
                               3: "communication"}  # fmt: skip
 
 
+@documents(
+    "health.md",
+    "`lowest_progress`: the ranks with the lowest progress iteration, when the ranks differ",
+)
 def test_rule_three_the_lowest_progress():
     """Nobody in communication: the ranks at the lowest iteration."""
     ranks = [state(0, "data_loading", iteration=12), state(1, "data_loading", iteration=11),
@@ -105,18 +129,24 @@ def test_rule_three_the_lowest_progress():
     assert verdict.rule == "lowest_progress" and verdict.culprits == (1, 2)
 
 
+@documents(
+    "health.md",
+    "`lowest_progress`: the ranks with the lowest progress iteration, when the ranks differ",
+)
 def test_no_culprit_when_the_ranks_cannot_be_told_apart():
     """All in the same phase at the same iteration: hung, no culprit named."""
     verdict = judge([state(0, "data_loading"), state(1, "data_loading")])
     assert verdict.hung and verdict.culprits == () and verdict.rule is None
 
 
+@documents("health.md", "(every rank, when none exports)")
 def test_when_no_rank_exports_all_are_judged():
     """Every rank silent (the job died): hung when all were stalled, no silent culprit."""
     verdict = judge([state(0, silent=True), state(1, "forward_backward", silent=True)])
     assert verdict.hung and verdict.rule == "outside_communication" and verdict.culprits == (1,)
 
 
+@documents("health.md", "Silent: no export for 2 export intervals + 1 s")
 def test_silence_is_two_export_intervals_and_a_second():
     """5 s exports: silent after 11 s."""
     assert hang.silence_s(5.0) == 11.0
@@ -159,3 +189,36 @@ def test_the_health_variables_are_documented():
         assert name in health, name
         short = name.replace("OTEL_PYTHON_TRAINING", "")
         assert name in readme or short in readme, name
+
+
+@documents(
+    "health.md", "`outside_communication`: while at least half of the ranks are in `communication`"
+)
+@documents("health.md", "Culprits, the ranks of the first of these rules that names any")
+def test_the_first_rule_that_names_a_rank_wins():
+    """Rule 1 before rule 2 before rule 3; rule 2 needs half of the ranks in communication
+    (2 of 4 is enough, 1 of 4 is not)."""
+    ranks = [state(0), state(1, "forward_backward"), state(2, silent=True), state(3)]
+    assert (judge(ranks).rule, judge(ranks).culprits) == ("silent", (2,))
+    ranks = [
+        state(0, iteration=9),
+        state(1, "forward_backward", iteration=12),
+        state(2, iteration=9),
+    ]
+    assert (judge(ranks).rule, judge(ranks).culprits) == ("outside_communication", (1,))
+    half = [state(0), state(1), state(2, "optimizer"), state(3, "optimizer")]
+    assert (judge(half).rule, judge(half).culprits) == ("outside_communication", (2, 3))
+    quarter = [
+        state(0, iteration=12),
+        state(1, "optimizer", iteration=11),
+        state(2, "optimizer", iteration=12),
+        state(3, "optimizer", iteration=12),
+    ]
+    assert (judge(quarter).rule, judge(quarter).culprits) == ("lowest_progress", (1,))
+
+
+@documents("health.md", "Stalled: progress age > H for its phase.")
+def test_a_rank_is_stalled_only_past_h():
+    """Progress age exactly H is not stalled; a millisecond more is."""
+    assert not state(0, age=60.0, threshold=60.0).stalled
+    assert state(0, age=60.001, threshold=60.0).stalled

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from doc_rules import documents
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from support import fork_or_unavailable
 
@@ -144,6 +145,7 @@ def test_iterations_without_numbers_count_from_the_last_one():
     assert ledger.read().iteration == 41
 
 
+@documents("health.md", "Progress age of a rank: seconds since its last completed step")
 def test_progress_and_checkpoint_ages_follow_the_clock():
     """Age is since the last completed step; checkpoint age since the step the save holds."""
     ledger, fake = make_ledger(started_s_ago=3.0)
@@ -157,14 +159,15 @@ def test_progress_and_checkpoint_ages_follow_the_clock():
     fake.advance(2.0)
     reading = ledger.read()
     assert reading.saved_iteration == 1
-    assert reading.progress_unix_s == pytest.approx(step1_done + 1.0)
+    assert reading.progress_unix_s == pytest.approx(step1_done + 1.0, abs=1e-6)
     assert reading.age_s == pytest.approx(2.5)
     assert reading.checkpoint_age_s == pytest.approx(fake.unix() - step1_done)
     spend(ledger, fake, CHECKPOINT_LOAD, 0.5, iteration=2)
     assert ledger.read().checkpoint_age_s == pytest.approx(0.0)
-    assert ledger.read().progress_unix_s == pytest.approx(fake.unix())
+    assert ledger.read().progress_unix_s == pytest.approx(fake.unix(), abs=1e-6)
 
 
+@documents("health.md", "Threshold H for the phase a rank is in (its innermost phase")
 def test_the_open_phase_and_how_long_it_has_been_open():
     """phase.elapsed names the innermost phase, from when its outermost run of itself began."""
     ledger, fake = make_ledger()
@@ -274,6 +277,10 @@ CONFIGURATIONS = {
 }
 
 
+@documents(
+    "health.md",
+    'Wrap the blocking part of synchronisation in `grad_sync("finish")` (or Megatron-LM\'s',
+)
 @pytest.mark.parametrize("environ", CONFIGURATIONS.values(), ids=CONFIGURATIONS.keys())
 def test_the_phase_functions_feed_the_ledger_whatever_the_configuration(environ):
     """Enabled, disabled or NVTX-only groups, SDK off or a silent rank: the same ledger."""
@@ -295,6 +302,14 @@ def test_the_phase_functions_feed_the_ledger_whatever_the_configuration(environ)
                 with ot.grad_sync("finish"):
                     assert ledger.read().open_phase == (
                         "warmup" if iteration == 11 else "communication"
+                    )
+                with ot.p2p("recv_backward"):  # Megatron-LM's pipeline receives wait too
+                    assert ledger.read().open_phase == (
+                        "warmup" if iteration == 11 else "communication"
+                    )
+                with ot.p2p("send_forward"):
+                    assert ledger.read().open_phase == (
+                        "warmup" if iteration == 11 else "forward_backward"
                     )
             with ot.optimizer_step(iteration=iteration):
                 assert ledger.read().open_phase == ("warmup" if iteration == 11 else "optimizer")
@@ -486,6 +501,7 @@ def test_saves_and_loads_without_numbers_or_steps():
     assert fresh.read().saved_iteration is None and fresh.read().checkpoint_age_s is None
 
 
+@documents("health.md", "Threshold H for the phase a rank is in (its innermost phase")
 def test_the_innermost_phase_is_open_since_it_began():
     """open_s of a phase nested in another is its own time, not its parent's; the progress age
     right after a step is zero."""

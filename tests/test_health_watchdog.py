@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from doc_rules import documents
 from health_sim import FakeClock
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from support import fork_or_unavailable
@@ -38,6 +39,9 @@ def steps(clock, ledger, dog, n: int, seconds: float = 0.1) -> None:
         dog.check()
 
 
+@documents(
+    "health.md", "When the age exceeds H it writes every thread's Python stack, once per stall"
+)
 def test_a_stall_longer_than_h_writes_the_stacks_once():
     """10 s floor: nothing at 9 s without progress, one record at 11 s, none after."""
     clock, ledger, dog, records = scripted()
@@ -63,6 +67,7 @@ def test_a_stall_longer_than_h_writes_the_stacks_once():
     assert dog.check() is not None and len(records) == 2  # a new stall
 
 
+@documents("health.md", "with the rank's own median step and longest phases")
 def test_the_median_step_raises_h_above_the_floor():
     """4 s steps: H = 20 s, not the 10 s floor."""
     clock, ledger, dog, records = scripted()
@@ -88,6 +93,7 @@ def test_a_checkpoint_save_within_its_budget_is_no_hang():
     assert record["phase"] == "checkpoint_save" and record["threshold_s"] == 60.0
 
 
+@documents("health.md", "with the rank's own median step and longest phases")
 def test_the_longest_save_seen_sets_the_next_budget():
     """After a 100 s save, a second save gets 2 x 100 s."""
     clock, ledger, dog, records = scripted(floor_s=10.0, budget_s=60.0)
@@ -111,10 +117,20 @@ def stuck_in_forward(seconds: float) -> None:
         time.sleep(seconds)
 
 
-def test_a_configured_rank_writes_a_log_record_and_a_span_line(tmp_path, monkeypatch):
+@documents("health.md", "one `logging` warning on stderr naming where")
+@documents("health.md", "a `stacks` record in the span JSON lines")
+@documents(
+    "health.md",
+    "an OpenTelemetry log record (severity WARN) in the trace of the newest span still open",
+)
+@documents(
+    "health.md",
+    "Each rank runs a watchdog thread (`otel-training-watchdog`, started by `configure()`",
+)
+def test_a_configured_rank_writes_a_log_record_and_a_span_line(tmp_path, monkeypatch, caplog):
     """Floor 0.3 s, a step stuck 1.5 s: a WARN log record in the step's trace and a stacks
-    line in spans-rank0.jsonl, both with the training thread's stack; the thread stops at
-    shutdown."""
+    line in spans-rank0.jsonl, both with the training thread's stack, and a logging warning
+    naming where; the thread stops at shutdown."""
     exporter = InMemoryLogRecordExporter()
     telemetry = ot.configure(
         environ={"OTEL_PYTHON_TRAINING_HANG_FLOOR_S": "0.3",
@@ -136,6 +152,9 @@ def test_a_configured_rank_writes_a_log_record_and_a_span_line(tmp_path, monkeyp
     log = record.log_record
     assert log.severity_text == "WARN"
     assert log.attributes["dl.training.phase"] == "forward_backward"
+    assert log.attributes["megatron.iteration"] == 5  # the last completed step
+    assert log.attributes["thread.id"] == threading.get_ident()
+    assert log.attributes["thread.name"] == threading.current_thread().name
     assert log.attributes["otel_training.hang.progress_age"] > 0.3
     assert "stuck_in_forward" in log.attributes["code.stacktrace"]
     assert "stuck_in_forward" in log.body
@@ -149,8 +168,12 @@ def test_a_configured_rank_writes_a_log_record_and_a_span_line(tmp_path, monkeyp
     assert stacks["trace_id"] == f"{span_context.trace_id:032x}"
     assert "stuck_in_forward" in stacks["threads"][0]["stack"] and stacks["threads"][0]["training"]
     assert not any(t["name"] == "otel-training-watchdog" for t in stacks["threads"])
+    (warning,) = [r for r in caplog.records if r.name == "otel_training.health"]
+    assert warning.levelname == "WARNING" and "spans-rank0.jsonl" in warning.getMessage()
+    assert "the log records" in warning.getMessage()
 
 
+@documents("health.md", "started by `configure()` for a pipeline that records")
 def test_a_rank_that_does_not_export_runs_no_watchdog():
     """The SDK disabled: no thread."""
     ot.configure(environ={"OTEL_SDK_DISABLED": "true"})
@@ -158,6 +181,7 @@ def test_a_rank_that_does_not_export_runs_no_watchdog():
     assert "otel-training-watchdog" not in {t.name for t in threading.enumerate()}
 
 
+@documents("health.md", "none in a forked child")
 def test_a_forked_child_runs_no_watchdog(tmp_path):
     """A DataLoader worker: the parent's watchdog is not the child's."""
     fork_or_unavailable()
@@ -169,3 +193,24 @@ def test_a_forked_child_runs_no_watchdog(tmp_path):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert watchdog.current() is not None
+
+
+@documents("health.md", "About once a second (a quarter of the floor when that is shorter)")
+def test_it_reads_about_once_a_second_or_four_times_a_floor():
+    """60 s floor: every 1 s; 2 s floor: every 0.5 s (a quarter of it)."""
+    assert Watchdog(HangPolicy(floor_s=60.0), print).period_s == 1.0
+    assert Watchdog(HangPolicy(floor_s=2.0), print).period_s == 0.5
+
+
+@documents("health.md", "8 stalls a process at most")
+def test_at_most_eight_stalls_a_process_write_their_stacks():
+    """Ten stalls, each ended by progress: the first eight write a record, the rest none."""
+    clock, ledger, dog, records = scripted()
+    steps(clock, ledger, dog, 10)
+    for _ in range(10):
+        stuck = ledger.enter(L.ITERATION)
+        clock.t += 11.0
+        dog.check()
+        ledger.exit(stuck, L.ITERATION)
+        steps(clock, ledger, dog, 3)
+    assert len(records) == watchdog.MAX_DUMPS == 8

@@ -168,6 +168,7 @@ def test_one_value_in_isolation(key):
         assert instrument.values == ([1] if name == P + key else []), name
 
 
+@documents("README.md", "`megatron.training.skipped_iters` | Counter (added only when > 0)")
 @pytest.mark.parametrize("value,expected", [(0, []), (1, [1]), (5, [5]), (-3, [])])
 def test_counter_only_adds_positive(value, expected):
     """skipped_iters is added only when > 0."""
@@ -231,6 +232,12 @@ def test_no_op_without_opentelemetry(monkeypatch):
 # -- through the SDK ------------------------------------------------------------------------
 
 
+@documents("README.md", "Rank identity is never a point attribute")
+@documents(
+    "README.md",
+    "The first eight keep Megatron-LM's names, kinds and units",
+)
+@documents("README.md", "`megatron.training.step_duration_ms` | Histogram, unit `ms`")
 def test_sdk_names_kinds_units_and_values():
     """Through the SDK the eight metrics arrive with Megatron's kinds, units and values."""
     _, reader, meter = sdk_meter()
@@ -306,6 +313,9 @@ def test_negative_step_duration_is_dropped_with_a_warning(caplog):
     assert collected(reader, P + "step_duration_ms") == []
 
 
+@documents(
+    "README.md", "NaN/±Inf values given to `record_training_metrics`, by `megatron.training.metric`"
+)
 @documents("limits.md", "NaN and infinity are counted")
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, np.float64("nan"), "nan"])
 def test_nonfinite_values_are_counted_per_metric(bad, caplog):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from doc_rules import documents
 
 import otel_training
 from otel_training import memory, testing
@@ -26,6 +27,7 @@ def stub_torch(available: bool = True):
     return SimpleNamespace(cuda=cuda)
 
 
+@documents("README.md", "`torch.cuda.memory_allocated()` now, not the peak (CUDA only)")
 def test_case_a8_value_is_current_allocation_in_gib():
     """Case A8: 81,352,720,384 bytes read as 75.77 GiB, never 81.35 "GB" nor the peak."""
     torch = stub_torch()
@@ -46,6 +48,7 @@ def test_case_a8_exported_value():
     assert point.value == pytest.approx(75.77, abs=0.005)
 
 
+@documents("README.md", "`torch.cuda.memory_allocated()` now, not the peak (CUDA only)")
 def test_no_cuda_gives_none():
     """Without CUDA there is no memory value (the metric is then not recorded)."""
     assert memory.memory_allocated_gib(torch_module=stub_torch(available=False)) is None

@@ -5,6 +5,7 @@ process (its own trace segments and first iteration, nothing linked to the run b
 from __future__ import annotations
 
 import pytest
+from doc_rules import documents
 from test_processors_nvtx import record  # noqa: F401 - the fixture
 
 import otel_training as ot
@@ -22,6 +23,7 @@ def _one_run(first: int) -> None:
                 pass
 
 
+@documents("spans.md", "A process's k-th `training_run()` (k ≥ 2: a second fit) uses the families")
 def test_a_second_run_has_its_own_traces_and_its_own_first_iteration():
     """Two runs in one process (a second fit): each run span has its own trace, each run's
     segments their own, the second's segment links only to its own run span, and each run's
@@ -51,6 +53,7 @@ def test_a_second_run_has_its_own_traces_and_its_own_first_iteration():
         assert first.attributes["megatron.iteration"] == 1
 
 
+@documents("spans.md", "(ranks that run in step agree on k)")
 @pytest.mark.parametrize("groups", ["all", "step", "none"])
 def test_runs_are_numbered_alike_whatever_the_groups(groups):
     """The run count moves whether or not the run span is recorded, so that a rank whose job

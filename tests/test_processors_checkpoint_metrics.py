@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from doc_rules import documents
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -55,6 +56,7 @@ class _Parts:
         return testing.points(self.reader.get_metrics_data(), NAME)
 
 
+@documents("README.md", "duration of each checkpoint save/load span that ended normally")
 def test_save_and_load_phases_record_their_span_durations():
     """A save and a load phase each record one point: their operation, the span's own duration."""
     memory = testing.configure_in_memory(
@@ -90,6 +92,7 @@ def test_buckets_are_the_checkpoint_buckets_and_the_value_lands_in_its_bucket():
     assert [i for i, n in enumerate(point.bucket_counts) if n] == [index]
 
 
+@documents("README.md", "recorded from the spans whatever the traces exporter")
 def test_recorded_when_trace_export_is_none():
     """With OTEL_TRACES_EXPORTER=none and the default span groups, a save still records."""
     reader = InMemoryMetricReader()
@@ -128,6 +131,7 @@ def test_other_spans_record_nothing():
     assert memory.points(NAME) == []
 
 
+@documents("README.md", "duration of each checkpoint save/load span that ended normally")
 def test_failed_and_truncated_checkpoints_record_nothing():
     """A save that raised or was ended truncated at shutdown records nothing; a good load does."""
     parts = _Parts()

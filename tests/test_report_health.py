@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+from doc_rules import documents
 from health_sim import SimRank
 
 from otel_training import cli
@@ -72,6 +74,9 @@ def test_the_json_has_the_shape_of_the_issue():
     assert isinstance(document["stragglers"], list)
 
 
+@documents(
+    "health.md", "`outside_communication`: while at least half of the ranks are in `communication`"
+)
 def test_a_rank_stuck_outside_the_collective_is_the_culprit():
     """Rank 0 waits in communication, rank 1 computes for 2 minutes: hung, culprit rank 1, its
     stacks in the verdict, the attempt hung."""
@@ -87,6 +92,7 @@ def test_a_rank_stuck_outside_the_collective_is_the_culprit():
     assert document["badput_s"]["hang"] > 119.0
 
 
+@documents("health.md", "A rank that holds the GIL or is stopped cannot: it is the silent culprit")
 def test_a_rank_that_went_silent_is_the_culprit():
     """Rank 1's exports stop while rank 0's go on: silent, the first rule."""
     job, now = hung_job(silent_rank=True)
@@ -147,3 +153,15 @@ def test_the_command_on_a_real_run(tmp_path):
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert text.returncode == 0 and "goodput" in text.stdout
+
+
+@documents("health.md", "`otel-training health` judges the last attempt at *now* while it runs")
+def test_a_running_attempt_is_judged_now_and_an_ended_one_at_its_end():
+    """The hung job judged 8 s after its last evidence (running): 8 s more without progress
+    than at its end; judged 1,000 s after it (ended): as at its end."""
+    job, now = hung_job()
+    end = max(p.alive_s for p in job.processes)
+    at_end = assess(job, now_s=end).to_json()["hang"]["since_s"]
+    running = assess(job, now_s=end + 8.0).to_json()["hang"]["since_s"]
+    ended = assess(job, now_s=end + 1000.0).to_json()["hang"]["since_s"]
+    assert running == pytest.approx(at_end + 8.0) and ended == pytest.approx(at_end)

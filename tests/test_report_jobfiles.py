@@ -10,13 +10,16 @@ import os
 from pathlib import Path
 
 import pytest
+from doc_rules import documents
 from health_sim import SimRank
 from opentelemetry.exporter.otlp.json.file import FileMetricExporter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
+from otel_training.health import goodput
 from otel_training.health import ledger as L
+from otel_training.health.evidence import attempts
 from otel_training.health.metrics import observe_ledger
 from otel_training.report.jobfiles import job_directories, read_job
 from otel_training.report.rundir import RunNotFoundError
@@ -182,3 +185,22 @@ def test_damaged_lines_are_notes_and_a_torn_tail_is_not(tmp_path):
     job = read_job([run], "job")
     assert job.processes and any("1 unreadable lines" in note for note in job.notes)
     assert not any("torn" in note for note in job.notes)
+
+
+@documents("health.md", "`is_goodput_span` plays no part")
+def test_is_goodput_span_plays_no_part(tmp_path):
+    """Megatron-LM's is_goodput_span (true on saves, false on iterations, or absent) changes
+    no span read and no figure of the goodput account."""
+    run = tmp_path / "out" / "run"
+    sim = simulated(T0, steps=8)
+    write_process(run, sim, resource(0, 0, "2027-01-15T08:00:00.000Z", "run", "job"))
+    before = read_job([run], "job").processes
+    lines = []
+    for line in (run / "spans-rank0.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        record["attributes"]["is_goodput_span"] = record["name"] == "megatron.checkpoint.save"
+        lines.append(json.dumps(record))
+    (run / "spans-rank0.jsonl").write_text("\n".join(lines) + "\n")
+    after = read_job([run], "job").processes
+    assert [p.spans for p in after] == [p.spans for p in before] and before[0].spans
+    assert goodput.account(attempts(after)) == goodput.account(attempts(before))

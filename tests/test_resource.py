@@ -8,6 +8,7 @@ import time
 from datetime import datetime, timezone
 
 import pytest
+from doc_rules import documents
 from opentelemetry.sdk.resources import get_aggregated_resources
 from opentelemetry.util._importlib_metadata import entry_points
 
@@ -16,6 +17,8 @@ from otel_training.identity import process_tag
 from otel_training.resource import TrainingResourceDetector, identity_attributes, iso8601
 
 
+@documents("README.md", "detected from torchrun, SLURM and Kubernetes")
+@documents("spans.md", "`service.instance.id` is `{run id}-rank{R}-{8 hex digits}`")
 def test_detector_reads_torchrun(monkeypatch):
     """Under torchrun the resource has dl.* rank identity, host and a per-process instance id."""
     for name, value in {
@@ -52,6 +55,13 @@ def test_registered_as_an_sdk_resource_detector():
     assert found.load() is TrainingResourceDetector
 
 
+@documents(
+    "spans.md",
+    "`SLURM_RESTART_COUNT × (TORCHELASTIC_MAX_RESTARTS + 1) + TORCHELASTIC_RESTART_COUNT`",
+)
+@documents(
+    "spans.md", "`OTEL_PYTHON_TRAINING_RUN_ATTEMPT`, else NVRx's `NVRX_CYCLE`, else torchrun's"
+)
 @pytest.mark.parametrize(
     ("environ", "attempt"),
     [
@@ -81,6 +91,9 @@ def test_the_attempt_comes_from_the_first_launcher_that_counts_restarts(environ,
     assert attributes.get("dl.run.attempt") == attempt
 
 
+@documents(
+    "spans.md", "The process's start is also on the Resource, as `process.creation.time` (ISO 8601"
+)
 def test_process_creation_time_is_when_this_process_started():
     """process.creation.time is ISO 8601 UTC with ms, at or before now, from /proc."""
     value = identity_attributes(config.load_identity({}))["process.creation.time"]

@@ -8,6 +8,7 @@ import collections
 import threading
 
 import pytest
+from doc_rules import documents
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -53,6 +54,7 @@ def _iteration(it: int, microbatches: int = 0, probes: int = 0) -> None:
             pass
 
 
+@documents("spans.md", "bounds every trace whatever the world size W and the span groups")
 def test_no_trace_exceeds_the_budget_and_every_span_keeps_its_parent():
     """A chatty rank (micro-batches, a loop of user phases, long evaluations) at a budget of
     25: every trace holds at most 25 spans, no span is lost, and each span names as parent the
@@ -95,6 +97,10 @@ def test_no_trace_exceeds_the_budget_and_every_span_keeps_its_parent():
             assert parent.name == names.MEGATRON_TRAIN_ITERATION, span.name
 
 
+@documents(
+    "spans.md",
+    "An iteration that would not fit its step trace whole starts the rank's next step trace",
+)
 def test_an_iteration_that_fits_stays_whole_in_one_step_trace():
     """With only the once-per-iteration groups, a step trace ends before an iteration that would
     not fit: every iteration and its phases share one trace, and a step trace holds
@@ -118,6 +124,7 @@ def test_an_iteration_that_fits_stays_whole_in_one_step_trace():
     assert len(segment) == 5  # N = 6: iterations 1-6, 7-12, ... each their own segment
 
 
+@documents("spans.md", "(part p + 1, linked to the segment span like the first)")
 def test_every_step_trace_links_to_the_rank_s_segment_span():
     """Each of the rank's own traces has exactly one span with a link, its first, to the
     rank's segment span of that segment in the job trace."""
@@ -143,6 +150,10 @@ def test_every_step_trace_links_to_the_rank_s_segment_span():
         assert [link.context for link in first.links] == links
 
 
+@documents(
+    "spans.md",
+    "a rank fills at most its share A of a run or job trace and at most B of its step trace",
+)
 def test_a_loop_of_phases_outside_iterations_stays_within_the_budget():
     """A user loop of phases at run level (with and without a run span) fills the rank's share
     of the run trace, then traces of its own, each within the budget and linked to the run
@@ -178,6 +189,8 @@ def test_a_loop_of_phases_outside_iterations_stays_within_the_budget():
         testing.reset()
 
 
+@documents("spans.md", "A trace belongs to a family, `run` or `segment/{s}`")
+@documents("spans.md", "With the group `job` off there are no run or segment spans")
 def test_without_the_job_group_phases_start_under_the_shared_parents():
     """With the group job off: no run or segment span; saves start under the job trace's
     shared parent, iterations in the step trace under a parent of its own, linked to the job
@@ -203,6 +216,9 @@ def test_without_the_job_group_phases_start_under_the_shared_parents():
     assert list(second.links) == []
 
 
+@documents(
+    "spans.md", "Every span a rank starts in one of these traces is counted (an atomic counter"
+)
 def test_spans_started_on_many_threads_never_overfill_a_trace():
     """Eight threads start phases under one iteration at once, at a budget of 16: no trace
     holds more, no span is lost."""
@@ -228,6 +244,10 @@ def test_spans_started_on_many_threads_never_overfill_a_trace():
     assert max(len(m) for m in _by_trace(spans).values()) <= 16
 
 
+@documents(
+    "spans.md", "So a sampler keeps or drops a segment's job trace and all its step traces together"
+)
+@documents("spans.md", "Sampling is decided once per family, at the head, alike on every rank")
 @pytest.mark.parametrize("sampler", ["traceidratio", "parentbased_traceidratio"])
 def test_a_segment_s_traces_are_sampled_together(sampler):
     """At ratio 0.5, the job trace and the rank's step traces of a segment are all kept or all
@@ -279,6 +299,11 @@ def test_a_trace_of_another_tracer_is_joined_uncounted():
     assert {s.context.trace_id for s in spans} == {root.get_span_context().trace_id}
 
 
+@documents("spans.md", "A trace belongs to a family, `run` or `segment/{s}`")
+@documents(
+    "spans.md",
+    "a rank fills at most its share A of a run or job trace and at most B of its step trace",
+)
 def test_the_run_trace_is_counted_however_many_traces_came_before():
     """After 300 segments (more traces than a rank keeps counting), run-level phases still
     fill only the rank's share of the run trace, then traces of its own."""

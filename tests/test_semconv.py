@@ -16,6 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from doc_rules import documents
 from support import program_or_unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,6 +128,7 @@ def test_true_units_are_ucum(registry):
     assert all(gen.is_ucum_unit(_ours(m)["true_unit"]) for m in registry.metrics)
 
 
+@documents("README.md", "`semconv/` declares them as naming exceptions")
 def test_exceptions_are_exactly_the_eight_megatron_metrics_with_the_reason(registry):
     """The naming exceptions are exactly Megatron-LM's eight metrics, each with its reason."""
     exceptions = {

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from doc_rules import documents
 from google.protobuf import json_format
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
@@ -197,6 +198,9 @@ def test_otel_service_name_beats_the_default_service_name(monkeypatch):
     assert telemetry.meter_provider._sdk_config.resource.attributes["service.name"] == "from-env"
 
 
+@documents(
+    "spans.md", "The span ids of the spans themselves come from each process's own generator"
+)
 def test_span_ids_do_not_follow_the_global_random_seed():
     """Two ranks that seed `random` alike still get different span ids."""
     ids = []
@@ -351,6 +355,9 @@ def test_resource_attributes_are_parsed_once_as_the_specification_says(monkeypat
     assert ["entry 2" in r.getMessage() for r in warnings] == [True, False]
 
 
+@documents(
+    "spans.md", "one set in `OTEL_RESOURCE_ATTRIBUTES` or in code is kept as given, with `-rank{R}`"
+)
 @pytest.mark.parametrize(("world_size", "expected"), [("4", "pod-7-rank2"), ("1", "pod-7")])
 def test_one_instance_id_for_a_whole_pod_stays_distinct_per_rank(world_size, expected):
     """A service.instance.id an operator sets for a whole pod gets -rank{R} with several
@@ -401,3 +408,24 @@ def test_no_secret_in_the_destination_or_any_warning(caplog):
     assert "http://127.0.0.1:9/v1/metrics" in telemetry.destination
     assert telemetry.settings.metrics_otlp.headers["authorization"] == "Bearer TOKEN3"
     telemetry.shutdown(timeout_millis=500)
+
+
+@documents("README.md", "The parallel layout Megatron-LM adds there")
+def test_the_parallel_layout_is_what_the_training_code_passes():
+    """dl.tensor_parallel.size, dl.pipeline_parallel.size and dl.data_parallel.size are not
+    detected from a launcher; configure(resource_attributes=...) puts them in the Resource."""
+    from otel_training.semconv.attributes import (
+        DL_DATA_PARALLEL_SIZE,
+        DL_PIPELINE_PARALLEL_SIZE,
+        DL_TENSOR_PARALLEL_SIZE,
+    )
+
+    environ = {"RANK": "3", "WORLD_SIZE": "64", "TORCHELASTIC_RUN_ID": "r"}
+    environ |= {"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"}
+    layout = {DL_TENSOR_PARALLEL_SIZE: 8, DL_PIPELINE_PARALLEL_SIZE: 2, DL_DATA_PARALLEL_SIZE: 4}
+    detected = setup.configure(set_global=False, environ=environ)
+    attributes = detected.meter_provider._sdk_config.resource.attributes
+    assert not set(layout) & set(attributes) and attributes[DL_WORLD_SIZE] == 64
+    passed = setup.configure(set_global=False, environ=environ, resource_attributes=layout)
+    attributes = passed.meter_provider._sdk_config.resource.attributes
+    assert {k: attributes[k] for k in layout} == layout

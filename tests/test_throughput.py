@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from doc_rules import documents
 from support import import_or_unavailable
 
 from otel_training.throughput import (
@@ -37,6 +38,7 @@ def test_a7_step_rate_is_global_tokens_over_step_time():
     assert record.duration_ms == pytest.approx(1600)
 
 
+@documents("README.md", "over the whole job (this rank's × the data-parallel size)")
 def test_a7_interval_rate_avoids_the_known_wrong_values():
     """The interval rate is 81,920 (10,240 per GPU), never 20,480 nor the ~93,623 rate mean."""
     acc = StepAccumulator(data_parallel_size=DP)
@@ -65,6 +67,10 @@ def test_a7_accumulation_setting_does_not_change_the_rate():
     assert stats.tokens_per_sec_per_device == pytest.approx(10_240)
 
 
+@documents(
+    "README.md",
+    "mean of the micro-batch losses over the log interval's non-skipped optimizer steps",
+)
 def test_a7_step_loss_is_the_micro_batch_mean_one_per_step():
     """The step's loss is 2.0, the mean of its micro-batches, as one value per optimizer step."""
     acc = StepAccumulator(data_parallel_size=DP)
@@ -74,6 +80,10 @@ def test_a7_step_loss_is_the_micro_batch_mean_one_per_step():
     assert acc.interval().loss == pytest.approx(2.0)
 
 
+@documents(
+    "README.md",
+    "mean of the micro-batch losses over the log interval's non-skipped optimizer steps",
+)
 def test_skipped_steps_are_left_out_of_the_loss_but_counted():
     """A skipped step's loss is excluded from the interval loss; it is counted and its work kept."""
     acc = StepAccumulator(data_parallel_size=DP)
@@ -115,6 +125,7 @@ def test_interval_resets_after_each_call():
     assert (empty.steps, empty.loss, empty.tokens_per_sec_global) == (0, None, None)
 
 
+@documents("README.md", "per device: that / world size")
 def test_world_size_divides_the_per_device_rate():
     """With tensor/pipeline parallelism the per-device rate divides by the full world size."""
     acc = StepAccumulator(data_parallel_size=2, world_size=8)
@@ -176,6 +187,7 @@ def test_constructor_rejects_bad_sizes(bad):
         StepAccumulator(data_parallel_size=bad)
 
 
+@documents("README.md", "FLOPs/token = 6N + 12·L·d·S (+ 6·d·V with a tied head")
 def test_gpt_flops_per_token_formula():
     """FLOPs/token = 6N + 12·L·d·S (+ 6·d·V for an output head outside N)."""
     n, layers, d, s = 124_000_000, 12, 768, 1024
@@ -203,6 +215,10 @@ def test_unusable_losses_are_dropped_not_raised():
     assert float(accumulator.end_step(1.0).loss) == 3.0
 
 
+@documents(
+    "README.md",
+    "model FLOPs of the interval over all GPUs / (the interval's summed step time",
+)
 def test_throughput_is_the_one_definition_of_the_job_and_device_rates():
     """throughput(): tokens/s = job tokens / time; per device = that / world size; TFLOP/s per
     device = FLOPs / (time x 1e12 x world size), Megatron-LM's training_log formula."""
@@ -231,6 +247,11 @@ def test_throughput_is_the_one_definition_of_the_job_and_device_rates():
         )
 
 
+@documents("README.md", "`StepAccumulator` gives both")
+@documents(
+    "README.md",
+    "Both throughput figures are defined once, in `otel_training.throughput.throughput()`",
+)
 def test_interval_and_step_figures_come_from_throughput():
     """StepAccumulator's step and interval rates, and IntervalStats.throughput(), equal
     throughput() over the same tokens and summed step time."""

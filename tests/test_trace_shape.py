@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
+from doc_rules import documents
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -24,6 +25,11 @@ from otel_training.trace_shape import (
 GROUPS = sorted(SPAN_GROUP_LEVELS)
 
 
+@documents(
+    "spans.md",
+    "j = its segment span and one of each span of the `checkpoint` and `evaluate` groups",
+)
+@documents("spans.md", "s = the once-per-iteration spans recorded")
 def test_the_span_tables_split_the_registry():
     """Every span of the registry is in exactly one table, and the tables hold the spans the
     phase API makes once per iteration, once per run, once per segment or per call."""
@@ -71,6 +77,8 @@ def _longest(budget: int, per_iteration: int, once: int, limit: int) -> int:
     return n
 
 
+@documents("spans.md", "N = min(L, max(1, ⌊(B − c) / s⌋)), N = L when s = 0")
+@documents("spans.md", "s = the once-per-iteration spans recorded")
 @given(
     st.sets(st.sampled_from(GROUPS)),
     st.integers(1, 3000),
@@ -98,6 +106,8 @@ def _fewest_shards(budget: int, world: int, per_rank: int) -> int:
     return world
 
 
+@documents("spans.md", "A = ⌊B / R⌋ ≥ j, so R × A ≤ B")
+@documents("spans.md", "K = ⌈W / max(1, ⌊B / j⌋)⌉ shards of R = ⌈W / K⌉ consecutive ranks")
 @given(st.integers(1, 5000), st.integers(1, 30_000), st.integers(1, 12))
 def test_shards_are_the_fewest_that_fit_the_budget(world, budget, per_rank):
     """K: the fewest shards that fit; R ranks each, consecutive, none empty; each rank's share
@@ -114,6 +124,13 @@ def test_shards_are_the_fewest_that_fit_the_budget(world, budget, per_rank):
         assert (shards.count, shards.ranks, share) == (world, 1, budget)
 
 
+@documents("spans.md", "8 ranks: 2,500; 4,096: 9")
+@documents("spans.md", "8 ranks: K = 1; 4,096: K = 2, R = 2,048")
+@documents(
+    "spans.md",
+    "j = its segment span and one of each span of the `checkpoint` and `evaluate` groups",
+)
+@documents("spans.md", "From B, W and the groups that record spans")
 def test_the_shape_of_a_4096_rank_job_at_the_default_budget():
     """At 4,096 ranks and 20,000 spans: per_step keeps 1,000-iteration segments; the job trace
     (7 spans a rank) and the run trace (6) each split into 2 shards of 2,048 ranks with 9
@@ -134,6 +151,11 @@ def _sha(part: str) -> bytes:
     return hashlib.sha256(f"otel-training/run-7/{part}".encode()).digest()
 
 
+@documents(
+    "spans.md",
+    "A member's trace id is the first 8 bytes of `H(family/member)` followed by bytes 8–16",
+)
+@documents("spans.md", "`H(part)` is SHA-256 of `otel-training/{run id}/{part}`")
 def test_member_ids_share_the_low_bits_of_their_family():
     """A member's trace id: 8 bytes of H(family/member), then bytes 8-16 of H(family); its
     shared parent span id: bytes 16-24 of H(family/member)."""
@@ -145,3 +167,11 @@ def test_member_ids_share_the_low_bits_of_their_family():
     assert len(set(ids)) == len(ids)
     assert {i & (2**64 - 1) for i in ids} == {int.from_bytes(_sha("segment/3")[8:16], "big")}
     assert member_ids("run-7", "segment/4", "shard/0")[0] & (2**64 - 1) != ids[0] & (2**64 - 1)
+
+
+@documents("spans.md", "meet in one job trace while W × j ≤ B (2,857 ranks at the default budget)")
+def test_one_job_trace_holds_every_rank_while_w_times_j_fits_the_budget():
+    """At the default budget of 20,000 and 7 job-level spans a rank: one job trace up to 2,857
+    ranks (19,999 spans), two shards from 2,858; the run trace (6 a rank) up to 3,333."""
+    assert Shards.of(20_000, 2857, 7).count == 1 and Shards.of(20_000, 2858, 7).count == 2
+    assert Shards.of(20_000, 3333, 6).count == 1 and Shards.of(20_000, 3334, 6).count == 2

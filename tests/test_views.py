@@ -7,6 +7,7 @@ import math
 import random
 
 import pytest
+from doc_rules import documents
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     ExponentialHistogramDataPoint,
@@ -54,6 +55,7 @@ def test_case_a10_sdk_defaults_are_the_bug():
     assert testing.histogram_quantile(0.5, point.explicit_bounds, point.bucket_counts) == 10_000
 
 
+@documents("README.md", "one point per step; buckets 1 ms … 30 min")
 def test_buckets_span_one_ms_to_thirty_minutes():
     """The built-in bounds start at 1 ms, end at 30 min and increase strictly."""
     bounds = views.STEP_DURATION_BUCKETS_MS
@@ -93,6 +95,7 @@ def test_bad_boundaries_raise_in_the_constructor():
         views.step_duration_view([10, 5])
 
 
+@documents("README.md", "recorded from the spans whatever the traces exporter; buckets 1 s … 1 h")
 def test_checkpoint_buckets_span_one_second_to_one_hour():
     """The checkpoint-duration bounds start at 1 s, end at 1 h and increase strictly."""
     bounds = views.CHECKPOINT_DURATION_BUCKETS_S

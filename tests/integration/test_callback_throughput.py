@@ -10,6 +10,7 @@ import json
 import math
 from pathlib import Path
 
+from doc_rules import documents
 from framework_checks import driver_of, duration_bounds, step_windows
 from support import gloo_or_unavailable
 
@@ -44,6 +45,25 @@ def _check(record: dict, every: int, expected_counts) -> int:
     return checked
 
 
+@documents(
+    "integrations.md",
+    "A step lasts from the end of the previous step",
+)
+@documents(
+    "integrations.md",
+    "Both throughput figures are `otel_training.throughput.throughput()`",
+)
+@documents(
+    "integrations.md",
+    "else the module's `flops_per_batch` attribute",
+)
+@documents(
+    "integrations.md",
+    "(this rank's count × the world size)",
+)
+@documents("README.md", "and pinned by tests built from independent data")
+@documents("README.md", "The demo and the callbacks report the job's rate")
+@documents("README.md", "(evaluations and checkpoint saves between steps excluded)")
 def test_lightning_throughput_on_two_ranks(run_python, tmp_path):
     """Lightning, 2 DDP ranks, accumulation 2, a 0.25 s validation every 2 steps and save
     every 3: per interval, tokens/s = this rank's fed tokens x 2 / the steps' summed time
@@ -84,6 +104,17 @@ def test_lightning_throughput_on_two_ranks(run_python, tmp_path):
         assert _check(record, 2, expected) == 3 * 4
 
 
+@documents(
+    "integrations.md",
+    "A step lasts from the end of the previous step",
+)
+@documents(
+    "integrations.md",
+    "Both throughput figures are `otel_training.throughput.throughput()`",
+)
+@documents("integrations.md", "else the Trainer's own count (`state.total_flos`, over all ranks)")
+@documents("README.md", ", or a framework's own count")
+@documents("README.md", "(evaluations and checkpoint saves between steps excluded)")
 def test_transformers_throughput_on_two_ranks(run_python, tmp_path):
     """The HF Trainer under torchrun, 2 gloo ranks, accumulation 2, a 0.25 s evaluation every
     2 steps and save every 3: per logging step, tokens/s = this rank's fed tokens x 2 / the

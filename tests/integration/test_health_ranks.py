@@ -15,8 +15,12 @@ import textwrap
 import time
 
 import pytest
+from doc_rules import documents
 from otlp_receiver import free_port
 from support import child_env, gloo_or_unavailable
+
+from otel_training.health import goodput
+from otel_training.report.jobfiles import job_directories, read_job
 
 JOB = textwrap.dedent(
     """
@@ -51,6 +55,10 @@ JOB = textwrap.dedent(
 )
 
 
+@documents("health.md", "Busy time can")
+@documents("health.md", "A synchronous collective makes every rank's *wall* step time equal")
+@documents("health.md", "A rank that holds the GIL or is stopped cannot: it is the silent culprit")
+@documents("health.md", "Every stalled rank writes its stacks")
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("how", ["sleep", "sigstop"])
 def test_health_names_the_straggler_and_the_hang_culprit_from_the_files(tmp_path, how):
@@ -118,6 +126,11 @@ def test_health_names_the_straggler_and_the_hang_culprit_from_the_files(tmp_path
         stragglers = [(s["rank"], s["cause"]) for s in found["stragglers"]]
         assert stragglers == [(1, "compute")], found["stragglers"]
         assert found["stragglers"][0]["score"] > 1.2
+        # the wall step is the same on both ranks (rank 0 waits in the all_reduce): only busy
+        # time tells the straggler
+        key, directories = job_directories(tmp_path)
+        wall = {p.rank: goodput.median_step_s(p) for p in read_job(directories, key).processes}
+        assert 0.9 < wall[1] / wall[0] < 1.1, wall
     finally:
         for process in ranks:
             process.kill()  # SIGKILL ends a stopped process too

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+from doc_rules import documents
 from framework_checks import (
     STEP,
     by_step_count,
@@ -41,6 +42,9 @@ def _interval_steps(every: int, steps: int) -> list[tuple[int, int]]:
     return [(first, min(first + every - 1, steps)) for first in range(1, steps + 1, every)]
 
 
+@documents("README.md", "the scheduler's learning rate at the logged step")
+@documents("README.md", "global L2 norm of all gradients, before clipping")
+@documents("README.md", "wall time of one optimizer step (all micro-batches); one point per step")
 def test_metrics_equal_what_lightning_logged_and_the_test_measured(
     lightning_run, otlp_receiver, tmp_path
 ):
@@ -154,6 +158,7 @@ def test_an_exception_is_recorded_on_the_run_span(lightning_run, otlp_receiver, 
     assert final[STEP][0].count == 2
 
 
+@documents("README.md", "optimizer steps skipped (non-finite loss or gradients)")
 def test_amp_overflow_steps_are_skipped_iters_and_leave_the_loss(
     lightning_run, otlp_receiver, tmp_path
 ):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from doc_rules import documents
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_training.report import load_run
@@ -172,6 +173,9 @@ JOB_LEVEL = {
 }  # fmt: skip
 
 
+@documents("spans.md", "K = ⌈W / max(1, ⌊B / j⌋)⌉ shards of R = ⌈W / K⌉ consecutive ranks")
+@documents("spans.md", "bounds every trace whatever the world size W and the span groups")
+@documents("spans.md", "beyond, shard q > 0's segment spans link to shard 0's shared parent")
 @pytest.mark.parametrize(
     ("budget", "env"),
     [(400, {"OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS": "14"}), (60, {})],
@@ -290,6 +294,8 @@ for rank in (0, 1):
 """
 
 
+@documents("spans.md", "`H(part)` is SHA-256 of `otel-training/{run id}/{part}`")
+@documents("spans.md", "Sampling is decided once per family, at the head, alike on every rank")
 def test_a_ratio_sampler_decides_alike_in_two_processes(run_python, tmp_path):
     """traceidratio 0.5 on one run id in two processes: each keeps or drops its run trace and
     each segment's job and step traces alike (the step traces are per rank, the decisions the

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from doc_rules import documents
 from framework_checks import (
     STEP,
     by_step_count,
@@ -36,6 +37,9 @@ def trainer_run(monkeypatch, otlp_receiver):
     return receiver_run("transformers", monkeypatch, otlp_receiver)
 
 
+@documents("README.md", "the scheduler's learning rate at the logged step")
+@documents("README.md", "global L2 norm of all gradients, before clipping")
+@documents("README.md", "wall time of one optimizer step (all micro-batches); one point per step")
 def test_metrics_equal_the_log_history_and_what_the_test_measured(
     trainer_run, otlp_receiver, tmp_path
 ):
