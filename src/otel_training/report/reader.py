@@ -178,6 +178,7 @@ class _FileReader:
         self.parts: dict[_Key, _Part] = {}
         # The part of each resource seen (by its items and rank): identity_of once per writer.
         self._parts_by_resource: dict[Any, _Part] = {}
+        self._strings: dict[str, str] = {}
         # Previous raw point of each cumulative counter/histogram: (start_ns, raw values).
         self.previous: dict[int, tuple[int, Any]] = {}
         self._time_text = ""
@@ -211,6 +212,11 @@ class _FileReader:
             if cache_key is not None:
                 self._parts_by_resource[cache_key] = part
         return part
+
+    def shared(self, text: str) -> str:
+        """``text`` as one string object however many lines repeat it (span names, trace
+        ids, statuses: a long run holds hundreds of thousands of spans)."""
+        return self._strings.setdefault(text, text)
 
     def time_ns(self, text: Any) -> int:
         # The points of one export share one time: convert it once.
@@ -476,12 +482,12 @@ class _FileReader:
         trace_id, span_id = otlp.hex_id(record["trace_id"]), otlp.hex_id(record["span_id"])
         start_ns = int(record["start_time_ns"])
         telemetry.see(start_ns)
-        key = (trace_id or "", span_id or "")
+        key = (self.shared(trace_id or ""), span_id or "")
         span = part.spans.get(key)
         if span is None:
             span = part.spans[key] = Span(
                 rank=telemetry.rank,
-                name=record["name"],
+                name=self.shared(record["name"]),
                 trace_id=key[0],
                 span_id=key[1],
                 parent_span_id=otlp.hex_id(record.get("parent_span_id")),
@@ -490,7 +496,7 @@ class _FileReader:
             )
         if kind == "span_end":
             span.end_ns = int(record["end_time_ns"])
-            span.status = str(record.get("status") or "UNSET")
+            span.status = self.shared(str(record.get("status") or "UNSET"))
             span.status_description = record.get("status_description")
             span.attributes = dict(record.get("attributes") or {})
             span.events = list(record.get("events") or ())
@@ -1041,10 +1047,8 @@ def load_job(
         if directory not in found:
             found[directory] = load_runs(directory, now_s=now, workers=workers, purpose=purpose)
     runs = [r for d in directories for r in found[d] if job_of(r.job_id, r.run_id) == key]
-    others = sorted(
-        {job_of(r.job_id, r.run_id) or "(unnamed)" for d in directories for r in found[d]}
-        - {key or "(unnamed)"}
-    )
+    jobs = {job_of(r.job_id, r.run_id) for d in directories for r in found[d]}
+    others = sorted(other for other in jobs - {key} if other is not None)
     runs = order_runs(runs)
     job = Job(job_id=chosen.job_id, runs=runs, directories=directories, key=key)
     job.other_jobs = others

@@ -183,7 +183,7 @@ class Gap:
     reason: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class Span:
     """One span of one rank, joined from its JSON lines and/or its OTLP-JSON export.
 
