@@ -5,7 +5,7 @@ A run directory of the embedded default holds, per rank R, ``metrics-rank{R}.jso
 ``traces-rank{R}.jsonl`` (OTLP-JSON lines), ``spans-rank{R}.jsonl`` (span and ``stacks``
 records, ``docs/spans.md``), ``logs-rank{R}.jsonl`` and, after a write failed,
 ``gaps-rank{R}.jsonl``. Each file is opened and decoded once (:mod:`otel_training.report.otlp`
-decodes a line); what one pass finds per process serves both readers of it: the report's series,
+decodes a line); what one pass finds per process serves every command: the report's series,
 spans and gaps (:class:`~otel_training.report.run.Run`) and run health's ledger samples, phase
 spans and stacks (:class:`otel_training.health.evidence.Process`, in ``Run.processes``).
 
@@ -955,7 +955,11 @@ def load_runs(
     files of ``directory``, each a :class:`Run` with its identity (``job_id``, ``attempt``,
     ``created_s``), processes and notes, ordered as :func:`order_runs` orders them. At least
     one (empty when nothing was read). Each file is read once, for ``purpose``
-    (:data:`PURPOSES`). Never raises."""
+    (:data:`PURPOSES`). Never raises on the files.
+
+    Raises:
+        ValueError: when ``purpose`` is none of :data:`PURPOSES`.
+    """
     if purpose not in PURPOSES:
         raise ValueError(f"purpose {purpose!r} is none of {', '.join(PURPOSES)}")
     directory = Path(directory)
