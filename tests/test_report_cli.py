@@ -14,6 +14,7 @@ _HERE = Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:  # import the helper whatever pytest's import mode is
     sys.path.insert(0, str(_HERE))
 
+from doc_rules import documents  # noqa: E402
 from health_sim import job_resource, simulated, write_process  # noqa: E402
 from report_files import key_value, span_lines, write_lines, write_real_metrics  # noqa: E402
 
@@ -161,6 +162,7 @@ def _killed_job(out: Path) -> None:
             write_lines(directory / f"logs-rank{rank}.jsonl", ['{"resourceLogs": []}'])
 
 
+@documents("report.md", "each open and decode every file of the job once")
 @pytest.mark.parametrize("command", ["report", "trace", "health"])
 def test_each_file_of_the_job_is_read_once_per_command(command, tmp_path):
     """report, trace and health on a 2-attempt job in two run directories: each file of the

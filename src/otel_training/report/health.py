@@ -27,7 +27,8 @@ from otel_training.health import straggler as _straggler
 from otel_training.health.evidence import Attempt, Job, Process, attempts
 from otel_training.health.ledger import PHASES
 from otel_training.report import run as _run
-from otel_training.report.reader import file_notes, load_job, other_jobs_note
+from otel_training.report.notes import file_notes, other_jobs_note
+from otel_training.report.reader import load_job
 from otel_training.report.rundir import find_run_directory
 from otel_training.report.wording import ranks_phrase
 
