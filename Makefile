@@ -56,10 +56,12 @@ gpu-check:
 bench-bad-day: setup
 	$(PY) bench/bad_day.py
 
-# A synthetic 10,000-step job of 8 ranks in 3 attempts (about 1 GB in a temporary directory,
-# removed after): the report, the trace, and otel-training health over every attempt.
+# A synthetic 10,000-step job of 8 ranks in 3 attempts (about 1.3 GB in a temporary directory,
+# removed after): otel-training report, trace and health over every attempt, each timed in a
+# process of its own. BENCH_REPORT_ARGS: e.g. --against REV to run REV's source side by side.
+BENCH_REPORT_ARGS ?=
 bench-report: setup
-	$(PY) bench/report.py
+	$(PY) bench/report.py $(BENCH_REPORT_ARGS)
 
 # The ground truth of docs/health.md in all its variants (SIGKILL, SIGTERM, SLURM_RESTART_COUNT,
 # no restart counter, rank 0 killed first, default span groups): each bucket's error.

@@ -1,4 +1,4 @@
-"""The report and the trace of a long multi-rank run: build time and output size.
+"""otel-training report, trace and health on a long multi-rank job: time, memory, output size.
 
 Writes, into a temporary directory, the files that the embedded default would leave after a
 10,000-step job on 8 ranks in 3 attempts (the defaults; see the flags): attempt k is killed
@@ -20,14 +20,22 @@ in the real formats and at realistic rates:
   every 500 steps and a checkpoint save every 1,000;
 - ``traces-rank{R}.jsonl``: the same spans as OTLP-JSON in batches of 512.
 
-Then times, in this process, ``load_run`` (reading every file of the last attempt),
-``build_report`` (its Run health section reads every attempt), ``write_chrome_trace``, and
-``otel-training health``'s assessment of the whole job (every attempt, all ranks), and prints
-the input size, the times, the HTML and trace sizes, with the report's share of the input (HTML
-bytes per input byte), and the job's goodput.
+Then runs the three commands on it as a person would, each in a process of its own:
+``otel-training report``, ``otel-training trace`` and ``otel-training health --json`` (every
+attempt of the job; files of more than 64 MiB in a run directory are read in worker processes,
+one per CPU), and prints per command the wall time, the CPU time of all its processes (worker
+processes included: steadier than the wall time on a loaded machine) and the peak resident
+memory of its largest process; then the input size, the HTML and trace sizes, the spans, and
+the job's goodput and stragglers.
 
-Run: ``make bench-report`` or ``.venv/bin/python bench/report.py [--steps N --ranks N]``
-(writes about 1 GB to the temporary directory, removed at the end unless ``--keep``).
+``--against REV`` runs the same commands on the same files with the source tree of git
+revision ``REV`` too (``git archive``), alternating the two trees command by command
+(``--rounds`` times each), and prints them side by side with the ratio after/before: the
+measure of a change to the reader.
+
+Run: ``make bench-report`` or ``.venv/bin/python bench/report.py [--steps N --ranks N]
+[--against REV] [--rounds N]`` (writes about 1.3 GB to the temporary directory, removed at the
+end unless ``--keep``; ``--reuse DIR`` reads a kept one again).
 """
 
 from __future__ import annotations
@@ -37,11 +45,12 @@ import json
 import math
 import os
 import random
-import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # report_files
@@ -49,8 +58,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # rep
 from report_files import key_value
 
 from otel_training.health.ledger import PHASES
-from otel_training.report import build_report, load_run, write_chrome_trace
-from otel_training.report.health import assess_job
 from otel_training.resource import iso8601
 from otel_training.semconv.attributes import (
     MEGATRON_CHECKPOINT_PATH,
@@ -591,14 +598,67 @@ def _attempt(
     return now
 
 
-def _cpu_s() -> float:
-    """CPU seconds of this process and of its children that have ended (the readers)."""
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + children.ru_utime + children.ru_stime
-
-
 def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+
+COMMANDS = ("report", "trace", "health")
+
+
+@dataclass
+class Measured:
+    """One command's run: wall and CPU seconds (all its processes), peak memory (its largest
+    process), exit status, what it printed."""
+
+    wall_s: float
+    cpu_s: float
+    peak_mib: float
+    status: int
+    stdout: str
+
+
+def run_command(command: str, run_dir: Path, out: Path, source: Path | None) -> Measured:
+    """Runs ``otel-training COMMAND`` on ``run_dir`` in a process of its own (with the source
+    tree ``source`` first on the path when given) and measures it (``os.wait4``: the CPU time
+    of the process and of the worker processes it waited for, the largest one's peak RSS)."""
+    argv = [sys.executable, "-m", "otel_training.cli", command, str(run_dir)]
+    argv += ["--json"] if command == "health" else ["-o", str(out / f"{command}.out")]
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(source), env.get("PYTHONPATH", "")])
+    started = time.perf_counter()
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    stdout = child.stdout.read() if child.stdout is not None else b""
+    _, status, usage = os.wait4(child.pid, 0)
+    wall_s = time.perf_counter() - started
+    child.returncode = os.waitstatus_to_exitcode(status)
+    return Measured(
+        wall_s,
+        usage.ru_utime + usage.ru_stime,
+        usage.ru_maxrss / 1024,
+        child.returncode,
+        stdout.decode(errors="replace"),
+    )
+
+
+def _source_of(revision: str, into: Path) -> Path:
+    """The ``src`` tree of git revision ``revision``, written under ``into``."""
+    root = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", revision, "src"], check=True, capture_output=True
+    ).stdout
+    into.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "src"
+
+
+def _row(name: str, m: Measured) -> str:
+    return f"{name:8s} {m.wall_s:7.1f} s {m.cpu_s:9.1f} s {m.peak_mib:9.0f} MiB"
+
+
+def _best(runs: list[Measured]) -> Measured:
+    """The round with the least CPU time (the one least disturbed by other work)."""
+    return min(runs, key=lambda m: m.cpu_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -610,9 +670,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attempts", type=int, default=3, help="attempts of the job")
     parser.add_argument("--keep", action="store_true", help="keep the generated directory")
     parser.add_argument("--reuse", type=Path, help="a directory kept by --keep: read it again")
+    parser.add_argument("--against", metavar="REV", help="also measure git revision REV's src")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each command and tree")
     args = parser.parse_args(argv)
     directory = args.reuse or Path(tempfile.mkdtemp(prefix="otel-training-bench-report-"))
     keep = args.keep or args.reuse is not None
+    scratch = Path(tempfile.mkdtemp(prefix="otel-training-bench-report-out-"))
     try:
         started = time.perf_counter()
         if args.reuse is None:
@@ -620,54 +683,54 @@ def main(argv: list[str] | None = None) -> int:
         generated_s = time.perf_counter() - started
         runs = sorted(p for p in directory.iterdir() if p.is_dir())
         input_bytes = sum(_size(r) for r in runs)
-        last_bytes = _size(runs[-1])
         print(
             f"job: {args.steps:,} steps, {args.ranks} ranks, {len(runs)} attempts, {args.layers} "
             f"layers, exports every {EXPORT_INTERVAL_S:g} s; {input_bytes / 2**20:,.0f} MiB of "
             f"files in {sum(len(list(r.iterdir())) for r in runs)} files (generated in "
-            f"{generated_s:.1f} s); the last attempt's run directory {last_bytes / 2**20:,.0f} MiB"
+            f"{generated_s:.1f} s); {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
         )
-        started, cpu = time.perf_counter(), _cpu_s()
-        health = assess_job(runs[-1], now_s=time.time())
-        health_s, health_cpu_s = time.perf_counter() - started, _cpu_s() - cpu
-        account = health.account
-        flagged = [
-            f"rank {s.rank} (attempt {item.account.attempt}, {s.cause}, score {s.score:.2f})"
-            for item in health.attempts
-            if item.stragglers
-            for s in item.stragglers.stragglers
-        ]
+        trees: dict[str, Path | None] = {"this tree": None}
+        if args.against:
+            trees = {args.against: _source_of(args.against, scratch / "before"), **trees}
+        measured: dict[tuple[str, str], list[Measured]] = {}
+        for command in COMMANDS:
+            for _ in range(args.rounds):
+                for name, source in trees.items():
+                    found = run_command(command, runs[-1], scratch, source)
+                    if found.status != 0:
+                        print(f"{name}: otel-training {command} exited {found.status}")
+                        return 1
+                    measured.setdefault((name, command), []).append(found)
+        print(f"{'command':8s} {'wall':>9s} {'CPU':>11s} {'peak RSS':>13s}")
+        for command in COMMANDS:
+            rows = {name: _best(measured[(name, command)]) for name in trees}
+            for name, m in rows.items():
+                print(_row(command, m) + f"  ({name})")
+            if args.against:
+                before, after = rows[args.against], rows["this tree"]
+                ratios = (after.wall_s / before.wall_s, after.cpu_s / before.cpu_s,
+                          after.peak_mib / before.peak_mib)  # fmt: skip
+                print(f"{'':8s} after/before: wall %.2f, CPU %.2f, peak RSS %.2f" % ratios)
+        health = json.loads(_best(measured[("this tree", "health")]).stdout)
+        html_bytes = (scratch / "report.out").stat().st_size
+        trace = json.loads((scratch / "trace.out").read_bytes())
+        spans = sum(1 for event in trace["traceEvents"] if event.get("ph") == "X")
+        stragglers = [f"rank {s['rank']} (attempt {s['attempt']}, {s['cause']}, score "
+                      f"{s['score']:.2f})" for s in health["stragglers"]]  # fmt: skip
         print(
-            f"otel-training health: {health_s:6.2f} s  ({health_cpu_s:.2f} s CPU in all processes; "
-            f"{os.cpu_count()} CPUs; every attempt, all ranks: "
-            f"{account.wall_s / 3600:.1f} h of wall time, goodput {100 * account.goodput:.1f} %, "
-            f"lost progress {account.buckets['lost_progress'] / 60:.0f} min, downtime "
-            f"{account.buckets['downtime'] / 60:.0f} min; stragglers: "
-            f"{', '.join(flagged) or 'none'})"
+            f"report: HTML {html_bytes / 2**20:.1f} MiB ({html_bytes / input_bytes:.4f} of the "
+            f"input); trace: {(scratch / 'trace.out').stat().st_size / 2**20:.1f} MiB, "
+            f"{spans:,} spans; health: {len(health['attempts'])} attempts, "
+            f"{health['wall_s'] / 3600:.1f} h of wall time, goodput "
+            f"{100 * health['goodput']:.1f} %, lost progress "
+            f"{health['badput_s']['lost_progress'] / 60:.0f} min, downtime "
+            f"{health['badput_s']['downtime'] / 60:.0f} min; stragglers: "
+            f"{', '.join(stragglers) or 'none'}"
         )
-        started = time.perf_counter()
-        run = load_run(runs[-1])
-        load_s = time.perf_counter() - started
-        started = time.perf_counter()
-        page = build_report(run)
-        report_s = time.perf_counter() - started
-        started = time.perf_counter()
-        trace_path = write_chrome_trace(run, directory / "trace.json")
-        trace_s = time.perf_counter() - started
-        trace_bytes = trace_path.stat().st_size
-        trace_path.unlink()
-        html_bytes = len(page.encode("utf-8"))
-        print(f"load_run:           {load_s:6.2f} s  ({last_bytes / 2**20 / load_s:,.0f} MiB/s)")
-        print(f"build_report:       {report_s:6.2f} s  -> HTML {html_bytes / 2**20:.1f} MiB")
-        print(f"report end to end:  {load_s + report_s:6.2f} s")
-        print(
-            f"write_chrome_trace: {trace_s:6.2f} s  -> trace {trace_bytes / 2**20:.1f} MiB "
-            f"({len(run.spans):,} spans)"
-        )
-        print(f"HTML / input: {html_bytes / last_bytes:.4f}; notes: {len(run.notes)}")
         if keep:
             print(f"kept: {directory}")
     finally:
+        shutil.rmtree(scratch, ignore_errors=True)
         if not keep:
             shutil.rmtree(directory, ignore_errors=True)
     return 0

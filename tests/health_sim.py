@@ -1,9 +1,14 @@
 """A scripted rank for the run-health tests: the real ledger on a fake clock, read at exact
 export times into the samples that the metrics files would hold, and the phase spans that the
 default (or per-step) span groups would write. Every duration is given by the script, so the
-tests compute what goodput must be by hand."""
+tests compute what goodput must be by hand; and the files such a process leaves (the real SDK's
+OTLP-JSON metrics, span lines as docs/spans.md writes them)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
 
 from otel_training.health import ledger as L
 from otel_training.health.evidence import PhaseSpan, Process, Sample
@@ -154,3 +159,67 @@ class SimRank:
         if evidence:
             self.process.see(self.clock.t)
         return self.process
+
+
+def job_resource(
+    rank: int, attempt: int | None, created: str | None, run: str, job: str
+) -> dict[str, Any]:
+    """The resource of one process of job ``job`` (``created``: ISO 8601, or ``None`` as
+    older versions wrote span lines)."""
+    found: dict[str, Any] = {"dl.rank": rank, "dl.run.id": run, "dl.job.id": job}
+    found["dl.world_size"] = 2
+    if attempt is not None:
+        found["dl.run.attempt"] = attempt
+    if created is not None:
+        found["process.creation.time"] = created
+    return found
+
+
+def simulated(created: float, steps: int = 5) -> SimRank:
+    """A process that starts, runs ``steps`` steps and saves a checkpoint."""
+    sim = SimRank(created)
+    sim.advance(1.0)
+    for _ in range(steps):
+        sim.step()
+    sim.phase(L.CHECKPOINT_SAVE, 0.2, sim.iteration)
+    return sim
+
+
+def write_process(directory: Path, sim: SimRank, attrs: dict, *, exports: int = 3) -> None:
+    """The sim's ledger exported ``exports`` times by the real SDK into metrics-rank{R}.jsonl,
+    its phase spans as span lines into spans-rank{R}.jsonl (both appended)."""
+    from opentelemetry.exporter.otlp.json.file import FileMetricExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+
+    from otel_training.health.metrics import observe_ledger
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rank = attrs["dl.rank"]
+    exporter = FileMetricExporter(directory / f"metrics-rank{rank}.jsonl")
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=10**9)
+    provider = MeterProvider(metric_readers=[reader], resource=Resource.create(attrs))
+    observe_ledger(provider.get_meter("otel_training"), source=lambda: sim.ledger)
+    try:
+        for _ in range(exports):
+            provider.force_flush()
+    finally:
+        provider.shutdown()
+    span_resource = {k: v for k, v in attrs.items() if not k.startswith("telemetry.")}
+    with open(directory / f"spans-rank{rank}.jsonl", "a") as handle:
+        for i, span in enumerate(sim.process.spans):
+            line = {
+                "record": "span_end" if span.end_s is not None else "span_start",
+                "name": span.name,
+                "trace_id": "ab" * 16,
+                "span_id": f"{rank:04x}{attrs.get('dl.run.attempt') or 0:04x}{i:08x}",
+                "parent_span_id": None,
+                "start_time_ns": int(span.start_s * 1e9),
+                "attributes": {"megatron.iteration": span.iteration},
+                "rank": rank,
+                "resource": span_resource,
+            }
+            if span.end_s is not None:
+                line.update(end_time_ns=int(span.end_s * 1e9), status="UNSET", events=[])
+            handle.write(json.dumps(line) + "\n")

@@ -1,4 +1,5 @@
-"""The report and trace subcommands of the otel-training command."""
+"""The report and trace subcommands of the otel-training command; every command (report, trace,
+health) reads each file of a job once."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ _HERE = Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:  # import the helper whatever pytest's import mode is
     sys.path.insert(0, str(_HERE))
 
-from report_files import span_lines, write_lines, write_real_metrics  # noqa: E402
+from doc_rules import documents  # noqa: E402
+from health_sim import job_resource, simulated, write_process  # noqa: E402
+from report_files import key_value, span_lines, write_lines, write_real_metrics  # noqa: E402
 
 from otel_training import cli  # noqa: E402
 from otel_training.semconv.spans import MEGATRON_TRAIN  # noqa: E402
@@ -113,3 +116,85 @@ def test_notes_and_paths_reach_the_terminal_as_text(tmp_path, capsys):
     assert "\\x1b]0;pwned\\x07 \\u202eevil xxx" in note and "\x1b" not in captured.err
     assert len(note) <= 1_000 and "more characters]" in note
     assert "run-\\xff-\\x1b[31mred" in captured.out and "\x1b" not in captured.out
+
+
+#: A child that counts, through Python's audit hook (every ``open``, whoever calls it), how often
+#: each file of the job is opened while one command runs; prints the counts as JSON.
+_COUNT_OPENS = """
+import collections, json, os, sys
+from pathlib import Path
+root, argv = Path(sys.argv[1]), sys.argv[2:]
+opens = collections.Counter()
+def hook(event, args):
+    if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        path = Path(os.fsdecode(args[0]))
+        if path.is_relative_to(root) and "-rank" in path.name:
+            opens[str(path.relative_to(root))] += 1
+sys.addaudithook(hook)
+from otel_training import cli
+status = cli.main(argv)
+print(json.dumps({"status": status, "opens": opens}))
+"""
+
+
+def _killed_job(out: Path) -> None:
+    """Job "job" in two run directories of two ranks each: attempt 0 killed inside a step (its
+    span lines end with an open span, so its OTLP traces are read too), attempt 1 complete;
+    every file the embedded default writes (metrics, spans, traces, logs)."""
+    for attempt in (0, 1):
+        directory = out / f"run-a{attempt}"
+        for rank in (0, 1):
+            created = f"2027-01-15T08:0{attempt}:00.000Z"
+            attrs = job_resource(rank, attempt, created, f"run-a{attempt}", "job")
+            sim = simulated(1_800_000_000.0 + 60 * attempt)
+            if attempt == 0:
+                sim.begin_step(0.5)
+            write_process(directory, sim, attrs)
+            span = {
+                "traceId": "cd" * 16, "spanId": f"{rank + 1:016x}", "name": "megatron.evaluate",
+                "kind": 1, "startTimeUnixNano": str(T0), "endTimeUnixNano": str(T0 + 10**6),
+            }  # fmt: skip
+            document = {"resourceSpans": [{
+                "resource": {"attributes": [key_value(k, v) for k, v in attrs.items()]},
+                "scopeSpans": [{"scope": {"name": "otel_training"}, "spans": [span]}],
+            }]}  # fmt: skip
+            write_lines(directory / f"traces-rank{rank}.jsonl", [json.dumps(document)])
+            write_lines(directory / f"logs-rank{rank}.jsonl", ['{"resourceLogs": []}'])
+
+
+@documents("report.md", "each open and decode every file of the job once")
+@pytest.mark.parametrize("command", ["report", "trace", "health"])
+def test_each_file_of_the_job_is_read_once_per_command(command, tmp_path):
+    """report, trace and health on a 2-attempt job in two run directories: each file of the
+    job is opened once (counted by an audit hook, whatever opens it), traces of complete span
+    lines and (for health) logs not at all; only finding the job's other directory opens one
+    file of it once more (to read its last line)."""
+    out = tmp_path / "out"
+    _killed_job(out)
+    argv = [command, str(out)] + (
+        ["--json"] if command == "health" else ["-o", str(tmp_path / "x")]
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", _COUNT_OPENS, str(out), *argv],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["status"] == 0
+    expected = {}
+    for directory in ("run-a0", "run-a1"):
+        for rank in (0, 1):
+            expected[f"{directory}/metrics-rank{rank}.jsonl"] = 1
+            expected[f"{directory}/spans-rank{rank}.jsonl"] = 1
+            expected[f"{directory}/traces-rank{rank}.jsonl"] = 1 if directory == "run-a0" else 0
+            expected[f"{directory}/logs-rank{rank}.jsonl"] = 0 if command == "health" else 1
+    opens = found["opens"]
+    extra = {
+        name: opens.get(name, 0) - count
+        for name, count in expected.items()
+        if opens.get(name, 0) != count
+    }
+    assert set(opens) <= set(expected)
+    assert len(extra) == 1, extra  # run-a1 is shown; run-a0 is found by its newest span line
+    ((name, more),) = extra.items()
+    assert name.startswith("run-a0/spans-rank") and more == 1

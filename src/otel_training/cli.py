@@ -120,7 +120,7 @@ def _load(command: str, directory: str | None):
         hint = "" if directory else " (pass DIR or set OTEL_PYTHON_TRAINING_OUTPUT_DIR)"
         print(f"{_PROG} {command}: error: no run found: {error}{hint}", file=sys.stderr)
         return None, 2
-    job = load_job(run_directory)
+    job = load_job(run_directory, purpose=command)  # each file read once
     for note in job.notes:
         print(_terminal(f"{_PROG} {command}: note: {note}"), file=sys.stderr)
     several = len(job.runs) > 1

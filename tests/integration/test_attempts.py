@@ -18,7 +18,7 @@ from otlp_receiver import free_port
 from support import child_env, gloo_or_unavailable, import_or_unavailable
 
 from otel_training.report import find_run_directory, load_job
-from otel_training.report.rundir import peek_resource
+from otel_training.report.rundir import newest_resource
 
 WORKER = textwrap.dedent(
     """
@@ -280,7 +280,7 @@ def test_reruns_without_a_counter_are_ordered_by_process_start(tmp_path, run_pyt
         done = run_python(_PLAIN, env=env)
         assert done.returncode == 0, done.stderr
     (directory,) = _run_dirs(tmp_path / "out")
-    assert directory.name == "exp-1" and peek_resource(directory)["dl.job.id"] == "exp-1"
+    assert directory.name == "exp-1" and newest_resource(directory)["dl.job.id"] == "exp-1"
     job = load_job(directory)
     assert job.ordered_by == "process.creation.time"
     assert job.labels == ["run 1 of 2", "run 2 of 2"]

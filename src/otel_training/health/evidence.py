@@ -1,14 +1,15 @@
 """What a job left on disk, per process: the data that goodput, hangs and stragglers are
 computed from (``docs/health.md``).
 
-:mod:`otel_training.report.jobfiles` fills these from the embedded default's files: per process
-(one rank of one attempt), the ledger's ``dl.training.*`` at each metric export
-(:class:`Sample`), its phase spans (:class:`PhaseSpan`), the ``stacks`` records of a rank that
-suspected a hang, and its last evidence of life.
+:mod:`otel_training.report.reader` fills these from the embedded default's files, in the same
+pass that reads them for the report: per process (one rank of one attempt), the ledger's
+``dl.training.*`` at each metric export (:class:`Sample`), its phase spans (:class:`PhaseSpan`),
+the ``stacks`` records of a rank that suspected a hang, and its last evidence of life.
 
-**Processes** are told apart by their Resource, ``(dl.run.id, dl.run.attempt,
-process.creation.time, dl.rank)``, whether the attempts of a job wrote separate run
-directories (``{run}-a{attempt}``) or appended to the same files.
+**Processes** are told apart by their Resource (run id, ``service.instance.id``, attempt,
+``process.creation.time``, rank; :mod:`otel_training.report.reader` says how), whether the
+attempts of a job wrote separate run directories (``{run}-a{attempt}``) or appended to the same
+files.
 
 **Attempts** (:func:`attempts`): the processes with the same ``dl.run.attempt``; without it,
 each rank's processes of one run id in the order of their creation (the k-th process of every
@@ -30,6 +31,7 @@ from otel_training.health import ledger as _ledger
 
 __all__ = [
     "DEFAULT_EXPORT_INTERVAL_S",
+    "KEPT_PHASES",
     "Attempt",
     "Job",
     "PhaseSpan",
@@ -39,11 +41,23 @@ __all__ = [
 ]
 
 PHASES = _ledger.PHASES
+#: The phases whose spans a process's :attr:`Process.spans` holds (those of the step's inner
+#: phases are left out: the ledger has their time).
+KEPT_PHASES = frozenset(
+    {
+        _ledger.STARTUP,
+        _ledger.CHECKPOINT_LOAD,
+        _ledger.CHECKPOINT_SAVE,
+        _ledger.EVALUATE,
+        _ledger.WARMUP,
+        _ledger.ITERATION,
+    }
+)
 #: Default export interval of the embedded default's metrics, seconds.
 DEFAULT_EXPORT_INTERVAL_S = 5.0
 
 
-@dataclass
+@dataclass(slots=True)
 class Sample:
     """The ledger of one process at one metric export.
 
@@ -75,7 +89,7 @@ class Sample:
     temperature_c: float | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class PhaseSpan:
     """A span of one of the ledger's phases (:data:`otel_training.health.ledger.PHASE_OF_SPAN`).
 

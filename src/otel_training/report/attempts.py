@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ProcessIdentity", "creation_unix_s", "identity_of", "job_key"]
+__all__ = ["ProcessIdentity", "creation_unix_s", "identity_of", "job_key", "job_of"]
 
 # Megatron-LM's and NeMo Lens' resource attribute names (read only, never written by us).
 NEMO_LENS_JOB_UUID = "nemo.lens.job_uuid"
@@ -131,11 +131,16 @@ def identity_of(resource: Mapping[str, Any]) -> ProcessIdentity:
     )
 
 
+def job_of(job_id: str | None, run_id: str | None) -> str | None:
+    """The job of a process or run, the same in every attempt: its job id, else its run id
+    without the ``-a{N}`` that :func:`otel_training.identity.attempt_run_id` appends; ``None``
+    when it has neither."""
+    if job_id is not None:
+        return job_id
+    return _ATTEMPT_SUFFIX.sub("", run_id) if run_id else None
+
+
 def job_key(resource: Mapping[str, Any]) -> str | None:
-    """The job ``resource`` belongs to, the same in every attempt: its job id
-    (:func:`identity_of`), else its run id without the ``-a{N}`` that
-    :func:`otel_training.identity.attempt_run_id` appends; ``None`` when it has neither."""
+    """The job ``resource`` belongs to (:func:`job_of` its :func:`identity_of`)."""
     identity = identity_of(resource)
-    if identity.job_id is not None:
-        return identity.job_id
-    return _ATTEMPT_SUFFIX.sub("", identity.run_id) if identity.run_id else None
+    return job_of(identity.job_id, identity.run_id)

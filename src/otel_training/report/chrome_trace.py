@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from otel_training.report._nogc import no_gc
-from otel_training.report.reader import safe_strings
+from otel_training.report.otlp import safe_strings
 from otel_training.report.run import TRUNCATED_ATTRIBUTE, Job, Run, Span
 from otel_training.report.tracks import place_spans
 from otel_training.semconv.spans import SPANS

@@ -1,12 +1,13 @@
 """``otel-training health``: goodput, a hang and its culprits, stragglers, for one job.
 
 :func:`assess_job` reads every attempt of the job that a directory shows
-(:mod:`otel_training.report.jobfiles`) and applies the definitions of
-:mod:`otel_training.health` (goodput, hang, straggler; ``docs/health.md``). The result,
-:class:`JobHealth`, is the JSON of ``otel-training health --json`` (:meth:`JobHealth.to_json`),
-the terminal summary (:func:`format_text`) and the report's "Run health" section. Works on a
-job that is still running or hung: ``now`` is the moment judged. Nothing here raises on a
-file.
+(:func:`otel_training.report.reader.load_job`, only what run health needs) and applies the
+definitions of :mod:`otel_training.health` (goodput, hang, straggler; ``docs/health.md``);
+:func:`assess_read` does the same with a job the report has read already, so that
+``otel-training report`` reads each file once. The result, :class:`JobHealth`, is the JSON of
+``otel-training health --json`` (:meth:`JobHealth.to_json`), the terminal summary
+(:func:`format_text`) and the report's "Run health" section. Works on a job that is still
+running or hung: ``now`` is the moment judged. Nothing here raises on a file.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from otel_training.health import hang as _hang
 from otel_training.health import straggler as _straggler
 from otel_training.health.evidence import Attempt, Job, Process, attempts
 from otel_training.health.ledger import PHASES
-from otel_training.report.jobfiles import job_directories, read_job
+from otel_training.report import run as _run
+from otel_training.report.notes import file_notes, other_jobs_note
+from otel_training.report.reader import load_job
+from otel_training.report.rundir import find_run_directory
 from otel_training.report.wording import ranks_phrase
 
 __all__ = ["JobHealth", "assess_job", "format_text"]
@@ -183,7 +187,8 @@ def assess_job(
     directory; default: the environment's).
 
     Args:
-        directory: Where to look (see :func:`otel_training.report.jobfiles.job_directories`).
+        directory: Where to look (see :func:`otel_training.report.find_run_directory`; every
+            run directory of the job is read: :func:`otel_training.report.job_directories`).
         now_s: The moment judged, Unix seconds (default: now): a job whose last evidence is
             within two export intervals of it is running, and its hang is judged at it.
         settings: The thresholds (default: :func:`otel_training.config.load` of ``environ``:
@@ -194,12 +199,45 @@ def assess_job(
         otel_training.report.RunNotFoundError: when ``directory`` holds no run.
     """
     settings = settings or config.load(environ)
+    run_directory = find_run_directory(directory, environ)
+    job = load_job(run_directory, now_s=now_s, purpose="health")
+    return assess_read(job, now_s=now_s, settings=settings)
+
+
+def assess_read(
+    job: _run.Job | _run.Run,
+    *,
+    now_s: float | None = None,
+    settings: config.Settings | None = None,
+) -> JobHealth:
+    """:func:`assess_job` of a job (or one run) already read by
+    :func:`otel_training.report.load_job`: its processes, as read with it (the report's
+    "Run health" section). Never raises on what the files held."""
+    settings = settings or config.load()
     now = time.time() if now_s is None else now_s
-    key, directories = job_directories(directory, environ)
-    job = read_job(directories, key)
     return assess(
-        job, now_s=now, policy=settings.hang, window_steps=settings.straggler_window_steps
+        evidence(_run.Job.of(job)),
+        now_s=now,
+        policy=settings.hang,
+        window_steps=settings.straggler_window_steps,
     )
+
+
+def evidence(job: _run.Job) -> Job:
+    """What run health judges of ``job``: the processes of its runs, read with them, and
+    notes on the files (those that could not be read, lines that could not, runs of other
+    jobs left out)."""
+    processes = [process for run in job.runs for process in run.processes]
+    files = {stats.path: stats for run in job.runs for stats in run.files}
+    notes = file_notes(list(files.values()))
+    if job.other_jobs:
+        notes.append(other_jobs_note(job.other_jobs))
+    if not processes:
+        notes.append("No process of this job was found in the files.")
+    read = sum(f.size_bytes for f in files.values() if not f.skipped and not f.error)
+    directories = sorted({run.directory for run in job.runs} | set(job.directories),
+                         key=lambda p: p.name)  # fmt: skip
+    return Job(job.key, directories, processes, notes, read)
 
 
 def assess(

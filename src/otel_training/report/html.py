@@ -539,11 +539,11 @@ def _health(job: Job) -> tuple[dict[str, Any] | None, list, str]:
     """The job-level "Run health" section (every attempt of the job, once): its tables, plots,
     and what to say when there is none. Never raises: a job that cannot be assessed is a
     sentence."""
-    from otel_training.report.health import assess_job
+    from otel_training.report.health import assess_read
     from otel_training.report.health_figures import health_plots, health_tables
 
     try:
-        health = assess_job(job.runs[-1].directory)
+        health = assess_read(job)
     except Exception as error:  # the report must not fail for its health section
         return (
             None,

@@ -1,6 +1,7 @@
 """What one run left on disk, in memory: metric series per rank, spans, files, notes.
 
-Built by :func:`otel_training.report.reader.load_run`; read by the report and the trace.
+Built by :func:`otel_training.report.reader.load_job` (and ``load_run``); read by the report,
+the trace and run health.
 All times are nanoseconds since the Unix epoch (``*_ns``), as OpenTelemetry writes them.
 """
 
@@ -11,9 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from otel_training.report.attempts import job_of
 from otel_training.semconv.attributes import DL_WORLD_SIZE
 
 if TYPE_CHECKING:
+    from otel_training.health.evidence import Process
     from otel_training.report.clocks import ClockOffset
 
 __all__ = [
@@ -180,7 +183,7 @@ class Gap:
     reason: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class Span:
     """One span of one rank, joined from its JSON lines and/or its OTLP-JSON export.
 
@@ -302,6 +305,8 @@ class Run:
         clock_offsets: Ranks whose clock disagrees with the other ranks', by how much,
             measured from the data (:class:`otel_training.report.clocks.ClockOffset`);
             nothing is shifted by it.
+        processes: What run health reads of each of its processes, by rank
+            (:class:`otel_training.health.evidence.Process`), from the same reading.
     """
 
     directory: Path
@@ -318,6 +323,7 @@ class Run:
     same_id_runs: int = 0
     gaps: list[Gap] = field(default_factory=list)
     clock_offsets: list[ClockOffset] = field(default_factory=list)
+    processes: list[Process] = field(default_factory=list)
 
     @property
     def clock_offsets_ms(self) -> dict[int, float]:
@@ -397,6 +403,9 @@ class Job:
         notes: Plain sentences about the job as a whole (how the attempts were found and
             ordered); each run has its own notes.
         ordered_by: ``"attempt"``, ``"process.creation.time"`` or ``"first record"``.
+        key: The job as :func:`otel_training.report.attempts.job_of` names it (``job_id``,
+            else the run id less ``-a{N}``); ``None`` when the files name neither.
+        other_jobs: The jobs (keys) of other runs in the same files, left out.
     """
 
     job_id: str | None
@@ -404,13 +413,20 @@ class Job:
     directories: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     ordered_by: str = "attempt"
+    key: str | None = None
+    other_jobs: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, source: Run | Job) -> Job:
         """``source`` itself when it is a job, else the job of that one run."""
         if isinstance(source, Job):
             return source
-        return cls(source.job_id, [source], [source.directory])
+        return cls(
+            source.job_id,
+            [source],
+            [source.directory],
+            key=job_of(source.job_id, source.run_id),
+        )
 
     @property
     def labels(self) -> list[str]:

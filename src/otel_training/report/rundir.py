@@ -9,7 +9,6 @@ directly into ``OUTPUT_DIR`` (the flat layout), which is read the same way.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -18,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from otel_training.files import run_directory_name
-from otel_training.report.attempts import identity_of
+from otel_training.report import otlp
+from otel_training.report.attempts import identity_of, job_key
 
 __all__ = [
     "RANK_FILE",
@@ -26,7 +26,7 @@ __all__ = [
     "RunNotFoundError",
     "find_run_directory",
     "job_directories",
-    "peek_resource",
+    "newest_resource",
     "run_files",
 ]
 
@@ -157,68 +157,84 @@ def find_run_directory(
     )
 
 
-#: Longest first line :func:`peek_resource` reads, in bytes (a line is at most 1 MiB).
-_PEEK_BYTES = 2 * 1024 * 1024
-#: Signals whose first line names the resource, cheapest first.
-_PEEK_ORDER = ("spans", "metrics", "traces", "logs")
+#: Bytes read from the end of a span file to find its last line (a line is at most 1 MiB).
+_TAIL_BYTES = 2 * 1024 * 1024
 
 
-def peek_resource(directory: str | os.PathLike) -> dict[str, Any]:
-    """The resource attributes of the first readable line of the run directory ``directory``
-    (a span line's ``resource``, else an OTLP-JSON line's first resource), read without
-    reading the files through; empty when none could be read. Never raises."""
-    files = sorted(
-        run_files(directory),
-        key=lambda f: (_PEEK_ORDER.index(f.signal) if f.signal in _PEEK_ORDER else 9, f.rank),
-    )
-    for file in files:
-        try:
-            with open(file.path, "rb") as handle:
-                line = handle.readline(_PEEK_BYTES)
-            document = json.loads(line)
-        except (OSError, ValueError):
+def _last_line(path: Path) -> bytes | None:
+    """The last complete line of a file (a torn tail skipped), from its last
+    :data:`_TAIL_BYTES`."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            start = max(0, size - _TAIL_BYTES)
+            handle.seek(start)
+            tail = handle.read()
+    except OSError:
+        return None
+    lines = tail.split(b"\n")
+    if start > 0:
+        lines = lines[1:]
+    for line in reversed(lines if tail.endswith(b"\n") else lines[:-1]):
+        if line.strip():
+            return line
+    return None
+
+
+def _first_line(path: Path) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.readline(_TAIL_BYTES)
+    except OSError:
+        return None
+
+
+def newest_resource(directory: str | os.PathLike) -> dict[str, Any]:
+    """The resource attributes of the newest process whose lines are in the run directory
+    ``directory``: that of the last line of its newest span file, else of the first line of a
+    metrics file (read without reading the files through); empty when none could be read.
+    Never raises."""
+    files = run_files(directory)
+    spans = sorted((f for f in files if f.signal == "spans"), key=lambda f: -_mtime(f.path))
+    candidates = [(f, _last_line) for f in spans] + [
+        (f, _first_line) for f in files if f.signal == "metrics"
+    ]
+    for file, read in candidates:
+        line = read(file.path)
+        if not line:
             continue
-        resource = _resource_of(document)
-        if resource:
+        try:
+            resource = otlp.resource_of(otlp.loads(line))
+        except otlp.Torn:
+            continue
+        if job_key(resource) is not None:
             return resource
     return {}
 
 
-def _resource_of(document: Any) -> dict[str, Any]:
-    if not isinstance(document, dict):
-        return {}
-    if isinstance(document.get("resource"), dict):  # a span line
-        return dict(document["resource"])
-    for key in ("resourceMetrics", "resourceSpans", "resourceLogs"):
-        entries = document.get(key)
-        if isinstance(entries, list) and entries and isinstance(entries[0], dict):
-            pairs = entries[0].get("resource", {}).get("attributes", ())
-            found: dict[str, Any] = {}
-            for pair in pairs if isinstance(pairs, list) else ():
-                value = pair.get("value", {}) if isinstance(pair, dict) else {}
-                for kind in ("stringValue", "intValue", "doubleValue", "boolValue"):
-                    if kind in value:
-                        raw = value[kind]
-                        found[pair.get("key")] = int(raw) if kind == "intValue" else raw
-            return found
-    return {}
+def job_directories(
+    run_directory: str | os.PathLike, job: str | None = None, run_id: str | None = None
+) -> list[Path]:
+    """The run directories of a job: ``run_directory`` and its siblings in the output
+    directory whose newest process (:func:`newest_resource`) belongs to the same job
+    (:func:`otel_training.report.attempts.job_key`: ``dl.job.id`` or Megatron-LM's name for
+    it, else the run id less ``-a{N}``), each absolute, in name order.
 
-
-def job_directories(run_directory: str | os.PathLike) -> list[Path]:
-    """The run directories of the job that ``run_directory`` belongs to: itself and its
-    siblings in the output directory whose files name the same job (``dl.job.id``, or
-    Megatron-LM's name for it, :mod:`otel_training.report.attempts`), each absolute. A
-    directory of the flat layout (files of several runs directly in the output directory), or
-    one whose files name no job, is alone. Never raises."""
+    ``job`` and ``run_id`` are those of the run shown, when it was read already; else those of
+    the newest process in ``run_directory``. A directory of the flat layout (files of several
+    runs directly in the output directory: its name is not that of the run), or one whose
+    files name no job, is alone. Never raises."""
     base = Path(run_directory).absolute()
-    identity = identity_of(peek_resource(base))
-    if identity.job_id is None or identity.run_id is None:
+    if job is None and run_id is None:
+        resource = newest_resource(base)
+        identity = identity_of(resource)
+        job, run_id = job_key(resource), identity.run_id
+    if job is None or run_id is None or run_directory_name(run_id) != base.name:
         return [base]
-    if run_directory_name(identity.run_id) != base.name:
-        return [base]  # not a run directory of the embedded default: the flat layout
     found = [base]
     try:
-        entries = sorted(os.scandir(base.parent), key=lambda e: e.name)
+        entries = list(os.scandir(base.parent))
     except OSError:
         return found
     for entry in entries:
@@ -228,8 +244,6 @@ def job_directories(run_directory: str | os.PathLike) -> list[Path]:
         except OSError:
             continue
         path = Path(entry.path).absolute()
-        if path == base:
-            continue
-        if identity_of(peek_resource(path)).job_id == identity.job_id:
+        if path != base and job_key(newest_resource(path)) == job:
             found.append(path)
-    return found
+    return sorted(found, key=lambda p: p.name)

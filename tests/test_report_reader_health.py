@@ -1,0 +1,181 @@
+"""What run health reads of a job's files (report/reader.py, report/health.py's ``evidence``):
+processes told apart by their Resource in one file or across run directories, the job found
+from any of its directories, other jobs' lines left out, the last evidence of life, damage as
+notes; the same processes whether the report's whole reading or health's alone. Metrics lines
+are the real SDK's OTLP-JSON (the ledger's instruments on a FileMetricExporter); span lines
+follow docs/spans.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+from doc_rules import documents
+from health_sim import job_resource, simulated, write_process
+
+from otel_training.health import goodput
+from otel_training.health.evidence import Job, attempts
+from otel_training.report import RunNotFoundError, find_run_directory, job_directories, load_job
+from otel_training.report.health import evidence
+
+T0 = 1_800_000_000.0
+
+
+def read(directory: Path, *, purpose: str = "health") -> Job:
+    """The evidence of the job that ``directory`` shows, as ``otel-training health`` reads it
+    or as the report does (``purpose="report"``)."""
+    return evidence(load_job(find_run_directory(directory), purpose=purpose))
+
+
+def test_processes_in_one_file_are_told_apart_by_their_resource(tmp_path):
+    """Two attempts of rank 0 appended to the same files: two processes, each its own."""
+    run = tmp_path / "out" / "run"
+    first, second = simulated(T0), simulated(T0 + 100, steps=8)
+    write_process(run, first, job_resource(0, 0, "2027-01-15T08:00:00.000Z", "run", "job"))
+    write_process(run, second, job_resource(0, 1, "2027-01-15T08:01:40.000Z", "run", "job"))
+    job = read(run)
+    processes = sorted(job.processes, key=lambda p: p.attempt)
+    # 3 flushes and the final export at shutdown
+    assert [(p.attempt, p.rank, len(p.samples)) for p in processes] == [(0, 0, 4), (1, 0, 4)]
+    assert [p.created_s for p in processes] == [T0, T0 + 100]  # 2027-01-15T08:00:00Z is T0
+    assert processes[0].samples[-1].iteration == 5 and processes[1].samples[-1].iteration == 8
+    assert processes[0].samples[-1].saved_iteration == 5
+    assert [s.name for s in processes[1].spans].count("megatron.checkpoint.save") == 1
+    assert processes[0].samples[0].phase_s is not None
+    assert sum(processes[0].samples[0].phase_s) == pytest.approx(
+        sum(first.ledger.read().phase_time_s.values()), abs=1e-6
+    )
+
+
+def test_the_report_and_health_read_the_same_processes(tmp_path):
+    """The report's whole reading and health's alone give the same processes (the report
+    keeps more of each file, not different facts)."""
+    out = tmp_path / "out"
+    for attempt, created in ((0, "2027-01-15T08:00:00.000Z"), (1, "2027-01-15T08:01:40.000Z")):
+        for rank in (0, 1):
+            attrs = job_resource(rank, attempt, created, f"run-a{attempt}", "job")
+            write_process(out / f"run-a{attempt}", simulated(T0 + 100 * attempt), attrs)
+    alone, whole = read(out / "run-a1"), read(out / "run-a1", purpose="report")
+    assert len(alone.processes) == 4
+    for mine, theirs in zip(alone.processes, whole.processes, strict=True):
+        assert dataclasses.asdict(mine) == dataclasses.asdict(theirs)
+    assert alone.directories == whole.directories == [out / "run-a0", out / "run-a1"]
+
+
+def test_span_lines_of_older_versions_go_to_the_process_alive_then(tmp_path):
+    """Span lines without attempt and creation time join the process of their run and rank."""
+    run = tmp_path / "out" / "run"
+    sim = simulated(T0)
+    attrs = job_resource(0, 0, "2027-01-15T08:00:00.000Z", "run", "job")
+    write_process(run, sim, attrs)
+    lines = (run / "spans-rank0.jsonl").read_text().splitlines()
+    old = []
+    for line in lines:
+        record = json.loads(line)
+        record["resource"] = {"dl.rank": 0, "dl.run.id": "run", "dl.job.id": "job"}
+        old.append(json.dumps(record))
+    (run / "spans-rank0.jsonl").write_text("\n".join(old) + "\n")
+    (process,) = read(run).processes
+    assert process.attempt == 0 and len(process.spans) == len(sim.process.spans)
+
+
+def test_the_job_is_found_from_any_of_its_run_directories(tmp_path):
+    """run-a0 and run-a1 of job J, and another job beside them: from either directory or
+    the output directory, J's two directories."""
+    out = tmp_path / "out"
+    write_process(
+        out / "run-a0", simulated(T0), job_resource(0, 0, "2027-01-15T08:00:00.000Z", "run-a0", "J")
+    )
+    write_process(
+        out / "run-a1", simulated(T0), job_resource(0, 1, "2027-01-15T08:01:00.000Z", "run-a1", "J")
+    )
+    write_process(
+        out / "other", simulated(T0), job_resource(0, 0, "2027-01-15T07:00:00.000Z", "other", "K")
+    )
+    os.utime(out / "other" / "metrics-rank0.jsonl", (1, 1))
+    os.utime(out / "other" / "spans-rank0.jsonl", (1, 1))
+    (out / "latest").symlink_to("run-a1")
+    expected = [(out / "run-a0").resolve(), (out / "run-a1").resolve()]
+    for where in (out / "run-a0", out / "run-a1", out):
+        assert job_directories(find_run_directory(where)) == expected
+        job = read(where)
+        assert job.job_id == "J" and job.directories == expected
+    assert read(out / "other").job_id == "K"
+    assert job_directories(out / "other") == [(out / "other").resolve()]
+    with pytest.raises(RunNotFoundError):
+        read(tmp_path / "missing")
+
+
+def test_the_run_id_without_its_attempt_is_the_job_when_there_is_no_job_id(tmp_path):
+    """No dl.job.id: run-a0 and run-a1 are one job, run-b is another."""
+    out = tmp_path / "out"
+    for run, attempt in (("run-a0", 0), ("run-a1", 1), ("runb", 0)):
+        attrs = job_resource(0, attempt, f"2027-01-15T08:0{attempt}:00.000Z", run, "x")
+        del attrs["dl.job.id"]
+        write_process(out / run, simulated(T0), attrs)
+    assert [p.name for p in job_directories(out / "run-a0")] == ["run-a0", "run-a1"]
+    job = read(out / "run-a0")
+    assert job.job_id == "run" and sorted(p.run_id for p in job.processes) == ["run-a0", "run-a1"]
+
+
+def test_lines_of_another_job_in_the_same_files_are_left_out_with_a_note(tmp_path):
+    """The flat layout of older versions: the job seen last is read, the other one named."""
+    run = tmp_path / "out"
+    write_process(run, simulated(T0), job_resource(0, 0, "2027-01-15T08:00:00.000Z", "r1", "A"))
+    write_process(
+        run, simulated(T0 + 3600), job_resource(0, 0, "2027-01-15T09:00:00.000Z", "r2", "B")
+    )
+    job = read(run)
+    assert [p.job_id for p in job.processes] == ["B"]
+    assert any("1 other job (A)" in note for note in job.notes)
+
+
+def test_a_file_touched_after_the_last_record_moves_the_end_by_one_interval_at_most(tmp_path):
+    """Files written 0.8 s after the last record: the end moves 0.8 s; 20 s: not at all (a
+    copied directory). (These exports came moments apart: one interval is about nothing.)"""
+    run = tmp_path / "out" / "run"
+    sim = simulated(T0)
+    write_process(run, sim, job_resource(0, 0, "2027-01-15T08:00:00.000Z", "run", "job"))
+    (process,) = read(run).processes
+    last = process.last_s
+    for later, moved in ((0.8, 0.8), (20.0, 0.0)):
+        for name in ("metrics-rank0.jsonl", "spans-rank0.jsonl"):
+            os.utime(run / name, (last + later, last + later))
+        (process,) = read(run).processes
+        assert process.alive_s == pytest.approx(last + moved, abs=1e-3)
+
+
+def test_damaged_lines_are_notes_and_a_torn_tail_is_not(tmp_path):
+    """A line that is not JSON mid-file is counted in a note; a cut last line is normal."""
+    run = tmp_path / "out" / "run"
+    write_process(run, simulated(T0), job_resource(0, 0, "2027-01-15T08:00:00.000Z", "run", "job"))
+    path = run / "spans-rank0.jsonl"
+    text = path.read_text().splitlines()
+    path.write_text("\n".join([text[0], "not json", *text[1:]]) + '\n{"record": "span_en')
+    job = read(run)
+    assert job.processes
+    assert any("spans-rank0.jsonl: 1 line not readable" in note for note in job.notes)
+    assert not any("cut" in note for note in job.notes)
+
+
+@documents("health.md", "`is_goodput_span` plays no part")
+def test_is_goodput_span_plays_no_part(tmp_path):
+    """Megatron-LM's is_goodput_span (true on saves, false on iterations, or absent) changes
+    no span read and no figure of the goodput account."""
+    run = tmp_path / "out" / "run"
+    write_process(
+        run, simulated(T0, steps=8), job_resource(0, 0, "2027-01-15T08:00:00.000Z", "run", "job")
+    )
+    before = read(run).processes
+    lines = []
+    for line in (run / "spans-rank0.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        record["attributes"]["is_goodput_span"] = record["name"] == "megatron.checkpoint.save"
+        lines.append(json.dumps(record))
+    (run / "spans-rank0.jsonl").write_text("\n".join(lines) + "\n")
+    after = read(run).processes
+    assert [p.spans for p in after] == [p.spans for p in before] and before[0].spans
+    assert goodput.account(attempts(after)) == goodput.account(attempts(before))
