@@ -20,7 +20,8 @@ from otlp_receiver import free_port
 from support import child_env, gloo_or_unavailable
 
 from otel_training.health import goodput
-from otel_training.report.jobfiles import job_directories, read_job
+from otel_training.report import find_run_directory, load_job
+from otel_training.report.health import evidence
 
 JOB = textwrap.dedent(
     """
@@ -128,8 +129,8 @@ def test_health_names_the_straggler_and_the_hang_culprit_from_the_files(tmp_path
         assert found["stragglers"][0]["score"] > 1.2
         # the wall step is the same on both ranks (rank 0 waits in the all_reduce): only busy
         # time tells the straggler
-        key, directories = job_directories(tmp_path)
-        wall = {p.rank: goodput.median_step_s(p) for p in read_job(directories, key).processes}
+        job = evidence(load_job(find_run_directory(tmp_path), purpose="health"))
+        wall = {p.rank: goodput.median_step_s(p) for p in job.processes}
         assert 0.9 < wall[1] / wall[0] < 1.1, wall
     finally:
         for process in ranks:
