@@ -145,3 +145,20 @@ def test_member_ids_share_the_low_bits_of_their_family():
     assert len(set(ids)) == len(ids)
     assert {i & (2**64 - 1) for i in ids} == {int.from_bytes(_sha("segment/3")[8:16], "big")}
     assert member_ids("run-7", "segment/4", "shard/0")[0] & (2**64 - 1) != ids[0] & (2**64 - 1)
+
+
+def test_ranks_outside_the_world_belong_to_the_nearest_shard():
+    """A rank beyond the world is in the last shard, a negative one in the first."""
+    shards = Shards.of(budget=10, world_size=8, spans_per_rank=5)  # 4 shards of 2 ranks
+    assert (shards.count, shards.ranks) == (4, 2)
+    assert [shards.shard_of(rank) for rank in (-3, 0, 7, 8, 9, 1000)] == [0, 0, 3, 3, 3, 3]
+
+
+def test_a_shape_without_span_groups_plans_one_span_a_rank_and_one_rank_at_least():
+    """No group records spans: the job and run traces are planned for one span a rank (never
+    zero), and a world of 0 or 1 rank is one rank."""
+    for world in (0, 1):
+        shape = TraceShape.derive((), world, 20_000, 1000)
+        assert (shape.world_size, shape.step_spans, shape.segment_iterations) == (1, 0, 1000)
+        assert (shape.job_spans, shape.run_spans) == (1, 1)
+    assert TraceShape.derive((), 3, 20_000, 1000).world_size == 3
