@@ -322,3 +322,24 @@ def test_a_segment_opened_again_goes_on_counting():
         and s.attributes["otel_training.trace.segment"] == 0
     ]
     assert len(zero) == 2 and zero[0].context.trace_id == zero[1].context.trace_id
+
+
+def test_a_rank_beyond_shard_0_starts_under_its_shards_parent_and_links_to_shard_0():
+    """Rank 7 of 8 at a budget of 25, every group on (the run trace in 2 shards of 4 ranks, 6
+    spans a rank; the job trace in 3 shards of 3, 7 a rank): its run span starts under the run
+    trace's shard 1 shared parent and links to shard 0's; its segment span starts under the
+    segment's shard 2 parent, linked to shard 0's and to the run span."""
+    pipeline = _pipeline(25, RANK="7", WORLD_SIZE="8", LOCAL_RANK="7")
+    with ot.training_run():
+        _iteration(1)
+    spans = {s.name: s for s in pipeline.spans.get_finished_spans()}
+    run, segment = spans[names.MEGATRON_TRAIN], spans[names.MEGATRON_TRAIN_SEGMENT]
+    for span, family, shard in ((run, "run", 1), (segment, "segment/0", 2)):
+        trace_id, span_id = member_ids(RUN_ID, family, f"shard/{shard}")
+        assert (span.context.trace_id, span.parent.span_id) == (trace_id, span_id)
+        shard0 = member_ids(RUN_ID, family, "shard/0")
+        linked = [(link.context.trace_id, link.context.span_id) for link in span.links]
+        assert shard0 in linked
+    assert (run.context.trace_id, run.context.span_id) in [
+        (link.context.trace_id, link.context.span_id) for link in segment.links
+    ]
