@@ -8,6 +8,7 @@ import collections
 import threading
 
 import pytest
+from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -343,3 +344,69 @@ def test_a_rank_beyond_shard_0_starts_under_its_shards_parent_and_links_to_shard
     assert (run.context.trace_id, run.context.span_id) in [
         (link.context.trace_id, link.context.span_id) for link in segment.links
     ]
+
+
+def _segments(budget: int, segment_limit: int, groups=("job",), **kwargs):
+    """A TraceSegments of its own over an in-memory exporter (the pipeline's parts, direct)."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    from otel_training.segments import TraceSegments
+    from otel_training.trace_shape import TraceShape
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    shape = TraceShape.derive(groups, 1, budget, segment_limit)
+    segments = TraceSegments(provider.get_tracer("test"), RUN_ID, shape, 0, ALWAYS_ON, **kwargs)
+    return segments, exporter
+
+
+def test_a_segment_span_lasts_from_its_first_phase_to_the_next_segment_or_the_runs_end():
+    """A segment span starts at the time given with its first phase, is an open span while it
+    lasts, ends when the next segment opens (which links to it) or at the run's end (after
+    which the next one links to nothing of it); it names its segment."""
+    from otel_training.trace_shape import member_ids as ids
+
+    open_spans: dict = {}
+    segments, exporter = _segments(25, 2, open_spans=open_spans)
+    segments.routed(1, True, now_ns=1_000)
+    segments.routed(2, False, now_ns=2_000)  # the same segment: nothing opens
+    (first,) = open_spans
+    assert exporter.get_finished_spans() == ()
+    segments.routed(3, True, now_ns=5_000)
+    (second,) = open_spans
+    segments.end_run(9_000)
+    assert open_spans == {}
+    segments.routed(5, False, now_ns=10_000)
+    segments.close()
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == [names.MEGATRON_TRAIN_SEGMENT] * 3
+    assert [(s.start_time, s.end_time) for s in spans[:2]] == [(1_000, 5_000), (5_000, 9_000)]
+    assert spans[2].start_time == 10_000
+    assert [s.attributes["otel_training.trace.segment"] for s in spans] == [0, 1, 2]
+    assert [[link.context for link in s.links] for s in spans] == [
+        [],
+        [first.get_span_context()],
+        [],
+    ]
+    for segment, span in enumerate(spans):
+        trace_id, span_id = ids(RUN_ID, f"segment/{segment}", "shard/0")
+        assert (span.context.trace_id, span.parent.span_id) == (trace_id, span_id)
+
+
+def test_a_step_trace_is_filled_to_the_budget_exactly_then_the_next_begins():
+    """Spans of iterations routed to step traces at a budget of 5: each step trace holds
+    exactly 5 (none left empty, none over), the first span of each linking to the segment
+    span and naming it as parent."""
+    segments, exporter = _segments(5, 1000)
+    placed = [segments.routed(1, False, now_ns=1) for _ in range(17)]
+    (segment,) = segments._open_spans
+    anchor = segment.get_span_context()
+    counts = collections.Counter()
+    for context, links in placed:
+        parent = trace_api.get_current_span(context).get_span_context()
+        assert parent.span_id == anchor.span_id and parent.trace_id != anchor.trace_id
+        counts[parent.trace_id] += 1
+        first = counts[parent.trace_id] == 1
+        assert (links and [link.context for link in links]) == ([anchor] if first else None)
+    assert sorted(counts.values()) == [2, 5, 5, 5]
