@@ -410,3 +410,26 @@ def test_a_step_trace_is_filled_to_the_budget_exactly_then_the_next_begins():
         first = counts[parent.trace_id] == 1
         assert (links and [link.context for link in links]) == ([anchor] if first else None)
     assert sorted(counts.values()) == [2, 5, 5, 5]
+
+
+def test_children_beyond_their_parents_room_start_in_the_ranks_own_trace_naming_it():
+    """A parent in a step trace with room for 5: 4 children nest in its trace as they are;
+    the next ones start in this rank's next own trace, all under one context naming the real
+    parent, the first of them linked to the segment span; a parent of another tracer's trace
+    is joined uncounted."""
+    segments, exporter = _segments(5, 1000)
+    context, _ = segments.routed(1, False, now_ns=1)
+    tracer = TracerProvider().get_tracer("test")
+    parent = tracer.start_span("parent", context=context)
+    (segment,) = segments._open_spans
+    placed = [segments.nested(parent, context) for _ in range(9)]
+    assert placed[:4] == [(context, None)] * 4
+    overflow = {id(c) for c, _ in placed[4:]}
+    assert len(overflow) == 1
+    moved = trace_api.get_current_span(placed[4][0]).get_span_context()
+    assert moved.span_id == parent.get_span_context().span_id
+    assert moved.trace_id not in (parent.get_span_context().trace_id, segment.context.trace_id)
+    assert [link.context for link in placed[4][1]] == [segment.get_span_context()]
+    assert [links for _, links in placed[5:]] == [None] * 4
+    user = TracerProvider().get_tracer("user").start_span("user.root")
+    assert segments.nested(user, "ctx") == ("ctx", None)
