@@ -338,6 +338,7 @@ def test_a_rank_beyond_shard_0_starts_under_its_shards_parent_and_links_to_shard
     for span, family, shard in ((run, "run", 1), (segment, "segment/0", 2)):
         trace_id, span_id = member_ids(RUN_ID, family, f"shard/{shard}")
         assert (span.context.trace_id, span.parent.span_id) == (trace_id, span_id)
+        assert span.parent.is_remote  # a shared parent: no rank exports it
         shard0 = member_ids(RUN_ID, family, "shard/0")
         linked = [(link.context.trace_id, link.context.span_id) for link in span.links]
         assert shard0 in linked
@@ -392,6 +393,7 @@ def test_a_segment_span_lasts_from_its_first_phase_to_the_next_segment_or_the_ru
     for segment, span in enumerate(spans):
         trace_id, span_id = ids(RUN_ID, f"segment/{segment}", "shard/0")
         assert (span.context.trace_id, span.parent.span_id) == (trace_id, span_id)
+        assert span.parent.is_remote  # a shared parent: no rank exports it
 
 
 def test_a_step_trace_is_filled_to_the_budget_exactly_then_the_next_begins():
@@ -406,6 +408,7 @@ def test_a_step_trace_is_filled_to_the_budget_exactly_then_the_next_begins():
     for context, links in placed:
         parent = trace_api.get_current_span(context).get_span_context()
         assert parent.span_id == anchor.span_id and parent.trace_id != anchor.trace_id
+        assert parent.is_remote
         counts[parent.trace_id] += 1
         first = counts[parent.trace_id] == 1
         assert (links and [link.context for link in links]) == ([anchor] if first else None)
@@ -427,9 +430,35 @@ def test_children_beyond_their_parents_room_start_in_the_ranks_own_trace_naming_
     overflow = {id(c) for c, _ in placed[4:]}
     assert len(overflow) == 1
     moved = trace_api.get_current_span(placed[4][0]).get_span_context()
-    assert moved.span_id == parent.get_span_context().span_id
+    assert moved.span_id == parent.get_span_context().span_id and moved.is_remote
     assert moved.trace_id not in (parent.get_span_context().trace_id, segment.context.trace_id)
     assert [link.context for link in placed[4][1]] == [segment.get_span_context()]
     assert [links for _, links in placed[5:]] == [None] * 4
     user = TracerProvider().get_tracer("user").start_span("user.root")
     assert segments.nested(user, "ctx") == ("ctx", None)
+
+
+def test_the_kth_run_of_a_process_has_families_of_its_own(monkeypatch):
+    """The second run of a process (begun before the router was made, or while it routes)
+    starts under the run trace ``run2/run`` and opens ``run2/segment/{s}``; the first keeps
+    ``run`` and ``segment/{s}``."""
+    from otel_training import segments as module
+
+    monkeypatch.setattr(module, "_runs", 1)
+    first, _ = _segments(25, 2)
+    monkeypatch.setattr(module, "_runs", 2)
+    second, exporter = _segments(25, 2)
+    for router in (first, second):  # the first follows the process to its second run
+        context, _ = router.run_start()
+        parent = trace_api.get_current_span(context).get_span_context()
+        assert (parent.trace_id, parent.span_id) == member_ids(RUN_ID, "run2/run", "shard/0")
+        router.routed(1, True, now_ns=1)
+        router.close()
+    segment_id = member_ids(RUN_ID, "run2/segment/0", "shard/0")
+    assert [(s.context.trace_id, s.parent.span_id) for s in exporter.get_finished_spans()] == [
+        segment_id
+    ]
+    monkeypatch.setattr(module, "_runs", 1)
+    third, _ = _segments(25, 2)
+    parent = trace_api.get_current_span(third.run_start()[0]).get_span_context()
+    assert (parent.trace_id, parent.span_id) == member_ids(RUN_ID, "run", "shard/0")
