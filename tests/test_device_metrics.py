@@ -691,3 +691,26 @@ def test_a_source_that_fails_loses_its_points_with_one_warning_and_no_sdk_error(
     assert [(r.name, r.getMessage()) for r in caplog.records] == [
         ("otel_training.device_metrics", "device metrics: reading the devices failed")
     ]
+
+
+def test_a_binding_that_raises_its_own_error_leaves_that_field_out_for_good(fake_nvml, monkeypatch):
+    """A binding call that raises something other than an NVMLError (a binding version that
+    does not match the driver's) drops that field, which is not asked again; the other fields
+    go on."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _two_gpus(fake_nvml)
+    pynvml = import_or_unavailable("pynvml")
+    calls = []
+
+    def power_usage(handle):
+        calls.append(handle)
+        raise TypeError("a binding of another version")
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", power_usage)
+    reader, metrics = _nvml_metrics()
+    for _ in range(3):
+        found = _by_gpu(_collect(reader, metrics))
+    assert len(calls) == 2  # once per GPU
+    assert found["GPU-11111111-h100"] == {
+        k: v for k, v in H100_OTEL.items() if k != hw_metrics.HW_POWER
+    }
