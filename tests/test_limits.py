@@ -515,3 +515,195 @@ def test_the_sdk_refuses_an_instrument_named_outside_its_grammar():
         s.metrics for r in reader.get_metrics_data().resource_metrics for s in r.scope_metrics
     )
     provider.shutdown()
+
+
+# -- each thing the rule looks at, one at a time ---------------------------------------------
+
+ODD = "odd\udc80"  # a lone surrogate: what the rule must change
+FIXED = "odd\\x80"
+
+
+def _clean_span(**changes) -> ReadableSpan:
+    """A span with every part the rule looks at, all clean, but for ``changes``."""
+    fields = {
+        "name": "step",
+        "attributes": {"a": "x", "n": 1, "f": 1.5, "b": True},
+        "events": [Event("e", {"k": "v"}, 5)],
+        "links": [Link(CONTEXT, {"l": "w"})],
+        "description": "failed",
+        "resource": Resource({"service.name": "train"}),
+        "scope": InstrumentationScope("otel_training", "1.0", "https://schema", {"s": "v"}),
+    }
+    fields.update(changes)
+    return ReadableSpan(
+        fields["name"],
+        context=CONTEXT,
+        parent=CONTEXT,
+        attributes=fields["attributes"],
+        events=fields["events"],
+        links=fields["links"],
+        kind=trace_api.SpanKind.INTERNAL,
+        status=Status(StatusCode.ERROR, fields["description"]),
+        start_time=3,
+        end_time=4,
+        resource=fields["resource"],
+        instrumentation_scope=fields["scope"],
+    )
+
+
+def _span_parts(record: ReadableSpan) -> dict:
+    return {
+        "name": record.name,
+        "attributes": dict(record.attributes),
+        "events": [(e.name, dict(e.attributes), e.timestamp) for e in record.events],
+        "links": [(link.context, dict(link.attributes)) for link in record.links],
+        "status": (record.status.status_code, record.status.description),
+        "resource": (dict(record.resource.attributes), record.resource.schema_url),
+        "scope": (
+            record.instrumentation_scope.name,
+            record.instrumentation_scope.version,
+            record.instrumentation_scope.schema_url,
+            dict(record.instrumentation_scope.attributes or {}),
+        ),
+        "rest": (record.context, record.parent, record.kind, record.start_time, record.end_time),
+    }
+
+
+SPAN_CHANGES = {
+    "name: a lone surrogate": ({"name": ODD}, {"name": FIXED}),
+    "name: not a string": ({"name": 42}, {"name": "42"}),
+    # 1,002 kept + 23 cut = 1,025 characters; 1,002 + the 22 of the marker = 1,024.
+    "name: longer than 1,024": ({"name": "n" * 1025}, {"name": "n" * 1002 + cut_marker(23)}),
+    "status description": ({"description": ODD}, {"status": (StatusCode.ERROR, FIXED)}),
+    "attribute value": (
+        {"attributes": {"a": ODD, "big": 2**64}},
+        {"attributes": {"a": FIXED, "big": float(2**64)}},
+    ),
+    "attribute key": ({"attributes": {ODD: 1}}, {"attributes": {FIXED: 1}}),
+    "event name": ({"events": [Event(ODD, {}, 5)]}, {"events": [(FIXED, {}, 5)]}),
+    "event attribute": (
+        {"events": [Event("e", {"k": ODD}, 5)]},
+        {"events": [("e", {"k": FIXED}, 5)]},
+    ),
+    "event attribute, a later event": (
+        {"events": [Event("e", {}, 5), Event("e", {"k": 2**70}, 6)]},
+        {"events": [("e", {}, 5), ("e", {"k": float(2**70)}, 6)]},
+    ),
+    "link attribute": (
+        {"links": [Link(CONTEXT, {"l": ODD})]},
+        {"links": [(CONTEXT, {"l": FIXED})]},
+    ),
+    "resource": (
+        {"resource": Resource({"service.name": ODD})},
+        {"resource": ({"service.name": FIXED}, "")},
+    ),
+    "scope": (
+        {"scope": InstrumentationScope(ODD, "1.0", "https://schema", {"s": "v"})},
+        {"scope": (FIXED, "1.0", "https://schema", {"s": "v"})},
+    ),
+}
+
+
+@documents("limits.md", "A name or key that is not a `str` becomes its `str()`")
+@pytest.mark.parametrize("change", list(SPAN_CHANGES), ids=list(SPAN_CHANGES))
+def test_each_part_of_a_span_is_bounded_and_nothing_else_changes(change):
+    """One part of a span needs the rule: that part is fixed in a new span, every other part
+    is as it was; the span without the change is handed on as the same object."""
+    clean = _clean_span()
+    assert bounded_span(clean) is clean
+    given, fixed = SPAN_CHANGES[change]
+    record = _clean_span(**given)
+    bounded = bounded_span(record)
+    assert bounded is not record
+    expected = _span_parts(clean) | fixed
+    assert _span_parts(bounded) == expected
+    assert bounded_span(bounded) is bounded  # nothing left to do
+
+
+def _clean_log(limits_=None, **changes):
+    fields = {
+        "body": "loss went up",
+        "attributes": {"a": "x", "n": 1, "f": 1.5, "b": True, "t": ("u", "v")},
+        "severity_text": "WARNING",
+        "event_name": "train.event",
+        "resource": Resource({"service.name": "train"}),
+        "scope": InstrumentationScope("otel_training", "1.0"),
+    }
+    fields.update(changes)
+    return ReadableLogRecord(
+        LogRecord(
+            timestamp=3,
+            observed_timestamp=4,
+            body=fields["body"],
+            attributes=fields["attributes"],
+            severity_text=fields["severity_text"],
+            severity_number=SeverityNumber.WARN,
+            event_name=fields["event_name"],
+        ),
+        resource=fields["resource"],
+        instrumentation_scope=fields["scope"],
+    )
+
+
+def _log_parts(record) -> dict:
+    log = record.log_record
+    return {
+        "body": log.body,
+        "attributes": dict(log.attributes),
+        "severity_text": log.severity_text,
+        "event_name": log.event_name,
+        "resource": dict(record.resource.attributes),
+        "scope": record.instrumentation_scope.name,
+        "rest": (log.timestamp, log.observed_timestamp, log.severity_number),
+    }
+
+
+def _nested(value, levels: int, kind=list):
+    for _ in range(levels):
+        value = kind([value])
+    return value
+
+
+LOG_CHANGES = {
+    "body: a lone surrogate": ({"body": ODD}, {"body": FIXED}),
+    "body: bytes beyond the limit": (
+        {"body": b"\xff" * 20_000},
+        {"body": b"\xff" * 16_360 + cut_marker(3_640).encode()},  # 16,384 bytes in all
+    ),
+    "body: a map with a key that is not a string": ({"body": {1: "v"}}, {"body": {"1": "v"}}),
+    "body: a map with an odd key": ({"body": {ODD: "v"}}, {"body": {FIXED: "v"}}),
+    "body: a list with an odd item": ({"body": ["a", [ODD]]}, {"body": ("a", (FIXED,))}),
+    "body: beyond int64": ({"body": -(2**64)}, {"body": float(-(2**64))}),
+    "body: nine levels deep": (
+        {"body": _nested(["deep"], 8)},
+        {"body": _nested("['deep']", 8, tuple)},
+    ),
+    "attribute key": ({"attributes": {ODD: 1}}, {"attributes": {FIXED: 1}}),
+    "attribute value": ({"attributes": {"a": ODD}}, {"attributes": {"a": FIXED}}),
+    "attribute value: a map": (
+        {"attributes": {"a": {"k": ODD}}},
+        {"attributes": {"a": {"k": FIXED}}},
+    ),
+    "severity text": ({"severity_text": ODD}, {"severity_text": FIXED}),
+    "event name": ({"event_name": ODD}, {"event_name": FIXED}),
+    "resource": (
+        {"resource": Resource({"service.name": ODD})},
+        {"resource": {"service.name": FIXED}},
+    ),
+    "scope": ({"scope": InstrumentationScope(ODD)}, {"scope": FIXED}),
+}
+
+
+@pytest.mark.parametrize("change", list(LOG_CHANGES), ids=list(LOG_CHANGES))
+def test_each_part_of_a_log_record_is_bounded_and_nothing_else_changes(change):
+    """One part of a log record needs the rule (body, attribute keys and values, severity
+    text, event name, resource, scope): that part is fixed in a new record, every other part
+    is as it was; the record without the change is handed on as the same object."""
+    clean = _clean_log()
+    assert bounded_log_record(clean) is clean
+    given, fixed = LOG_CHANGES[change]
+    record = _clean_log(**given)
+    bounded = bounded_log_record(record)
+    assert bounded is not record
+    assert _log_parts(bounded) == _log_parts(clean) | fixed
+    assert bounded_log_record(bounded) is bounded
