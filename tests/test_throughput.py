@@ -253,3 +253,59 @@ def test_interval_and_step_figures_come_from_throughput():
         expected.tokens_per_sec_per_device,
     )
     assert stats.throughput(count_tokens=False, flops_per_token=2e9) == Throughput(None, None, None)
+
+
+def test_a_gathered_token_count_that_is_not_a_count_is_dropped_with_one_warning(caplog):
+    """add_tokens_global takes 0 and positive ints; a negative, fractional or boolean count is
+    dropped with one warning for the cause "invalid token count", shared with
+    add_micro_batch's (said once, whichever method meets it first)."""
+    from otel_training import throughput as module
+
+    module._warn_once.clear()
+    acc = StepAccumulator()
+    with caplog.at_level("WARNING", logger="otel_training.throughput"):
+        acc.add_tokens_global(0)
+        acc.add_tokens_global(7)
+        assert caplog.records == []
+        for bad in (-5, 2.5, True):
+            acc.add_tokens_global(bad)
+        acc.add_micro_batch(None, tokens=-1)
+    assert [r.getMessage() for r in caplog.records] == [
+        "StepAccumulator: dropping invalid token count -5"
+    ]
+    assert acc.end_step(1.0).tokens_global == 7
+    module._warn_once.clear()
+
+
+def test_skipped_steps_are_counted_per_interval():
+    """The skipped steps of an interval are those since the previous interval."""
+    acc = StepAccumulator()
+    _a7_step(acc, skipped=True)
+    assert acc.interval().skipped_iters == 1
+    _a7_step(acc)
+    assert acc.interval().skipped_iters == 0
+
+
+def test_a_steps_and_an_intervals_tflops_use_the_flops_given():
+    """StepRecord.throughput(flops_per_token) and IntervalStats.throughput(flops_global) give
+    TFLOP/s per device = FLOPs / (time x 10^12 x world size)."""
+    acc = StepAccumulator(data_parallel_size=2, world_size=4)
+    acc.add_micro_batch(1.0, tokens=500)  # 1,000 tokens over the job
+    record = acc.end_step(2.0)
+    assert record.throughput(flops_per_token=4e9).tflops_per_device == pytest.approx(
+        4e9 * 1000 / (2.0 * 1e12 * 4)
+    )
+    stats = acc.interval()
+    figures = stats.throughput(flops_global=8e12, count_tokens=False)
+    assert figures.tflops_per_device == pytest.approx(8e12 / (2.0 * 1e12 * 4))
+
+
+@pytest.mark.parametrize(
+    "name", ["n_params_non_embedding", "n_layers", "d_model", "seq_len", "vocab_size"]
+)
+def test_a_negative_flops_argument_is_named_in_the_error(name):
+    """gpt_flops_per_token raises ValueError naming the negative argument and its value."""
+    args = {"n_params_non_embedding": 1, "n_layers": 1, "d_model": 1, "seq_len": 1}
+    args[name] = -3
+    with pytest.raises(ValueError, match=f"^{name} must be >= 0, got -3$"):
+        gpt_flops_per_token(**args)
