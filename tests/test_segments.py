@@ -347,8 +347,9 @@ def test_a_rank_beyond_shard_0_starts_under_its_shards_parent_and_links_to_shard
     ]
 
 
-def _segments(budget: int, segment_limit: int, groups=("job",), **kwargs):
-    """A TraceSegments of its own over an in-memory exporter (the pipeline's parts, direct)."""
+def _segments(budget: int, segment_limit: int, groups=("job",), world: int = 1, **kwargs):
+    """A TraceSegments of rank 0 of ``world`` over an in-memory exporter (the pipeline's
+    parts, direct)."""
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
     from otel_training.segments import TraceSegments
@@ -357,7 +358,7 @@ def _segments(budget: int, segment_limit: int, groups=("job",), **kwargs):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    shape = TraceShape.derive(groups, 1, budget, segment_limit)
+    shape = TraceShape.derive(groups, world, budget, segment_limit)
     segments = TraceSegments(provider.get_tracer("test"), RUN_ID, shape, 0, ALWAYS_ON, **kwargs)
     return segments, exporter
 
@@ -462,3 +463,22 @@ def test_the_kth_run_of_a_process_has_families_of_its_own(monkeypatch):
     third, _ = _segments(25, 2)
     parent = trace_api.get_current_span(third.run_start()[0]).get_span_context()
     assert (parent.trace_id, parent.span_id) == member_ids(RUN_ID, "run", "shard/0")
+
+
+def test_a_segments_job_trace_holds_its_share_of_the_job_shard_not_of_the_run_shard():
+    """8 ranks at a budget of 25, every group on: a rank's share of a segment's job trace is
+    25 // 3 = 8 spans (3 ranks a shard), its share of the run trace 25 // 4 = 6 (4 ranks): the
+    segment span and 7 job-level phases fit in the job trace, the 8th starts in the rank's own
+    trace; 6 run-level spans fit in the run trace."""
+    from otel_training import config
+
+    segments, _ = _segments(25, 1000, config.SPAN_GROUP_PRESETS["all"], world=8)
+    placed = [segments.routed(1, True, now_ns=1)[0] for _ in range(9)]
+    (segment,) = segments._open_spans
+    job_trace = segment.get_span_context().trace_id
+    traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
+    assert traces[:7] == [job_trace] * 7 and job_trace not in traces[7:]
+    run_trace = member_ids(RUN_ID, "run", "shard/0")[0]
+    placed = [segments.run_start()[0] for _ in range(8)]
+    traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
+    assert traces[:6] == [run_trace] * 6 and run_trace not in traces[6:]
