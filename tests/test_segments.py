@@ -482,3 +482,23 @@ def test_a_segments_job_trace_holds_its_share_of_the_job_shard_not_of_the_run_sh
     placed = [segments.run_start()[0] for _ in range(8)]
     traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
     assert traces[:6] == [run_trace] * 6 and run_trace not in traces[6:]
+
+
+def test_a_rank_keeps_counting_256_traces_the_run_and_the_open_segment_among_them():
+    """After 300 segments, a rank counts the newest 256 traces, never forgetting the run's
+    and the open segment's: their spans go on counting where they were."""
+    segments, _ = _segments(4, 1)
+    segments.run_start()
+    for iteration in range(1, 301):
+        segments.routed(iteration, True, now_ns=iteration)
+        segments.routed(iteration, False, now_ns=iteration)
+    assert len(segments._traces) == 256
+    run_trace = member_ids(RUN_ID, "run", "shard/0")[0]
+    placed = [segments.run_start()[0] for _ in range(4)]
+    traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
+    assert traces[:3] == [run_trace] * 3 and traces[3] != run_trace  # 1 + 3 = the budget of 4
+    (segment,) = segments._open_spans
+    job_trace = segment.get_span_context().trace_id
+    placed = [segments.routed(300, True)[0] for _ in range(4)]
+    traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
+    assert traces[:2] == [job_trace] * 2 and traces[2] != job_trace  # segment + 1 + 2 = 4
