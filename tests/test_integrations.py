@@ -147,3 +147,28 @@ def test_tokens_counted_over_all_ranks_by_the_framework_make_the_job_rate():
     (step,) = metrics["megatron.training.step_duration_ms"]  # a histogram of one step
     assert step.count == 1
     assert rate * step.sum / 1000.0 == pytest.approx(6000, rel=1e-6)
+
+
+def test_a_recorder_without_providers_configures_with_the_frameworks_ranks(caplog, monkeypatch):
+    """No pipeline yet: the recorder configures one from OTEL_* with the framework's rank and
+    world size. A pipeline configured before with other ranks is used as it is, with one
+    warning naming both."""
+    from otel_training import setup, testing
+
+    for signal in ("TRACES", "METRICS", "LOGS"):
+        monkeypatch.setenv(f"OTEL_{signal}_EXPORTER", "none")
+    recorder = _recorder.RunRecorder()
+    recorder.start_run(_recorder.FrameworkIdentity(rank=1, local_rank=1, world_size=2))
+    recorder.end_run()
+    identity = setup.current().settings.identity
+    assert (identity.rank, identity.local_rank, identity.world_size) == (1, 1, 2)
+    assert not [r for r in caplog.records if r.name == "otel_training.integrations"]
+    _recorder.warn_once.clear()
+    with caplog.at_level("WARNING", logger="otel_training.integrations"):
+        recorder.start_run(_recorder.FrameworkIdentity(rank=0, local_rank=0, world_size=2))
+        recorder.end_run()
+    assert setup.current().settings.identity.rank == 1
+    (said,) = [r for r in caplog.records if r.name == "otel_training.integrations"]
+    assert "rank 1 of 2, the framework rank 0 of 2" in said.getMessage()
+    _recorder.warn_once.clear()
+    testing.reset()
