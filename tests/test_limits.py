@@ -707,3 +707,13 @@ def test_each_part_of_a_log_record_is_bounded_and_nothing_else_changes(change):
     assert bounded is not record
     assert _log_parts(bounded) == _log_parts(clean) | fixed
     assert bounded_log_record(bounded) is bounded
+
+
+def test_a_string_is_wide_when_a_character_is_beyond_u_ffff_by_size_or_by_scan():
+    """A string costs two escapes a character (12 bytes) when one of its characters is beyond
+    U+FFFF: CPython's storage size tells in O(1), a scan elsewhere; both agree."""
+    wide = ["\U0001f600", "a\U00010000", "é" * 5 + "\U0010ffff"]
+    narrow = ["", "abc", "é" * 5, "\u0100\uffff", "\udc80" * 3, "\ud83d"]
+    for check in (limits._wide_by_scan, limits._wide_by_size):
+        assert [check(text) for text in wide + narrow] == [True] * 3 + [False] * 6, check
+    assert limits.json_cost("\U0001f600" * 3) == 6 * 6 + 2  # two \\uXXXX escapes each

@@ -42,7 +42,6 @@ for any other printable ASCII character; it bounds protobuf (at most 4 bytes a c
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -1165,12 +1164,3 @@ def _bounded_metrics_data(data: Any, limits: Limits, saturated: list[str] | None
         )
     return MetricsData(resource_metrics=resources)
 
-
-def finite_or_text(value: float) -> float | str:
-    """A float as JSON can carry it: itself when finite, else ``"NaN"``, ``"Infinity"`` or
-    ``"-Infinity"`` (the spelling of the OTLP/JSON mapping)."""
-    if value - value == 0.0:
-        return value
-    if math.isnan(value):
-        return "NaN"
-    return "Infinity" if value > 0 else "-Infinity"
