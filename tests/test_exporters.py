@@ -238,7 +238,7 @@ def _collection(char: str, points: int, attributes: int, length: int):
     return data
 
 
-@documents("limits.md", "One metric point (its attributes and exemplars) is bounded alike")
+@documents("limits.md", "One metric point is bounded alike: its attributes (the series) fit the")
 @documents("limits.md", "A collection of metrics is split the same way")
 @pytest.mark.parametrize("char", WORST.values(), ids=WORST.keys())
 def test_the_worst_metrics_fit_lines_every_point_in_one(char):

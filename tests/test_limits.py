@@ -717,3 +717,127 @@ def test_a_string_is_wide_when_a_character_is_beyond_u_ffff_by_size_or_by_scan()
     for check in (limits._wide_by_scan, limits._wide_by_size):
         assert [check(text) for text in wide + narrow] == [True] * 3 + [False] * 6, check
     assert limits.json_cost("\U0001f600" * 3) == 6 * 6 + 2  # two \\uXXXX escapes each
+
+
+def _metrics(**changes):
+    """MetricsData with one sum point (and its exemplar), all clean but for ``changes``."""
+    from opentelemetry.sdk.metrics._internal.exemplar import Exemplar
+    from opentelemetry.sdk.metrics.export import (
+        AggregationTemporality,
+        Metric,
+        MetricsData,
+        NumberDataPoint,
+        ResourceMetrics,
+        ScopeMetrics,
+        Sum,
+    )
+
+    fields = {
+        "name": "train.tokens",
+        "unit": "{token}",
+        "description": "tokens seen",
+        "attributes": {"a": "x", "n": 1},
+        "value": 7,
+        "exemplar": {"e": "y"},
+        "resource": Resource({"service.name": "train"}),
+        "scope": InstrumentationScope("otel_training", "1.0"),
+    }
+    fields.update(changes)
+    point = NumberDataPoint(
+        fields["attributes"], 1, 2, fields["value"], [Exemplar(fields["exemplar"], 1.0, 2)]
+    )
+    data = Sum([point], AggregationTemporality.CUMULATIVE, True)
+    metric = Metric(fields["name"], fields["description"], fields["unit"], data)
+    scope = ScopeMetrics(fields["scope"], [metric], "")
+    return MetricsData([ResourceMetrics(fields["resource"], [scope], "")])
+
+
+def _metric_parts(data) -> dict:
+    (resource_metrics,) = data.resource_metrics
+    (scope_metrics,) = resource_metrics.scope_metrics
+    (metric,) = scope_metrics.metrics
+    (point,) = metric.data.data_points
+    return {
+        "name": metric.name,
+        "unit": metric.unit,
+        "description": metric.description,
+        "attributes": dict(point.attributes),
+        "value": point.value,
+        "exemplar": [dict(e.filtered_attributes) for e in point.exemplars],
+        "resource": dict(resource_metrics.resource.attributes),
+        "scope": scope_metrics.scope.name,
+        "rest": (point.start_time_unix_nano, point.time_unix_nano, metric.data.is_monotonic),
+    }
+
+
+METRIC_CHANGES = {
+    "name": ({"name": ODD}, {"name": FIXED}),
+    "unit": ({"unit": ODD}, {"unit": FIXED}),
+    "description": ({"description": ODD}, {"description": FIXED}),
+    "point attribute value": ({"attributes": {"a": ODD}}, {"attributes": {"a": FIXED}}),
+    "point attribute key": ({"attributes": {ODD: 1}}, {"attributes": {FIXED: 1}}),
+    "exemplar attribute": ({"exemplar": {"e": ODD}}, {"exemplar": [{"e": FIXED}]}),
+    "value beyond int64": ({"value": 2**64}, {"value": 2**63 - 1}),
+    "value below int64": ({"value": -(2**64)}, {"value": -(2**63)}),
+    "resource": (
+        {"resource": Resource({"service.name": ODD})},
+        {"resource": {"service.name": FIXED}},
+    ),
+    "scope": ({"scope": InstrumentationScope(ODD)}, {"scope": FIXED}),
+}
+
+
+@pytest.mark.parametrize("change", list(METRIC_CHANGES), ids=list(METRIC_CHANGES))
+def test_each_part_of_the_metrics_is_bounded_and_nothing_else_changes(change):
+    """One part of a collection needs the rule (a metric's name, unit, description, a point's
+    attribute keys and values or its int64 value, an exemplar's attributes, the resource, the
+    scope): that part is fixed, every other part is as it was, and only an integer beyond
+    int64 names its metric as saturated; the clean collection is handed on as itself."""
+    clean = _metrics()
+    assert limits.bounded_metrics_data(clean) is clean
+    given, fixed = METRIC_CHANGES[change]
+    saturated: list[str] = []
+    bounded = limits.bounded_metrics_data(_metrics(**given), saturated=saturated)
+    assert _metric_parts(bounded) == _metric_parts(clean) | fixed
+    assert saturated == (["train.tokens"] if "int64" in change else [])
+    assert limits.bounded_metrics_data(bounded) is bounded
+
+
+def test_integers_at_the_ends_of_int64_are_not_saturated():
+    """A point exactly at -2**63 or 2**63 - 1 is within int64: kept, not counted saturated."""
+    for value in (-(2**63), 2**63 - 1):
+        saturated: list[str] = []
+        data = _metrics(value=value, description=ODD)  # needs work for its description
+        bounded = limits.bounded_metrics_data(data, saturated=saturated)
+        assert _metric_parts(bounded)["value"] == value and saturated == []
+
+
+def test_a_point_over_its_budget_keeps_its_value_and_the_attributes_that_fit():
+    """A point whose attributes exceed the record budget: its attributes are cut until its
+    worst-case cost fits the budget (the longest values cut alike first), its value and times
+    are kept; its exemplars are dropped when they do not fit with the attributes, never the
+    attributes (the series) for them."""
+    budget = 4_000
+    many = {f"key{i}": "v" * 600 for i in range(20)}
+    bounded = limits.bounded_metrics_data(
+        _metrics(attributes=many), Limits(record_budget_bytes=budget)
+    )
+    (point,) = bounded.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    assert limits.metric_point_cost(point) <= budget
+    assert point.value == 7 and (point.start_time_unix_nano, point.time_unix_nano) == (1, 2)
+    assert list(point.attributes) == list(many)  # all kept, cut alike
+    assert len({len(v) for v in point.attributes.values()}) == 1
+    assert point.exemplars == []  # the attributes fill the budget: no room for exemplars
+    bounded = limits.bounded_metrics_data(
+        _metrics(exemplar=many, name=ODD), Limits(record_budget_bytes=budget)
+    )
+    (point,) = bounded.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    assert point.exemplars == [] and limits.metric_point_cost(point) <= budget
+    assert dict(point.attributes) == {"a": "x", "n": 1}  # the series stays the series
+    fits = {"key0": "v" * 600}
+    small = limits.bounded_metrics_data(
+        _metrics(attributes=dict(fits), exemplar=dict(fits), name=ODD),
+        Limits(record_budget_bytes=budget),
+    )
+    (point,) = small.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    assert dict(point.attributes) == fits and len(point.exemplars) == 1

@@ -1109,8 +1109,15 @@ def _bounded_metrics_data(data: Any, limits: Limits, saturated: list[str] | None
         attributes = bounded_attributes(p.attributes, limit)
         cost = metric_point_cost(p)
         if cost > budget:
+            # The attributes (the series) fit the budget without the exemplars, which go
+            # first (below) when the point with them is still over it.
+            exemplars_cost = sum(
+                _POINT_COST + _attributes_cost(e.filtered_attributes)
+                for e in getattr(p, "exemplars", None) or ()
+            )
             attributes = _fit_attributes(
-                dict(attributes or {}), budget - (cost - _attributes_cost(p.attributes))
+                dict(attributes or {}),
+                budget - (cost - exemplars_cost - _attributes_cost(p.attributes)),
             )
         if attributes is not p.attributes:
             changes["attributes"] = attributes
@@ -1163,4 +1170,3 @@ def _bounded_metrics_data(data: Any, limits: Limits, saturated: list[str] | None
             )
         )
     return MetricsData(resource_metrics=resources)
-
