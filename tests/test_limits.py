@@ -841,3 +841,26 @@ def test_a_point_over_its_budget_keeps_its_value_and_the_attributes_that_fit():
     )
     (point,) = small.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
     assert dict(point.attributes) == fits and len(point.exemplars) == 1
+
+
+@documents("limits.md", "All strings and values of one span or log record together")
+@pytest.mark.parametrize("value_length", [None, 4_000])
+def test_records_at_the_edge_of_the_budget_fit_it_whatever_their_shape(value_length):
+    """Spans and log records of characters beyond U+FFFF (12 bytes each, the worst case), one
+    to three values, swept across the record budget: each, once bounded, is within the budget
+    by its worst-case cost and by the bytes of its real OTLP-JSON line; the shortcuts that
+    hand a record on unchanged never let one over it."""
+    budget = 20_000
+    rules = Limits(value_length=value_length, record_budget_bytes=budget)
+    for count in (1, 2, 3):
+        for length in range(budget // 12 // count - 60, budget // 12 // count + 60, 9):
+            values = {f"k{i}": "\U0001f600" * length for i in range(count)}
+            record = bounded_span(span("s", values), rules)
+            assert limits.span_cost(record) <= budget, (count, length)
+            assert _otlp_json_bytes(FileSpanExporter, record) <= budget + 400
+            log = bounded_log_record(
+                ReadableLogRecord(LogRecord(body="b", attributes=values), resource=Resource({})),
+                rules,
+            )
+            assert limits.log_record_cost(log) <= budget, (count, length)
+            assert _otlp_json_bytes(FileLogExporter, log) <= budget + 400
