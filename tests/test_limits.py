@@ -3,6 +3,7 @@ say so, records fit their budget."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -743,9 +744,8 @@ def _metrics(**changes):
         "scope": InstrumentationScope("otel_training", "1.0"),
     }
     fields.update(changes)
-    point = NumberDataPoint(
-        fields["attributes"], 1, 2, fields["value"], [Exemplar(fields["exemplar"], 1.0, 2)]
-    )
+    exemplars = [] if fields["exemplar"] is None else [Exemplar(fields["exemplar"], 1.0, 2)]
+    point = NumberDataPoint(fields["attributes"], 1, 2, fields["value"], exemplars)
     data = Sum([point], AggregationTemporality.CUMULATIVE, True)
     metric = Metric(fields["name"], fields["description"], fields["unit"], data)
     scope = ScopeMetrics(fields["scope"], [metric], "")
@@ -773,6 +773,10 @@ def _metric_parts(data) -> dict:
 METRIC_CHANGES = {
     "name": ({"name": ODD}, {"name": FIXED}),
     "unit": ({"unit": ODD}, {"unit": FIXED}),
+    "no unit and no description": (
+        {"unit": None, "description": None, "name": ODD},
+        {"unit": "", "description": "", "name": FIXED},
+    ),
     "description": ({"description": ODD}, {"description": FIXED}),
     "point attribute value": ({"attributes": {"a": ODD}}, {"attributes": {"a": FIXED}}),
     "point attribute key": ({"attributes": {ODD: 1}}, {"attributes": {FIXED: 1}}),
@@ -843,24 +847,110 @@ def test_a_point_over_its_budget_keeps_its_value_and_the_attributes_that_fit():
     assert dict(point.attributes) == fits and len(point.exemplars) == 1
 
 
+EMOJI = "\U0001f600"  # beyond U+FFFF: 12 bytes a character, the most any character costs
+
+
+def _edge_cases(budget: int):
+    """(span fields, log record fields) of records whose worst-case cost sweeps across
+    ``budget``: 1-3 long values; a long status description (log body); a long value then a
+    number under a 300-character key."""
+    for length in range(budget // 12 - 60, budget // 12 + 60, 9):
+        for count in (1, 2, 3):
+            values = {f"k{i}": EMOJI * (length // count) for i in range(count)}
+            yield {"attributes": values}, {"attributes": values}
+        yield {"description": EMOJI * length}, {"body": EMOJI * length}
+        values = {"s": EMOJI * length, "n" * 300: 1}
+        yield {"attributes": values}, {"attributes": values}
+
+
 @documents("limits.md", "All strings and values of one span or log record together")
 @pytest.mark.parametrize("value_length", [None, 4_000])
 def test_records_at_the_edge_of_the_budget_fit_it_whatever_their_shape(value_length):
-    """Spans and log records of characters beyond U+FFFF (12 bytes each, the worst case), one
-    to three values, swept across the record budget: each, once bounded, is within the budget
-    by its worst-case cost and by the bytes of its real OTLP-JSON line; the shortcuts that
-    hand a record on unchanged never let one over it."""
+    """Spans and log records of characters beyond U+FFFF (the worst case) swept across the
+    record budget, their cost in values, in a description or body, or in a value beside a
+    number: each, once bounded, is within the budget by its worst-case cost and by the bytes
+    of its real OTLP-JSON line; the shortcuts that hand a record on unchanged never let one
+    over it."""
     budget = 20_000
     rules = Limits(value_length=value_length, record_budget_bytes=budget)
-    for count in (1, 2, 3):
-        for length in range(budget // 12 // count - 60, budget // 12 // count + 60, 9):
-            values = {f"k{i}": "\U0001f600" * length for i in range(count)}
-            record = bounded_span(span("s", values), rules)
-            assert limits.span_cost(record) <= budget, (count, length)
-            assert _otlp_json_bytes(FileSpanExporter, record) <= budget + 400
-            log = bounded_log_record(
-                ReadableLogRecord(LogRecord(body="b", attributes=values), resource=Resource({})),
-                rules,
+    for span_fields, log_fields in _edge_cases(budget):
+        record = bounded_span(span("s", **span_fields), rules)
+        assert limits.span_cost(record) <= budget, span_fields.keys()
+        assert _otlp_json_bytes(FileSpanExporter, record) <= budget + 400
+        log = bounded_log_record(
+            ReadableLogRecord(LogRecord(**{"body": "b", **log_fields}), resource=Resource({})),
+            rules,
+        )
+        assert limits.log_record_cost(log) <= budget, log_fields.keys()
+        assert _otlp_json_bytes(FileLogExporter, log) <= budget + 400
+
+
+def test_metrics_values_are_cut_at_the_limit_given_and_clean_points_are_kept_as_they_are():
+    """With a value-length limit of 40, point, exemplar, resource and scope attribute values
+    are cut at 40 characters; a histogram point (no single value) is bounded alike; a point
+    without exemplars that needed nothing is the same object in the new collection."""
+    from opentelemetry.sdk.metrics.export import (
+        AggregationTemporality,
+        Histogram,
+        HistogramDataPoint,
+    )
+
+    long, cut = "x" * 100, safe_text("x" * 100, 40)
+    assert cut == "x" * 18 + cut_marker(82)  # 18 kept + 82 cut = 100; 18 + 22 = 40
+    data = _metrics(
+        attributes={"a": long},
+        exemplar={"e": long},
+        resource=Resource({"r": long}),
+        scope=InstrumentationScope("otel_training", "1.0", None, {"s": long}),
+    )
+    bounded = limits.bounded_metrics_data(data, Limits(value_length=40))
+    parts = _metric_parts(bounded)
+    assert (parts["attributes"], parts["exemplar"], parts["resource"]) == (
+        {"a": cut},
+        [{"e": cut}],
+        {"r": cut},
+    )
+    scope = bounded.resource_metrics[0].scope_metrics[0].scope
+    assert dict(scope.attributes) == {"s": cut}
+    clean = _metrics(name=ODD, exemplar=None)
+    (point,) = clean.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    bounded = limits.bounded_metrics_data(clean)
+    assert bounded.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points[0] is point
+    histogram = HistogramDataPoint({"a": ODD}, 1, 2, 1, 1.0, [1, 0], [0.5], 1.0, 1.0, [])
+    metric = clean.resource_metrics[0].scope_metrics[0].metrics[0]
+    data = dataclasses.replace(
+        clean,
+        resource_metrics=[
+            dataclasses.replace(
+                clean.resource_metrics[0],
+                scope_metrics=[
+                    dataclasses.replace(
+                        clean.resource_metrics[0].scope_metrics[0],
+                        metrics=[
+                            dataclasses.replace(
+                                metric,
+                                name="t",
+                                data=Histogram([histogram], AggregationTemporality.DELTA),
+                            )
+                        ],
+                    )
+                ],
             )
-            assert limits.log_record_cost(log) <= budget, (count, length)
-            assert _otlp_json_bytes(FileLogExporter, log) <= budget + 400
+        ],
+    )
+    bounded = limits.bounded_metrics_data(data)
+    (point,) = bounded.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    assert dict(point.attributes) == {"a": FIXED} and point.bucket_counts == [1, 0]
+
+
+def test_one_resource_is_bounded_at_each_signals_own_limit():
+    """The pipeline's one resource, bounded for spans at 40 characters and for logs at 60,
+    is cut at each limit (not at whichever signal came first), each result kept for reuse."""
+    resource = Resource({"r": "x" * 100})
+    for limit in (40, 60, 40):
+        bounded = limits.bounded_resource(resource, limit)
+        assert bounded.attributes["r"] == safe_text("x" * 100, limit)
+        assert limits.bounded_resource(resource, limit) is bounded
+    scope = InstrumentationScope("s", "1", None, {"a": "y" * 100})
+    assert len(limits.bounded_scope(scope, 40).attributes["a"]) == 40
+    assert len(limits.bounded_scope(scope, 60).attributes["a"]) == 60

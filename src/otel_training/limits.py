@@ -310,15 +310,16 @@ def bounded_attributes(
 
 # -- scopes and resources: few objects, each bounded once -----------------------------------
 
-_BOUNDED: dict[int, tuple[Any, Any]] = {}
+# By (id, value-length limit): one resource is bounded for each signal's limit.
+_BOUNDED: dict[tuple[int, int | None], tuple[Any, Any]] = {}
 _MAX_BOUNDED = 1024
 
 
-def _remember(original: Any, bounded: Any) -> Any:
+def _remember(original: Any, limit: int | None, bounded: Any) -> Any:
     if len(_BOUNDED) >= _MAX_BOUNDED:
         _BOUNDED.clear()
     # The original is held, so its id is not reused while it is here.
-    _BOUNDED[id(original)] = (original, bounded)
+    _BOUNDED[(id(original), limit)] = (original, bounded)
     return bounded
 
 
@@ -331,7 +332,7 @@ def bounded_scope(
     (checked once per scope object). Never raises."""
     if scope is None:
         return None
-    known = _BOUNDED.get(id(scope))
+    known = _BOUNDED.get((id(scope), limit))
     if known is not None and known[0] is scope:
         return known[1]
     try:
@@ -344,7 +345,7 @@ def bounded_scope(
             and not _needs_work(attributes, limit)
             and scope_cost(scope) <= GROUP_BUDGET_BYTES
         ):
-            return _remember(scope, scope)
+            return _remember(scope, limit, scope)
         name = _safe_name(name)
         version = None if version is None else _safe_name(version)
         schema_url = None if schema_url is None else _safe_name(schema_url)
@@ -355,7 +356,7 @@ def bounded_scope(
         bounded = InstrumentationScope(name, version, schema_url, attributes)
     except Exception:  # a scope that cannot even be read: named for what it is
         bounded = InstrumentationScope("<unreadable scope>")
-    return _remember(scope, bounded)
+    return _remember(scope, limit, bounded)
 
 
 def bounded_resource(resource: Resource | None, limit: int | None = DEFAULT_VALUE_LENGTH) -> Any:
@@ -364,7 +365,7 @@ def bounded_resource(resource: Resource | None, limit: int | None = DEFAULT_VALU
     (checked once per resource object). Never raises."""
     if resource is None:
         return None
-    known = _BOUNDED.get(id(resource))
+    known = _BOUNDED.get((id(resource), limit))
     if known is not None and known[0] is resource:
         return known[1]
     try:
@@ -375,7 +376,7 @@ def bounded_resource(resource: Resource | None, limit: int | None = DEFAULT_VALU
             and (schema_url is None or _is_clean_name(schema_url))
             and scope_cost(resource) <= GROUP_BUDGET_BYTES
         ):
-            return _remember(resource, resource)
+            return _remember(resource, limit, resource)
         schema_url = None if schema_url is None else _safe_name(schema_url)
         attributes = _fit_attributes(
             dict(bounded_attributes(attributes, limit) or {}),
@@ -384,7 +385,7 @@ def bounded_resource(resource: Resource | None, limit: int | None = DEFAULT_VALU
         bounded = Resource(attributes, schema_url)
     except Exception:
         bounded = Resource({})
-    return _remember(resource, bounded)
+    return _remember(resource, limit, bounded)
 
 
 def _fit_attributes(attributes: dict[str, Any], budget: int) -> dict[str, Any]:
