@@ -25,6 +25,7 @@ from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,
     MetricExporter,
     MetricExportResult,
+    MetricsData,
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -38,6 +39,7 @@ from otel_training.exporters import (
     SafeLogRecordExporter,
     SafeMetricExporter,
     SafeSpanExporter,
+    split_metrics,
 )
 from otel_training.processors import JsonLogSpanProcessor
 
@@ -368,3 +370,79 @@ def test_a_small_refused_request_is_not_split():
     refusing = RefusingSpanExporter(most=1)
     assert SafeSpanExporter(refusing).export(_spans(16, 100)) is SpanExportResult.FAILURE
     assert refusing.requests == [16]
+
+
+def _tree(shape: list[list[list[int]]]):
+    """MetricsData of resources x scopes x metrics with the given numbers of points, each
+    name and value distinct; and the flat list of (resource, scope, metric name, point)."""
+    from opentelemetry.sdk.metrics.export import (
+        Gauge,
+        Metric,
+        NumberDataPoint,
+        ResourceMetrics,
+        ScopeMetrics,
+    )
+
+    resources = []
+    for r, scopes in enumerate(shape):
+        scope_metrics = []
+        for s, metrics in enumerate(scopes):
+            items = []
+            for m, count in enumerate(metrics):
+                points = [NumberDataPoint({"p": f"{r}.{s}.{m}.{i}"}, 1, 2, i) for i in range(count)]
+                items.append(Metric(f"m{m}", "d" * 50, "1", Gauge(points)))
+            scope_metrics.append(ScopeMetrics(InstrumentationScope(f"s{s}", "1"), items, ""))
+        resources.append(ResourceMetrics(Resource({"r": str(r) * 80}), scope_metrics, ""))
+    return MetricsData(resources)
+
+
+def _flat(data) -> list[tuple]:
+    return [
+        (rm.resource, sm.scope, m.name, m.unit, m.description, p)
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        for p in m.data.data_points
+    ]
+
+
+def _estimate(items: list[tuple]) -> int:
+    """The worst-case size of one request of ``items`` (each resource, scope and metric once
+    per run of points that share it), from limits' definitions of each part's cost."""
+    total, last = 0, (None, None, None)
+    for resource, scope, name, unit, description, point in items:
+        if resource is not last[0]:
+            total += limits.scope_cost(resource)
+        if resource is not last[0] or scope is not last[1]:
+            total += limits.scope_cost(scope)
+        if (resource, scope, name) != last:
+            total += limits._METRIC_COST + sum(map(limits.json_cost, (name, unit, description)))
+        total += limits.metric_point_cost(point)
+        last = (resource, scope, name)
+    return total
+
+
+def test_a_collection_is_split_in_order_into_the_fewest_requests_under_the_limit():
+    """split_metrics keeps every point in order, each under its resource, scope and metric;
+    each request is under the limit by worst-case size and the next point would not have
+    fitted it (so there are no more requests than needed); a collection at the limit exactly
+    is one request, itself."""
+    data = _tree([[[3, 1], [2]], [[1, 4, 2]], [[5]]])
+    items = _flat(data)
+    (whole,) = split_metrics(data, _estimate(items))
+    assert whole is data
+    for k in range(1, len(items)):  # a request that fits exactly is not cut short
+        first = split_metrics(data, _estimate(items[:k]))[0]
+        assert len(_flat(first)) == k
+    runs = {_estimate(items[i:j]) for i in range(len(items)) for j in range(i + 1, len(items))}
+    for limit in sorted(runs | {_estimate(items) - 1, 600}):  # exact fits, many places
+        parts = split_metrics(data, limit)
+        flats = [_flat(part) for part in parts]
+        assert [item[1:] for f in flats for item in f] == [item[1:] for item in items]
+        assert [dict(item[0].attributes) for f in flats for item in f] == [
+            dict(item[0].attributes) for item in items
+        ]
+        for i, flat in enumerate(flats):
+            assert len(flat) == 1 or _estimate(flat) <= limit, (limit, i)
+            if i + 1 < len(flats):
+                assert _estimate(flat + flats[i + 1][:1]) > limit, (limit, i)
