@@ -446,3 +446,115 @@ def test_a_collection_is_split_in_order_into_the_fewest_requests_under_the_limit
             assert len(flat) == 1 or _estimate(flat) <= limit, (limit, i)
             if i + 1 < len(flats):
                 assert _estimate(flat + flats[i + 1][:1]) > limit, (limit, i)
+
+
+class CallRecorder:
+    """An exporter of any signal that records how it was called and answers ``results``."""
+
+    def __init__(self, results=(), *, shutdown_takes_timeout: bool = True) -> None:
+        self.calls: list[tuple] = []
+        self.results = list(results)
+        if not shutdown_takes_timeout:
+            self.shutdown = self._plain_shutdown
+        from opentelemetry.sdk.metrics import Counter
+        from opentelemetry.sdk.metrics.export import AggregationTemporality
+        from opentelemetry.sdk.metrics.view import LastValueAggregation
+
+        self._preferred_temporality = {Counter: AggregationTemporality.DELTA}
+        self._preferred_aggregation = {Counter: LastValueAggregation()}
+
+    def export(self, batch, **kwargs):
+        self.calls.append(("export", batch, kwargs))
+        return self.results.pop(0)
+
+    def force_flush(self, timeout_millis=None):
+        self.calls.append(("force_flush", timeout_millis))
+        return True
+
+    def shutdown(self, timeout_millis=None, **kwargs):
+        self.calls.append(("shutdown", timeout_millis, kwargs))
+
+    def _plain_shutdown(self):
+        self.calls.append(("shutdown",))
+
+
+def test_the_safe_exporters_hand_their_calls_on_and_in_a_forked_child_do_nothing():
+    """Each safe exporter calls the wrapped one's export, force_flush and shutdown with the
+    timeouts and arguments given (shutdown's timeout only where it takes one), takes its
+    metric temporality and aggregation preferences, fails an export when any request failed
+    (after sending them all); in a forked child (another pid) it calls nothing and says
+    success."""
+    from opentelemetry.sdk.metrics import Counter
+    from opentelemetry.sdk.metrics.export import AggregationTemporality
+
+    wrapped = CallRecorder([MetricExportResult.SUCCESS, MetricExportResult.FAILURE])
+    metrics = SafeMetricExporter(wrapped, max_request_bytes=1500)
+    assert metrics._preferred_temporality[Counter] is AggregationTemporality.DELTA
+    assert metrics._preferred_aggregation[Counter] is wrapped._preferred_aggregation[Counter]
+    data = _tree([[[3]], [[3]]])
+    assert len(split_metrics(data, 1500)) == 2
+    assert metrics.export(data, timeout_millis=1234, extra=1) is MetricExportResult.FAILURE
+    assert [(c[0], c[2]) for c in wrapped.calls] == [
+        ("export", {"timeout_millis": 1234, "extra": 1})
+    ] * 2
+    assert metrics.force_flush(77) is True
+    metrics.shutdown(timeout_millis=88, extra=2)
+    assert wrapped.calls[2:] == [("force_flush", 77), ("shutdown", 88, {"extra": 2})]
+    spans, logs = CallRecorder(), CallRecorder(shutdown_takes_timeout=False)
+    span_exporter, log_exporter = SafeSpanExporter(spans), SafeLogRecordExporter(logs)
+    timed_logs = CallRecorder()
+    SafeLogRecordExporter(timed_logs).shutdown(timeout_millis=99)
+    for safe in (span_exporter, log_exporter):
+        assert safe.force_flush(55) is True
+        safe.shutdown()
+    assert spans.calls == [("force_flush", 55), ("shutdown", None, {})]
+    assert logs.calls == [("force_flush", 55), ("shutdown",)]
+    assert timed_logs.calls == [("shutdown", 99, {})]
+    child = CallRecorder()
+    for safe in (SafeMetricExporter(child), SafeSpanExporter(child), SafeLogRecordExporter(child)):
+        safe._pid = -1  # as in a forked child
+        assert safe.force_flush(1) is True
+        safe.shutdown()
+        if isinstance(safe, SafeMetricExporter):
+            assert safe.export(data) is MetricExportResult.SUCCESS
+    assert child.calls == []
+
+
+def _span_batch_estimate(batch) -> int:
+    """Worst-case size of one request of spans: each span, each resource once, each scope
+    once per resource (OTLP groups scopes by resource)."""
+    resources = {id(s.resource): s.resource for s in batch}
+    scopes = {(id(s.resource), id(s.instrumentation_scope)): s.instrumentation_scope for s in batch}
+    return (
+        sum(map(limits.span_cost, batch))
+        + sum(map(limits.scope_cost, resources.values()))
+        + sum(map(limits.scope_cost, scopes.values()))
+    )
+
+
+def test_a_batch_of_spans_is_sent_in_order_in_the_fewest_requests_under_the_limit():
+    """Spans of two resources and two scopes: each request is under the limit by worst-case
+    size (its resources and scopes counted once), the next span would not have fitted it, and
+    the spans go in order; a batch that fits exactly is one request."""
+    resources = [Resource({"r": str(i) * 300}) for i in range(2)]
+    scopes = [InstrumentationScope(f"scope{i}" * 20, "1") for i in range(2)]
+    batch = [
+        ReadableSpan(
+            f"span{i}",
+            context=trace_api.SpanContext(1, i + 1, False),
+            attributes={"k": "v" * (10 * i)},
+            resource=resources[(i // 3) % 2],
+            instrumentation_scope=scopes[(i // 2) % 2],
+        )
+        for i in range(12)
+    ]
+    runs = {_span_batch_estimate(batch[i:j]) for i in range(12) for j in range(i + 1, 13)}
+    for limit in sorted(runs):
+        recorder = CallRecorder([SpanExportResult.SUCCESS] * len(batch))
+        SafeSpanExporter(recorder, max_request_bytes=limit).export(batch)
+        requests = [list(call[1]) for call in recorder.calls]
+        assert [s for request in requests for s in request] == batch
+        for i, request in enumerate(requests):
+            assert len(request) == 1 or _span_batch_estimate(request) <= limit, limit
+            if i + 1 < len(requests):
+                assert _span_batch_estimate(request + requests[i + 1][:1]) > limit, limit
