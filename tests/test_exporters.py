@@ -558,3 +558,25 @@ def test_a_batch_of_spans_is_sent_in_order_in_the_fewest_requests_under_the_limi
             assert len(request) == 1 or _span_batch_estimate(request) <= limit, limit
             if i + 1 < len(requests):
                 assert _span_batch_estimate(request + requests[i + 1][:1]) > limit, limit
+
+
+def test_the_prometheus_reader_applies_the_string_rule_before_a_scrape():
+    """A label value with a lone surrogate and 100 characters, read by safe_prometheus_reader
+    with a limit of 40: the scrape (UTF-8 text) carries it escaped and cut at 40, and an
+    integer sum beyond int64 saturated."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import REGISTRY, generate_latest
+
+    reader = exporters.safe_prometheus_reader(limits.Limits(value_length=40))
+    provider = MeterProvider(metric_readers=[reader])
+    try:
+        counter = provider.get_meter("t").create_counter("prom_rule_test")
+        value = "bad\udcff" + "x" * 96
+        counter.add(2**64, {"label": value})
+        text = generate_latest(REGISTRY).decode("utf-8")
+    finally:
+        provider.shutdown()
+    (line,) = [x for x in text.splitlines() if x.startswith("prom_rule_test_total{")]
+    escaped = limits.safe_text(value, 40).replace("\\", "\\\\")  # the text format's escape
+    assert f'label="{escaped}"' in line
+    assert line.endswith(" 9.223372036854776e+18")  # 2**63 - 1 as the text format writes it
