@@ -580,3 +580,53 @@ def test_the_prometheus_reader_applies_the_string_rule_before_a_scrape():
     escaped = limits.safe_text(value, 40).replace("\\", "\\\\")  # the text format's escape
     assert f'label="{escaped}"' in line
     assert line.endswith(" 9.223372036854776e+18")  # 2**63 - 1 as the text format writes it
+
+
+def test_a_batch_is_split_into_16_pieces_at_most_and_fails_if_any_piece_fails():
+    """32 spans refused in any piece of more than one: split down to 16 pieces of 2 (1 + 2 +
+    4 + 8 + 16 requests), no further, and the export fails; a receiver that takes every piece
+    but one fails the export too, and one that raises fails it without raising."""
+    refusing = RefusingSpanExporter(most=1)
+    safe = SafeSpanExporter(refusing, limits=limits.Limits(value_length=None))
+    assert safe.export(_spans(32, 70_000)) is SpanExportResult.FAILURE
+    assert len(refusing.requests) == 31 and min(refusing.requests) == 2
+
+    class OnePoisoned(RefusingSpanExporter):
+        def export(self, spans):
+            self.requests.append(len(spans))
+            poisoned = any(s.name == "s5" for s in spans)
+            return SpanExportResult.FAILURE if poisoned else SpanExportResult.SUCCESS
+
+    poisoned = OnePoisoned(most=0)
+    safe = SafeSpanExporter(poisoned, limits=limits.Limits(value_length=None))
+    assert safe.export(_spans(16, 70_000)) is SpanExportResult.FAILURE
+    assert sum(poisoned.requests) > 16  # the halves without s5 went
+
+    class Raising(RefusingSpanExporter):
+        def export(self, spans):
+            raise ConnectionError("gone")
+
+    assert SafeSpanExporter(Raising(most=0)).export(_spans(2, 10)) is SpanExportResult.FAILURE
+
+
+def test_the_grpc_exporters_retry_codes_lose_resource_exhausted():
+    """Wrapping an exporter with gRPC retry codes (the OTLP/gRPC ones) removes
+    RESOURCE_EXHAUSTED from them, so that an oversized request is split instead of retried
+    unchanged; the other codes stay. Default timeouts are handed on as the SDK's."""
+    from grpc import StatusCode
+
+    expected = {  # force_flush's and shutdown's timeouts handed on (the span one has none)
+        SafeSpanExporter: [("force_flush", 30_000), ("shutdown", None, {})],
+        SafeLogRecordExporter: [("force_flush", 30_000), ("shutdown", 30_000, {})],
+        SafeMetricExporter: [("force_flush", 10_000), ("shutdown", 30_000, {})],
+    }
+    for safe, calls in expected.items():
+        wrapped = CallRecorder()
+        wrapped._retryable_error_codes = frozenset(
+            {StatusCode.RESOURCE_EXHAUSTED, StatusCode.UNAVAILABLE}
+        )
+        exporter = safe(wrapped)
+        assert wrapped._retryable_error_codes == frozenset({StatusCode.UNAVAILABLE})
+        exporter.force_flush()
+        exporter.shutdown()
+        assert wrapped.calls == calls, safe
