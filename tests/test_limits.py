@@ -954,3 +954,82 @@ def test_one_resource_is_bounded_at_each_signals_own_limit():
     scope = InstrumentationScope("s", "1", None, {"a": "y" * 100})
     assert len(limits.bounded_scope(scope, 40).attributes["a"]) == 40
     assert len(limits.bounded_scope(scope, 60).attributes["a"]) == 60
+
+
+def _points_line(points, kind: str) -> int:
+    """Bytes of the OTLP-JSON line of one metric holding ``points``."""
+    from opentelemetry.exporter.otlp.json.file import FileMetricExporter
+    from opentelemetry.sdk.metrics.export import (
+        AggregationTemporality,
+        ExponentialHistogram,
+        Histogram,
+        Metric,
+        MetricsData,
+        ResourceMetrics,
+        ScopeMetrics,
+    )
+
+    data = {
+        "histogram": lambda: Histogram(points, AggregationTemporality.DELTA),
+        "exponential": lambda: ExponentialHistogram(points, AggregationTemporality.DELTA),
+    }[kind]()
+    metric = Metric("m", "", "", data)
+    collection = MetricsData(
+        [ResourceMetrics(Resource({}), [ScopeMetrics(InstrumentationScope("s"), [metric], "")], "")]
+    )
+    stream = io.StringIO()
+    FileMetricExporter(stream=stream).export(collection)
+    return len(stream.getvalue().encode("utf-8"))
+
+
+@documents("limits.md", "the structure around them as the OTLP-JSON files write it")
+def test_the_estimate_of_a_metric_point_is_at_least_its_real_size_and_close():
+    """A histogram point with 200 buckets and an exponential histogram point with 300
+    positive and 200 negative buckets, each with exemplars: what one more such point adds to
+    the real OTLP-JSON line is at most its worst-case estimate and at least half of it."""
+    from opentelemetry.sdk.metrics._internal.exemplar import Exemplar
+    from opentelemetry.sdk.metrics._internal.point import Buckets
+    from opentelemetry.sdk.metrics.export import (
+        ExponentialHistogramDataPoint,
+        HistogramDataPoint,
+    )
+
+    big = 2**63 - 1
+    exemplars = [Exemplar({"e": ""}, SMALL, big, 2**64 - 1, 2**128 - 1)] * 5
+    histogram = HistogramDataPoint(
+        {"a": ""}, big, big, big, SMALL, [big] * 201, [SMALL] * 200, SMALL, SMALL, exemplars
+    )
+    exponential = ExponentialHistogramDataPoint(
+        {"a": ""}, big, big, big, SMALL, -10, big, Buckets(-(2**31), [big] * 300),
+        Buckets(-(2**31), [big] * 200), 1, SMALL, SMALL, exemplars,
+    )  # fmt: skip
+    for point, kind in ((histogram, "histogram"), (exponential, "exponential")):
+        added = _points_line([point, point], kind) - _points_line([point], kind)
+        assert added <= limits.metric_point_cost(point) <= 2 * added, kind
+
+
+@pytest.mark.parametrize(
+    "part",
+    ["attributes", "exemplar", "resource", "scope", "unit", "description", "histogram"],
+)
+def test_a_collection_needing_only_one_thing_is_bounded(part):
+    """A collection whose only fault is one value over the limit of 40 (a point's, an
+    exemplar's, the resource's, the scope's), a unit or description that is no clean name
+    (they are names: 1,024 characters), or a histogram point over its budget, is bounded: the
+    check that hands clean collections on never misses one."""
+    long = "x" * 100
+    changes = {
+        "attributes": {"attributes": {"a": long}},
+        "exemplar": {"exemplar": {"e": long}},
+        "resource": {"resource": Resource({"r": long})},
+        "scope": {"scope": InstrumentationScope("s", "1", None, {"s": long})},
+        "unit": {"unit": ODD},
+        "description": {"description": "d" * 1025},
+        "histogram": {"attributes": {f"k{i}": "v" for i in range(200)}},
+    }[part]
+    data = _metrics(**changes)
+    rules = Limits(value_length=40, record_budget_bytes=3000 if part == "histogram" else 10**6)
+    bounded = limits.bounded_metrics_data(data, rules)
+    assert bounded is not data
+    (point,) = bounded.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    assert limits.metric_point_cost(point) <= rules.record_budget_bytes
