@@ -1033,3 +1033,41 @@ def test_a_collection_needing_only_one_thing_is_bounded(part):
     assert bounded is not data
     (point,) = bounded.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
     assert limits.metric_point_cost(point) <= rules.record_budget_bytes
+
+
+def test_any_value_keeps_none_bools_floats_and_int64s_and_cuts_bytes_and_text_at_the_limit():
+    """bounded_any (log bodies and attributes): None, booleans, floats and integers within
+    int64 (its ends included) as they are, beyond it as floats; bytes and text longer than the
+    limit cut to it, ending with the marker's bytes when at least 8 bytes of the value stay
+    beside it, else cut plain; at or under the limit, or without one, as they are."""
+    from otel_training.limits import bounded_any
+
+    for value in (None, True, False, 1.5, -(2**63), 2**63 - 1, 0):
+        kept = bounded_any(value)
+        assert kept == value and type(kept) is type(value)
+    assert type(bounded_any(2**63)) is float and type(bounded_any(-(2**63) - 1)) is float
+    raw = b"x" * 100
+    assert bounded_any(raw, 30) == b"x" * 30  # 22 of marker + 8 = 30: no room
+    assert bounded_any(raw, 31) == b"x" * 9 + cut_marker(91).encode()  # 9 + 22 = 31
+    assert bounded_any(raw, 40) == b"x" * 18 + cut_marker(82).encode()  # 18 + 22 = 40
+    assert [bounded_any(b"x" * n, 40) for n in (40, 10)] == [b"x" * 40, b"x" * 10]
+    assert bounded_any(b"x" * 10**6, None) == b"x" * 10**6
+    assert bounded_any("x" * 100, 40) == safe_text("x" * 100, 40) == "x" * 18 + cut_marker(82)
+    assert bounded_any(["x" * 100, {"k": b"y" * 50}], 40) == (
+        safe_text("x" * 100, 40),
+        {"k": b"y" * 18 + cut_marker(32).encode()},
+    )
+
+
+def test_a_log_records_severity_text_and_event_name_are_in_its_estimate():
+    """A log record whose severity text and event name are 1,024 characters beyond U+FFFF
+    (names, cut at 1,024): its real OTLP-JSON line is within its worst-case estimate."""
+    record = bounded_log_record(
+        ReadableLogRecord(
+            LogRecord(body="b", severity_text=EMOJI * 2000, event_name=EMOJI * 2000),
+            resource=Resource({}),
+        )
+    )
+    assert len(record.log_record.severity_text) == len(record.log_record.event_name) == 1024
+    groups = limits.scope_cost(record.instrumentation_scope) + limits.scope_cost(record.resource)
+    assert _otlp_json_bytes(FileLogExporter, record) <= limits.log_record_cost(record) + groups
