@@ -27,6 +27,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, Status, StatusCode
+from support import import_or_unavailable
 
 import otel_training as ot
 from otel_training import limits, testing
@@ -1071,3 +1072,26 @@ def test_a_log_records_severity_text_and_event_name_are_in_its_estimate():
     assert len(record.log_record.severity_text) == len(record.log_record.event_name) == 1024
     groups = limits.scope_cost(record.instrumentation_scope) + limits.scope_cost(record.resource)
     assert _otlp_json_bytes(FileLogExporter, record) <= limits.log_record_cost(record) + groups
+
+
+def test_any_values_maps_and_lists_are_bounded_inside_to_eight_levels():
+    """Inside maps and lists every value is bounded at the limit and every map key cut as a
+    name (1,024 characters); below 8 levels a value is its bounded str(); a subclass of float
+    (numpy.float64) is its Python float."""
+    numpy = import_or_unavailable("numpy")
+    from otel_training.limits import MAX_NAME_LENGTH, bounded_any
+
+    long, key = "x" * 100, "k" * 2000
+    assert bounded_any({key: long, "l": [long]}, 40) == {
+        safe_text(key, MAX_NAME_LENGTH): safe_text(long, 40),
+        "l": (safe_text(long, 40),),
+    }
+    deep = {"v": long}
+    for _ in range(8):
+        deep = {"a": deep}  # 9 maps in all
+    bounded = bounded_any(deep, 40)
+    for _ in range(8):
+        bounded = bounded["a"]
+    assert bounded == safe_text(str({"v": long}), 40)
+    value = bounded_any(numpy.float64(1.5), 40)  # a float subclass: its Python float
+    assert value == 1.5 and type(value) is float
