@@ -1095,3 +1095,20 @@ def test_any_values_maps_and_lists_are_bounded_inside_to_eight_levels():
     assert bounded == safe_text(str({"v": long}), 40)
     value = bounded_any(numpy.float64(1.5), 40)  # a float subclass: its Python float
     assert value == 1.5 and type(value) is float
+
+
+def test_a_log_record_over_its_budget_has_its_longest_strings_cut_alike_to_fit():
+    """Unbounded values (no value-length limit) that together exceed the record budget: the
+    body and the attribute values are cut to one length (water-filling), the longest the
+    budget allows: the record fits by its estimate and its real line, and uses most of it."""
+    body, values = "b" * 400_000, {f"k{i}": "\u00e9" * 100_000 for i in range(8)}
+    record = bounded_log_record(
+        ReadableLogRecord(LogRecord(body=body, attributes=values), resource=Resource({})),
+        Limits(value_length=None),
+    )
+    cost = limits.log_record_cost(record)
+    assert 0.97 * limits.RECORD_BUDGET_BYTES < cost <= limits.RECORD_BUDGET_BYTES
+    cut = [record.log_record.body, *record.log_record.attributes.values()]
+    assert len({len(text) for text in cut}) == 1 and all(t.endswith("characters cut]") for t in cut)
+    assert cut[0].startswith("bbb") and cut[1].startswith("\u00e9")
+    assert _otlp_json_bytes(FileLogExporter, record) <= cost + 400
