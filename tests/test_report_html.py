@@ -439,3 +439,36 @@ def test_ranks_are_shown_each_up_to_eight_then_as_min_median_and_max():
     values = {rank: float(rank * 10) for rank in range(9)}
     assert _rank_cells(values, list(range(10))) == (["min", "median", "max"], ["0", "40", "80"])
     assert _rank_cells({}, list(range(9))) == (["min", "median", "max"], ["–", "–", "–"])
+
+
+def test_the_tiles_at_a_glance_say_each_figure_and_where_it_comes_from(tmp_path):
+    """The tiles: steps (and their source), duration (from the start, UTC), ranks of the
+    world size and the hosts (three named, then an ellipsis), the last loss of the first rank,
+    tokens/s, TFLOP/s, step time p50 and p99, non-finite values and skipped iterations (marked
+    bad when any); a dash where a figure is unknown."""
+    import dataclasses
+
+    from otel_training.report.html import _duration, _iso, _tiles
+
+    _real_run(tmp_path)
+    summary = summarize(load_run(tmp_path))
+    tiles = {t.label: t for t in _tiles(summary)}
+    assert list(tiles) == [
+        "steps", "duration", "ranks", "last loss", "tokens/s", "TFLOP/s per GPU",
+        "step time p50", "non-finite values", "skipped iterations",
+    ]  # fmt: skip
+    assert (tiles["steps"].value, tiles["steps"].detail) == ("10", f"from {summary.steps_source}")
+    assert tiles["duration"].value == _duration(summary.duration_s) != "–"
+    assert tiles["duration"].detail == f"from {_iso(summary.start_ns)}"
+    assert tiles["ranks"].value == "2 of 2"
+    assert (tiles["last loss"].value, tiles["last loss"].detail) == ("2.5", "rank 0")
+    assert [tiles[k].bad for k in ("non-finite values", "skipped iterations")] == [True, True]
+    assert (tiles["non-finite values"].value, tiles["skipped iterations"].value) == ("2", "1")
+    unknown = dataclasses.replace(
+        summary, steps=None, steps_source=None, world_size=None, hosts=["a", "b", "c", "d"]
+    )
+    tiles = {t.label: t for t in _tiles(unknown)}
+    assert (tiles["steps"].value, tiles["steps"].detail) == ("–", "")
+    assert (tiles["ranks"].value, tiles["ranks"].detail) == ("2", "4 hosts: a, b, c …")
+    one = {t.label: t for t in _tiles(dataclasses.replace(summary, hosts=["h"]))}
+    assert one["ranks"].detail == "1 host: h"
