@@ -436,6 +436,8 @@ def test_ranks_are_shown_each_up_to_eight_then_as_min_median_and_max():
         ["rank 0", "rank 1", "rank 2"],
         ["1", "–", "3"],
     )
+    eight = _rank_cells({r: 1.0 for r in range(8)}, list(range(8)))
+    assert eight == ([f"rank {r}" for r in range(8)], ["1"] * 8)
     values = {rank: float(rank * 10) for rank in range(9)}
     assert _rank_cells(values, list(range(10))) == (["min", "median", "max"], ["0", "40", "80"])
     assert _rank_cells({}, list(range(9))) == (["min", "median", "max"], ["–", "–", "–"])
@@ -472,3 +474,5 @@ def test_the_tiles_at_a_glance_say_each_figure_and_where_it_comes_from(tmp_path)
     assert (tiles["ranks"].value, tiles["ranks"].detail) == ("2", "4 hosts: a, b, c …")
     one = {t.label: t for t in _tiles(dataclasses.replace(summary, hosts=["h"]))}
     assert one["ranks"].detail == "1 host: h"
+    none = {t.label: t for t in _tiles(dataclasses.replace(summary, hosts=[]))}
+    assert none["ranks"].detail == ""
