@@ -324,6 +324,7 @@ def test_each_invalid_hot_path_value_is_dropped_with_one_warning_per_cause(caplo
         for _ in range(2):
             acc.add_micro_batch(torch.ones(2), tokens=2.5)
             acc.add_micro_batch("abc", tokens=-1.0)
+            acc.add_micro_batch(None, tokens="many")
             record = acc.end_step("soon")
     assert [r.getMessage() for r in caplog.records] == [
         "StepAccumulator: dropping a loss of shape (2,) (a scalar is needed)",
@@ -332,6 +333,7 @@ def test_each_invalid_hot_path_value_is_dropped_with_one_warning_per_cause(caplo
         "StepAccumulator: dropping invalid duration_s 'soon'",
     ]
     assert (record.step, record.loss, record.tokens_global, record.duration_s) == (2, None, 0, None)
+    assert record.micro_batches == 3
     module._warn_once.clear()
 
 
@@ -347,10 +349,11 @@ def test_token_counts_that_are_whole_numbers_are_counted(caplog):
         acc.add_micro_batch(1.0)  # no count given: 0 tokens
         acc.add_micro_batch(1.0, tokens=0)
         acc.add_micro_batch(1.0, tokens=2.0)
+        acc.add_micro_batch(1.0, tokens=0.0)
         acc.add_micro_batch(1.0, tokens=numpy.int64(5))
         record = acc.end_step(0.0)
     assert caplog.records == []
-    assert (record.tokens_global, record.micro_batches, record.duration_s) == (21, 4, 0.0)
+    assert (record.tokens_global, record.micro_batches, record.duration_s) == (21, 5, 0.0)
     for skipped in (True, True, False):
         acc.end_step(1.0, skipped=skipped)
     assert acc.interval().skipped_iters == 2
