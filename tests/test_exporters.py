@@ -497,6 +497,9 @@ def test_the_safe_exporters_hand_their_calls_on_and_in_a_forked_child_do_nothing
     assert [(c[0], c[2]) for c in wrapped.calls] == [
         ("export", {"timeout_millis": 1234, "extra": 1})
     ] * 2
+    wrapped.results.append(MetricExportResult.SUCCESS)
+    assert metrics.export(_tree([[[1]]])) is MetricExportResult.SUCCESS
+    assert wrapped.calls.pop()[2] == {"timeout_millis": 10_000}  # the SDK's default
     assert metrics.force_flush(77) is True
     metrics.shutdown(timeout_millis=88, extra=2)
     assert wrapped.calls[2:] == [("force_flush", 77), ("shutdown", 88, {"extra": 2})]
@@ -554,6 +557,7 @@ def test_a_batch_of_spans_is_sent_in_order_in_the_fewest_requests_under_the_limi
         SafeSpanExporter(recorder, max_request_bytes=limit).export(batch)
         requests = [list(call[1]) for call in recorder.calls]
         assert [s for request in requests for s in request] == batch
+        assert all(requests)  # never an empty request
         for i, request in enumerate(requests):
             assert len(request) == 1 or _span_batch_estimate(request) <= limit, limit
             if i + 1 < len(requests):
