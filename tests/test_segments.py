@@ -340,8 +340,10 @@ def test_a_rank_beyond_shard_0_starts_under_its_shards_parent_and_links_to_shard
         assert (span.context.trace_id, span.parent.span_id) == (trace_id, span_id)
         assert span.parent.is_remote  # a shared parent: no rank exports it
         shard0 = member_ids(RUN_ID, family, "shard/0")
-        linked = [(link.context.trace_id, link.context.span_id) for link in span.links]
-        assert shard0 in linked
+        (link,) = [
+            k.context for k in span.links if (k.context.trace_id, k.context.span_id) == shard0
+        ]
+        assert link.is_remote and link.trace_flags.sampled  # a shared parent, sampled alike
     assert (run.context.trace_id, run.context.span_id) in [
         (link.context.trace_id, link.context.span_id) for link in segment.links
     ]
@@ -414,6 +416,8 @@ def test_a_step_trace_is_filled_to_the_budget_exactly_then_the_next_begins():
         first = counts[parent.trace_id] == 1
         assert (links and [link.context for link in links]) == ([anchor] if first else None)
     assert sorted(counts.values()) == [2, 5, 5, 5]
+    parts = [member_ids(RUN_ID, "segment/0", f"rank/0/part/{k}")[0] for k in range(4)]
+    assert list(counts) == parts  # the rank's own traces, numbered from 0
 
 
 def test_children_beyond_their_parents_room_start_in_the_ranks_own_trace_naming_it():
