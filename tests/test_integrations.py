@@ -172,3 +172,31 @@ def test_a_recorder_without_providers_configures_with_the_frameworks_ranks(caplo
     assert "rank 1 of 2, the framework rank 0 of 2" in said.getMessage()
     _recorder.warn_once.clear()
     testing.reset()
+
+
+def test_a_checkpoint_save_is_one_span_with_its_path_iteration_and_strategy():
+    """begin_checkpoint opens one checkpoint-save span under the run, with the path, the
+    iteration and the strategy (sync unless said); a second begin while it is open opens
+    nothing; before a run, nothing."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_training.semconv import spans as names
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    recorder = _recorder.RunRecorder(
+        meter_provider=MeterProvider(), tracer_provider=tracer_provider
+    )
+    recorder.begin_checkpoint("/before", 1)  # no run: nothing
+    recorder.start_run(_recorder.FrameworkIdentity(rank=0, local_rank=0, world_size=1))
+    recorder.begin_checkpoint("/ckpt/step-5", 5)
+    recorder.begin_checkpoint("/other", 6)  # one is open: nothing
+    recorder.end_checkpoint()
+    recorder.end_run()
+    (save,) = [s for s in exporter.get_finished_spans() if s.name == names.MEGATRON_CHECKPOINT_SAVE]
+    values = set(save.attributes.values())
+    assert {"/ckpt/step-5", 5, "sync"} <= values and "/other" not in values
