@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-import pytest
+from support import fork_or_unavailable, not_here
 
 from otel_training import clock
 
@@ -54,7 +54,7 @@ def test_a_process_start_is_read_from_proc(tmp_path):
     """The start of a child started now is now, to /proc's resolution; even when its command
     name holds ") " and spaces (the name is cut at the last ")")."""
     if not os.path.exists("/proc/self/stat"):
-        pytest.skip("no /proc here")
+        not_here("no /proc here")
     odd = tmp_path / "py) 1 2 (x"
     os.symlink(sys.executable, odd)
     for executable in (sys.executable, str(odd)):
@@ -107,10 +107,10 @@ def test_a_forked_child_anchors_its_own_clock(monkeypatch):
     assert before <= clock.now_ns() - (time.perf_counter_ns() - clock._anchor_perf_ns) <= after
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_childs_creation_time_is_its_own():
     """In a forked child, process.creation.time is the child's start (at or after the
     parent's), not the parent's."""
+    fork_or_unavailable()
     parent = clock.process_creation_unix_s()
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -132,7 +132,7 @@ def test_the_boot_time_is_now_minus_proc_uptime():
     """The boot time is now minus /proc/uptime (10 ms resolution), not /proc/stat's whole
     seconds."""
     if not os.path.exists("/proc/uptime"):
-        pytest.skip("no /proc here")
+        not_here("no /proc here")
     expected = time.time() - float(_proc_text("/proc/uptime").split()[0])
     assert abs(clock._boot_unix_s() - expected) < 0.05
 
@@ -141,7 +141,7 @@ def test_without_proc_uptime_the_boot_time_is_proc_stat_btime(monkeypatch):
     """Where /proc/uptime cannot be read, the boot time is /proc/stat's btime (whole seconds);
     where neither tells, None."""
     if not os.path.exists("/proc/stat"):
-        pytest.skip("no /proc here")
+        not_here("no /proc here")
     btime = next(
         int(line.split()[1]) for line in _proc_text("/proc/stat").splitlines()
         if line.startswith("btime")

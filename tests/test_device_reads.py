@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from support import import_or_unavailable
+from support import import_or_unavailable, not_here
 
 from otel_training.device_reads import PendingDeviceRead, device_type, start_device_read
 
@@ -149,7 +149,7 @@ def test_a_cuda_tensor_of_several_elements_is_not_copied(cuda_calls):
 def test_a_cuda_scalar_read_on_a_gpu():
     """Where a CUDA device is: the value computed on the device arrives through pinned memory."""
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA device here")
+        not_here("no CUDA device here")
     value = torch.tensor(1.75, device="cuda") * 2
     read = start_device_read(value)
     host = read.result()
