@@ -1112,3 +1112,19 @@ def test_a_log_record_over_its_budget_has_its_longest_strings_cut_alike_to_fit()
     assert len({len(text) for text in cut}) == 1 and all(t.endswith("characters cut]") for t in cut)
     assert cut[0].startswith("bbb") and cut[1].startswith("\u00e9")
     assert _otlp_json_bytes(FileLogExporter, record) <= cost + 400
+
+
+def test_a_log_record_with_too_many_values_keeps_those_that_fit_in_order():
+    """A log record whose values do not fit even cut to 32 characters (40,000 attributes):
+    it keeps the attributes that fit, in order, from the first, and its body; it fits its
+    budget by its estimate and its real line."""
+    values = {f"key{i:05}": "v" * 40 for i in range(40_000)}
+    record = bounded_log_record(
+        ReadableLogRecord(LogRecord(body="why", attributes=values), resource=Resource({}))
+    )
+    kept = dict(record.log_record.attributes)
+    assert 0 < len(kept) < len(values) and list(kept) == list(values)[: len(kept)]
+    assert all(v.startswith("v") and len(v) <= 40 for v in kept.values())  # cut alike first
+    assert record.log_record.body == "why"
+    assert limits.log_record_cost(record) <= limits.RECORD_BUDGET_BYTES
+    assert _otlp_json_bytes(FileLogExporter, record) <= limits.RECORD_BUDGET_BYTES + 400
