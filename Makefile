@@ -89,7 +89,7 @@ bench-health-alerts: setup
 	$(PY) bench/health_alerts.py
 # Mutation testing (mutmut) of the modules that hold definitions and rules, each with its own
 # fast tests ([tool.otel_training.mutation] in pyproject.toml): the kill rate per module and
-# every survivor (docs/testing.md). Not part of `make test`; about 25 min on 2 cores.
+# every survivor (docs/testing.md, with the time each module takes). Not part of `make test`.
 # MUTATION_ARGS: module names to run only those, --keep, --max-children N, --fail-under 90.
 MUTATION_ARGS ?=
 mutation: setup

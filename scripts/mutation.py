@@ -100,8 +100,7 @@ def _prepare(directory: Path, module: str, tests: list[str], pytest_options: dic
 
 
 def _mutmut(directory: Path, *args: str, log=None) -> subprocess.CompletedProcess:
-    mutmut = Path(sys.executable).with_name("mutmut")
-    command = [str(mutmut) if mutmut.exists() else "mutmut", *args]
+    command = [sys.executable, str(Path(__file__).resolve()), "--as-mutmut", *args]
     if log is not None:
         return subprocess.run(command, cwd=directory, stdout=log, stderr=subprocess.STDOUT)
     return subprocess.run(command, cwd=directory, capture_output=True, text=True)
@@ -223,5 +222,26 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if overall < options.fail_under else 0
 
 
+def _as_mutmut(args: list[str]) -> None:
+    """mutmut's command line, its fork server given each mutant's tests fastest first (as its
+    plain fork runner does; the fork server keeps them in no order): a mutant is then stopped
+    by the quickest test that notices it, not by whichever comes first."""
+    from mutmut.__main__ import cli
+    from mutmut.state import state
+    from mutmut.workers.isolation import ForkServerRunner
+
+    submit = ForkServerRunner.submit
+
+    def fastest_first(self, mutant_name, tests, cpu_time_limit, estimated_time):
+        durations = state().duration_by_test
+        tests = sorted(tests, key=lambda test: (durations.get(test, 0.0), test))
+        return submit(self, mutant_name, tests, cpu_time_limit, estimated_time)
+
+    ForkServerRunner.submit = fastest_first
+    cli(args, prog_name="mutmut")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--as-mutmut"]:
+        _as_mutmut(sys.argv[2:])
     sys.exit(main())

@@ -50,6 +50,7 @@ def child_env(
     ``OMP_NUM_THREADS`` is set (the tests' processes share the machine's cores), then
     ``overrides`` and ``extra`` on top (a value of ``None`` removes the variable)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", *drop))}
+    env.pop("MUTANT_UNDER_TEST", None)  # under make mutation: a child runs the code unmutated
     src = str(REPO_ROOT / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"

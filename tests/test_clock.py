@@ -126,3 +126,38 @@ def test_a_forked_childs_creation_time_is_its_own():
     os.waitpid(pid, 0)
     child = float(os.read(read_fd, 64))
     assert parent <= child <= clock.unix_s() + START_RESOLUTION_S
+
+
+def _proc_text(path: str) -> str:
+    with open(path) as file:
+        return file.read()
+
+
+def test_the_boot_time_is_now_minus_proc_uptime():
+    """The boot time is now minus /proc/uptime (10 ms resolution), not /proc/stat's whole
+    seconds."""
+    if not os.path.exists("/proc/uptime"):
+        not_here("no /proc here")
+    expected = time.time() - float(_proc_text("/proc/uptime").split()[0])
+    assert abs(clock._boot_unix_s() - expected) < 0.05
+
+
+def test_without_proc_uptime_the_boot_time_is_proc_stat_btime(monkeypatch):
+    """Where /proc/uptime cannot be read, the boot time is /proc/stat's btime (whole seconds);
+    where neither tells, None."""
+    if not os.path.exists("/proc/stat"):
+        not_here("no /proc here")
+    btime = next(
+        int(line.split()[1]) for line in _proc_text("/proc/stat").splitlines()
+        if line.startswith("btime")
+    )  # fmt: skip
+
+    def refuse_uptime(path, *args, **kwargs):
+        if path == "/proc/uptime":
+            raise PermissionError(path)
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(clock, "open", refuse_uptime, raising=False)
+    assert clock._boot_unix_s() == float(btime)
+    monkeypatch.setattr(clock, "open", lambda path, *a, **k: open(os.devnull, "rb"), raising=False)
+    assert clock._boot_unix_s() is None

@@ -754,3 +754,26 @@ def test_opentelemetry_defines_no_gpu_clock_yet():
     assert "HW_CPU_SPEED" in names
     assert not [n for n in names if "GPU" in n and any(w in n for w in ("CLOCK", "SPEED", "FREQ"))]
     assert DL_GPU_CLOCK_SPEED == "dl.gpu.clock.speed" and DL_GPU_CLOCK_SPEED in METRICS
+
+
+def test_a_binding_that_raises_its_own_error_leaves_that_field_out_for_good(fake_nvml, monkeypatch):
+    """A binding call that raises something other than an NVMLError (a binding version that
+    does not match the driver's) drops that field, which is not asked again; the other fields
+    go on."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _two_gpus(fake_nvml)
+    pynvml = import_or_unavailable("pynvml")
+    calls = []
+
+    def power_usage(handle):
+        calls.append(handle)
+        raise TypeError("a binding of another version")
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", power_usage)
+    reader, metrics = _nvml_metrics()
+    for _ in range(3):
+        found = _by_gpu(_collect(reader, metrics))
+    assert len(calls) == 2  # once per GPU
+    assert found["GPU-11111111-h100"] == {
+        k: v for k, v in H100_OTEL.items() if k != hw_metrics.HW_POWER
+    }

@@ -25,6 +25,7 @@ from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,
     MetricExporter,
     MetricExportResult,
+    MetricsData,
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -38,6 +39,7 @@ from otel_training.exporters import (
     SafeLogRecordExporter,
     SafeMetricExporter,
     SafeSpanExporter,
+    split_metrics,
 )
 from otel_training.processors import JsonLogSpanProcessor
 
@@ -238,7 +240,7 @@ def _collection(char: str, points: int, attributes: int, length: int):
     return data
 
 
-@documents("limits.md", "One metric point (its attributes and exemplars) is bounded alike")
+@documents("limits.md", "One metric point is bounded alike: its attributes (the series) fit the")
 @documents("limits.md", "A collection of metrics is split the same way")
 @pytest.mark.parametrize("char", WORST.values(), ids=WORST.keys())
 def test_the_worst_metrics_fit_lines_every_point_in_one(char):
@@ -368,3 +370,267 @@ def test_a_small_refused_request_is_not_split():
     refusing = RefusingSpanExporter(most=1)
     assert SafeSpanExporter(refusing).export(_spans(16, 100)) is SpanExportResult.FAILURE
     assert refusing.requests == [16]
+
+
+def _tree(shape: list[list[list[int]]]):
+    """MetricsData of resources x scopes x metrics with the given numbers of points, each
+    name and value distinct; and the flat list of (resource, scope, metric name, point)."""
+    from opentelemetry.sdk.metrics.export import (
+        Gauge,
+        Metric,
+        NumberDataPoint,
+        ResourceMetrics,
+        ScopeMetrics,
+    )
+
+    resources = []
+    for r, scopes in enumerate(shape):
+        scope_metrics = []
+        for s, metrics in enumerate(scopes):
+            items = []
+            for m, count in enumerate(metrics):
+                points = [NumberDataPoint({"p": f"{r}.{s}.{m}.{i}"}, 1, 2, i) for i in range(count)]
+                items.append(Metric(f"m{m}", "d" * 50, "1", Gauge(points)))
+            scope_metrics.append(ScopeMetrics(InstrumentationScope(f"s{s}", "1"), items, ""))
+        resources.append(ResourceMetrics(Resource({"r": str(r) * 80}), scope_metrics, ""))
+    return MetricsData(resources)
+
+
+def _flat(data) -> list[tuple]:
+    return [
+        (rm.resource, sm.scope, m.name, m.unit, m.description, p)
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        for p in m.data.data_points
+    ]
+
+
+def _estimate(items: list[tuple]) -> int:
+    """The worst-case size of one request of ``items`` (each resource, scope and metric once
+    per run of points that share it), from limits' definitions of each part's cost."""
+    total, last = 0, (None, None, None)
+    for resource, scope, name, unit, description, point in items:
+        if resource is not last[0]:
+            total += limits.scope_cost(resource)
+        if resource is not last[0] or scope is not last[1]:
+            total += limits.scope_cost(scope)
+        if (resource, scope, name) != last:
+            total += limits._METRIC_COST + sum(map(limits.json_cost, (name, unit, description)))
+        total += limits.metric_point_cost(point)
+        last = (resource, scope, name)
+    return total
+
+
+def test_a_collection_is_split_in_order_into_the_fewest_requests_under_the_limit():
+    """split_metrics keeps every point in order, each under its resource, scope and metric;
+    each request is under the limit by worst-case size and the next point would not have
+    fitted it (so there are no more requests than needed); a collection at the limit exactly
+    is one request, itself."""
+    data = _tree([[[3, 1], [2]], [[1, 4, 2]], [[5]]])
+    items = _flat(data)
+    (whole,) = split_metrics(data, _estimate(items))
+    assert whole is data
+    for k in range(1, len(items)):  # a request that fits exactly is not cut short
+        first = split_metrics(data, _estimate(items[:k]))[0]
+        assert len(_flat(first)) == k
+    runs = {_estimate(items[i:j]) for i in range(len(items)) for j in range(i + 1, len(items))}
+    for limit in sorted(runs | {_estimate(items) - 1, 600}):  # exact fits, many places
+        parts = split_metrics(data, limit)
+        flats = [_flat(part) for part in parts]
+        assert [item[1:] for f in flats for item in f] == [item[1:] for item in items]
+        assert [dict(item[0].attributes) for f in flats for item in f] == [
+            dict(item[0].attributes) for item in items
+        ]
+        for i, flat in enumerate(flats):
+            assert len(flat) == 1 or _estimate(flat) <= limit, (limit, i)
+            if i + 1 < len(flats):
+                assert _estimate(flat + flats[i + 1][:1]) > limit, (limit, i)
+
+
+class CallRecorder:
+    """An exporter of any signal that records how it was called and answers ``results``."""
+
+    def __init__(self, results=(), *, shutdown_takes_timeout: bool = True) -> None:
+        self.calls: list[tuple] = []
+        self.results = list(results)
+        if not shutdown_takes_timeout:
+            self.shutdown = self._plain_shutdown
+        from opentelemetry.sdk.metrics import Counter
+        from opentelemetry.sdk.metrics.export import AggregationTemporality
+        from opentelemetry.sdk.metrics.view import LastValueAggregation
+
+        self._preferred_temporality = {Counter: AggregationTemporality.DELTA}
+        self._preferred_aggregation = {Counter: LastValueAggregation()}
+
+    def export(self, batch, **kwargs):
+        self.calls.append(("export", batch, kwargs))
+        return self.results.pop(0)
+
+    def force_flush(self, timeout_millis=None):
+        self.calls.append(("force_flush", timeout_millis))
+        return True
+
+    def shutdown(self, timeout_millis=None, **kwargs):
+        self.calls.append(("shutdown", timeout_millis, kwargs))
+
+    def _plain_shutdown(self):
+        self.calls.append(("shutdown",))
+
+
+def test_the_safe_exporters_hand_their_calls_on_and_in_a_forked_child_do_nothing():
+    """Each safe exporter calls the wrapped one's export, force_flush and shutdown with the
+    timeouts and arguments given (shutdown's timeout only where it takes one), takes its
+    metric temporality and aggregation preferences, fails an export when any request failed
+    (after sending them all); in a forked child (another pid) it calls nothing and says
+    success."""
+    from opentelemetry.sdk.metrics import Counter
+    from opentelemetry.sdk.metrics.export import AggregationTemporality
+
+    wrapped = CallRecorder([MetricExportResult.SUCCESS, MetricExportResult.FAILURE])
+    metrics = SafeMetricExporter(wrapped, max_request_bytes=1500)
+    assert metrics._preferred_temporality[Counter] is AggregationTemporality.DELTA
+    assert metrics._preferred_aggregation[Counter] is wrapped._preferred_aggregation[Counter]
+    data = _tree([[[3]], [[3]]])
+    assert len(split_metrics(data, 1500)) == 2
+    assert metrics.export(data, timeout_millis=1234, extra=1) is MetricExportResult.FAILURE
+    assert [(c[0], c[2]) for c in wrapped.calls] == [
+        ("export", {"timeout_millis": 1234, "extra": 1})
+    ] * 2
+    wrapped.results.append(MetricExportResult.SUCCESS)
+    assert metrics.export(_tree([[[1]]])) is MetricExportResult.SUCCESS
+    assert wrapped.calls.pop()[2] == {"timeout_millis": 10_000}  # the SDK's default
+    assert metrics.force_flush(77) is True
+    metrics.shutdown(timeout_millis=88, extra=2)
+    assert wrapped.calls[2:] == [("force_flush", 77), ("shutdown", 88, {"extra": 2})]
+    spans, logs = CallRecorder(), CallRecorder(shutdown_takes_timeout=False)
+    span_exporter, log_exporter = SafeSpanExporter(spans), SafeLogRecordExporter(logs)
+    timed_logs = CallRecorder()
+    SafeLogRecordExporter(timed_logs).shutdown(timeout_millis=99)
+    for safe in (span_exporter, log_exporter):
+        assert safe.force_flush(55) is True
+        safe.shutdown()
+    assert spans.calls == [("force_flush", 55), ("shutdown", None, {})]
+    assert logs.calls == [("force_flush", 55), ("shutdown",)]
+    assert timed_logs.calls == [("shutdown", 99, {})]
+    child = CallRecorder()
+    for safe in (SafeMetricExporter(child), SafeSpanExporter(child), SafeLogRecordExporter(child)):
+        safe._pid = -1  # as in a forked child
+        assert safe.force_flush(1) is True
+        safe.shutdown()
+        if isinstance(safe, SafeMetricExporter):
+            assert safe.export(data) is MetricExportResult.SUCCESS
+    assert child.calls == []
+
+
+def _span_batch_estimate(batch) -> int:
+    """Worst-case size of one request of spans: each span, each resource once, each scope
+    once per resource (OTLP groups scopes by resource)."""
+    resources = {id(s.resource): s.resource for s in batch}
+    scopes = {(id(s.resource), id(s.instrumentation_scope)): s.instrumentation_scope for s in batch}
+    return (
+        sum(map(limits.span_cost, batch))
+        + sum(map(limits.scope_cost, resources.values()))
+        + sum(map(limits.scope_cost, scopes.values()))
+    )
+
+
+def test_a_batch_of_spans_is_sent_in_order_in_the_fewest_requests_under_the_limit():
+    """Spans of two resources and two scopes: each request is under the limit by worst-case
+    size (its resources and scopes counted once), the next span would not have fitted it, and
+    the spans go in order; a batch that fits exactly is one request."""
+    resources = [Resource({"r": str(i) * 300}) for i in range(2)]
+    scopes = [InstrumentationScope(f"scope{i}" * 20, "1") for i in range(2)]
+    batch = [
+        ReadableSpan(
+            f"span{i}",
+            context=trace_api.SpanContext(1, i + 1, False),
+            attributes={"k": "v" * (10 * i)},
+            resource=resources[(i // 3) % 2],
+            instrumentation_scope=scopes[(i // 2) % 2],
+        )
+        for i in range(12)
+    ]
+    runs = {_span_batch_estimate(batch[i:j]) for i in range(12) for j in range(i + 1, 13)}
+    for limit in sorted(runs):
+        recorder = CallRecorder([SpanExportResult.SUCCESS] * len(batch))
+        SafeSpanExporter(recorder, max_request_bytes=limit).export(batch)
+        requests = [list(call[1]) for call in recorder.calls]
+        assert [s for request in requests for s in request] == batch
+        assert all(requests)  # never an empty request
+        for i, request in enumerate(requests):
+            assert len(request) == 1 or _span_batch_estimate(request) <= limit, limit
+            if i + 1 < len(requests):
+                assert _span_batch_estimate(request + requests[i + 1][:1]) > limit, limit
+
+
+def test_the_prometheus_reader_applies_the_string_rule_before_a_scrape():
+    """A label value with a lone surrogate and 100 characters, read by safe_prometheus_reader
+    with a limit of 40: the scrape (UTF-8 text) carries it escaped and cut at 40, and an
+    integer sum beyond int64 saturated."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import REGISTRY, generate_latest
+
+    reader = exporters.safe_prometheus_reader(limits.Limits(value_length=40))
+    provider = MeterProvider(metric_readers=[reader])
+    try:
+        counter = provider.get_meter("t").create_counter("prom_rule_test")
+        value = "bad\udcff" + "x" * 96
+        counter.add(2**64, {"label": value})
+        text = generate_latest(REGISTRY).decode("utf-8")
+    finally:
+        provider.shutdown()
+    (line,) = [x for x in text.splitlines() if x.startswith("prom_rule_test_total{")]
+    escaped = limits.safe_text(value, 40).replace("\\", "\\\\")  # the text format's escape
+    assert f'label="{escaped}"' in line
+    assert line.endswith(" 9.223372036854776e+18")  # 2**63 - 1 as the text format writes it
+
+
+def test_a_batch_is_split_into_16_pieces_at_most_and_fails_if_any_piece_fails():
+    """32 spans refused in any piece of more than one: split down to 16 pieces of 2 (1 + 2 +
+    4 + 8 + 16 requests), no further, and the export fails; a receiver that takes every piece
+    but one fails the export too, and one that raises fails it without raising."""
+    refusing = RefusingSpanExporter(most=1)
+    safe = SafeSpanExporter(refusing, limits=limits.Limits(value_length=None))
+    assert safe.export(_spans(32, 70_000)) is SpanExportResult.FAILURE
+    assert len(refusing.requests) == 31 and min(refusing.requests) == 2
+
+    class OnePoisoned(RefusingSpanExporter):
+        def export(self, spans):
+            self.requests.append(len(spans))
+            poisoned = any(s.name == "s5" for s in spans)
+            return SpanExportResult.FAILURE if poisoned else SpanExportResult.SUCCESS
+
+    poisoned = OnePoisoned(most=0)
+    safe = SafeSpanExporter(poisoned, limits=limits.Limits(value_length=None))
+    assert safe.export(_spans(16, 70_000)) is SpanExportResult.FAILURE
+    assert sum(poisoned.requests) > 16  # the halves without s5 went
+
+    class Raising(RefusingSpanExporter):
+        def export(self, spans):
+            raise ConnectionError("gone")
+
+    assert SafeSpanExporter(Raising(most=0)).export(_spans(2, 10)) is SpanExportResult.FAILURE
+
+
+def test_the_grpc_exporters_retry_codes_lose_resource_exhausted():
+    """Wrapping an exporter with gRPC retry codes (the OTLP/gRPC ones) removes
+    RESOURCE_EXHAUSTED from them, so that an oversized request is split instead of retried
+    unchanged; the other codes stay. Default timeouts are handed on as the SDK's."""
+    from grpc import StatusCode
+
+    expected = {  # force_flush's and shutdown's timeouts handed on (the span one has none)
+        SafeSpanExporter: [("force_flush", 30_000), ("shutdown", None, {})],
+        SafeLogRecordExporter: [("force_flush", 30_000), ("shutdown", 30_000, {})],
+        SafeMetricExporter: [("force_flush", 10_000), ("shutdown", 30_000, {})],
+    }
+    for safe, calls in expected.items():
+        wrapped = CallRecorder()
+        wrapped._retryable_error_codes = frozenset(
+            {StatusCode.RESOURCE_EXHAUSTED, StatusCode.UNAVAILABLE}
+        )
+        exporter = safe(wrapped)
+        assert wrapped._retryable_error_codes == frozenset({StatusCode.UNAVAILABLE})
+        exporter.force_flush()
+        exporter.shutdown()
+        assert wrapped.calls == calls, safe

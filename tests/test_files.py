@@ -333,3 +333,90 @@ def test_a_write_cut_short_keeps_whole_lines_and_starts_the_next_on_a_new_line(t
     assert text == "0123456789\nabcdefghi\njklmnopqr\nnext\n"
     assert stream.lines_written == 3
     stream.close()
+
+
+def test_text_that_cannot_be_encoded_is_written_as_backslash_escapes(tmp_path):
+    """A lone surrogate in what is written reaches the file as a backslash escape (UTF-8 for
+    everything else), through an AppendStream and through open_append alike; never a raise."""
+    stream = _stream(tmp_path)
+    _write(stream, "a\udcffb é")
+    stream.close()
+    assert (tmp_path / "metrics-rank0.jsonl").read_bytes() == "a\\udcffb é\n".encode()
+    with files.open_append(str(tmp_path / "plain.jsonl")) as plain:
+        plain.write("c\udcffd é\n")
+    assert (tmp_path / "plain.jsonl").read_bytes() == "c\\udcffd é\n".encode()
+
+
+def test_each_removal_is_a_gap_record_of_what_went_and_the_counts_add_up(tmp_path):
+    """A directory removed twice: each recreation appends one gap record, exactly: no start
+    time, the lines that went with the file, nothing lost, the reason (the first record went
+    with the second removal); gone_lines adds up."""
+    run = tmp_path / "run"
+    run.mkdir()
+    stream = _stream(run)
+    for lines in (["a", "b"], ["c"]):
+        _write(stream, *lines)
+        shutil.rmtree(run)
+        _write(stream, "after")
+        _write(stream)  # nothing queued: no write, no record
+    gaps = [json.loads(line) for line in (run / "gaps-rank0.jsonl").read_text().splitlines()]
+    assert [gap.pop("to_unix_ns") > 0 for gap in gaps] == [True]
+    assert gaps == [
+        {
+            "record": "gap",
+            "file": "metrics-rank0.jsonl",
+            "signal": "metrics",
+            "from_unix_ns": None,
+            "lost_lines": 0,
+            "lost_records": 0,
+            "gone_lines": 2,  # "c" and "after" were in the second directory
+            "reason": "the file was removed (its directory deleted?) and recreated",
+            "resource": {"dl.run.id": "r", "dl.rank": 0},
+        }
+    ]
+    assert stream.gone_lines == 4 and stream.lost_lines == 0  # 2 lines each time
+    stream.close()
+
+
+def test_a_gap_record_is_ascii_json_whatever_the_identity_holds(tmp_path):
+    """The gap file is ASCII JSON: non-ASCII identity values escaped, values JSON cannot take
+    written as their str()."""
+    run = tmp_path / "run"
+    run.mkdir()
+    stream = files.AppendStream(
+        str(run / "logs-rank1.jsonl"), what="logs", setting="S",
+        identity={"host.name": "hôte", "raw": b"\xff"},
+    )  # fmt: skip
+    _write(stream, "l")
+    shutil.rmtree(run)
+    _write(stream, "l2")
+    raw = (run / "gaps-rank1.jsonl").read_bytes()
+    assert raw.isascii()
+    assert json.loads(raw)["resource"] == {"host.name": "hôte", "raw": "b'\\xff'"}
+    stream.close()
+
+
+def test_the_reason_of_a_failure_names_the_errno():
+    """An OSError's reason: its errno's name and text; the text alone without a known errno."""
+    import errno
+
+    assert files._reason(OSError(errno.ENOSPC, "No space left")) == "ENOSPC: No space left"
+    assert files._reason(OSError(99999, "odd")) == "odd"
+    assert files._reason(OSError("plain")) == "plain"
+
+
+def test_a_directory_is_failing_while_any_of_its_files_fails():
+    """Two files of a directory fail: the first to fail announces it; the directory stays
+    failing until both recovered; then a new failure is announced again."""
+    directory = "/nowhere/run"
+    assert files._first_to_fail(directory) is True
+    assert files._first_to_fail(directory) is False
+    files._recovered(directory)
+    assert files._first_to_fail(directory) is False  # the other file still fails
+    files._recovered(directory)
+    files._recovered(directory)
+    assert directory not in files._failing
+    assert files._first_to_fail(directory) is True
+    files._recovered(directory)
+    files._recovered("/never/failed")  # a recovery of what never failed: nothing
+    assert files._failing.get(directory) is None and "/never/failed" not in files._failing

@@ -613,3 +613,25 @@ def test_a_creation_time_after_now_counts_from_now():
     assert ledger.read().phase_time_s["startup"] == 0.0
     fake.advance(0.5)
     assert ledger.read().phase_time_s["startup"] == pytest.approx(0.5)
+
+
+def test_a_ledger_that_cannot_be_read_leaves_its_instruments_empty_and_says_so_once(caplog):
+    """A ledger read that raises: the collection goes on without the ledger's points, and one
+    warning (with the traceback) says why, not one per collection."""
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from otel_training.health.metrics import observe_ledger
+
+    def broken() -> Ledger:
+        raise RuntimeError("no ledger")
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    observe_ledger(provider.get_meter("test"), broken)
+    with caplog.at_level("WARNING", logger="otel_training.health"):
+        assert reader.get_metrics_data() is None  # no points at all
+        assert reader.get_metrics_data() is None
+    said = [r for r in caplog.records if r.name == "otel_training.health"]
+    assert [r.getMessage() for r in said] == ["reading the health ledger failed"]
+    assert said[0].exc_info[1].args == ("no ledger",)
+    provider.shutdown()

@@ -88,3 +88,115 @@ def test_tokens_come_from_the_batch_shape_or_the_given_function():
     assert _recorder.count_tokens(batch, None, lambda b: int(b["mask"].sum())) == 21
     assert _recorder.count_tokens(batch, None, None) is None
     assert _recorder.count_tokens({"text": "no tensor"}, 7, None) is None
+
+
+def test_a_frameworks_identity_is_the_torchrun_variables_the_pipeline_reads():
+    """FrameworkIdentity.environ() gives the torchrun variables from which the pipeline reads
+    the same rank, local rank, world size, node rank and local world size; the node values
+    only where the framework says them."""
+    from otel_training._env import EnvReader
+    from otel_training.identity import read_identity
+
+    said = _recorder.FrameworkIdentity(
+        rank=5, local_rank=1, world_size=8, node_rank=2, local_world_size=4
+    )
+    read = read_identity(EnvReader(said.environ()))
+    assert (read.rank, read.local_rank, read.world_size, read.node_rank) == (5, 1, 8, 2)
+    assert read.local_world_size == 4
+    unsaid = _recorder.FrameworkIdentity(rank=5, local_rank=1, world_size=8).environ()
+    assert unsaid == {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}
+
+
+def test_a_missing_framework_raises_module_not_found_naming_the_extra():
+    """missing_framework raises ModuleNotFoundError for the package, saying which extra to
+    install, from the import error."""
+    cause = ImportError("no lightning")
+    with pytest.raises(ModuleNotFoundError) as raised:
+        _recorder.missing_framework("lightning", "lightning", cause)
+    assert (
+        str(raised.value) == "this callback needs lightning: pip install 'otel-training[lightning]'"
+    )
+    assert raised.value.name == "lightning" and raised.value.__cause__ is cause
+
+
+def test_tokens_counted_over_all_ranks_by_the_framework_make_the_job_rate():
+    """Tokens the framework gathered over all ranks (add_tokens_global) are the job's tokens
+    of the step: tokens/s x the step's duration = those tokens, not times the world size."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+
+    reader = InMemoryMetricReader()
+    recorder = _recorder.RunRecorder(
+        meter_provider=MeterProvider(metric_readers=[reader]), tracer_provider=TracerProvider()
+    )
+    recorder.add_tokens_global(10)  # no run yet: nothing to count
+    recorder.start_run(_recorder.FrameworkIdentity(rank=0, local_rank=0, world_size=4))
+    recorder.begin_step(1)
+    recorder.add_tokens_global(6000)
+    recorder.end_step()
+    recorder.record_interval()
+    recorder.end_run()
+    metrics = {
+        m.name: m.data.data_points
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    (rate,) = [p.value for p in metrics["megatron.training.tokens_per_sec"]]
+    (step,) = metrics["megatron.training.step_duration_ms"]  # a histogram of one step
+    assert step.count == 1
+    assert rate * step.sum / 1000.0 == pytest.approx(6000, rel=1e-6)
+
+
+def test_a_recorder_without_providers_configures_with_the_frameworks_ranks(caplog, monkeypatch):
+    """No pipeline yet: the recorder configures one from OTEL_* with the framework's rank and
+    world size. A pipeline configured before with other ranks is used as it is, with one
+    warning naming both."""
+    from otel_training import setup, testing
+
+    for signal in ("TRACES", "METRICS", "LOGS"):
+        monkeypatch.setenv(f"OTEL_{signal}_EXPORTER", "none")
+    recorder = _recorder.RunRecorder()
+    recorder.start_run(_recorder.FrameworkIdentity(rank=1, local_rank=1, world_size=2))
+    recorder.end_run()
+    identity = setup.current().settings.identity
+    assert (identity.rank, identity.local_rank, identity.world_size) == (1, 1, 2)
+    assert not [r for r in caplog.records if r.name == "otel_training.integrations"]
+    _recorder.warn_once.clear()
+    with caplog.at_level("WARNING", logger="otel_training.integrations"):
+        recorder.start_run(_recorder.FrameworkIdentity(rank=0, local_rank=0, world_size=2))
+        recorder.end_run()
+    assert setup.current().settings.identity.rank == 1
+    (said,) = [r for r in caplog.records if r.name == "otel_training.integrations"]
+    assert "rank 1 of 2, the framework rank 0 of 2" in said.getMessage()
+    _recorder.warn_once.clear()
+    testing.reset()
+
+
+def test_a_checkpoint_save_is_one_span_with_its_path_iteration_and_strategy():
+    """begin_checkpoint opens one checkpoint-save span under the run, with the path, the
+    iteration and the strategy (sync unless said); a second begin while it is open opens
+    nothing; before a run, nothing."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_training.semconv import spans as names
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    recorder = _recorder.RunRecorder(
+        meter_provider=MeterProvider(), tracer_provider=tracer_provider
+    )
+    recorder.begin_checkpoint("/before", 1)  # no run: nothing
+    recorder.start_run(_recorder.FrameworkIdentity(rank=0, local_rank=0, world_size=1))
+    recorder.begin_checkpoint("/ckpt/step-5", 5)
+    recorder.begin_checkpoint("/other", 6)  # one is open: nothing
+    recorder.end_checkpoint()
+    recorder.end_run()
+    (save,) = [s for s in exporter.get_finished_spans() if s.name == names.MEGATRON_CHECKPOINT_SAVE]
+    values = set(save.attributes.values())
+    assert {"/ckpt/step-5", 5, "sync"} <= values and "/other" not in values

@@ -3,6 +3,7 @@ say so, records fit their budget."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -26,6 +27,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, Status, StatusCode
+from support import import_or_unavailable
 
 import otel_training as ot
 from otel_training import limits, testing
@@ -515,3 +517,614 @@ def test_the_sdk_refuses_an_instrument_named_outside_its_grammar():
         s.metrics for r in reader.get_metrics_data().resource_metrics for s in r.scope_metrics
     )
     provider.shutdown()
+
+
+# -- each thing the rule looks at, one at a time ---------------------------------------------
+
+ODD = "odd\udc80"  # a lone surrogate: what the rule must change
+FIXED = "odd\\x80"
+
+
+def _clean_span(**changes) -> ReadableSpan:
+    """A span with every part the rule looks at, all clean, but for ``changes``."""
+    fields = {
+        "name": "step",
+        "attributes": {"a": "x", "n": 1, "f": 1.5, "b": True},
+        "events": [Event("e", {"k": "v"}, 5)],
+        "links": [Link(CONTEXT, {"l": "w"})],
+        "description": "failed",
+        "resource": Resource({"service.name": "train"}),
+        "scope": InstrumentationScope("otel_training", "1.0", "https://schema", {"s": "v"}),
+    }
+    fields.update(changes)
+    return ReadableSpan(
+        fields["name"],
+        context=CONTEXT,
+        parent=CONTEXT,
+        attributes=fields["attributes"],
+        events=fields["events"],
+        links=fields["links"],
+        kind=trace_api.SpanKind.INTERNAL,
+        status=Status(StatusCode.ERROR, fields["description"]),
+        start_time=3,
+        end_time=4,
+        resource=fields["resource"],
+        instrumentation_scope=fields["scope"],
+    )
+
+
+def _span_parts(record: ReadableSpan) -> dict:
+    return {
+        "name": record.name,
+        "attributes": dict(record.attributes),
+        "events": [(e.name, dict(e.attributes), e.timestamp) for e in record.events],
+        "links": [(link.context, dict(link.attributes)) for link in record.links],
+        "status": (record.status.status_code, record.status.description),
+        "resource": (dict(record.resource.attributes), record.resource.schema_url),
+        "scope": (
+            record.instrumentation_scope.name,
+            record.instrumentation_scope.version,
+            record.instrumentation_scope.schema_url,
+            dict(record.instrumentation_scope.attributes or {}),
+        ),
+        "rest": (record.context, record.parent, record.kind, record.start_time, record.end_time),
+    }
+
+
+SPAN_CHANGES = {
+    "name: a lone surrogate": ({"name": ODD}, {"name": FIXED}),
+    "name: not a string": ({"name": 42}, {"name": "42"}),
+    # 1,002 kept + 23 cut = 1,025 characters; 1,002 + the 22 of the marker = 1,024.
+    "name: longer than 1,024": ({"name": "n" * 1025}, {"name": "n" * 1002 + cut_marker(23)}),
+    "status description": ({"description": ODD}, {"status": (StatusCode.ERROR, FIXED)}),
+    "attribute value": (
+        {"attributes": {"a": ODD, "big": 2**64}},
+        {"attributes": {"a": FIXED, "big": float(2**64)}},
+    ),
+    "attribute key": ({"attributes": {ODD: 1}}, {"attributes": {FIXED: 1}}),
+    "event name": ({"events": [Event(ODD, {}, 5)]}, {"events": [(FIXED, {}, 5)]}),
+    "event attribute": (
+        {"events": [Event("e", {"k": ODD}, 5)]},
+        {"events": [("e", {"k": FIXED}, 5)]},
+    ),
+    "event attribute, a later event": (
+        {"events": [Event("e", {}, 5), Event("e", {"k": 2**70}, 6)]},
+        {"events": [("e", {}, 5), ("e", {"k": float(2**70)}, 6)]},
+    ),
+    "link attribute": (
+        {"links": [Link(CONTEXT, {"l": ODD})]},
+        {"links": [(CONTEXT, {"l": FIXED})]},
+    ),
+    "resource": (
+        {"resource": Resource({"service.name": ODD})},
+        {"resource": ({"service.name": FIXED}, "")},
+    ),
+    "scope": (
+        {"scope": InstrumentationScope(ODD, "1.0", "https://schema", {"s": "v"})},
+        {"scope": (FIXED, "1.0", "https://schema", {"s": "v"})},
+    ),
+}
+
+
+@documents("limits.md", "A name or key that is not a `str` becomes its `str()`")
+@pytest.mark.parametrize("change", list(SPAN_CHANGES), ids=list(SPAN_CHANGES))
+def test_each_part_of_a_span_is_bounded_and_nothing_else_changes(change):
+    """One part of a span needs the rule: that part is fixed in a new span, every other part
+    is as it was; the span without the change is handed on as the same object."""
+    clean = _clean_span()
+    assert bounded_span(clean) is clean
+    given, fixed = SPAN_CHANGES[change]
+    record = _clean_span(**given)
+    bounded = bounded_span(record)
+    assert bounded is not record
+    expected = _span_parts(clean) | fixed
+    assert _span_parts(bounded) == expected
+    assert bounded_span(bounded) is bounded  # nothing left to do
+
+
+def _clean_log(limits_=None, **changes):
+    fields = {
+        "body": "loss went up",
+        "attributes": {"a": "x", "n": 1, "f": 1.5, "b": True, "t": ("u", "v")},
+        "severity_text": "WARNING",
+        "event_name": "train.event",
+        "resource": Resource({"service.name": "train"}),
+        "scope": InstrumentationScope("otel_training", "1.0"),
+    }
+    fields.update(changes)
+    return ReadableLogRecord(
+        LogRecord(
+            timestamp=3,
+            observed_timestamp=4,
+            body=fields["body"],
+            attributes=fields["attributes"],
+            severity_text=fields["severity_text"],
+            severity_number=SeverityNumber.WARN,
+            event_name=fields["event_name"],
+        ),
+        resource=fields["resource"],
+        instrumentation_scope=fields["scope"],
+    )
+
+
+def _log_parts(record) -> dict:
+    log = record.log_record
+    return {
+        "body": log.body,
+        "attributes": dict(log.attributes),
+        "severity_text": log.severity_text,
+        "event_name": log.event_name,
+        "resource": dict(record.resource.attributes),
+        "scope": record.instrumentation_scope.name,
+        "rest": (log.timestamp, log.observed_timestamp, log.severity_number),
+    }
+
+
+def _nested(value, levels: int, kind=list):
+    for _ in range(levels):
+        value = kind([value])
+    return value
+
+
+LOG_CHANGES = {
+    "body: a lone surrogate": ({"body": ODD}, {"body": FIXED}),
+    "body: bytes beyond the limit": (
+        {"body": b"\xff" * 20_000},
+        {"body": b"\xff" * 16_360 + cut_marker(3_640).encode()},  # 16,384 bytes in all
+    ),
+    "body: a map with a key that is not a string": ({"body": {1: "v"}}, {"body": {"1": "v"}}),
+    "body: a map with an odd key": ({"body": {ODD: "v"}}, {"body": {FIXED: "v"}}),
+    "body: a list with an odd item": ({"body": ["a", [ODD]]}, {"body": ("a", (FIXED,))}),
+    "body: beyond int64": ({"body": -(2**64)}, {"body": float(-(2**64))}),
+    "body: nine levels deep": (
+        {"body": _nested(["deep"], 8)},
+        {"body": _nested("['deep']", 8, tuple)},
+    ),
+    "attribute key": ({"attributes": {ODD: 1}}, {"attributes": {FIXED: 1}}),
+    "attribute value": ({"attributes": {"a": ODD}}, {"attributes": {"a": FIXED}}),
+    "attribute value: a map": (
+        {"attributes": {"a": {"k": ODD}}},
+        {"attributes": {"a": {"k": FIXED}}},
+    ),
+    "severity text": ({"severity_text": ODD}, {"severity_text": FIXED}),
+    "event name": ({"event_name": ODD}, {"event_name": FIXED}),
+    "resource": (
+        {"resource": Resource({"service.name": ODD})},
+        {"resource": {"service.name": FIXED}},
+    ),
+    "scope": ({"scope": InstrumentationScope(ODD)}, {"scope": FIXED}),
+}
+
+
+@pytest.mark.parametrize("change", list(LOG_CHANGES), ids=list(LOG_CHANGES))
+def test_each_part_of_a_log_record_is_bounded_and_nothing_else_changes(change):
+    """One part of a log record needs the rule (body, attribute keys and values, severity
+    text, event name, resource, scope): that part is fixed in a new record, every other part
+    is as it was; the record without the change is handed on as the same object."""
+    clean = _clean_log()
+    assert bounded_log_record(clean) is clean
+    given, fixed = LOG_CHANGES[change]
+    record = _clean_log(**given)
+    bounded = bounded_log_record(record)
+    assert bounded is not record
+    assert _log_parts(bounded) == _log_parts(clean) | fixed
+    assert bounded_log_record(bounded) is bounded
+
+
+def test_a_string_is_wide_when_a_character_is_beyond_u_ffff_by_size_or_by_scan():
+    """A string costs two escapes a character (12 bytes) when one of its characters is beyond
+    U+FFFF: CPython's storage size tells in O(1), a scan elsewhere; both agree."""
+    wide = ["\U0001f600", "a\U00010000", "é" * 5 + "\U0010ffff"]
+    narrow = ["", "abc", "é" * 5, "\u0100\uffff", "\udc80" * 3, "\ud83d"]
+    for check in (limits._wide_by_scan, limits._wide_by_size):
+        assert [check(text) for text in wide + narrow] == [True] * 3 + [False] * 6, check
+    assert limits.json_cost("\U0001f600" * 3) == 6 * 6 + 2  # two \\uXXXX escapes each
+
+
+def _metrics(**changes):
+    """MetricsData with one sum point (and its exemplar), all clean but for ``changes``."""
+    from opentelemetry.sdk.metrics._internal.exemplar import Exemplar
+    from opentelemetry.sdk.metrics.export import (
+        AggregationTemporality,
+        Metric,
+        MetricsData,
+        NumberDataPoint,
+        ResourceMetrics,
+        ScopeMetrics,
+        Sum,
+    )
+
+    fields = {
+        "name": "train.tokens",
+        "unit": "{token}",
+        "description": "tokens seen",
+        "attributes": {"a": "x", "n": 1},
+        "value": 7,
+        "exemplar": {"e": "y"},
+        "resource": Resource({"service.name": "train"}),
+        "scope": InstrumentationScope("otel_training", "1.0"),
+    }
+    fields.update(changes)
+    exemplars = [] if fields["exemplar"] is None else [Exemplar(fields["exemplar"], 1.0, 2)]
+    point = NumberDataPoint(fields["attributes"], 1, 2, fields["value"], exemplars)
+    data = Sum([point], AggregationTemporality.CUMULATIVE, True)
+    metric = Metric(fields["name"], fields["description"], fields["unit"], data)
+    scope = ScopeMetrics(fields["scope"], [metric], "")
+    return MetricsData([ResourceMetrics(fields["resource"], [scope], "")])
+
+
+def _metric_parts(data) -> dict:
+    (resource_metrics,) = data.resource_metrics
+    (scope_metrics,) = resource_metrics.scope_metrics
+    (metric,) = scope_metrics.metrics
+    (point,) = metric.data.data_points
+    return {
+        "name": metric.name,
+        "unit": metric.unit,
+        "description": metric.description,
+        "attributes": dict(point.attributes),
+        "value": point.value,
+        "exemplar": [dict(e.filtered_attributes) for e in point.exemplars],
+        "resource": dict(resource_metrics.resource.attributes),
+        "scope": scope_metrics.scope.name,
+        "rest": (point.start_time_unix_nano, point.time_unix_nano, metric.data.is_monotonic),
+    }
+
+
+METRIC_CHANGES = {
+    "name": ({"name": ODD}, {"name": FIXED}),
+    "unit": ({"unit": ODD}, {"unit": FIXED}),
+    "no unit and no description": (
+        {"unit": None, "description": None, "name": ODD},
+        {"unit": "", "description": "", "name": FIXED},
+    ),
+    "description": ({"description": ODD}, {"description": FIXED}),
+    "point attribute value": ({"attributes": {"a": ODD}}, {"attributes": {"a": FIXED}}),
+    "point attribute key": ({"attributes": {ODD: 1}}, {"attributes": {FIXED: 1}}),
+    "exemplar attribute": ({"exemplar": {"e": ODD}}, {"exemplar": [{"e": FIXED}]}),
+    "value beyond int64": ({"value": 2**64}, {"value": 2**63 - 1}),
+    "value below int64": ({"value": -(2**64)}, {"value": -(2**63)}),
+    "resource": (
+        {"resource": Resource({"service.name": ODD})},
+        {"resource": {"service.name": FIXED}},
+    ),
+    "scope": ({"scope": InstrumentationScope(ODD)}, {"scope": FIXED}),
+}
+
+
+@pytest.mark.parametrize("change", list(METRIC_CHANGES), ids=list(METRIC_CHANGES))
+def test_each_part_of_the_metrics_is_bounded_and_nothing_else_changes(change):
+    """One part of a collection needs the rule (a metric's name, unit, description, a point's
+    attribute keys and values or its int64 value, an exemplar's attributes, the resource, the
+    scope): that part is fixed, every other part is as it was, and only an integer beyond
+    int64 names its metric as saturated; the clean collection is handed on as itself."""
+    clean = _metrics()
+    assert limits.bounded_metrics_data(clean) is clean
+    given, fixed = METRIC_CHANGES[change]
+    saturated: list[str] = []
+    bounded = limits.bounded_metrics_data(_metrics(**given), saturated=saturated)
+    assert _metric_parts(bounded) == _metric_parts(clean) | fixed
+    assert saturated == (["train.tokens"] if "int64" in change else [])
+    assert limits.bounded_metrics_data(bounded) is bounded
+
+
+def test_integers_at_the_ends_of_int64_are_not_saturated():
+    """A point exactly at -2**63 or 2**63 - 1 is within int64: kept, not counted saturated."""
+    for value in (-(2**63), 2**63 - 1):
+        saturated: list[str] = []
+        data = _metrics(value=value, description=ODD)  # needs work for its description
+        bounded = limits.bounded_metrics_data(data, saturated=saturated)
+        assert _metric_parts(bounded)["value"] == value and saturated == []
+
+
+def test_a_point_over_its_budget_keeps_its_value_and_the_attributes_that_fit():
+    """A point whose attributes exceed the record budget: its attributes are cut until its
+    worst-case cost fits the budget (the longest values cut alike first), its value and times
+    are kept; its exemplars are dropped when they do not fit with the attributes, never the
+    attributes (the series) for them."""
+    budget = 4_000
+    many = {f"key{i}": "v" * 600 for i in range(20)}
+    bounded = limits.bounded_metrics_data(
+        _metrics(attributes=many), Limits(record_budget_bytes=budget)
+    )
+    (point,) = bounded.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    assert limits.metric_point_cost(point) <= budget
+    assert point.value == 7 and (point.start_time_unix_nano, point.time_unix_nano) == (1, 2)
+    assert list(point.attributes) == list(many)  # all kept, cut alike
+    assert len({len(v) for v in point.attributes.values()}) == 1
+    assert point.exemplars == []  # the attributes fill the budget: no room for exemplars
+    bounded = limits.bounded_metrics_data(
+        _metrics(exemplar=many, name=ODD), Limits(record_budget_bytes=budget)
+    )
+    (point,) = bounded.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    assert point.exemplars == [] and limits.metric_point_cost(point) <= budget
+    assert dict(point.attributes) == {"a": "x", "n": 1}  # the series stays the series
+    fits = {"key0": "v" * 600}
+    small = limits.bounded_metrics_data(
+        _metrics(attributes=dict(fits), exemplar=dict(fits), name=ODD),
+        Limits(record_budget_bytes=budget),
+    )
+    (point,) = small.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    assert dict(point.attributes) == fits and len(point.exemplars) == 1
+
+
+EMOJI = "\U0001f600"  # beyond U+FFFF: 12 bytes a character, the most any character costs
+
+
+def _edge_cases(budget: int):
+    """(span fields, log record fields) of records whose worst-case cost sweeps across
+    ``budget``: 1-3 long values; a long status description (log body); a long value then a
+    number under a 300-character key."""
+    for length in range(budget // 12 - 60, budget // 12 + 60, 9):
+        for count in (1, 2, 3):
+            values = {f"k{i}": EMOJI * (length // count) for i in range(count)}
+            yield {"attributes": values}, {"attributes": values}
+        yield {"description": EMOJI * length}, {"body": EMOJI * length}
+        values = {"s": EMOJI * length, "n" * 300: 1}
+        yield {"attributes": values}, {"attributes": values}
+
+
+@documents("limits.md", "All strings and values of one span or log record together")
+@pytest.mark.parametrize("value_length", [None, 4_000])
+def test_records_at_the_edge_of_the_budget_fit_it_whatever_their_shape(value_length):
+    """Spans and log records of characters beyond U+FFFF (the worst case) swept across the
+    record budget, their cost in values, in a description or body, or in a value beside a
+    number: each, once bounded, is within the budget by its worst-case cost and by the bytes
+    of its real OTLP-JSON line; the shortcuts that hand a record on unchanged never let one
+    over it."""
+    budget = 20_000
+    rules = Limits(value_length=value_length, record_budget_bytes=budget)
+    for span_fields, log_fields in _edge_cases(budget):
+        record = bounded_span(span("s", **span_fields), rules)
+        assert limits.span_cost(record) <= budget, span_fields.keys()
+        assert _otlp_json_bytes(FileSpanExporter, record) <= budget + 400
+        log = bounded_log_record(
+            ReadableLogRecord(LogRecord(**{"body": "b", **log_fields}), resource=Resource({})),
+            rules,
+        )
+        assert limits.log_record_cost(log) <= budget, log_fields.keys()
+        assert _otlp_json_bytes(FileLogExporter, log) <= budget + 400
+
+
+def test_metrics_values_are_cut_at_the_limit_given_and_clean_points_are_kept_as_they_are():
+    """With a value-length limit of 40, point, exemplar, resource and scope attribute values
+    are cut at 40 characters; a histogram point (no single value) is bounded alike; a point
+    without exemplars that needed nothing is the same object in the new collection."""
+    from opentelemetry.sdk.metrics.export import (
+        AggregationTemporality,
+        Histogram,
+        HistogramDataPoint,
+    )
+
+    long, cut = "x" * 100, safe_text("x" * 100, 40)
+    assert cut == "x" * 18 + cut_marker(82)  # 18 kept + 82 cut = 100; 18 + 22 = 40
+    data = _metrics(
+        attributes={"a": long},
+        exemplar={"e": long},
+        resource=Resource({"r": long}),
+        scope=InstrumentationScope("otel_training", "1.0", None, {"s": long}),
+    )
+    bounded = limits.bounded_metrics_data(data, Limits(value_length=40))
+    parts = _metric_parts(bounded)
+    assert (parts["attributes"], parts["exemplar"], parts["resource"]) == (
+        {"a": cut},
+        [{"e": cut}],
+        {"r": cut},
+    )
+    scope = bounded.resource_metrics[0].scope_metrics[0].scope
+    assert dict(scope.attributes) == {"s": cut}
+    clean = _metrics(name=ODD, exemplar=None)
+    (point,) = clean.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    bounded = limits.bounded_metrics_data(clean)
+    assert bounded.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points[0] is point
+    histogram = HistogramDataPoint({"a": ODD}, 1, 2, 1, 1.0, [1, 0], [0.5], 1.0, 1.0, [])
+    metric = clean.resource_metrics[0].scope_metrics[0].metrics[0]
+    data = dataclasses.replace(
+        clean,
+        resource_metrics=[
+            dataclasses.replace(
+                clean.resource_metrics[0],
+                scope_metrics=[
+                    dataclasses.replace(
+                        clean.resource_metrics[0].scope_metrics[0],
+                        metrics=[
+                            dataclasses.replace(
+                                metric,
+                                name="t",
+                                data=Histogram([histogram], AggregationTemporality.DELTA),
+                            )
+                        ],
+                    )
+                ],
+            )
+        ],
+    )
+    bounded = limits.bounded_metrics_data(data)
+    (point,) = bounded.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    assert dict(point.attributes) == {"a": FIXED} and point.bucket_counts == [1, 0]
+
+
+def test_one_resource_is_bounded_at_each_signals_own_limit():
+    """The pipeline's one resource, bounded for spans at 40 characters and for logs at 60,
+    is cut at each limit (not at whichever signal came first), each result kept for reuse."""
+    resource = Resource({"r": "x" * 100})
+    for limit in (40, 60, 40):
+        bounded = limits.bounded_resource(resource, limit)
+        assert bounded.attributes["r"] == safe_text("x" * 100, limit)
+        assert limits.bounded_resource(resource, limit) is bounded
+    scope = InstrumentationScope("s", "1", None, {"a": "y" * 100})
+    assert len(limits.bounded_scope(scope, 40).attributes["a"]) == 40
+    assert len(limits.bounded_scope(scope, 60).attributes["a"]) == 60
+
+
+def _points_line(points, kind: str) -> int:
+    """Bytes of the OTLP-JSON line of one metric holding ``points``."""
+    from opentelemetry.exporter.otlp.json.file import FileMetricExporter
+    from opentelemetry.sdk.metrics.export import (
+        AggregationTemporality,
+        ExponentialHistogram,
+        Histogram,
+        Metric,
+        MetricsData,
+        ResourceMetrics,
+        ScopeMetrics,
+    )
+
+    data = {
+        "histogram": lambda: Histogram(points, AggregationTemporality.DELTA),
+        "exponential": lambda: ExponentialHistogram(points, AggregationTemporality.DELTA),
+    }[kind]()
+    metric = Metric("m", "", "", data)
+    collection = MetricsData(
+        [ResourceMetrics(Resource({}), [ScopeMetrics(InstrumentationScope("s"), [metric], "")], "")]
+    )
+    stream = io.StringIO()
+    FileMetricExporter(stream=stream).export(collection)
+    return len(stream.getvalue().encode("utf-8"))
+
+
+@documents("limits.md", "the structure around them as the OTLP-JSON files write it")
+def test_the_estimate_of_a_metric_point_is_at_least_its_real_size_and_close():
+    """A histogram point with 200 buckets and an exponential histogram point with 300
+    positive and 200 negative buckets, each with exemplars: what one more such point adds to
+    the real OTLP-JSON line is at most its worst-case estimate and at least half of it."""
+    from opentelemetry.sdk.metrics._internal.exemplar import Exemplar
+    from opentelemetry.sdk.metrics._internal.point import Buckets
+    from opentelemetry.sdk.metrics.export import (
+        ExponentialHistogramDataPoint,
+        HistogramDataPoint,
+    )
+
+    big = 2**63 - 1
+    exemplars = [Exemplar({"e": ""}, SMALL, big, 2**64 - 1, 2**128 - 1)] * 5
+    histogram = HistogramDataPoint(
+        {"a": ""}, big, big, big, SMALL, [big] * 201, [SMALL] * 200, SMALL, SMALL, exemplars
+    )
+    exponential = ExponentialHistogramDataPoint(
+        {"a": ""}, big, big, big, SMALL, -10, big, Buckets(-(2**31), [big] * 300),
+        Buckets(-(2**31), [big] * 200), 1, SMALL, SMALL, exemplars,
+    )  # fmt: skip
+    for point, kind in ((histogram, "histogram"), (exponential, "exponential")):
+        added = _points_line([point, point], kind) - _points_line([point], kind)
+        assert added <= limits.metric_point_cost(point) <= 2 * added, kind
+
+
+@pytest.mark.parametrize(
+    "part",
+    ["attributes", "exemplar", "resource", "scope", "unit", "description", "histogram"],
+)
+def test_a_collection_needing_only_one_thing_is_bounded(part):
+    """A collection whose only fault is one value over the limit of 40 (a point's, an
+    exemplar's, the resource's, the scope's), a unit or description that is no clean name
+    (they are names: 1,024 characters), or a histogram point over its budget, is bounded: the
+    check that hands clean collections on never misses one."""
+    long = "x" * 100
+    changes = {
+        "attributes": {"attributes": {"a": long}},
+        "exemplar": {"exemplar": {"e": long}},
+        "resource": {"resource": Resource({"r": long})},
+        "scope": {"scope": InstrumentationScope("s", "1", None, {"s": long})},
+        "unit": {"unit": ODD},
+        "description": {"description": "d" * 1025},
+        "histogram": {"attributes": {f"k{i}": "v" for i in range(200)}},
+    }[part]
+    data = _metrics(**changes)
+    rules = Limits(value_length=40, record_budget_bytes=3000 if part == "histogram" else 10**6)
+    bounded = limits.bounded_metrics_data(data, rules)
+    assert bounded is not data
+    (point,) = bounded.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    assert limits.metric_point_cost(point) <= rules.record_budget_bytes
+
+
+def test_any_value_keeps_none_bools_floats_and_int64s_and_cuts_bytes_and_text_at_the_limit():
+    """bounded_any (log bodies and attributes): None, booleans, floats and integers within
+    int64 (its ends included) as they are, beyond it as floats; bytes and text longer than the
+    limit cut to it, ending with the marker's bytes when at least 8 bytes of the value stay
+    beside it, else cut plain; at or under the limit, or without one, as they are."""
+    from otel_training.limits import bounded_any
+
+    for value in (None, True, False, 1.5, -(2**63), 2**63 - 1, 0):
+        kept = bounded_any(value)
+        assert kept == value and type(kept) is type(value)
+    assert type(bounded_any(2**63)) is float and type(bounded_any(-(2**63) - 1)) is float
+    raw = b"x" * 100
+    assert bounded_any(raw, 30) == b"x" * 30  # 22 of marker + 8 = 30: no room
+    assert bounded_any(raw, 31) == b"x" * 9 + cut_marker(91).encode()  # 9 + 22 = 31
+    assert bounded_any(raw, 40) == b"x" * 18 + cut_marker(82).encode()  # 18 + 22 = 40
+    assert [bounded_any(b"x" * n, 40) for n in (40, 10)] == [b"x" * 40, b"x" * 10]
+    assert bounded_any(b"x" * 10**6, None) == b"x" * 10**6
+    assert bounded_any("x" * 100, 40) == safe_text("x" * 100, 40) == "x" * 18 + cut_marker(82)
+    assert bounded_any(["x" * 100, {"k": b"y" * 50}], 40) == (
+        safe_text("x" * 100, 40),
+        {"k": b"y" * 18 + cut_marker(32).encode()},
+    )
+
+
+def test_a_log_records_severity_text_and_event_name_are_in_its_estimate():
+    """A log record whose severity text and event name are 1,024 characters beyond U+FFFF
+    (names, cut at 1,024): its real OTLP-JSON line is within its worst-case estimate."""
+    record = bounded_log_record(
+        ReadableLogRecord(
+            LogRecord(body="b", severity_text=EMOJI * 2000, event_name=EMOJI * 2000),
+            resource=Resource({}),
+        )
+    )
+    assert len(record.log_record.severity_text) == len(record.log_record.event_name) == 1024
+    groups = limits.scope_cost(record.instrumentation_scope) + limits.scope_cost(record.resource)
+    assert _otlp_json_bytes(FileLogExporter, record) <= limits.log_record_cost(record) + groups
+
+
+def test_any_values_maps_and_lists_are_bounded_inside_to_eight_levels():
+    """Inside maps and lists every value is bounded at the limit and every map key cut as a
+    name (1,024 characters); below 8 levels a value is its bounded str(); a subclass of float
+    (numpy.float64) is its Python float."""
+    numpy = import_or_unavailable("numpy")
+    from otel_training.limits import MAX_NAME_LENGTH, bounded_any
+
+    long, key = "x" * 100, "k" * 2000
+    assert bounded_any({key: long, "l": [long]}, 40) == {
+        safe_text(key, MAX_NAME_LENGTH): safe_text(long, 40),
+        "l": (safe_text(long, 40),),
+    }
+    deep = {"v": long}
+    for _ in range(8):
+        deep = {"a": deep}  # 9 maps in all
+    bounded = bounded_any(deep, 40)
+    for _ in range(8):
+        bounded = bounded["a"]
+    assert bounded == safe_text(str({"v": long}), 40)
+    value = bounded_any(numpy.float64(1.5), 40)  # a float subclass: its Python float
+    assert value == 1.5 and type(value) is float
+
+
+def test_a_log_record_over_its_budget_has_its_longest_strings_cut_alike_to_fit():
+    """Unbounded values (no value-length limit) that together exceed the record budget: the
+    body and the attribute values are cut to one length (water-filling), the longest the
+    budget allows: the record fits by its estimate and its real line, and uses most of it."""
+    body, values = "b" * 400_000, {f"k{i}": "\u00e9" * 100_000 for i in range(8)}
+    record = bounded_log_record(
+        ReadableLogRecord(LogRecord(body=body, attributes=values), resource=Resource({})),
+        Limits(value_length=None),
+    )
+    cost = limits.log_record_cost(record)
+    assert 0.97 * limits.RECORD_BUDGET_BYTES < cost <= limits.RECORD_BUDGET_BYTES
+    cut = [record.log_record.body, *record.log_record.attributes.values()]
+    assert len({len(text) for text in cut}) == 1 and all(t.endswith("characters cut]") for t in cut)
+    assert cut[0].startswith("bbb") and cut[1].startswith("\u00e9")
+    assert _otlp_json_bytes(FileLogExporter, record) <= cost + 400
+
+
+def test_a_log_record_with_too_many_values_keeps_those_that_fit_in_order():
+    """A log record whose values do not fit even cut to 32 characters (40,000 attributes):
+    it keeps the attributes that fit, in order, from the first, and its body; it fits its
+    budget by its estimate and its real line."""
+    values = {f"key{i:05}": "v" * 40 for i in range(40_000)}
+    record = bounded_log_record(
+        ReadableLogRecord(LogRecord(body="why", attributes=values), resource=Resource({}))
+    )
+    kept = dict(record.log_record.attributes)
+    assert 0 < len(kept) < len(values) and list(kept) == list(values)[: len(kept)]
+    assert all(v.startswith("v") and len(v) <= 40 for v in kept.values())  # cut alike first
+    assert record.log_record.body == "why"
+    assert limits.log_record_cost(record) <= limits.RECORD_BUDGET_BYTES
+    assert _otlp_json_bytes(FileLogExporter, record) <= limits.RECORD_BUDGET_BYTES + 400

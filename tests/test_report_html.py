@@ -382,3 +382,97 @@ def test_nonfinite_counts_by_metric(tmp_path):
             ],
         )
     assert summarize(load_run(tmp_path)).nonfinite == {MEGATRON_TRAINING_LOSS: 5}
+
+
+def test_values_durations_sizes_and_times_read_as_the_report_writes_them():
+    """format_value: 4 significant digits, thousands separators from 10,000, an exponent
+    below 0.001, a dash for none, inf and nan as Python writes them; durations in seconds
+    under 2 minutes, then minutes and seconds, then hours and minutes; sizes in B, KiB, MiB,
+    GiB; times in UTC."""
+    from otel_training.report.html import _duration, _iso, _size, format_value
+
+    values = [None, float("inf"), float("nan"), 0, 3.14159, 9999.4, 1e4, 12345.6, -20000,
+              0.001, 0.0005, -0.0002]  # fmt: skip
+    assert [format_value(v) for v in values] == [
+        "–", "inf", "nan", "0", "3.142", "9999", "10,000", "12,346", "-20,000",
+        "0.001", "5.000e-04", "-2.000e-04",
+    ]  # fmt: skip
+    assert [_duration(s) for s in (None, 59.96, 119.94, 120, 3599.6, 3725)] == [  # rounded
+        "–", "60.0 s", "119.9 s", "2 min 00 s", "1 h 00 min", "1 h 02 min",
+    ]  # fmt: skip
+    assert [_size(n) for n in (0, 1023, 1024, 1536 * 1024, 5 * 1024**3, 3 * 1024**4)] == [
+        "0 B", "1,023 B", "1.0 KiB", "1.5 MiB", "5.0 GiB", "3,072.0 GiB",
+    ]  # fmt: skip
+    assert [_iso(None), _iso(0), _iso(86_400_000_000_000 + 1), _iso(90, scale=1)] == [
+        "–", "1970-01-01 00:00:00 UTC", "1970-01-02 00:00:00 UTC", "1970-01-01 00:01:30 UTC",
+    ]  # fmt: skip
+
+
+def test_dom_ids_need_no_escaping_and_two_texts_never_share_one():
+    """An id is the text where it is letters, digits, _ . - only (at most 120 of them); any
+    other text gets those characters as _ and 8 hex digits of its BLAKE2b hash, so that two
+    texts that look alike stay apart."""
+    import hashlib
+
+    from otel_training.report.html import dom_id
+
+    def digest(text: str) -> str:
+        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+
+    assert dom_id("loss.rank-0_a") == "loss.rank-0_a"
+    assert dom_id("a b") == "a_b-" + digest("a b") and dom_id("a b") != dom_id("a_b")
+    odd = '"><script>\udcff'
+    assert dom_id(odd) == "___script__-" + digest(odd)
+    assert dom_id("x" * 121) == "x" * 120 + "-" + digest("x" * 121)
+    assert dom_id("x" * 120) == "x" * 120
+
+
+def test_ranks_are_shown_each_up_to_eight_then_as_min_median_and_max():
+    """Up to 8 ranks: one cell per rank (a dash where one has no value); more: the minimum,
+    median and maximum of the values present."""
+    from otel_training.report.html import _rank_cells
+
+    assert _rank_cells({0: 1.0, 2: 3.0}, [0, 1, 2]) == (
+        ["rank 0", "rank 1", "rank 2"],
+        ["1", "–", "3"],
+    )
+    eight = _rank_cells({r: 1.0 for r in range(8)}, list(range(8)))
+    assert eight == ([f"rank {r}" for r in range(8)], ["1"] * 8)
+    values = {rank: float(rank * 10) for rank in range(9)}
+    assert _rank_cells(values, list(range(10))) == (["min", "median", "max"], ["0", "40", "80"])
+    assert _rank_cells({}, list(range(9))) == (["min", "median", "max"], ["–", "–", "–"])
+
+
+def test_the_tiles_at_a_glance_say_each_figure_and_where_it_comes_from(tmp_path):
+    """The tiles: steps (and their source), duration (from the start, UTC), ranks of the
+    world size and the hosts (three named, then an ellipsis), the last loss of the first rank,
+    tokens/s, TFLOP/s, step time p50 and p99, non-finite values and skipped iterations (marked
+    bad when any); a dash where a figure is unknown."""
+    import dataclasses
+
+    from otel_training.report.html import _duration, _iso, _tiles
+
+    _real_run(tmp_path)
+    summary = summarize(load_run(tmp_path))
+    tiles = {t.label: t for t in _tiles(summary)}
+    assert list(tiles) == [
+        "steps", "duration", "ranks", "last loss", "tokens/s", "TFLOP/s per GPU",
+        "step time p50", "non-finite values", "skipped iterations",
+    ]  # fmt: skip
+    assert (tiles["steps"].value, tiles["steps"].detail) == ("10", f"from {summary.steps_source}")
+    assert tiles["duration"].value == _duration(summary.duration_s) != "–"
+    assert tiles["duration"].detail == f"from {_iso(summary.start_ns)}"
+    assert tiles["ranks"].value == "2 of 2"
+    assert (tiles["last loss"].value, tiles["last loss"].detail) == ("2.5", "rank 0")
+    assert [tiles[k].bad for k in ("non-finite values", "skipped iterations")] == [True, True]
+    assert (tiles["non-finite values"].value, tiles["skipped iterations"].value) == ("2", "1")
+    unknown = dataclasses.replace(
+        summary, steps=None, steps_source=None, world_size=None, hosts=["a", "b", "c", "d"]
+    )
+    tiles = {t.label: t for t in _tiles(unknown)}
+    assert (tiles["steps"].value, tiles["steps"].detail) == ("–", "")
+    assert (tiles["ranks"].value, tiles["ranks"].detail) == ("2", "4 hosts: a, b, c …")
+    one = {t.label: t for t in _tiles(dataclasses.replace(summary, hosts=["h"]))}
+    assert one["ranks"].detail == "1 host: h"
+    none = {t.label: t for t in _tiles(dataclasses.replace(summary, hosts=[]))}
+    assert none["ranks"].detail == ""

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 from doc_rules import documents
+from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -347,3 +348,186 @@ def test_a_segment_opened_again_goes_on_counting():
         and s.attributes["otel_training.trace.segment"] == 0
     ]
     assert len(zero) == 2 and zero[0].context.trace_id == zero[1].context.trace_id
+
+
+def test_a_rank_beyond_shard_0_starts_under_its_shards_parent_and_links_to_shard_0():
+    """Rank 7 of 8 at a budget of 25, every group on (the run trace in 2 shards of 4 ranks, 6
+    spans a rank; the job trace in 3 shards of 3, 7 a rank): its run span starts under the run
+    trace's shard 1 shared parent and links to shard 0's; its segment span starts under the
+    segment's shard 2 parent, linked to shard 0's and to the run span."""
+    pipeline = _pipeline(25, RANK="7", WORLD_SIZE="8", LOCAL_RANK="7")
+    with ot.training_run():
+        _iteration(1)
+    spans = {s.name: s for s in pipeline.spans.get_finished_spans()}
+    run, segment = spans[names.MEGATRON_TRAIN], spans[names.MEGATRON_TRAIN_SEGMENT]
+    for span, family, shard in ((run, "run", 1), (segment, "segment/0", 2)):
+        trace_id, span_id = member_ids(RUN_ID, family, f"shard/{shard}")
+        assert (span.context.trace_id, span.parent.span_id) == (trace_id, span_id)
+        assert span.parent.is_remote  # a shared parent: no rank exports it
+        shard0 = member_ids(RUN_ID, family, "shard/0")
+        (link,) = [
+            k.context for k in span.links if (k.context.trace_id, k.context.span_id) == shard0
+        ]
+        assert link.is_remote and link.trace_flags.sampled  # a shared parent, sampled alike
+    assert (run.context.trace_id, run.context.span_id) in [
+        (link.context.trace_id, link.context.span_id) for link in segment.links
+    ]
+
+
+def _segments(budget: int, segment_limit: int, groups=("job",), world: int = 1, **kwargs):
+    """A TraceSegments of rank 0 of ``world`` over an in-memory exporter (the pipeline's
+    parts, direct)."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    from otel_training.segments import TraceSegments
+    from otel_training.trace_shape import TraceShape
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    shape = TraceShape.derive(groups, world, budget, segment_limit)
+    segments = TraceSegments(provider.get_tracer("test"), RUN_ID, shape, 0, ALWAYS_ON, **kwargs)
+    return segments, exporter
+
+
+def test_a_segment_span_lasts_from_its_first_phase_to_the_next_segment_or_the_runs_end():
+    """A segment span starts at the time given with its first phase, is an open span while it
+    lasts, ends when the next segment opens (which links to it) or at the run's end (after
+    which the next one links to nothing of it); it names its segment."""
+    from otel_training.trace_shape import member_ids as ids
+
+    open_spans: dict = {}
+    segments, exporter = _segments(25, 2, open_spans=open_spans)
+    segments.routed(1, True, now_ns=1_000)
+    segments.routed(2, False, now_ns=2_000)  # the same segment: nothing opens
+    (first,) = open_spans
+    assert exporter.get_finished_spans() == ()
+    segments.routed(3, True, now_ns=5_000)
+    (second,) = open_spans
+    segments.end_run(9_000)
+    assert open_spans == {}
+    segments.routed(5, False, now_ns=10_000)
+    segments.close()
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == [names.MEGATRON_TRAIN_SEGMENT] * 3
+    assert [(s.start_time, s.end_time) for s in spans[:2]] == [(1_000, 5_000), (5_000, 9_000)]
+    assert spans[2].start_time == 10_000
+    assert [s.attributes["otel_training.trace.segment"] for s in spans] == [0, 1, 2]
+    assert [[link.context for link in s.links] for s in spans] == [
+        [],
+        [first.get_span_context()],
+        [],
+    ]
+    for segment, span in enumerate(spans):
+        trace_id, span_id = ids(RUN_ID, f"segment/{segment}", "shard/0")
+        assert (span.context.trace_id, span.parent.span_id) == (trace_id, span_id)
+        assert span.parent.is_remote  # a shared parent: no rank exports it
+
+
+def test_a_step_trace_is_filled_to_the_budget_exactly_then_the_next_begins():
+    """Spans of iterations routed to step traces at a budget of 5: each step trace holds
+    exactly 5 (none left empty, none over), the first span of each linking to the segment
+    span and naming it as parent."""
+    segments, exporter = _segments(5, 1000)
+    placed = [segments.routed(1, False, now_ns=1) for _ in range(17)]
+    (segment,) = segments._open_spans
+    anchor = segment.get_span_context()
+    counts = collections.Counter()
+    for context, links in placed:
+        parent = trace_api.get_current_span(context).get_span_context()
+        assert parent.span_id == anchor.span_id and parent.trace_id != anchor.trace_id
+        assert parent.is_remote
+        counts[parent.trace_id] += 1
+        first = counts[parent.trace_id] == 1
+        assert (links and [link.context for link in links]) == ([anchor] if first else None)
+    assert sorted(counts.values()) == [2, 5, 5, 5]
+    parts = [member_ids(RUN_ID, "segment/0", f"rank/0/part/{k}")[0] for k in range(4)]
+    assert list(counts) == parts  # the rank's own traces, numbered from 0
+
+
+def test_children_beyond_their_parents_room_start_in_the_ranks_own_trace_naming_it():
+    """A parent in a step trace with room for 5: 4 children nest in its trace as they are;
+    the next ones start in this rank's next own trace, all under one context naming the real
+    parent, the first of them linked to the segment span; a parent of another tracer's trace
+    is joined uncounted."""
+    segments, exporter = _segments(5, 1000)
+    context, _ = segments.routed(1, False, now_ns=1)
+    tracer = TracerProvider().get_tracer("test")
+    parent = tracer.start_span("parent", context=context)
+    (segment,) = segments._open_spans
+    placed = [segments.nested(parent, context) for _ in range(9)]
+    assert placed[:4] == [(context, None)] * 4
+    overflow = {id(c) for c, _ in placed[4:]}
+    assert len(overflow) == 1
+    moved = trace_api.get_current_span(placed[4][0]).get_span_context()
+    assert moved.span_id == parent.get_span_context().span_id and moved.is_remote
+    assert moved.trace_id not in (parent.get_span_context().trace_id, segment.context.trace_id)
+    assert [link.context for link in placed[4][1]] == [segment.get_span_context()]
+    assert [links for _, links in placed[5:]] == [None] * 4
+    user = TracerProvider().get_tracer("user").start_span("user.root")
+    assert segments.nested(user, "ctx") == ("ctx", None)
+
+
+def test_the_kth_run_of_a_process_has_families_of_its_own(monkeypatch):
+    """The second run of a process (begun before the router was made, or while it routes)
+    starts under the run trace ``run2/run`` and opens ``run2/segment/{s}``; the first keeps
+    ``run`` and ``segment/{s}``."""
+    from otel_training import segments as module
+
+    monkeypatch.setattr(module, "_runs", 1)
+    first, _ = _segments(25, 2)
+    monkeypatch.setattr(module, "_runs", 2)
+    second, exporter = _segments(25, 2)
+    for router in (first, second):  # the first follows the process to its second run
+        context, _ = router.run_start()
+        parent = trace_api.get_current_span(context).get_span_context()
+        assert (parent.trace_id, parent.span_id) == member_ids(RUN_ID, "run2/run", "shard/0")
+        router.routed(1, True, now_ns=1)
+        router.close()
+    segment_id = member_ids(RUN_ID, "run2/segment/0", "shard/0")
+    assert [(s.context.trace_id, s.parent.span_id) for s in exporter.get_finished_spans()] == [
+        segment_id
+    ]
+    monkeypatch.setattr(module, "_runs", 1)
+    third, _ = _segments(25, 2)
+    parent = trace_api.get_current_span(third.run_start()[0]).get_span_context()
+    assert (parent.trace_id, parent.span_id) == member_ids(RUN_ID, "run", "shard/0")
+
+
+def test_a_segments_job_trace_holds_its_share_of_the_job_shard_not_of_the_run_shard():
+    """8 ranks at a budget of 25, every group on: a rank's share of a segment's job trace is
+    25 // 3 = 8 spans (3 ranks a shard), its share of the run trace 25 // 4 = 6 (4 ranks): the
+    segment span and 7 job-level phases fit in the job trace, the 8th starts in the rank's own
+    trace; 6 run-level spans fit in the run trace."""
+    from otel_training import config
+
+    segments, _ = _segments(25, 1000, config.SPAN_GROUP_PRESETS["all"], world=8)
+    placed = [segments.routed(1, True, now_ns=1)[0] for _ in range(9)]
+    (segment,) = segments._open_spans
+    job_trace = segment.get_span_context().trace_id
+    traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
+    assert traces[:7] == [job_trace] * 7 and job_trace not in traces[7:]
+    run_trace = member_ids(RUN_ID, "run", "shard/0")[0]
+    placed = [segments.run_start()[0] for _ in range(8)]
+    traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
+    assert traces[:6] == [run_trace] * 6 and run_trace not in traces[6:]
+
+
+def test_a_rank_keeps_counting_256_traces_the_run_and_the_open_segment_among_them():
+    """After 300 segments, a rank counts the newest 256 traces, never forgetting the run's
+    and the open segment's: their spans go on counting where they were."""
+    segments, _ = _segments(4, 1)
+    segments.run_start()
+    for iteration in range(1, 301):
+        segments.routed(iteration, True, now_ns=iteration)
+        segments.routed(iteration, False, now_ns=iteration)
+    assert len(segments._traces) == 256
+    run_trace = member_ids(RUN_ID, "run", "shard/0")[0]
+    placed = [segments.run_start()[0] for _ in range(4)]
+    traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
+    assert traces[:3] == [run_trace] * 3 and traces[3] != run_trace  # 1 + 3 = the budget of 4
+    (segment,) = segments._open_spans
+    job_trace = segment.get_span_context().trace_id
+    placed = [segments.routed(300, True)[0] for _ in range(4)]
+    traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
+    assert traces[:2] == [job_trace] * 2 and traces[2] != job_trace  # segment + 1 + 2 = 4

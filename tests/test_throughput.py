@@ -274,3 +274,138 @@ def test_interval_and_step_figures_come_from_throughput():
         expected.tokens_per_sec_per_device,
     )
     assert stats.throughput(count_tokens=False, flops_per_token=2e9) == Throughput(None, None, None)
+
+
+def test_a_gathered_token_count_that_is_not_a_count_is_dropped_with_one_warning(caplog):
+    """add_tokens_global takes 0 and positive ints; a negative, fractional or boolean count is
+    dropped with one warning for the cause "invalid token count", shared with
+    add_micro_batch's (said once, whichever method meets it first)."""
+    from otel_training import throughput as module
+
+    module._warn_once.clear()
+    acc = StepAccumulator()
+    with caplog.at_level("WARNING", logger="otel_training.throughput"):
+        acc.add_tokens_global(0)
+        acc.add_tokens_global(7)
+        assert caplog.records == []
+        for bad in (-5, 2.5, True):
+            acc.add_tokens_global(bad)
+        acc.add_micro_batch(None, tokens=-1)
+    assert [r.getMessage() for r in caplog.records] == [
+        "StepAccumulator: dropping invalid token count -5"
+    ]
+    assert acc.end_step(1.0).tokens_global == 7
+    module._warn_once.clear()
+
+
+def test_skipped_steps_are_counted_per_interval():
+    """The skipped steps of an interval are those since the previous interval."""
+    acc = StepAccumulator()
+    _a7_step(acc, skipped=True)
+    assert acc.interval().skipped_iters == 1
+    _a7_step(acc)
+    assert acc.interval().skipped_iters == 0
+
+
+def test_a_steps_and_an_intervals_tflops_use_the_flops_given():
+    """StepRecord.throughput(flops_per_token) and IntervalStats.throughput(flops_global) give
+    TFLOP/s per device = FLOPs / (time x 10^12 x world size)."""
+    acc = StepAccumulator(data_parallel_size=2, world_size=4)
+    acc.add_micro_batch(1.0, tokens=500)  # 1,000 tokens over the job
+    record = acc.end_step(2.0)
+    assert record.throughput(flops_per_token=4e9).tflops_per_device == pytest.approx(
+        4e9 * 1000 / (2.0 * 1e12 * 4)
+    )
+    stats = acc.interval()
+    figures = stats.throughput(flops_global=8e12, count_tokens=False)
+    assert figures.tflops_per_device == pytest.approx(8e12 / (2.0 * 1e12 * 4))
+
+
+@pytest.mark.parametrize(
+    "name", ["n_params_non_embedding", "n_layers", "d_model", "seq_len", "vocab_size"]
+)
+def test_a_negative_flops_argument_is_named_in_the_error(name):
+    """gpt_flops_per_token raises ValueError naming the negative argument and its value."""
+    args = {"n_params_non_embedding": 1, "n_layers": 1, "d_model": 1, "seq_len": 1}
+    args[name] = -3
+    with pytest.raises(ValueError, match=f"^{name} must be >= 0, got -3$"):
+        gpt_flops_per_token(**args)
+
+
+def test_each_invalid_hot_path_value_is_dropped_with_one_warning_per_cause(caplog):
+    """A loss that is not a scalar, a loss that is no number, a token count that is no count
+    and a duration that is no time are each dropped, never raised, with one warning per cause
+    naming the value (a second such value says nothing more)."""
+    torch = import_or_unavailable("torch")
+    from otel_training import throughput as module
+
+    module._warn_once.clear()
+    acc = StepAccumulator()
+    with caplog.at_level("WARNING", logger="otel_training.throughput"):
+        for _ in range(2):
+            acc.add_micro_batch(torch.ones(2), tokens=2.5)
+            acc.add_micro_batch("abc", tokens=-1.0)
+            acc.add_micro_batch(None, tokens="many")
+            record = acc.end_step("soon")
+    assert [r.getMessage() for r in caplog.records] == [
+        "StepAccumulator: dropping a loss of shape (2,) (a scalar is needed)",
+        "StepAccumulator: dropping invalid token count 2.5",
+        "StepAccumulator: dropping the loss 'abc'",
+        "StepAccumulator: dropping invalid duration_s 'soon'",
+    ]
+    assert (record.step, record.loss, record.tokens_global, record.duration_s) == (2, None, 0, None)
+    assert record.micro_batches == 3
+    module._warn_once.clear()
+
+
+def test_token_counts_that_are_whole_numbers_are_counted(caplog):
+    """0 tokens, a whole float and a numpy integer are counts (no warning): the global count is
+    each times the data-parallel size; a zero-length step is a step of 0 s."""
+    numpy = import_or_unavailable("numpy")
+    from otel_training import throughput as module
+
+    module._warn_once.clear()
+    acc = StepAccumulator(data_parallel_size=3)
+    with caplog.at_level("WARNING", logger="otel_training.throughput"):
+        acc.add_micro_batch(1.0)  # no count given: 0 tokens
+        acc.add_micro_batch(1.0, tokens=0)
+        acc.add_micro_batch(1.0, tokens=2.0)
+        acc.add_micro_batch(1.0, tokens=0.0)
+        acc.add_micro_batch(1.0, tokens=numpy.int64(5))
+        record = acc.end_step(0.0)
+    assert caplog.records == []
+    assert (record.tokens_global, record.micro_batches, record.duration_s) == (21, 5, 0.0)
+    for skipped in (True, True, False):
+        acc.end_step(1.0, skipped=skipped)
+    assert acc.interval().skipped_iters == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"data_parallel_size": 1.5}, "data_parallel_size must be an int, got 1.5"),
+        ({"data_parallel_size": True}, "data_parallel_size must be an int, got True"),
+        ({"data_parallel_size": 0}, "data_parallel_size must be >= 1, got 0"),
+        ({"world_size": 0}, "world_size must be a positive int, got 0"),
+        ({"world_size": 2.0}, "world_size must be a positive int, got 2.0"),
+        ({"world_size": True}, "world_size must be a positive int, got True"),
+    ],
+)
+def test_the_constructor_names_the_bad_size(kwargs, message):
+    """A data-parallel or world size that is not a positive int raises ValueError naming it
+    and its value."""
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        StepAccumulator(**kwargs)
+
+
+def test_double_precision_tensor_losses_stay_double():
+    """Float64 losses are averaged in float64, integer ones in float32 (never truncated)."""
+    torch = import_or_unavailable("torch")
+    acc = StepAccumulator()
+    acc.add_micro_batch(torch.tensor(1.0, dtype=torch.float64))
+    acc.add_micro_batch(torch.tensor(2.0, dtype=torch.float64))
+    assert acc.end_step(1.0).loss.dtype == torch.float64
+    acc.add_micro_batch(torch.tensor(1))
+    acc.add_micro_batch(torch.tensor(2))
+    loss = acc.end_step(1.0).loss
+    assert loss.dtype == torch.float32 and loss.item() == 1.5

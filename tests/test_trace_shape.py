@@ -175,3 +175,20 @@ def test_one_job_trace_holds_every_rank_while_w_times_j_fits_the_budget():
     ranks (19,999 spans), two shards from 2,858; the run trace (6 a rank) up to 3,333."""
     assert Shards.of(20_000, 2857, 7).count == 1 and Shards.of(20_000, 2858, 7).count == 2
     assert Shards.of(20_000, 3333, 6).count == 1 and Shards.of(20_000, 3334, 6).count == 2
+
+
+def test_ranks_outside_the_world_belong_to_the_nearest_shard():
+    """A rank beyond the world is in the last shard, a negative one in the first."""
+    shards = Shards.of(budget=10, world_size=8, spans_per_rank=5)  # 4 shards of 2 ranks
+    assert (shards.count, shards.ranks) == (4, 2)
+    assert [shards.shard_of(rank) for rank in (-3, 0, 7, 8, 9, 1000)] == [0, 0, 3, 3, 3, 3]
+
+
+def test_a_shape_without_span_groups_plans_one_span_a_rank_and_one_rank_at_least():
+    """No group records spans: the job and run traces are planned for one span a rank (never
+    zero), and a world of 0 or 1 rank is one rank."""
+    for world in (0, 1):
+        shape = TraceShape.derive((), world, 20_000, 1000)
+        assert (shape.world_size, shape.step_spans, shape.segment_iterations) == (1, 0, 1000)
+        assert (shape.job_spans, shape.run_spans) == (1, 1)
+    assert TraceShape.derive((), 3, 20_000, 1000).world_size == 3

@@ -42,7 +42,6 @@ for any other printable ASCII character; it bounds protobuf (at most 4 bytes a c
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -311,15 +310,16 @@ def bounded_attributes(
 
 # -- scopes and resources: few objects, each bounded once -----------------------------------
 
-_BOUNDED: dict[int, tuple[Any, Any]] = {}
+# By (id, value-length limit): one resource is bounded for each signal's limit.
+_BOUNDED: dict[tuple[int, int | None], tuple[Any, Any]] = {}
 _MAX_BOUNDED = 1024
 
 
-def _remember(original: Any, bounded: Any) -> Any:
+def _remember(original: Any, limit: int | None, bounded: Any) -> Any:
     if len(_BOUNDED) >= _MAX_BOUNDED:
         _BOUNDED.clear()
     # The original is held, so its id is not reused while it is here.
-    _BOUNDED[id(original)] = (original, bounded)
+    _BOUNDED[(id(original), limit)] = (original, bounded)
     return bounded
 
 
@@ -332,7 +332,7 @@ def bounded_scope(
     (checked once per scope object). Never raises."""
     if scope is None:
         return None
-    known = _BOUNDED.get(id(scope))
+    known = _BOUNDED.get((id(scope), limit))
     if known is not None and known[0] is scope:
         return known[1]
     try:
@@ -345,7 +345,7 @@ def bounded_scope(
             and not _needs_work(attributes, limit)
             and scope_cost(scope) <= GROUP_BUDGET_BYTES
         ):
-            return _remember(scope, scope)
+            return _remember(scope, limit, scope)
         name = _safe_name(name)
         version = None if version is None else _safe_name(version)
         schema_url = None if schema_url is None else _safe_name(schema_url)
@@ -356,7 +356,7 @@ def bounded_scope(
         bounded = InstrumentationScope(name, version, schema_url, attributes)
     except Exception:  # a scope that cannot even be read: named for what it is
         bounded = InstrumentationScope("<unreadable scope>")
-    return _remember(scope, bounded)
+    return _remember(scope, limit, bounded)
 
 
 def bounded_resource(resource: Resource | None, limit: int | None = DEFAULT_VALUE_LENGTH) -> Any:
@@ -365,7 +365,7 @@ def bounded_resource(resource: Resource | None, limit: int | None = DEFAULT_VALU
     (checked once per resource object). Never raises."""
     if resource is None:
         return None
-    known = _BOUNDED.get(id(resource))
+    known = _BOUNDED.get((id(resource), limit))
     if known is not None and known[0] is resource:
         return known[1]
     try:
@@ -376,7 +376,7 @@ def bounded_resource(resource: Resource | None, limit: int | None = DEFAULT_VALU
             and (schema_url is None or _is_clean_name(schema_url))
             and scope_cost(resource) <= GROUP_BUDGET_BYTES
         ):
-            return _remember(resource, resource)
+            return _remember(resource, limit, resource)
         schema_url = None if schema_url is None else _safe_name(schema_url)
         attributes = _fit_attributes(
             dict(bounded_attributes(attributes, limit) or {}),
@@ -385,7 +385,7 @@ def bounded_resource(resource: Resource | None, limit: int | None = DEFAULT_VALU
         bounded = Resource(attributes, schema_url)
     except Exception:
         bounded = Resource({})
-    return _remember(resource, bounded)
+    return _remember(resource, limit, bounded)
 
 
 def _fit_attributes(attributes: dict[str, Any], budget: int) -> dict[str, Any]:
@@ -1110,8 +1110,15 @@ def _bounded_metrics_data(data: Any, limits: Limits, saturated: list[str] | None
         attributes = bounded_attributes(p.attributes, limit)
         cost = metric_point_cost(p)
         if cost > budget:
+            # The attributes (the series) fit the budget without the exemplars, which go
+            # first (below) when the point with them is still over it.
+            exemplars_cost = sum(
+                _POINT_COST + _attributes_cost(e.filtered_attributes)
+                for e in getattr(p, "exemplars", None) or ()
+            )
             attributes = _fit_attributes(
-                dict(attributes or {}), budget - (cost - _attributes_cost(p.attributes))
+                dict(attributes or {}),
+                budget - (cost - exemplars_cost - _attributes_cost(p.attributes)),
             )
         if attributes is not p.attributes:
             changes["attributes"] = attributes
@@ -1164,13 +1171,3 @@ def _bounded_metrics_data(data: Any, limits: Limits, saturated: list[str] | None
             )
         )
     return MetricsData(resource_metrics=resources)
-
-
-def finite_or_text(value: float) -> float | str:
-    """A float as JSON can carry it: itself when finite, else ``"NaN"``, ``"Infinity"`` or
-    ``"-Infinity"`` (the spelling of the OTLP/JSON mapping)."""
-    if value - value == 0.0:
-        return value
-    if math.isnan(value):
-        return "NaN"
-    return "Infinity" if value > 0 else "-Infinity"

@@ -72,6 +72,7 @@ __all__ = [
     "tflops_per_device",
     "throughput",
     "global_count",
+    "mean_loss",
 ]
 
 _warn_once = LogOnce(logging.getLogger(__name__))
@@ -82,8 +83,9 @@ def _is_tensor(value: object) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-def _mean(values: Sequence[Any]) -> Any:
-    """Mean of floats or 0-d tensors, without reading tensors on the host.
+def mean_loss(values: Sequence[Any]) -> Any:
+    """Mean of floats or 0-d tensors, without reading tensors on the host: the one mean of
+    losses (StepAccumulator's, the callbacks' recorder's).
 
     Returns ``None`` for an empty sequence, a ``float`` when every value is a plain number, and a
     0-d tensor (on the first tensor's device, float32 or wider) when any value is a tensor.
@@ -409,7 +411,7 @@ class StepAccumulator:
         if duration is None:
             _warn_once("duration", "StepAccumulator: dropping invalid duration_s %r", duration_s)
 
-        step_loss = _mean(self._step_losses)
+        step_loss = mean_loss(self._step_losses)
         record = StepRecord(
             step=self._step,
             loss=step_loss,
@@ -448,7 +450,7 @@ class StepAccumulator:
         stats = IntervalStats(
             steps=self._interval_steps,
             skipped_iters=self._interval_skipped,
-            loss=_mean(self._interval_losses),
+            loss=mean_loss(self._interval_losses),
             tokens_global=self._interval_tokens,
             duration_s=duration,
             tokens_per_sec_global=rates.tokens_per_sec_global,

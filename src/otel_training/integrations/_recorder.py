@@ -27,7 +27,7 @@ from otel_training._log_once import LogOnce
 from otel_training.instruments import record_training_metrics
 from otel_training.memory import memory_allocated_gib
 from otel_training.semconv.attributes import MEGATRON_ITERATION
-from otel_training.throughput import StepAccumulator
+from otel_training.throughput import StepAccumulator, mean_loss
 
 _logger = logging.getLogger("otel_training.integrations")
 #: ``warn_once(cause, message, *args, exc_info=False)``: logged the first time ``cause`` is seen
@@ -521,7 +521,7 @@ class RunRecorder:
         self._interval_steps = 0
         losses, self._interval_losses = self._interval_losses, []
         if loss is None and losses:
-            loss = _mean(losses)
+            loss = mean_loss(losses)
             if loss_scale != 1.0:
                 loss = loss * loss_scale
         figures = stats.throughput(
@@ -544,19 +544,6 @@ class RunRecorder:
     def steps_in_interval(self) -> int:
         """Optimizer steps ended since the last recorded interval."""
         return self._interval_steps
-
-
-def _mean(values: list[Any]) -> Any:
-    """The mean of floats, or of 0-d tensors as a 0-d tensor on their device (float32 or
-    wider), without reading them."""
-    if not any(hasattr(v, "dim") for v in values):
-        return math.fsum(float(v) for v in values) / len(values)
-    import torch
-
-    stacked = torch.stack([torch.as_tensor(v).reshape(()) for v in values])
-    if not stacked.is_floating_point() or stacked.element_size() < 4:
-        stacked = stacked.float()
-    return stacked.mean()
 
 
 def _pipeline_for(identity: FrameworkIdentity) -> setup.Telemetry:
