@@ -200,3 +200,45 @@ def test_a_checkpoint_save_is_one_span_with_its_path_iteration_and_strategy():
     (save,) = [s for s in exporter.get_finished_spans() if s.name == names.MEGATRON_CHECKPOINT_SAVE]
     values = set(save.attributes.values())
     assert {"/ckpt/step-5", 5, "sync"} <= values and "/other" not in values
+
+
+def _interval_points(**interval) -> dict[str, list]:
+    """The points of one log interval of three steps (losses 1 and 3; a skipped step of loss
+    100; loss 2), recorded with ``record_interval(**interval)``."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+
+    reader = InMemoryMetricReader()
+    recorder = _recorder.RunRecorder(
+        meter_provider=MeterProvider(metric_readers=[reader]), tracer_provider=TracerProvider()
+    )
+    recorder.start_run(_recorder.FrameworkIdentity(rank=0, local_rank=0, world_size=1))
+    for step, losses, skipped in ((1, (1.0, 3.0), False), (2, (100.0,), True), (3, (2.0,), False)):
+        recorder.begin_step(step)
+        for loss in losses:
+            recorder.add_micro_batch(loss, tokens=8)
+        recorder.end_step(skipped=skipped)
+    recorder.record_interval(**interval)
+    recorder.end_run()
+    return {
+        m.name: [p.value for p in m.data.data_points if hasattr(p, "value")]
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+
+
+def test_record_interval_hands_on_what_the_framework_gives():
+    """The grad norm and learning rate given are recorded as given; the loss is the mean of
+    the non-skipped steps' micro-batch losses times loss_scale; the skipped steps are counted;
+    a loss the framework gives wins over the mean."""
+    points = _interval_points(grad_norm=0.5, learning_rate=1e-3, loss_scale=2.0)
+    assert points["megatron.training.grad_norm"] == [0.5]
+    assert points["megatron.training.learning_rate"] == [1e-3]
+    assert points["megatron.training.loss"] == [pytest.approx(4.0)]  # mean(1, 3, 2) x 2
+    assert points["megatron.training.skipped_iters"] == [1]
+    given = _interval_points(loss=7.5, loss_scale=2.0)
+    assert given["megatron.training.loss"] == [7.5]
+    assert "megatron.training.grad_norm" not in given
+    assert "megatron.training.learning_rate" not in given

@@ -1097,6 +1097,37 @@ def test_any_values_maps_and_lists_are_bounded_inside_to_eight_levels():
     assert value == 1.5 and type(value) is float
 
 
+@documents(
+    "limits.md",
+    "A numpy scalar (`float32`, `int64`, `bool_`) or a subclass of a Python number is the number it stands for",
+)
+def test_numeric_scalars_of_other_types_are_their_python_numbers():
+    """numpy's scalars (float32, int64, uint64, bool_: not subclasses of Python's numbers), a
+    float subclass and an IntEnum are the Python bool, int or float they stand for, as
+    attribute values and inside any-values; a uint64 beyond int64 is a float (rule 4); an
+    array is no scalar: its text."""
+    import enum
+
+    numpy = import_or_unavailable("numpy")
+    from otel_training.limits import bounded_any
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    cases = [
+        (numpy.float32(1.5), 1.5, float),
+        (numpy.float64(2.5), 2.5, float),
+        (numpy.int64(-7), -7, int),
+        (numpy.uint64(2**64 - 1), float(2**64 - 1), float),
+        (numpy.bool_(True), True, bool),
+        (Level.HIGH, 3, int),
+    ]
+    for value, expected, kind in cases:
+        for bounded in (bounded_value(value), bounded_any(value), bounded_any([value])[0]):
+            assert bounded == expected and type(bounded) is kind, (value, bounded)
+    assert bounded_value(numpy.array([1, 2])) == "[1 2]"
+
+
 def test_a_log_record_over_its_budget_has_its_longest_strings_cut_alike_to_fit():
     """Unbounded values (no value-length limit) that together exceed the record budget: the
     body and the attribute values are cut to one length (water-filling), the longest the

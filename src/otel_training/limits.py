@@ -250,12 +250,30 @@ def bounded_value(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH) -> Any:
     if isinstance(value, (list, tuple)):
         items = value[:MAX_SEQUENCE_LENGTH]
         return tuple(bounded_value(v, limit) for v in items)
-    if isinstance(value, (bool, int, float)):  # numpy scalars and other subclasses
-        try:
-            return bounded_value(value.item() if hasattr(value, "item") else float(value), limit)
-        except Exception:
-            pass
+    number = _python_number(value)
+    if number is not None:
+        return bounded_value(number, limit)
     return safe_text(value, limit)
+
+
+def _python_number(value: Any) -> bool | int | float | None:
+    """The Python ``bool``, ``int`` or ``float`` that a numeric scalar of another type stands
+    for: a subclass (``IntEnum``, ``numpy.float64``) or a numpy scalar (``numpy.float32``,
+    ``numpy.int64``, ``numpy.bool_``, which are not subclasses); else ``None``. Never raises."""
+    try:
+        if isinstance(value, bool):
+            return bool(value)
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float):
+            return float(value)
+        if type(value).__module__ == "numpy" and hasattr(value, "item"):
+            item = value.item()
+            if type(item) in (bool, int, float):
+                return item
+    except Exception:  # a subclass whose conversion raises: its text instead
+        pass
+    return None
 
 
 def plain(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -835,7 +853,7 @@ def bounded_any(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH, _depth: in
             }
         if isinstance(value, (list, tuple)):
             return tuple(bounded_any(v, limit, _depth + 1) for v in value[:MAX_SEQUENCE_LENGTH])
-        if isinstance(value, (bool, int, float)):  # numpy scalars and other subclasses
+        if _python_number(value) is not None:  # numpy scalars and other subclasses
             return bounded_value(value, limit)
     except Exception:  # a container that changed or misbehaved under us
         pass
