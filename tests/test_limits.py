@@ -1099,7 +1099,7 @@ def test_any_values_maps_and_lists_are_bounded_inside_to_eight_levels():
 
 @documents(
     "limits.md",
-    "A numpy scalar (`float32`, `int64`, `bool_`) or a subclass of a Python number is the number it stands for",
+    "A numpy scalar (`float32`, `int64`, `bool_`) or a subclass of a Python number is the number",
 )
 def test_numeric_scalars_of_other_types_are_their_python_numbers():
     """numpy's scalars (float32, int64, uint64, bool_: not subclasses of Python's numbers), a
