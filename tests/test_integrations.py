@@ -242,3 +242,45 @@ def test_record_interval_hands_on_what_the_framework_gives():
     assert given["megatron.training.loss"] == [7.5]
     assert "megatron.training.grad_norm" not in given
     assert "megatron.training.learning_rate" not in given
+
+
+def test_a_steps_spans_nest_under_the_run_with_the_frameworks_step_number(monkeypatch):
+    """begin_step opens the iteration span of the framework's step under the run span (a
+    second begin while one is open opens nothing); the optimizer span is the iteration's
+    child with the same number; an optimizer update outside a step is the run's child."""
+    monkeypatch.setenv("OTEL_PYTHON_TRAINING_SPAN_GROUPS", "per_step")
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from otel_training.semconv import spans as names
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    recorder = _recorder.RunRecorder(
+        meter_provider=MeterProvider(), tracer_provider=tracer_provider
+    )
+    recorder.start_run(_recorder.FrameworkIdentity(rank=0, local_rank=0, world_size=1))
+    recorder.begin_step(5)
+    recorder.begin_step(6)  # one is open: nothing
+    recorder.begin_optimizer()
+    recorder.end_optimizer()
+    recorder.end_step()
+    recorder.begin_optimizer()  # no step open
+    recorder.end_optimizer()
+    recorder.end_run()
+    spans = exporter.get_finished_spans()
+    (run,) = [s for s in spans if s.name == names.MEGATRON_TRAIN]
+    (step,) = [s for s in spans if s.name == names.MEGATRON_TRAIN_ITERATION]
+    inside, outside = [s for s in spans if s.name == names.MEGATRON_TRAIN_ITERATION_OPTIMIZER]
+    assert step.attributes["megatron.iteration"] == 5
+    # the process's first step is wrapped by the first-iteration span, a child of the run
+    (first,) = [s for s in spans if s.name == names.MEGATRON_TRAIN_FIRST_ITERATION]
+    assert step.parent.span_id == first.context.span_id
+    assert first.parent.span_id == run.context.span_id
+    assert inside.parent.span_id == step.context.span_id
+    assert inside.attributes["megatron.iteration"] == 5
+    assert outside.parent.span_id == run.context.span_id
+    assert "megatron.iteration" not in outside.attributes
