@@ -9,11 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-_HERE = Path(__file__).resolve().parent
-if str(_HERE) not in sys.path:  # import the helper whatever pytest's import mode is
-    sys.path.insert(0, str(_HERE))
-
 from doc_rules import documents  # noqa: E402
 from health_sim import job_resource, simulated, write_process  # noqa: E402
 from report_files import key_value, span_lines, write_lines, write_real_metrics  # noqa: E402

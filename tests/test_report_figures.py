@@ -6,16 +6,9 @@ timeline rows, and training values at the steps they describe on every rank."""
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
-from support import import_or_unavailable
-
-_HERE = Path(__file__).resolve().parent
-if str(_HERE) not in sys.path:  # import the helper whatever pytest's import mode is
-    sys.path.insert(0, str(_HERE))
-
 from report_files import (  # noqa: E402
     gauge,
     metrics_line,
@@ -23,6 +16,7 @@ from report_files import (  # noqa: E402
     write_ledger_metrics,
     write_lines,
 )
+from support import import_or_unavailable
 
 import_or_unavailable("plotly")
 

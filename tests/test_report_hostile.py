@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
 
+import hostile_run  # noqa: E402
 import pytest
 from support import import_or_unavailable
-
-_HERE = Path(__file__).resolve().parent
-if str(_HERE) not in sys.path:  # import the helpers whatever pytest's import mode is
-    sys.path.insert(0, str(_HERE))
-
-import hostile_run  # noqa: E402
 
 import_or_unavailable("plotly")
 
