@@ -75,6 +75,7 @@ __all__ = [
     "log_record_cost",
     "metric_point_cost",
     "plain",
+    "python_number",
     "safe_text",
     "scope_cost",
     "span_cost",
@@ -250,16 +251,17 @@ def bounded_value(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH) -> Any:
     if isinstance(value, (list, tuple)):
         items = value[:MAX_SEQUENCE_LENGTH]
         return tuple(bounded_value(v, limit) for v in items)
-    number = _python_number(value)
+    number = python_number(value)
     if number is not None:
         return bounded_value(number, limit)
     return safe_text(value, limit)
 
 
-def _python_number(value: Any) -> bool | int | float | None:
-    """The Python ``bool``, ``int`` or ``float`` that a numeric scalar of another type stands
-    for: a subclass (``IntEnum``, ``numpy.float64``) or a numpy scalar (``numpy.float32``,
-    ``numpy.int64``, ``numpy.bool_``, which are not subclasses); else ``None``. Never raises."""
+def python_number(value: Any) -> bool | int | float | None:
+    """The plain Python ``bool``, ``int`` or ``float`` that a number stands for: itself, a
+    subclass's value (``IntEnum``, ``numpy.float64``) or a numpy scalar's or one-element
+    array's (``numpy.float32``, ``numpy.int64``, ``numpy.bool_`` are no subclasses); else
+    ``None`` (tensors are :func:`otel_training.span_values.host_number`'s). Never raises."""
     try:
         if isinstance(value, bool):
             return bool(value)
@@ -853,7 +855,7 @@ def bounded_any(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH, _depth: in
             }
         if isinstance(value, (list, tuple)):
             return tuple(bounded_any(v, limit, _depth + 1) for v in value[:MAX_SEQUENCE_LENGTH])
-        if _python_number(value) is not None:  # numpy scalars and other subclasses
+        if python_number(value) is not None:  # numpy scalars and other subclasses
             return bounded_value(value, limit)
     except Exception:  # a container that changed or misbehaved under us
         pass

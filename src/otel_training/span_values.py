@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from otel_training.device_reads import device_type
-from otel_training.limits import safe_text
+from otel_training.limits import python_number, safe_text
 
 __all__ = ["DEFERRED", "PRIMITIVES", "attribute_value", "host_number", "text"]
 
@@ -47,9 +47,11 @@ def attribute_value(value: Any) -> Any:
 
 
 def host_number(value: Any) -> bool | int | float | None:
-    """The Python number in a host-side numpy scalar or one-element tensor, else ``None``."""
-    if isinstance(value, (bool, int, float)):
-        return value
+    """The Python number in a number, a numpy scalar (:func:`otel_training.limits.python_number`)
+    or a host-side one-element tensor, else ``None``."""
+    number = python_number(value)
+    if number is not None:
+        return number
     item = getattr(value, "item", None)
     if not callable(item):
         return None
