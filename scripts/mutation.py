@@ -101,9 +101,11 @@ def _prepare(directory: Path, module: str, tests: list[str], pytest_options: dic
 
 def _mutmut(directory: Path, *args: str, log=None) -> subprocess.CompletedProcess:
     command = [sys.executable, str(Path(__file__).resolve()), "--as-mutmut", *args]
+    # The tests see it (tests/support.py: UNDER_MUTATION): fewer, repeatable hypothesis examples.
+    env = {**os.environ, "OTEL_TRAINING_MUTATION": "1"}
     if log is not None:
-        return subprocess.run(command, cwd=directory, stdout=log, stderr=subprocess.STDOUT)
-    return subprocess.run(command, cwd=directory, capture_output=True, text=True)
+        return subprocess.run(command, cwd=directory, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.run(command, cwd=directory, env=env, capture_output=True, text=True)
 
 
 def run_module(module: str, tests: list[str], options: argparse.Namespace, settings) -> Outcome:

@@ -14,7 +14,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "integration"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from hypothesis import settings
+from support import UNDER_MUTATION
+
 from otel_training import testing
+
+# Under mutation testing every mutant runs the property tests again: a repeatable, shorter
+# search (support.examples caps the tests that set their own number).
+settings.register_profile("mutation", max_examples=25, derandomize=True, database=None)
+if UNDER_MUTATION:
+    settings.load_profile("mutation")
 
 
 @pytest.fixture(autouse=True)

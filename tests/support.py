@@ -28,6 +28,17 @@ import pytest
 #: The repository root (tests/..).
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+#: True in a run of ``make mutation`` (scripts/mutation.py sets the variable for mutmut and every
+#: test process it starts), where each of thousands of mutants runs the tests again.
+UNDER_MUTATION = os.environ.get("OTEL_TRAINING_MUTATION") == "1"
+
+
+def examples(n: int) -> int:
+    """``n``, the hypothesis examples a property test tries; at most 25 under mutation testing
+    (``UNDER_MUTATION``), where a mutant that breaks a rule fails within the first few (the
+    profile ``mutation`` of ``conftest.py`` also derandomizes them, so a run repeats)."""
+    return min(n, 25) if UNDER_MUTATION else n
+
 
 def unavailable(reason: str) -> NoReturn:
     """Skips the test on a user's machine; fails it under CI (``CI=true``), where

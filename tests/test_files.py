@@ -3,6 +3,7 @@ glued to."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -21,10 +22,14 @@ def test_run_directory_names_are_safe_and_latest_points_at_the_newest(tmp_path):
     assert files.run_directory_name("../../etc") == "_.._etc"
     assert files.run_directory_name("a/b\udcff c") == "a_b__c"
     assert files.run_directory_name("..") == "run"
-    first = files.run_directory(str(tmp_path), "run-a")
-    second = files.run_directory(str(tmp_path), "run-b")
-    assert os.readlink(tmp_path / "latest") == "run-b"
-    assert Path(first).is_dir() and (tmp_path / "latest").resolve() == Path(second)
+    assert files.run_directory_name("X.run.X") == "X.run.X"
+    out = tmp_path / "out"  # not the working directory: latest is made next to the runs
+    first = files.run_directory(str(out), "run-a")
+    second = files.run_directory(str(out), "run-b")
+    assert os.readlink(out / "latest") == "run-b"
+    assert Path(first).is_dir() and (out / "latest").resolve() == Path(second)
+    assert sorted(p.name for p in out.iterdir()) == ["latest", "run-a", "run-b"]
+    assert not (tmp_path / "latest").exists()
 
 
 def test_open_append_never_follows_a_planted_symlink(tmp_path):
@@ -210,7 +215,6 @@ def test_open_append_writes_utf8_lines_after_what_was_there(tmp_path):
 def test_an_append_stream_after_close_writes_nothing_and_has_no_file(tmp_path):
     """After close(): closed, writes are dropped, fileno() raises EBADF; close() again is
     harmless."""
-    import errno
 
     run = tmp_path / "run"
     run.mkdir()
@@ -232,7 +236,6 @@ def test_an_append_stream_after_close_writes_nothing_and_has_no_file(tmp_path):
 def test_gap_records_say_whose_file_what_and_why(tmp_path):
     """A gap record names itself, the file, its signal and the reason with the errno's name;
     a file not named {signal}-rank{R}.jsonl goes to gaps-rank0.jsonl under what it holds."""
-    import errno
 
     run = tmp_path / "run"
     run.mkdir()
@@ -398,7 +401,6 @@ def test_a_gap_record_is_ascii_json_whatever_the_identity_holds(tmp_path):
 
 def test_the_reason_of_a_failure_names_the_errno():
     """An OSError's reason: its errno's name and text; the text alone without a known errno."""
-    import errno
 
     assert files._reason(OSError(errno.ENOSPC, "No space left")) == "ENOSPC: No space left"
     assert files._reason(OSError(99999, "odd")) == "odd"
@@ -420,3 +422,291 @@ def test_a_directory_is_failing_while_any_of_its_files_fails():
     files._recovered(directory)
     files._recovered("/never/failed")  # a recovery of what never failed: nothing
     assert files._failing.get(directory) is None and "/never/failed" not in files._failing
+
+
+def test_a_file_is_opened_close_on_exec_and_never_through_a_symlink(tmp_path):
+    """The descriptor is close-on-exec (a child process does not inherit it) and opened with
+    O_NOFOLLOW: a symlink at the path fails with ELOOP, for open_append and AppendStream."""
+    import fcntl
+
+    stream = _stream(tmp_path)
+    assert fcntl.fcntl(stream.fileno(), fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+    stream.close()
+    with files.open_append(str(tmp_path / "plain.jsonl")) as plain:
+        assert fcntl.fcntl(plain.fileno(), fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "plain.jsonl")
+    with pytest.raises(OSError) as raised:
+        _stream(tmp_path, "link.jsonl")
+    assert raised.value.errno == errno.ELOOP
+
+
+class _FailingOs:
+    """``os`` as ``files`` sees it, with failures the test plans: ``writes`` is what each
+    ``os.write`` does in turn (a byte count written, or an errno raised; then real writes),
+    ``fail`` maps other functions to an errno they raise while listed."""
+
+    def __init__(self, monkeypatch, writes=(), **fail: int) -> None:
+        self.writes = list(writes)
+        self.fail = dict(fail)
+        monkeypatch.setattr(files, "os", self)
+
+    def __getattr__(self, name):
+        if name in self.fail:
+            code = self.fail[name]
+
+            def failing(*args, **kwargs):
+                raise OSError(code, os.strerror(code))
+
+            return failing
+        return getattr(os, name)
+
+    def write(self, fd, data) -> int:
+        if not self.writes:
+            return os.write(fd, data)
+        step = self.writes.pop(0)
+        if step < 0:
+            raise OSError(-step, os.strerror(-step))
+        return os.write(fd, bytes(data[:step]))
+
+
+def test_writes_cut_at_any_byte_keep_whole_lines_and_never_glue_two(tmp_path, monkeypatch):
+    """Part-way failures, planned byte by byte: the lines that reached the file whole count
+    as written, the rest as lost (with the write's records only while a line was lost); a
+    torn line is ended by the next write's leading newline, exactly once; a write that got
+    nothing out changes nothing; a short os.write is continued where it stopped."""
+
+    run = tmp_path / "run"
+    run.mkdir()
+    path = run / "metrics-rank0.jsonl"
+    stream = _stream(run)
+    plan = _FailingOs(monkeypatch, writes=[2, 2, -errno.ENOSPC])
+    stream.records(2)
+    stream.records(3)
+    _write(stream, "", "ab", "cd")  # an empty line; 2 + 2 bytes get out: "\\nab\\n"
+    assert path.read_text() == "\nab\n"
+    assert (stream.lines_written, stream.lost_lines, stream.lost_records) == (2, 1, 5)
+    plan.writes = [-errno.ENOSPC]  # nothing gets out: the file still ends on a whole line
+    _write(stream, "ef")
+    assert (stream.lines_written, stream.lost_lines, stream.lost_records) == (2, 2, 5)
+    plan.writes = [4, -errno.ENOSPC]  # "gh" and half of "ijk" get out: torn
+    _write(stream, "gh", "ijk")
+    assert path.read_text() == "\nab\ngh\ni"
+    assert (stream.lines_written, stream.lost_lines) == (3, 3)
+    plan.writes = [1, -errno.ENOSPC]  # only the newline that ends the torn line
+    _write(stream, "lm")
+    assert path.read_text() == "\nab\ngh\ni\n"
+    plan.writes = [2, -errno.EFBIG]  # "no" of "no\\npq\\n": torn again
+    _write(stream, "no", "pq")
+    plan.writes = [3, -errno.EFBIG]  # the leading newline and "xy" of "\\nxy\\nzz\\n"
+    _write(stream, "xy", "zz")
+    assert path.read_text() == "\nab\ngh\ni\nno\nxy"
+    assert (stream.lines_written, stream.lost_lines) == (3, 8)
+    _write(stream, "rs")
+    assert path.read_text() == "\nab\ngh\ni\nno\nxy\nrs\n"
+    assert stream.lines_written == 4
+    stream.records(4)  # a failed write whose only line got out loses no record
+    plan.writes = [4, -errno.ENOSPC]
+    stream.write("tu\nvw")  # no newline at the end: one line, which got out
+    stream.flush()
+    assert (stream.lines_written, stream.lost_lines, stream.lost_records) == (5, 8, 5)
+    stream.close()
+
+
+def test_a_write_without_a_newline_is_one_line_and_records_reset_with_each_flush(tmp_path):
+    """Text without a newline counts as one line; records said before a flush with nothing
+    queued are forgotten; records said twice add up."""
+
+    run = tmp_path / "run"
+    run.mkdir()
+    stream = _stream(run)
+    stream.write("no newline")
+    stream.flush()
+    assert stream.lines_written == 1
+    stream.records(7)
+    stream.flush()  # nothing queued: the 7 go
+    shutil.rmtree(run)
+    run.write_text("x")
+    stream.records(2)
+    stream.records(3)
+    stream.write("lost\n")
+    stream.flush()
+    assert (stream.lost_lines, stream.lost_records) == (1, 5)
+    run.unlink()
+    stream.close()
+
+
+def test_a_removed_directory_that_cannot_be_recreated_counts_what_went(
+    tmp_path, monkeypatch, caplog
+):
+    """The directory removed and not recreatable: the warning says it was removed with the
+    lines it held; when it can be made again, one gap record has the lost and the gone lines
+    of the outage, and gone_lines counts them once. A plain full disk says nothing of a
+    removal."""
+
+    run = tmp_path / "run"
+    run.mkdir()
+    stream = _stream(run)
+    _write(stream, "a", "b", "c")
+    shutil.rmtree(run)
+    plan = _FailingOs(monkeypatch, makedirs=errno.EROFS)
+    with caplog.at_level(logging.WARNING, logger="otel_training"):
+        stream.records(2)
+        _write(stream, "lost")
+        del plan.fail["makedirs"]
+        _write(stream, "d")
+    said = [r.getMessage() for r in caplog.records]
+    assert "it was removed, with the 3 lines it held, and cannot be recreated" in said[0]
+    assert "1 lines (2 records) could not be written" in said[1]
+    (gap,) = [json.loads(line) for line in (run / "gaps-rank0.jsonl").read_text().splitlines()]
+    assert (gap["lost_lines"], gap["lost_records"], gap["gone_lines"]) == (1, 2, 3)
+    assert stream.gone_lines == 3 and (run / "metrics-rank0.jsonl").read_text() == "d\n"
+    caplog.clear()
+    plan.writes = [-errno.ENOSPC]
+    with caplog.at_level(logging.WARNING, logger="otel_training"):
+        _write(stream, "full")
+        _write(stream, "e")
+    assert "(ENOSPC: No space left on device; the directory is set by" in (
+        caplog.records[0].getMessage()
+    )
+    assert stream.gone_lines == 3  # the second outage took nothing with it
+    stream.close()
+    fresh = _stream(tmp_path, "logs-rank0.jsonl")
+    plan.writes = [-errno.EDQUOT]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="otel_training"):
+        _write(fresh, "over quota")
+    (said,) = caplog.records
+    assert f"(EDQUOT: {os.strerror(errno.EDQUOT)}; the directory is set by" in said.getMessage()
+    fresh.close()
+
+
+def test_closing_a_removed_stream_that_never_recovered_counts_its_lines_once(tmp_path, monkeypatch):
+    """A stream whose directory was removed and never made again, closed: the lines that went
+    with it count once in gone_lines and in the outage's gap record (written where the
+    directory stands again by then)."""
+
+    run = tmp_path / "run"
+    run.mkdir()
+    stream = _stream(run, "spans-rank2.jsonl")
+    _write(stream, "a", "b")
+    shutil.rmtree(run)
+    _FailingOs(monkeypatch, makedirs=errno.EROFS)
+    _write(stream, "lost")
+    run.mkdir()  # made by someone else: the gap can be written there
+    stream.close()
+    assert stream.gone_lines == 2
+    (gap,) = [json.loads(line) for line in (run / "gaps-rank2.jsonl").read_text().splitlines()]
+    assert (gap["lost_lines"], gap["gone_lines"]) == (1, 2)
+    assert gap["signal"] == "spans"
+
+
+def test_a_gap_record_names_the_signal_of_its_file_name(tmp_path):
+    """The signal of a gap record is the one in the file's name ({signal}-rank{R}.jsonl),
+    whatever the stream says it holds; the record goes to that rank's gaps file."""
+    run = tmp_path / "run"
+    run.mkdir()
+    stream = files.AppendStream(str(run / "traces-rank5.jsonl"), what="span data", setting="S")
+    _write(stream, "t")
+    shutil.rmtree(run)
+    _write(stream, "t2")
+    (gap,) = [json.loads(line) for line in (run / "gaps-rank5.jsonl").read_text().splitlines()]
+    assert (gap["signal"], gap["file"]) == ("traces", "traces-rank5.jsonl")
+    stream.close()
+
+
+def test_a_recovery_names_the_records_of_each_signal(tmp_path, caplog):
+    """The recovery warning counts lost records as spans (traces), log records (logs) or
+    records (anything else)."""
+    said = {}
+    for name, noun in (("traces", "spans"), ("logs", "log records"), ("metrics", "records")):
+        run = tmp_path / name
+        run.mkdir()
+        stream = _stream(run, f"{name}-rank0.jsonl")
+        shutil.rmtree(run)
+        run.write_text("x")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="otel_training"):
+            stream.records(2)
+            _write(stream, "lost")
+            run.unlink()
+            _write(stream, "kept")
+        said[name] = caplog.records[-1].getMessage()
+        assert f"1 lines (2 {noun}) could not be written" in said[name], said
+        stream.close()
+
+
+def test_the_total_at_close_comes_only_beyond_the_warned_outages(tmp_path, caplog):
+    """Exactly MAX_OUTAGE_WARNINGS outages: each warned, no total at close; one more: the
+    total at close."""
+    for outages, total in ((files.MAX_OUTAGE_WARNINGS, 0), (files.MAX_OUTAGE_WARNINGS + 1, 1)):
+        run = tmp_path / f"run{outages}"
+        run.mkdir()
+        stream = _stream(run)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="otel_training"):
+            for _ in range(outages):
+                shutil.rmtree(run)
+                run.write_text("x")
+                _write(stream, "lost")
+                run.unlink()
+                _write(stream, "kept")
+            stream.close()
+        totals = [r for r in caplog.records if "outages in all" in r.getMessage()]
+        assert len(totals) == total
+
+
+def test_a_failed_open_closes_its_descriptor_and_raises_the_error(tmp_path, monkeypatch):
+    """When the file opens but cannot be read or completed (fstat, pread, the newline after a
+    torn line), its descriptor is closed and that OSError is raised."""
+
+    torn = tmp_path / "torn.jsonl"
+    torn.write_bytes(b"half")
+    opened = []
+    real_open = os.open
+
+    def open_and_note(*args, **kwargs):
+        fd = real_open(*args, **kwargs)
+        opened.append(fd)
+        return fd
+
+    for failing in ("fstat", "pread"):
+        plan = _FailingOs(monkeypatch, **{failing: errno.EIO})
+        monkeypatch.setattr(plan, "open", open_and_note, raising=False)
+        for opener in (files.open_append, lambda p: _stream(tmp_path, "torn.jsonl")):
+            with pytest.raises(OSError) as raised:
+                opener(str(torn))
+            assert raised.value.errno == errno.EIO
+            with pytest.raises(OSError):
+                os.fstat(opened[-1])  # closed
+    plan = _FailingOs(monkeypatch, writes=[-errno.ENOSPC])
+    monkeypatch.setattr(plan, "open", open_and_note, raising=False)
+    with pytest.raises(OSError):
+        files.open_append(str(torn))
+    with pytest.raises(OSError):
+        os.fstat(opened[-1])
+
+
+def test_latest_is_replaced_safely_whatever_was_left_there(tmp_path, monkeypatch):
+    """A staging link left by a process of the same pid is replaced; when latest cannot be
+    replaced (a directory stands there), the run directory is still made and the staging
+    link is cleaned up."""
+    out = tmp_path / "out"
+    out.mkdir()
+    staged = out / f".latest.{os.getpid()}"
+    staged.symlink_to("stale")
+    files.run_directory(str(out), "run-a")
+    assert os.readlink(out / "latest") == "run-a" and not os.path.lexists(staged)
+    blocked = tmp_path / "blocked"
+    (blocked / "latest" / "inside").mkdir(parents=True)
+    directory = files.run_directory(str(blocked), "run-b")
+    assert Path(directory).is_dir()
+    assert not os.path.lexists(blocked / f".latest.{os.getpid()}")
+    assert (blocked / "latest").is_dir()
+
+
+def test_fileno_of_a_closed_stream_says_it_is_not_open(tmp_path):
+    """fileno() after close raises EBADF, saying the file is not open."""
+    stream = _stream(tmp_path)
+    stream.close()
+    with pytest.raises(OSError, match="^\\[Errno 9\\] the file is not open$"):
+        stream.fileno()

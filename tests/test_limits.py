@@ -27,7 +27,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, Status, StatusCode
-from support import import_or_unavailable
+from support import examples, import_or_unavailable
 
 import otel_training as ot
 from otel_training import limits, testing
@@ -110,7 +110,7 @@ def test_a_cut_value_says_so_and_keeps_the_limit():
     assert safe_text("short", 4096) == "short"
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(text=ANY_TEXT, limit=st.integers(min_value=0, max_value=400))
 def test_any_string_encodes_and_is_bounded(text, limit):
     """Property: whatever the string, the result encodes as UTF-8 and is within the limit."""
@@ -176,7 +176,7 @@ attribute_values = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     name=ANY_TEXT,
     attributes=st.dictionaries(ANY_TEXT, attribute_values, max_size=8),
@@ -215,7 +215,7 @@ def _otlp_json_bytes(exporter_class, record) -> int:
 
 
 @documents("limits.md", "and the structure around them as the")
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     name=ANY_TEXT,
     attributes=MAPS,

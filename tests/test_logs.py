@@ -37,6 +37,7 @@ from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_STACKTRACE,
     EXCEPTION_TYPE,
 )
+from support import examples
 
 import otel_training
 from otel_training import config, files, limits, log_bridge, setup, testing
@@ -878,7 +879,7 @@ def test_a_forked_child_exports_nothing():
     assert safe.export(batch) is SUCCESS and refusing.accepted == ["parent's"]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(body=ANY_VALUE, attributes=st.dictionaries(ANY_TEXT.filter(bool), ANY_VALUE, max_size=4))
 def test_any_log_record_encodes_and_is_bounded(body, attributes):
     """Any body and attributes: the export encodes in protobuf and as an OTLP-JSON line that

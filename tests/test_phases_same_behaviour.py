@@ -31,7 +31,7 @@ import nvtx_injection
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace as trace_api
-from support import child_env
+from support import child_env, examples
 
 import otel_training as ot
 from otel_training import config, testing
@@ -61,7 +61,7 @@ CONFIGURATIONS: dict[str, dict[str, str] | None] = {
     "rank that does not export": {"OTEL_PYTHON_TRAINING_EXPORT_RANKS": "1", "RANK": "0"},
     "nothing configured yet": UNCONFIGURED,
 }
-EXAMPLES = int(os.environ.get("PHASES_SAME_BEHAVIOUR_EXAMPLES", "150"))
+EXAMPLES = examples(int(os.environ.get("PHASES_SAME_BEHAVIOUR_EXAMPLES", "150")))
 
 # -- the programs ----------------------------------------------------------------------------------
 

@@ -470,3 +470,372 @@ def test_the_tiles_at_a_glance_say_each_figure_and_where_it_comes_from(tmp_path)
     assert one["ranks"].detail == "1 host: h"
     none = {t.label: t for t in _tiles(dataclasses.replace(summary, hosts=[]))}
     assert none["ranks"].detail == ""
+
+
+# -- the page's parts, one at a time ---------------------------------------------------------
+
+from otel_training.report import html as page_html  # noqa: E402
+from otel_training.report.summary import MetricRow, Summary  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (None, "–"),
+        (math.nan, "nan"),
+        (-math.inf, "-inf"),
+        (0, "0"),
+        (0.001, "0.001"),
+        (0.00042, "4.200e-04"),
+        (-0.0005, "-5.000e-04"),
+        (3.14159, "3.142"),
+        (9999.4, "9999"),
+        (10_000, "10,000"),
+        (-12_345.6, "-12,346"),
+        (1.5e9, "1,500,000,000"),
+    ],
+)
+def test_a_value_for_a_person_has_four_digits_separators_or_an_exponent(value, shown):
+    """format_value: 4 significant digits; thousands separators from 10,000; an exponent
+    below 0.001; a dash for no value; non-finite values as Python writes them."""
+    assert page_html.format_value(value) == shown
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (None, "–"),
+        (0, "0.0 s"),
+        (119.94, "119.9 s"),
+        (120, "2 min 00 s"),
+        (125.4, "2 min 05 s"),
+        (3599.6, "1 h 00 min"),
+        (3725, "1 h 02 min"),
+        (7384, "2 h 03 min"),
+    ],
+)
+def test_a_duration_is_seconds_then_minutes_then_hours(seconds, shown):
+    assert page_html._duration(seconds) == shown
+
+
+@pytest.mark.parametrize(
+    ("size", "shown"),
+    [
+        (0, "0 B"),
+        (1023, "1,023 B"),
+        (1024, "1.0 KiB"),
+        (1536, "1.5 KiB"),
+        (3 * 1024**2, "3.0 MiB"),
+        (5 * 1024**3, "5.0 GiB"),
+        (3000 * 1024**3, "3,000.0 GiB"),
+    ],
+)
+def test_a_file_size_is_in_binary_units_up_to_gib(size, shown):
+    assert page_html._size(size) == shown
+
+
+def test_times_are_utc_from_nanoseconds_or_seconds():
+    assert page_html._iso(None) == "–"
+    assert page_html._iso(0) == "1970-01-01 00:00:00 UTC"
+    assert page_html._iso(1_796_000_000 * 10**9) == "2026-11-30 00:53:20 UTC"
+    assert page_html._iso(1_796_000_000.7, 1.0) == "2026-11-30 00:53:20 UTC"
+
+
+def test_a_metric_row_has_a_cell_per_rank_up_to_eight_then_min_median_max():
+    """Up to 8 ranks: a column per rank (a dash where a rank has no value); beyond: the
+    minimum, the median (the upper one of an even count) and the maximum of the values."""
+    assert page_html._rank_cells({0: 1.5, 2: 3.0}, [0, 1, 2]) == (
+        ["rank 0", "rank 1", "rank 2"],
+        ["1.5", "–", "3"],
+    )
+    values = {rank: float(rank * rank) for rank in range(10)}
+    assert page_html._rank_cells(values, list(range(10))) == (
+        ["min", "median", "max"],
+        ["0", "25", "81"],
+    )
+    assert page_html._rank_cells({}, list(range(9))) == (["min", "median", "max"], ["–"] * 3)
+
+
+def test_the_ranks_fact_counts_and_lists_them():
+    assert page_html._ranks_fact([]) == "–"
+    assert page_html._ranks_fact([3]) == "1 (rank 3)"
+    assert page_html._ranks_fact([0, 1]) == "2 (ranks 0, 1)"
+    assert page_html._ranks_fact(list(range(8))) == "8 (ranks 0–7)"
+
+
+def _summary(**changes) -> Summary:
+    values = dict(
+        run_id="r",
+        service_name="svc",
+        ranks=[2, 3],
+        world_size=8,
+        hosts=["h1", "h2", "h3", "h4"],
+        steps=12_345,
+        steps_source="iteration spans",
+        start_ns=0,
+        duration_s=150.0,
+        metrics=[
+            MetricRow("megatron.training.loss", "", "last value", {3: 2.5, 2: 2.25}),
+            MetricRow("megatron.training.tokens_per_sec", "{token}/s", "last value", {2: 1e5}),
+            MetricRow("megatron.training.throughput_tflops", "TFLOP/s", "last value", {3: 0.5}),
+        ],
+        nonfinite={"megatron.training.loss": 2.0},
+        skipped_iters=3,
+        step_duration_quantiles_ms={0.5: 120.0, 0.9: 130.0, 0.99: 150.0},
+    )
+    values.update(changes)
+    return Summary(**values)
+
+
+def test_the_summary_tiles_say_each_figure_with_its_source():
+    """The tiles: steps (and where they come from), duration (from the start), ranks of the
+    world size with up to three hosts, the lowest rank's last loss, the job's tokens/s, TFLOP/s
+    per GPU, the step time p50 and p99, non-finite values and skipped iterations (both marked
+    bad when there are any)."""
+    tiles = [(t.label, t.value, t.detail, t.bad) for t in page_html._tiles(_summary())]
+    assert tiles == [
+        ("steps", "12,345", "from iteration spans", False),
+        ("duration", "2 min 30 s", "from 1970-01-01 00:00:00 UTC", False),
+        ("ranks", "2 of 8", "4 hosts: h1, h2, h3 …", False),
+        ("last loss", "2.25", "rank 2", False),
+        ("tokens/s", "100,000", "last value", False),
+        ("TFLOP/s per GPU", "0.5", "last value", False),
+        ("step time p50", "120 ms", "p99 150 ms", False),
+        ("non-finite values", "2", "NaN or Inf passed", True),
+        ("skipped iterations", "3", "most of any rank", True),
+    ]
+    bare = _summary(
+        ranks=[],
+        world_size=None,
+        hosts=["h1"],
+        steps=None,
+        steps_source=None,
+        metrics=[],
+        nonfinite={},
+        skipped_iters=0,
+        step_duration_quantiles_ms={},
+    )
+    tiles = [(t.label, t.value, t.detail, t.bad) for t in page_html._tiles(bare)]
+    assert tiles == [
+        ("steps", "–", "", False),
+        ("duration", "2 min 30 s", "from 1970-01-01 00:00:00 UTC", False),
+        ("ranks", "0", "1 host: h1", False),
+        ("last loss", "–", "", False),
+        ("tokens/s", "–", "last value", False),
+        ("TFLOP/s per GPU", "–", "last value", False),
+        ("step time p50", "–", "", False),
+        ("non-finite values", "0", "NaN or Inf passed", False),
+        ("skipped iterations", "0", "most of any rank", False),
+    ]
+
+
+def test_an_id_needs_no_escaping_and_two_stay_apart():
+    """dom_id keeps an id of letters, digits and _ . - as it is; any other character becomes
+    _, the id is cut to 120 characters and gets the first 4 bytes of the BLAKE2b hash of the
+    original (UTF-8, lone surrogates kept), so that two ids never merge."""
+    import hashlib
+
+    assert page_html.dom_id("plot-curve-megatron.training.loss_1") == (
+        "plot-curve-megatron.training.loss_1"
+    )
+    for text in ("a b", "a\"b<'>", "x" * 130, "é\udc80"):
+        digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=4)
+        safe = "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in text)
+        assert page_html.dom_id(text) == f"{safe[:120]}-{digest.hexdigest()}"
+    assert page_html.dom_id("a b") != page_html.dom_id("a_b")
+
+
+def test_a_plot_is_a_div_of_its_own_without_the_library():
+    """_plot_html: the figure as a div with the given id (prefixed), no page around it, no
+    plotly.js (the page inlines it once), the project's plot settings, the figure's height
+    (300 px when it sets none) and the full width; title, caption and points handed on."""
+    import plotly
+    import plotly.graph_objects as go
+
+    from otel_training.report.plot import Plot
+
+    for height, shown in ((None, "300px"), (450, "450px")):
+        figure = go.Figure(go.Scatter(x=[1, 2], y=[3, 4]), layout={"height": height})
+        plot = Plot("curve-x", "Loss", "c", figure, points=2)
+        part = page_html._plot_html(plot, plotly, "a2-")
+        assert {k: part[k] for k in ("id", "title", "caption", "points")} == {
+            "id": "a2-curve-x",
+            "title": "Loss",
+            "caption": "c",
+            "points": 2,
+        }
+        div = part["html"]
+        assert div.lstrip().startswith(f'<div style="height:{shown}; width:100%;">')
+        assert "<html" not in div and "<body" not in div and 'id="a2-curve-x"' in div
+        assert "plotly.js v" not in div and "<script src" not in div
+        assert '"displaylogo": false' in div and '"responsive": true' in div
+        assert '"modeBarButtonsToRemove": ["lasso2d", "select2d"]' in div
+        assert '"displayModeBar": "hover"' in div
+
+
+def test_a_page_is_written_as_utf8_with_lone_surrogates_escaped(tmp_path):
+    assert page_html.utf8("é\n") == "é\n".encode()
+    assert page_html.utf8("a\udc80b") == b"a\\x80b"
+
+
+def test_the_report_needs_its_libraries_and_says_how_to_get_them(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "jinja2", None)
+    with pytest.raises(ModuleNotFoundError) as raised:
+        page_html._require_libraries()
+    assert str(raised.value).startswith(page_html.REPORT_HINT + " (")
+
+
+def test_a_health_assessment_that_fails_is_a_sentence_with_the_error_escaped(monkeypatch):
+    from otel_training.report import health
+
+    def broken(job):
+        raise ValueError("<b>bad</b>")
+
+    monkeypatch.setattr(health, "assess_read", broken)
+    assert page_html._health(object()) == (
+        None,
+        [],
+        "Run health could not be assessed (ValueError: &lt;b&gt;bad&lt;/b&gt;).",
+    )
+
+
+def test_an_attempts_context_has_its_facts_files_row_and_sections(tmp_path):
+    """_attempt: the facts (job id and attempt where known, the processes' start time where
+    recorded), a row per file (size, lines, what went wrong with it), the attempt's row of the
+    attempts table, the subtitle, and the sections with their ids prefixed and what each says
+    when it has nothing to draw; the attempt's notes only when it is one of several."""
+    import dataclasses
+
+    import plotly
+
+    from otel_training.report.run import FileStats
+
+    _real_run(tmp_path)
+    run = load_run(tmp_path)
+    run.job_id = "job-7"
+    run.attempt = 2
+    run.created_s = 1_796_000_000.0
+    run.notes = ["a note"]
+    odd = FileStats(
+        path=tmp_path / "traces-rank1.jsonl",
+        signal="traces",
+        rank=1,
+        size_bytes=2048,
+        mtime_s=0.0,
+        lines=3,
+        torn_last_line=True,
+        bad_lines=2,
+        error="unreadable: EIO",
+        skipped="read from the span lines",
+    )
+    run.files = [*run.files[:1], odd]
+    context, shrunk = page_html._attempt(run, "attempt 2", "a2-", plotly, figures.XAxis(run), [])
+    summary = context["summary"]
+    assert context["facts"] == [
+        ("run id", summary.run_id),
+        ("job id", "job-7"),
+        ("attempt", "attempt 2"),
+        ("service", "report-test"),
+        ("ranks", "2 (ranks 0, 1)"),
+        ("world size", "2"),
+        ("hosts", "node-0, node-1"),
+        ("started", page_html._iso(summary.start_ns)),
+        ("directory", str(tmp_path)),
+        ("processes started", "2026-11-30 00:53:20 UTC"),
+    ]
+    first = run.files[0]
+    assert context["files"] == [
+        {
+            "name": "metrics-rank0.jsonl",
+            "rank": 0,
+            "size": page_html._size(first.size_bytes),
+            "lines": f"{first.lines:,}",
+            "notes": "–",
+            "modified": page_html._iso(first.mtime_s, 1.0),
+        },
+        {
+            "name": "traces-rank1.jsonl",
+            "rank": 1,
+            "size": "2.0 KiB",
+            "lines": "–",
+            "notes": "unreadable: EIO, last line cut, 2 unreadable lines, read from the span lines",
+            "modified": "1970-01-01 00:00:00 UTC",
+        },
+    ]
+    failed = sum(1 for s in run.spans if s.failed)
+    assert context["row"] == {
+        "label": "attempt 2",
+        "anchor": "#a2-summary",
+        "run_id": summary.run_id,
+        "started": "2026-11-30 00:53:20 UTC",
+        "duration": page_html._duration(summary.duration_s),
+        "ranks": "2",
+        "steps": "10",
+        "failed": str(failed),
+        "open": "0",
+        "directory": str(tmp_path),
+    }
+    assert context["subtitle"] == " · ".join(
+        [
+            "report-test",
+            "2 ranks",
+            "10 steps",
+            page_html._duration(summary.duration_s),
+            page_html._iso(summary.start_ns),
+        ]
+    )
+    assert context["notes"] == ["a note"] and context["prefix"] == "a2-"
+    assert context["nonfinite"] == [("megatron.training.loss", "2")]
+    assert context["metric_table"]["headers"] == ["rank 0", "rank 1"]
+    sections = [(s.id, s.title, bool(s.plots), s.empty, s.wide) for s in context["sections"]]
+    assert sections == [
+        ("a2-curves", "Training curves", True, "", False),
+        ("a2-step-duration", "Step duration", True, "", False),
+        (
+            "a2-tensors",
+            "Tensor metrics per layer",
+            False,
+            "No per-layer tensor metric in this run (see "
+            "<code>OTEL_PYTHON_TRAINING_TENSOR_METRICS</code> and docs/tensor-metrics.md).",
+            False,
+        ),
+        ("a2-timeline", "Timeline", True, "", True),
+    ]
+    assert all(p["id"].startswith("a2-") for s in context["sections"] for p in s.plots)
+    assert not shrunk
+    alone, _ = page_html._attempt(
+        dataclasses.replace(run, job_id=None, attempt=None, created_s=None),
+        "",
+        "",
+        plotly,
+        figures.XAxis(run),
+        [],
+    )
+    assert [key for key, _ in alone["facts"]] == [
+        "run id", "service", "ranks", "world size", "hosts", "started", "directory",
+    ]  # fmt: skip
+    assert alone["notes"] == [] and alone["row"]["anchor"] == "#summary"
+
+
+def test_sections_without_data_say_what_is_missing(tmp_path):
+    """A run with only a loss gauge: the curves section names the curves not recorded (and
+    that memory is recorded on CUDA devices only), the step-duration section says there is
+    no step-duration point, the timeline that there is no span."""
+    import plotly
+
+    write_lines(
+        tmp_path / "metrics-rank0.jsonl",
+        [metrics_line(0, [gauge("megatron.training.loss", [(T0, 5.0, {})])])],
+    )
+    run = load_run(tmp_path)
+    context, _ = page_html._attempt(run, "", "", plotly, figures.XAxis(run), [])
+    empties = {s.id: s.empty for s in context["sections"]}
+    assert empties["curves"] == (
+        "Not recorded: Learning rate, Grad norm, Tokens/s, TFLOP/s per GPU, Memory allocated. "
+        "Memory is recorded on CUDA devices only."
+    )
+    assert empties["step-duration"] == ("No <code>megatron.training.step_duration_ms</code> point.")
+    assert empties["timeline"] == "No span in this run."
+    assert context["row"]["steps"] == "–" and "steps" not in context["subtitle"]

@@ -531,3 +531,78 @@ def test_a_rank_keeps_counting_256_traces_the_run_and_the_open_segment_among_the
     placed = [segments.routed(300, True)[0] for _ in range(4)]
     traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
     assert traces[:2] == [job_trace] * 2 and traces[2] != job_trace  # segment + 1 + 2 = 4
+
+
+def test_an_iteration_that_fits_exactly_stays_in_the_step_trace_it_fills():
+    """Iterations of 4 spans at a budget of 8 (no first-iteration wrapper): a segment is 2
+    iterations, and its step trace holds both, filled to the budget exactly (8 spans), not
+    one iteration per trace."""
+    pipeline = _pipeline(8, "job,step,data_loading,forward_backward,optimizer")
+    with ot.training_run():
+        for it in range(1, 11):
+            _iteration(it)
+    spans = pipeline.spans.get_finished_spans()
+    step_traces = [
+        members
+        for members in _by_trace(spans).values()
+        if any(s.name == names.MEGATRON_TRAIN_ITERATION for s in members)
+    ]
+    assert [len(members) for members in step_traces] == [8] * 5
+
+
+def test_segment_spans_take_their_times_from_the_process_clock(monkeypatch):
+    """Without a time given, a segment span starts and ends at the process clock's now
+    (otel_training.clock, the same anchor as every phase), not the SDK's."""
+    from otel_training import segments as module
+
+    times = iter([7_000, 9_000])
+    monkeypatch.setattr(module.clock, "now_ns", lambda: next(times))
+    segments, exporter = _segments(25, 2)
+    segments.routed(1, True)
+    segments.close()
+    (span,) = exporter.get_finished_spans()
+    assert (span.start_time, span.end_time) == (7_000, 9_000)
+
+
+def test_a_segment_span_ended_elsewhere_is_not_ended_again(caplog):
+    """A segment span that something else ended (a shutdown, say) or that left the registry
+    of open spans is closed without a second end() (the SDK would warn) and without a raise."""
+    open_spans: dict = {}
+    segments, exporter = _segments(25, 2, open_spans=open_spans)
+    segments.routed(1, True, now_ns=1_000)
+    (span,) = open_spans
+    span.end(end_time=2_000)
+    open_spans.clear()
+    with caplog.at_level("WARNING"):
+        segments.close()
+    assert not caplog.records
+    (ended,) = exporter.get_finished_spans()
+    assert ended.end_time == 2_000
+
+
+def test_a_rank_keeps_the_last_64_segments_it_opened():
+    """Of the segments a rank opened, the newest 64 are kept (a segment opened again among
+    them goes on counting); the oldest beyond them are forgotten."""
+    from otel_training import segments as module
+
+    segments, _ = _segments(25, 1)
+    for iteration in range(1, module._KEPT_SEGMENTS + 2):
+        segments.routed(iteration, True, now_ns=iteration)
+    kept = list(segments._families)
+    assert kept == list(range(1, module._KEPT_SEGMENTS + 1))
+
+
+def test_a_run_span_of_another_trace_does_not_become_the_runs_anchor():
+    """run_started with a span of the run trace makes it the anchor the run's own traces link
+    to; a span of another trace, or an invalid one, leaves the anchor as it was."""
+    segments, _ = _segments(25, 2)
+    family = segments._run_family
+    before = family.anchor
+    segments.run_started(TracerProvider().get_tracer("other").start_span("elsewhere"))
+    assert family.anchor is before
+    segments.run_started(trace_api.INVALID_SPAN)
+    assert family.anchor is before
+    context, _ = segments.run_start()
+    run = TracerProvider().get_tracer("run").start_span("run", context=context)
+    segments.run_started(run)
+    assert family.anchor == run.get_span_context()

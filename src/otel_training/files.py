@@ -125,7 +125,7 @@ def open_append(path: str) -> TextIO:
     """
     fd = _open_fd(path)
     try:
-        raw = io.FileIO(fd, "a", closefd=True)
+        raw = io.FileIO(fd, "a")  # closes fd when closed
     except BaseException:
         os.close(fd)
         raise
@@ -137,8 +137,8 @@ def open_append(path: str) -> TextIO:
 def _open_fd(path: str) -> int:
     """An append-only descriptor of ``path`` (created 0644, never through a symlink), after a
     newline when the file ends inside a line."""
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-    flags |= getattr(os, "O_NOFOLLOW", 0)
+    # Close-on-exec without asking: os.open makes every descriptor non-inheritable (PEP 446).
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(path, flags, 0o644)
     try:
         size = os.fstat(fd).st_size
@@ -151,7 +151,7 @@ def _open_fd(path: str) -> int:
 
 
 def _reason(error: OSError) -> str:
-    code = errno.errorcode.get(error.errno or 0, "")
+    code = errno.errorcode.get(error.errno)
     text = error.strerror or str(error)
     return f"{code}: {text}" if code else text
 
@@ -326,7 +326,7 @@ class AppendStream:
         the rest as lost (with all ``records``), and the next write starts on a new line."""
         lines = text.count("\n") or 1
         data = text.encode("utf-8", "backslashreplace")
-        lead = b"\n" if self._torn else b""
+        lead = b""  # the newline that ends a torn last line, once the file is known
         written = 0
         try:
             fd = self._usable_fd()
@@ -481,7 +481,7 @@ class AppendStream:
             **gap,
             "resource": self._identity,
         }
-        line = (json.dumps(record, ensure_ascii=True, default=str) + "\n").encode()
+        line = (json.dumps(record, default=str) + "\n").encode()  # ASCII: json's default
         path = os.path.join(self._directory, f"{GAPS}-rank{rank}.jsonl")
         try:
             fd = _open_fd(path)

@@ -141,7 +141,8 @@ def validate_options(
 
 def batch_size_of(batch: Any) -> int | None:
     """The leading dimension of the first tensor in ``batch`` (a tensor, a mapping or a
-    sequence of them, nested), read from its shape: no device access. ``None`` if none."""
+    sequence of them, nested; searched breadth first, so the shallowest tensor), read from its
+    shape: no device access. ``None`` if none."""
     pending = [batch]
     while pending:
         item = pending.pop(0)
