@@ -839,3 +839,43 @@ def test_sections_without_data_say_what_is_missing(tmp_path):
     assert empties["step-duration"] == ("No <code>megatron.training.step_duration_ms</code> point.")
     assert empties["timeline"] == "No span in this run."
     assert context["row"]["steps"] == "–" and "steps" not in context["subtitle"]
+
+
+def _gauge_run(directory: Path, loss: float = 5.0):
+    directory.mkdir()
+    write_lines(
+        directory / "metrics-rank0.jsonl",
+        [metrics_line(0, [gauge(MEGATRON_TRAINING_LOSS, [(T0, loss, {})])])],
+    )
+    return load_run(directory)
+
+
+@pytest.mark.parametrize(
+    ("ordered_by", "said"),
+    [
+        ("attempt", "by attempt number"),
+        ("process.creation.time", "by process start time"),
+        ("first record", "by first record"),
+    ],
+)
+def test_a_job_page_is_titled_by_the_job_and_says_how_its_attempts_are_ordered(
+    tmp_path, ordered_by, said
+):
+    """A page of several attempts: titled with the job id, subtitled with the number of
+    attempts and their order, ids of each attempt prefixed a1-, a2-; the job's notes on top
+    and each attempt's notes in its own part. A page of one run: titled with its run id, its
+    notes on top."""
+    from otel_training.report.run import Job
+
+    first, second = _gauge_run(tmp_path / "a"), _gauge_run(tmp_path / "b", 4.0)
+    first.notes, second.notes = ["first's note"], ["second's note"]
+    job = Job("job-9", [first, second], notes=["the job's note"], ordered_by=ordered_by)
+    page = build_report(job)
+    assert "<title>" in page and page.count("job-9") >= 1
+    assert f"2 attempts, ordered {said}" in page
+    assert 'id="a1-curves"' in page and 'id="a2-curves"' in page
+    for note in ("the job&#39;s note", "first&#39;s note", "second&#39;s note"):
+        assert page.count(note) == 1, note
+    single = build_report(first)
+    assert first.run_id in single and "first&#39;s note" in single
+    assert 'id="curves"' in single and "attempts, ordered" not in single

@@ -537,7 +537,7 @@ def test_an_iteration_that_fits_exactly_stays_in_the_step_trace_it_fills():
     """Iterations of 4 spans at a budget of 8 (no first-iteration wrapper): a segment is 2
     iterations, and its step trace holds both, filled to the budget exactly (8 spans), not
     one iteration per trace."""
-    pipeline = _pipeline(8, "job,step,data_loading,forward_backward,optimizer")
+    pipeline = _pipeline(8, "step,data_loading,forward_backward,optimizer")
     with ot.training_run():
         for it in range(1, 11):
             _iteration(it)
@@ -606,3 +606,22 @@ def test_a_run_span_of_another_trace_does_not_become_the_runs_anchor():
     run = TracerProvider().get_tracer("run").start_span("run", context=context)
     segments.run_started(run)
     assert family.anchor == run.get_span_context()
+
+
+def test_the_first_run_of_a_router_made_before_it_has_the_plain_names(monkeypatch):
+    """A router made before any run began follows the process into its first run: the run
+    trace is ``run`` (no prefix); into a second: ``run2/run``, with the run trace's share of
+    the ranks (6 of 25 spans for each of 4 ranks of a shard at 8 ranks), not the job's."""
+    from otel_training import config
+    from otel_training import segments as module
+
+    monkeypatch.setattr(module, "_runs", 0)
+    segments, _ = _segments(25, 1000, config.SPAN_GROUP_PRESETS["all"], world=8)
+    monkeypatch.setattr(module, "_runs", 1)
+    parent = trace_api.get_current_span(segments.run_start()[0]).get_span_context()
+    assert (parent.trace_id, parent.span_id) == member_ids(RUN_ID, "run", "shard/0")
+    monkeypatch.setattr(module, "_runs", 2)
+    placed = [segments.run_start()[0] for _ in range(8)]
+    traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
+    second = member_ids(RUN_ID, "run2/run", "shard/0")[0]
+    assert traces[:6] == [second] * 6 and second not in traces[6:]

@@ -358,12 +358,19 @@ class TraceSegments:
             context = family.shard.context
             return self._place(family.shard, context, family.anchor.span_id)
         part = family.part
-        if part is None or (part.used and part.used + self._step_spans > part.allowance):
+        if not self._room_for_iteration(part):
             with self._lock:
                 part = family.part
-                if part is None or (part.used and part.used + self._step_spans > part.allowance):
+                if not self._room_for_iteration(part):
                     part = self._new_part(family)
         return self._place(part, part.context, family.anchor.span_id)
+
+    def _room_for_iteration(self, part: _Trace | None) -> bool:
+        """Whether the step trace ``part`` takes one more whole iteration (an empty one always
+        does): an iteration is not split across step traces when it fits in one."""
+        return part is not None and (
+            not part.used or part.used + self._step_spans <= part.allowance
+        )
 
     def nested(
         self, parent_span: trace_api.Span, context: context_api.Context | None
