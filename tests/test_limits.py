@@ -1159,3 +1159,180 @@ def test_a_log_record_with_too_many_values_keeps_those_that_fit_in_order():
     assert record.log_record.body == "why"
     assert limits.log_record_cost(record) <= limits.RECORD_BUDGET_BYTES
     assert _otlp_json_bytes(FileLogExporter, record) <= limits.RECORD_BUDGET_BYTES + 400
+
+
+# -- the worst-case estimate, exactly as documented (docs/limits.md; limits.py) ---------------------
+# Each figure below is worked out by hand from the unit: 1 byte a printable ASCII character
+# (2 for " and \), 6 a UTF-16 code unit otherwise, 2 for the quotes; 32 a number or boolean,
+# 28 a sequence item, 40 an attribute entry; 400 a span, 60 an event, 110 a link, 60 a scope,
+# 300 a log record, 160 a metric point, 120 a metric, 33 a histogram bucket or bound.
+
+
+@pytest.mark.parametrize(
+    ("value", "cost"),
+    [
+        ("", 2),
+        ("abc", 5),
+        ('a"b\\c', 9),
+        ("\x01\x7f", 14),
+        ("é", 8),
+        ("é\U0001f600", 20),  # 3 UTF-16 code units
+        ("\U0001f600" * 2, 26),
+        (7, 32),
+        (True, 32),
+        (2.5, 32),
+        (None, 32),
+        (["ab", 1], 94),  # 2 + (4 + 28) + (32 + 28)
+        (("é",), 38),
+        ([], 2),
+    ],
+)
+def test_the_worst_case_json_size_of_a_value_is_the_documented_unit(value, cost):
+    assert limits.json_cost(value) == cost
+
+
+def test_the_worst_case_size_of_attributes_scopes_and_spans_is_the_documented_sum():
+    """Attributes: 2 + each key and value and 40 an entry; a scope or resource: 60 + its
+    attributes, name, version and schema URL; a span: 400 + its name, attributes, status
+    description, trace state (twice its header, + 2), events (60 + name + attributes each)
+    and links (110 + attributes + trace state each)."""
+    from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+
+    attributes = {"k": "v", "n": 1, "é": "\x01", "t": ("ab",)}
+    # 2 + (3 + 40 + 3) + (3 + 40 + 32) + (8 + 40 + 8) + (3 + 40 + 34)
+    assert limits._attributes_cost(attributes) == 256
+    assert limits._attributes_cost({}) == limits._attributes_cost(None) == 2
+    scope = InstrumentationScope("ab", "1.0", "https://x", {"k": "v"})
+    assert limits.scope_cost(scope) == 60 + 48 + 4 + 5 + 11
+    assert limits.scope_cost(None) == 2
+    assert limits.scope_cost(Resource({"k": "v"}, "s")) == 60 + 48 + 3
+    state = TraceState([("k", "v")])
+    context = SpanContext(1, 2, False, TraceFlags(1), state)
+    span = ReadableSpan(
+        "sp",
+        context=context,
+        attributes={"k": "v"},
+        events=[Event("e", {"a": 1})],
+        links=[Link(context, {"b": "c"})],
+        status=Status(StatusCode.ERROR, "bad"),
+    )
+    # 400 + name 4 + attributes 48 + description 5 + trace state 8
+    # + event (60 + 3 + 77) + link (110 + 48 + 8)
+    assert limits.span_cost(span) == 400 + 4 + 48 + 5 + 8 + 140 + 166
+
+
+def test_the_worst_case_size_of_log_records_and_any_values_is_the_documented_sum():
+    """An AnyValue: bytes their base64 (4 per 3, rounded up) + 2; a map 2 + each key, value
+    and 40; a list 2 + each item and 28. A log record: 300 + its body, its attributes (as a
+    map), its severity text and event name."""
+    assert limits.any_cost(b"abcd") == 4 * 6 // 3 + 2
+    assert limits.any_cost({"k": ["a", b"xyz"]}) == 2 + 3 + 40 + (2 + (3 + 28) + (8 + 28))
+    assert limits.any_cost(3) == 32
+    record = ReadableLogRecord(
+        LogRecord(body="hi", attributes={"k": 1}, severity_text="WARN", event_name="ev"),
+        resource=Resource({}),
+    )
+    assert limits.log_record_cost(record) == 300 + 4 + (2 + 3 + 40 + 32) + 6 + 4
+    bare = ReadableLogRecord(LogRecord(body=None), resource=Resource({}))
+    assert limits.log_record_cost(bare) == 300 + 32
+
+
+def test_the_worst_case_size_of_a_metric_point_counts_buckets_and_exemplars():
+    """A point: 160 + its attributes, 33 a bucket count or bound (positive and negative
+    buckets of an exponential histogram alike), 160 + attributes an exemplar; a metric: 120 +
+    its name, unit and description."""
+    from types import SimpleNamespace
+
+    point = SimpleNamespace(
+        attributes={"k": "v"},
+        bucket_counts=[1, 2, 3],
+        explicit_bounds=[1.0, 2.0],
+        exemplars=[SimpleNamespace(filtered_attributes={"e": 1})],
+    )
+    assert limits.metric_point_cost(point) == 160 + 48 + 33 * 5 + 160 + (2 + 3 + 40 + 32)
+    exponential = SimpleNamespace(
+        attributes={},
+        positive=SimpleNamespace(bucket_counts=[1, 1]),
+        negative=SimpleNamespace(bucket_counts=[4]),
+        exemplars=None,
+    )
+    assert limits.metric_point_cost(exponential) == 160 + 2 + 33 * 3
+    metric = SimpleNamespace(name="m", unit=None, description="d")
+    assert limits.metric_cost(metric) == 120 + 3 + 2 + 3
+
+
+def test_the_quick_bound_is_twelve_bytes_a_character_and_128_a_value():
+    """_plain_bound, the shortcut before the full estimate: 12 bytes a character of the texts
+    and of the keys and string values, 128 an attribute, + 400; anything it cannot count
+    cheaply (a text that is no string, a value that is no primitive) is too large."""
+    import sys
+
+    attributes = {"key": "value", "n": 3, "b": True, "f": 0.5}
+    chars = 1 + 2 + (3 + 5) + 1 + 1 + 1  # the texts, "key" and its value, the numbers' keys
+    assert limits._plain_bound(("x", None, "ab"), attributes) == 12 * chars + 128 * 4 + 400
+    assert limits._plain_bound((3,), {}) == sys.maxsize
+    assert limits._plain_bound((), {"t": ("a",)}) == sys.maxsize
+    assert limits._plain_bound((), None) == 400
+
+
+@given(
+    st.lists(st.text(st.sampled_from('ab"\x01é\U0001f600'), max_size=12), max_size=6),
+    st.integers(min_value=0, max_value=400),
+)
+@settings(max_examples=examples(200), deadline=None)
+def test_the_water_level_is_the_largest_cap_that_fits(strings, total):
+    """_water_level: the largest cap c (characters) with sum(w(s) * min(len(s), c)) <= total,
+    w(s) the most bytes a character of s takes (1, 2, 6 or 12): checked against every c."""
+
+    def weight(text: str) -> int:
+        if text.isascii() and text.isprintable():
+            return 2 if '"' in text or "\\" in text else 1
+        return 12 if any(ord(c) > 0xFFFF for c in text) else 6
+
+    assert all(limits._char_cost(s) == weight(s) for s in strings)
+    longest = max((len(s) for s in strings), default=0)
+    fitting = [
+        c
+        for c in range(longest + 1)
+        if sum(weight(s) * min(len(s), c) for s in strings if s) <= total
+    ]
+    assert limits._water_level(strings, total) == max(fitting)
+
+
+@pytest.mark.parametrize(
+    ("length", "limit", "kept"),
+    [
+        (100, 30, 8),  # "...[92 characters cut]" is 22: 8 + 22 = 30
+        (110, 31, 8),  # 23 characters once the count has 3 digits: 8 + 23 = 31
+        (109, 30, None),  # the marker leaves fewer than 8 characters: a plain cut
+        (40, 40, 40),  # at the limit: nothing cut
+    ],
+)
+def test_a_cut_string_ends_with_the_count_of_what_was_cut(length, limit, kept):
+    text = "a" * length
+    cut = limits._cut(text, limit) if length > limit else text
+    if kept is None:
+        assert cut == "a" * limit
+    elif kept == length:
+        assert cut == text
+    else:
+        assert cut == "a" * kept + limits.cut_marker(length - kept)
+        assert len(cut) == limit
+    assert limits.cut_marker(7) == "...[7 characters cut]"
+
+
+def test_any_value_of_no_otlp_type_is_its_bounded_text():
+    """bounded_any: an object of no OTLP type (a set, an object of the program) in a log body
+    is its str() by the string rule, cut at the limit; a numpy-like number is its Python
+    number; a map's keys are names (cut at 1,024)."""
+
+    class Named:
+        def __str__(self) -> str:
+            return "n" * 100
+
+    from otel_training.limits import bounded_any
+
+    assert bounded_any(Named(), 40) == safe_text("n" * 100, 40)
+    assert bounded_any({3}, 40) == "{3}"
+    assert bounded_any({"k" * 2000: 1}) == {safe_text("k" * 2000, limits.MAX_NAME_LENGTH): 1}
+    assert bounded_any("\udc80", 40) == "\\x80"
