@@ -1336,3 +1336,113 @@ def test_any_value_of_no_otlp_type_is_its_bounded_text():
     assert bounded_any({3}, 40) == "{3}"
     assert bounded_any({"k" * 2000: 1}) == {safe_text("k" * 2000, limits.MAX_NAME_LENGTH): 1}
     assert bounded_any("\udc80", 40) == "\\x80"
+
+
+def test_python_number_is_only_for_numbers_and_numpy_scalars():
+    """python_number: a bool as that bool, an int or float subclass as its value; an object
+    that only looks like a scalar (an ``item()`` method, a tensor's for one) is no number."""
+
+    class Boxed:
+        def item(self) -> int:
+            return 3
+
+    assert limits.python_number(True) is True and limits.python_number(False) is False
+    assert limits.python_number(Boxed()) is None
+    assert limits.python_number("3") is None
+
+
+def test_the_escaped_length_is_the_length_after_escaping():
+    """_escaped_length counts what escaping makes of each lone surrogate of U+DC80..U+DCFF
+    (\\xNN: 3 characters more), without escaping; other lone surrogates: not counted (None)."""
+    for text in ("a\udc80b", "é\udc80\udcff", "\udcff" * 7 + "z", "plain"):
+        assert limits._escaped_length(text) == len(text.translate(limits._ESCAPES)), text
+    assert limits._escaped_length("a\ud800") is None
+
+
+def test_what_an_any_value_needs_is_decided_at_the_limits_exactly():
+    """_any_needs_work: int64's ends need nothing, one beyond does; 1,024 items or entries
+    need nothing, 1,025 do; a string at the limit needs nothing, inside a list or a map as
+    well, one over does; a key of 1,024 characters needs nothing, 1,025 do; containers
+    nested to 8 levels need nothing, a 9th does; an object of no OTLP type does."""
+    need = limits._any_needs_work
+    top, bottom = 2**63 - 1, -(2**63)
+    assert not need(top, 10) and not need(bottom, 10)
+    assert need(top + 1, 10) and need(bottom - 1, 10)
+    assert not need(["x"] * 1024, 10) and need(["x"] * 1025, 10)
+    assert not need({str(i): 1 for i in range(1024)}, 10)
+    assert need({str(i): 1 for i in range(1025)}, 10)
+    assert not need(["x" * 10], 10) and need(["x" * 11], 10)
+    assert not need({"k": "x" * 10}, 10) and need({"k": "x" * 11}, 10)
+    assert not need({"k" * 1024: 1}, 10) and need({"k" * 1025: 1}, 10)
+    for container in (lambda v: [v], lambda v: {"k": v}):
+        value = 1
+        for _ in range(8):
+            value = container(value)
+        assert not need(value, 10)
+        assert need(container(value), 10)
+    assert need(object(), 10) and need({1, 2}, 10)
+
+
+def test_a_log_records_scope_resource_and_keys_are_bounded_at_its_limits():
+    """bounded_log_record: the scope's and the resource's values are cut at the record's
+    value limit; an attribute key beyond 1,024 characters is cut there."""
+    long = "r" * 100
+    record = ReadableLogRecord(
+        LogRecord(body="b", attributes={"k" * 1500: 1}),
+        resource=Resource({"host.name": long}),
+        instrumentation_scope=InstrumentationScope("s", attributes={"a": long}),
+    )
+    bounded = limits.bounded_log_record(record, Limits(value_length=40))
+    assert bounded.resource.attributes["host.name"] == safe_text(long, 40)
+    assert bounded.instrumentation_scope.attributes["a"] == safe_text(long, 40)
+    assert list(bounded.log_record.attributes) == [safe_text("k" * 1500, limits.MAX_NAME_LENGTH)]
+
+
+def test_a_log_record_is_fitted_by_its_estimate_to_the_byte():
+    """_fit_log_record: a record at its budget is kept; one byte under it, the body loses what
+    the water level says (its cost is 300 + the body + 2 for no attributes)."""
+    body = "a" * 100
+    cost = 300 + 102 + 2
+    assert limits._fit_log_record(body, {}, cost) == (body, {})
+    cut, _ = limits._fit_log_record(body, {}, cost - 1)
+    assert cut == limits._cut(body, 99)
+    cut, _ = limits._fit_log_record(body, {}, cost - 10)
+    assert cut == limits._cut(body, 90)
+
+
+def test_a_log_record_of_too_many_values_keeps_half_its_budget_of_attributes_in_order():
+    """When even values cut to 32 characters do not fit: the attributes that fit in half the
+    budget (with the record's 300), in order, are kept; the body, as its text, is cut to the
+    room left at its widest character's bytes, 8 characters spare."""
+    attributes = {f"k{i}": "v" * 100 for i in range(50)}
+    body = {"m": ["x" * 50] * 40}
+    kept_body, kept = limits._fit_log_record(body, attributes, 2000)
+    # each value cut to 32 characters: 34 bytes; "k0".."k9" 4 bytes, then 5; + 40 an entry
+    # 300 + 8 x 78 = 924 <= 1,000 = 2,000 // 2; a 9th would make 1,002
+    assert list(kept) == [f"k{i}" for i in range(8)]
+    assert all(value == limits._cut("v" * 100, 32) for value in kept.values())
+    text = safe_text({"m": tuple([limits._cut("x" * 50, 32)] * 40)}, None)
+    room = (2000 - 924) // 1 - 8
+    assert kept_body == limits._cut(text, room) and len(text) > room
+    wide_body, _ = limits._fit_log_record({"m": ["é" * 50] * 40}, attributes, 2000)
+    wide = safe_text({"m": tuple([limits._cut("é" * 50, 32)] * 40)}, None)
+    assert wide_body == limits._cut(wide, (2000 - 924) // 6 - 8)
+
+
+def test_a_metric_point_is_bounded_by_its_cost_after_its_values_are_cut():
+    """A point whose attribute values only need cutting to the value limit to fit the budget
+    keeps its exemplars: its cost is measured after the cut. A metric without a unit or a
+    description costs 2 bytes for each."""
+    from types import SimpleNamespace
+
+    budget = 4_000
+    long = {"key0": "v" * 5_000}  # 5,000 bytes; cut to 600 characters it fits
+    bounded = limits.bounded_metrics_data(
+        _metrics(attributes=dict(long), exemplar={"e": "x"}, name=ODD),
+        Limits(value_length=600, record_budget_bytes=budget),
+    )
+    (point,) = bounded.resource_metrics[0].scope_metrics[0].metrics[0].data.data_points
+    assert dict(point.attributes) == {"key0": safe_text("v" * 5_000, 600)}
+    assert len(point.exemplars) == 1
+    assert limits.metric_cost(SimpleNamespace(name="m", unit=None, description=None)) == 127
+    assert limits.metric_point_cost(SimpleNamespace(attributes=None)) == 162

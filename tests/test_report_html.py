@@ -879,3 +879,26 @@ def test_a_job_page_is_titled_by_the_job_and_says_how_its_attempts_are_ordered(
     single = build_report(first)
     assert first.run_id in single and "first&#39;s note" in single
     assert 'id="curves"' in single and "attempts, ordered" not in single
+
+
+def test_a_page_without_plots_carries_no_plotly_and_says_when_and_by_what_it_was_made(
+    tmp_path, monkeypatch
+):
+    """A run with nothing to draw: the page has no plotly.js at all; every page names the
+    version that made it and when (UTC, to the second), and ends with a newline."""
+    import datetime as dt
+    from importlib.metadata import version
+
+    write_lines(
+        tmp_path / "metrics-rank0.jsonl",
+        [metrics_line(0, [gauge("myproject.other", [(T0, 1.0, {})])])],
+    )
+    before = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    page = build_report(load_run(tmp_path))
+    after = dt.datetime.now(dt.timezone.utc)
+    assert "plotly.js v" not in page and "Plotly.newPlot" not in page
+    assert f'<meta name="generator" content="otel-training {version("otel-training")}">' in page
+    made = page.split(f"Made by otel-training {version('otel-training')} at ", 1)[1][:23]
+    moment = dt.datetime.strptime(made, "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=dt.timezone.utc)
+    assert before <= moment <= after
+    assert page.endswith("\n")
