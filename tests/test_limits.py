@@ -1161,7 +1161,7 @@ def test_a_log_record_with_too_many_values_keeps_those_that_fit_in_order():
     assert _otlp_json_bytes(FileLogExporter, record) <= limits.RECORD_BUDGET_BYTES + 400
 
 
-# -- the worst-case estimate, exactly as documented (docs/limits.md; limits.py) ---------------------
+# -- the worst-case estimate, exactly as documented (docs/limits.md; limits.py) ----------------
 # Each figure below is worked out by hand from the unit: 1 byte a printable ASCII character
 # (2 for " and \), 6 a UTF-16 code unit otherwise, 2 for the quotes; 32 a number or boolean,
 # 28 a sequence item, 40 an attribute entry; 400 a span, 60 an event, 110 a link, 60 a scope,
