@@ -234,7 +234,21 @@ def test_long_series_are_downsampled_and_the_page_says_so(tmp_path):
     plots, _ = figures.curve_plots(run, figures.XAxis(run))
     assert plots[0].downsampled and plots[0].points < 20_000 // 2
     assert 40.0 in list(plots[0].figure.data[0].y)
-    assert "Long series were downsampled" in build_report(run)
+    note = (
+        "Long series were downsampled to keep this page small: curves keep each bucket&#39;s "
+        "lowest and highest point, heatmaps the last value per column, the timeline merges "
+        "runs of one span name (captions say which). The files have every point."
+    )
+    page = build_report(run)
+    assert page.count(note) == 1
+    assert "No spans file (spans-rank*.jsonl or traces-rank*.jsonl): the timeline is empty." in page
+    short = tmp_path / "short"
+    short.mkdir()
+    write_lines(
+        short / "metrics-rank0.jsonl",
+        [metrics_line(0, [gauge(MEGATRON_TRAINING_LOSS, points[:50])], world_size=1)],
+    )
+    assert "Long series were downsampled to keep" not in build_report(load_run(short))
 
 
 def test_heatmaps_order_layers_naturally_and_split_router_statistics(tmp_path):
@@ -877,7 +891,9 @@ def test_a_job_page_is_titled_by_the_job_and_says_how_its_attempts_are_ordered(
     for note in ("the job&#39;s note", "first&#39;s note", "second&#39;s note"):
         assert page.count(note) == 1, note
     single = build_report(first)
-    assert first.run_id in single and "first&#39;s note" in single
+    assert first.run_id in single and single.count("first&#39;s note") == 1
+    alone = build_report(Job("job-9", [first], notes=["a job-wide note"]))
+    assert alone.count("first&#39;s note") == 1 and alone.count("a job-wide note") == 1
     assert 'id="curves"' in single and "attempts, ordered" not in single
 
 

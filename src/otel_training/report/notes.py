@@ -88,7 +88,7 @@ def run_notes(run: Run, now_s: float, *, shown_alone: bool) -> list[str]:
         by_signal.setdefault(file.signal, set()).add(file.rank)
     notes.extend(file_notes(run.files, torn=True))
     ranks = sorted(run.ranks)
-    for signal, what in (("metrics", "curves"), ("spans", "timeline")):
+    for signal, what in (("metrics", "curves are"), ("spans", "timeline is")):
         have = by_signal.get(signal, set())
         if signal == "spans":
             have = have | by_signal.get("traces", set())
@@ -97,7 +97,7 @@ def run_notes(run: Run, now_s: float, *, shown_alone: bool) -> list[str]:
             notes.append(
                 f"No {signal} file ({signal}-rank*.jsonl"
                 + (" or traces-rank*.jsonl" if signal == "spans" else "")
-                + f"): the {what} are empty."
+                + f"): the {what} empty."
             )
         elif missing:
             notes.append(f"No {signal} file for {ranks_phrase(missing)}.")
