@@ -126,3 +126,39 @@ def test_a_run_without_health_data_says_so(tmp_path, damage):
     page = build_report(load_run(run_dir))
     assert 'id="health"' in page
     assert "No health ledger" in page or "could not be assessed" in page
+
+
+def test_the_health_section_is_titled_and_says_where_its_definitions_are(tmp_path):
+    """A run with the health ledger: the page's "Run health" section (id ``health``, linked
+    from the header) leads with what it shows and where the definitions are; without the
+    ledger it says why there is nothing, and has no lead."""
+    from report_files import span_lines, write_ledger_metrics, write_lines
+
+    from otel_training.report import load_run
+    from otel_training.report.html import build_report
+
+    write_ledger_metrics(
+        tmp_path / "metrics-rank0.jsonl",
+        steps=6,
+        log_every=2,
+        export_at=[3],
+        values=lambda step: {"loss": 1.0 / step},
+    )
+    page = build_report(load_run(tmp_path))
+    lead = (
+        "Goodput over every attempt of this job, where each rank's time went, the progress "
+        "a crash would lose, stragglers and a hang's culprit (definitions: "
+        "<code>docs/health.md</code>; the same figures as <code>otel-training health</code>)."
+    )
+    assert '<section id="health">' in page and '<a href="#health">' in page
+    assert "<h2>Run health</h2>" in page and page.count(lead) == 1
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    write_lines(bare / "spans-rank0.jsonl", span_lines("megatron.train", "aa" * 8, None,
+                                                       10**18, 10**18 + 10**9))  # fmt: skip
+    page = build_report(load_run(bare))
+    assert "<h2>Run health</h2>" in page and "Goodput over every attempt" not in page
+    assert (
+        "No health ledger in these files (<code>dl.training.phase.time</code>): they were "
+        "written by a version without it, or with metrics off." in page
+    )
