@@ -1446,3 +1446,32 @@ def test_a_metric_point_is_bounded_by_its_cost_after_its_values_are_cut():
     assert len(point.exemplars) == 1
     assert limits.metric_cost(SimpleNamespace(name="m", unit=None, description=None)) == 127
     assert limits.metric_point_cost(SimpleNamespace(attributes=None)) == 162
+
+
+def test_events_give_way_exceptions_first_then_the_earliest_to_the_byte():
+    """_fewer_events keeps, within the budget to the byte, exception events first, then the
+    earliest, in their order; an event costs 60 + its name + its attributes (_events_cost)."""
+    events = [Event("a", {}), Event("exception", {"x": 1}), Event("b", {}), Event("c", {})]
+    costs = [60 + 3 + 2, 60 + 11 + (2 + 3 + 40 + 32), 65, 65]
+    assert limits._events_cost(events) == sum(costs)
+    budget = costs[1] + costs[0]
+    assert limits._fewer_events(events, budget) == events[:2]
+    assert limits._fewer_events(events, budget - 1) == [events[1]]
+    assert limits._fewer_events(events, budget + 65) == events[:3]
+
+
+def test_a_long_description_is_cut_alike_with_the_attributes_filling_the_budget():
+    """A span whose status description and an attribute value are both too long: both are
+    cut to the same length, the highest with which the span fits its budget (less than a
+    byte a string left over)."""
+    budget = 20_000
+    span = ReadableSpan(
+        "s",
+        context=trace_api.SpanContext(1, 2, False),
+        attributes={"k": "v" * 50_000},
+        status=Status(StatusCode.ERROR, "d" * 50_000),
+    )
+    bounded = limits.bounded_span(span, Limits(value_length=None, record_budget_bytes=budget))
+    value, description = bounded.attributes["k"], bounded.status.description
+    assert len(value) == len(description) and value.startswith("v") and description[0] == "d"
+    assert 0 <= budget - limits.span_cost(bounded) < 2

@@ -522,7 +522,7 @@ def scope_cost(scope: Any) -> int:
     for field in ("name", "version", "schema_url"):
         text = getattr(scope, field, None)
         if text:
-            cost += json_cost(text) if type(text) is str else _NUMBER_COST
+            cost += json_cost(text)  # a number as a number
     return cost
 
 
@@ -916,7 +916,7 @@ def log_record_cost(record: Any) -> int:
         )
     for text in (log_record.severity_text, getattr(log_record, "event_name", None)):
         if text:
-            cost += json_cost(text) if type(text) is str else _NUMBER_COST
+            cost += json_cost(text)  # a number as a number
     return cost
 
 
