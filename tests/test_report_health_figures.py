@@ -152,6 +152,10 @@ def test_the_health_section_is_titled_and_says_where_its_definitions_are(tmp_pat
     )
     assert '<section id="health">' in page and '<a href="#health">' in page
     assert "<h2>Run health</h2>" in page and page.count(lead) == 1
+    from otel_training.report.html import _health
+    from otel_training.report.run import Job
+
+    assert _health(Job.of(load_run(tmp_path)))[2] == ""  # nothing to say instead
     bare = tmp_path / "bare"
     bare.mkdir()
     write_lines(bare / "spans-rank0.jsonl", span_lines("megatron.train", "aa" * 8, None,

@@ -918,3 +918,13 @@ def test_a_page_without_plots_carries_no_plotly_and_says_when_and_by_what_it_was
     moment = dt.datetime.strptime(made, "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=dt.timezone.utc)
     assert before <= moment <= after
     assert page.endswith("\n")
+
+
+def test_a_page_made_from_a_source_tree_says_its_version_is_unknown(monkeypatch):
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert page_html._version() == "unknown"
