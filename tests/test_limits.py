@@ -1475,3 +1475,70 @@ def test_a_long_description_is_cut_alike_with_the_attributes_filling_the_budget(
     value, description = bounded.attributes["k"], bounded.status.description
     assert len(value) == len(description) and value.startswith("v") and description[0] == "d"
     assert 0 <= budget - limits.span_cost(bounded) < 2
+
+
+def test_every_string_of_a_span_is_cut_alike_and_nothing_else_is_lost():
+    """A span whose attribute, event attribute, link attribute and status description are
+    all too long (and whose context carries a trace state): all four are cut to one length,
+    the highest with which the span fits its budget (less than a byte a string left over);
+    its name, event (name and time) and link (context) stay."""
+    from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+
+    budget = 30_000
+    context = SpanContext(1, 2, False, TraceFlags(1), TraceState([("vendor", "x" * 40)]))
+    span = ReadableSpan(
+        "step",
+        context=context,
+        attributes={"k": "a" * 50_000},
+        events=[Event("checkpoint", {"path": "b" * 50_000}, 1_234)],
+        links=[Link(context, {"why": "c" * 50_000})],
+        status=Status(StatusCode.ERROR, "d" * 50_000),
+    )
+    bounded = limits.bounded_span(span, Limits(value_length=None, record_budget_bytes=budget))
+    (event,), (link,) = bounded.events, bounded.links
+    cut = [
+        bounded.attributes["k"],
+        event.attributes["path"],
+        link.attributes["why"],
+        bounded.status.description,
+    ]
+    assert len({len(text) for text in cut}) == 1 and [t[0] for t in cut] == list("abcd")
+    assert 0 <= budget - limits.span_cost(bounded) < 4
+    assert bounded.name == "step" and (event.name, event.timestamp) == ("checkpoint", 1_234)
+    assert link.context == context and bounded.context == context
+
+
+def test_a_log_record_of_many_clean_values_is_fitted_all_the_same():
+    """A log body of 1,000 map entries, or an attribute of 1,000 items, each within the value
+    limit (nothing to escape or cut one by one) but together over the budget: fitted to the
+    budget, not passed as they are."""
+    budget = 50_000
+    for body, attributes in (
+        ({f"k{i}": "x" * 100 for i in range(1_000)}, {"n": 1}),
+        ("b", {"l": ("x" * 100,) * 1_000}),
+    ):
+        record = ReadableLogRecord(
+            LogRecord(body=body, attributes=attributes), resource=Resource({})
+        )
+        assert limits.log_record_cost(record) > budget
+        bounded = limits.bounded_log_record(
+            record, Limits(value_length=100, record_budget_bytes=budget)
+        )
+        assert limits.log_record_cost(bounded) <= budget
+
+
+def test_a_fitted_log_record_keeps_its_attributes_uncapped_immutable_and_its_drop_count():
+    """A log record fitted by the rule keeps every attribute the SDK kept (no new cap of 128),
+    in an immutable mapping, with the SDK's count of the attributes it dropped."""
+    from opentelemetry.attributes import BoundedAttributes
+
+    record = ReadableLogRecord(LogRecord(body="b" * 10_000), resource=Resource({}))
+    many = BoundedAttributes(maxlen=None, attributes={f"k{i}": i for i in range(200)})
+    many.dropped = 3
+    record.log_record.attributes = many
+    bounded = limits.bounded_log_record(record, Limits(value_length=100))
+    attributes = bounded.log_record.attributes
+    assert len(attributes) == 200 and attributes.dropped == 3
+    assert bounded.log_record.body == safe_text("b" * 10_000, 100)
+    with pytest.raises(TypeError):
+        attributes["new"] = 1
