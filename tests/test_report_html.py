@@ -928,3 +928,59 @@ def test_a_page_made_from_a_source_tree_says_its_version_is_unknown(monkeypatch)
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
     assert page_html._version() == "unknown"
+
+
+def test_the_metric_table_and_the_tensor_section_of_an_attempt(tmp_path):
+    """The metric table has a row per metric with its unit, what the value is and a cell per
+    rank; a run with per-layer tensor metrics leads its tensor section with the one colour
+    scale per family and the x axis; memory recorded, no note that it is CUDA-only."""
+    import plotly
+
+    from otel_training.report import heatmaps
+
+    _real_run(tmp_path)
+    run = load_run(tmp_path)
+    context, _ = page_html._attempt(run, "", "", plotly, figures.XAxis(run), [])
+    rows = context["metric_table"]["rows"]
+    assert rows[0] == {
+        "name": MEGATRON_TRAINING_LOSS,
+        "unit": "",
+        "what": "last value",
+        "cells": ["2.5", "2.5"],
+    }
+    assert rows[3]["unit"] == "tokens/s" and rows[3]["cells"] == ["1005", "1005"]
+
+    tensors = tmp_path / "tensors"
+    tensors.mkdir()
+    layers = [
+        (T0 + t * S, float(t), {MEGATRON_TRAINING_LAYER: "decoder.layers.0"}) for t in range(3)
+    ]
+    write_lines(
+        tensors / "metrics-rank0.jsonl",
+        [
+            metrics_line(
+                0,
+                [
+                    gauge(MEGATRON_TRAINING_TENSOR_GRAD_NORM, layers),
+                    gauge("megatron.training.memory_allocated_gb", [(T0, 2.0, {})]),
+                ],
+            )
+        ],
+    )
+    run = load_run(tensors)
+    axis = figures.XAxis(run)
+    data = heatmaps.heatmap_data(run, axis)
+    plots = heatmaps.heatmap_plots(data, axis, heatmaps.colour_ranges(data))
+    context, _ = page_html._attempt(run, "", "a1-", plotly, axis, plots)
+    (section,) = [s for s in context["sections"] if s.id == "a1-tensors"]
+    assert section.lead == (
+        "Per-layer statistics of the tensor observer, layers in model order; one colour scale "
+        f"per family, the same in every attempt. x axis: {figures.TIME_AXIS}."
+    )
+    assert section.empty == "" and section.plots
+    assert all(p["id"].startswith("a1-") for p in section.plots)
+    (curves,) = [s for s in context["sections"] if s.id == "a1-curves"]
+    assert "Memory is recorded on CUDA devices only" not in curves.empty
+    assert curves.empty.startswith("Not recorded: Loss, Learning rate")
+    facts = dict(context["facts"])
+    assert facts["service"] != "–" and facts["world size"] == "2"
