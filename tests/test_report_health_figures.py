@@ -161,7 +161,8 @@ def test_the_health_section_is_titled_and_says_where_its_definitions_are(tmp_pat
     write_lines(bare / "spans-rank0.jsonl", span_lines("megatron.train", "aa" * 8, None,
                                                        10**18, 10**18 + 10**9))  # fmt: skip
     page = build_report(load_run(bare))
-    assert "<h2>Run health</h2>" in page and "Goodput over every attempt" not in page
+    health = page.split('<section id="health">', 1)[1].split("</section>", 1)[0]
+    assert "<h2>Run health</h2>" in health and 'class="lead"' not in health
     assert (
         "No health ledger in these files (<code>dl.training.phase.time</code>): they were "
         "written by a version without it, or with metrics off." in page

@@ -883,12 +883,13 @@ def test_a_job_page_is_titled_by_the_job_and_says_how_its_attempts_are_ordered(
 
     first, second = _gauge_run(tmp_path / "a"), _gauge_run(tmp_path / "b", 4.0)
     first.notes, second.notes = ["first's note"], ["second's note"]
-    job = Job("job-9", [first, second], notes=["the job's note"], ordered_by=ordered_by)
+    long = "a job note of 300 characters " + "x" * 271  # notes keep 600 characters
+    job = Job("job-9", [first, second], notes=["the job's note", long], ordered_by=ordered_by)
     page = build_report(job)
     assert "<title>" in page and page.count("job-9") >= 1
     assert f"2 attempts, ordered {said}" in page
     assert 'id="a1-curves"' in page and 'id="a2-curves"' in page
-    for note in ("the job&#39;s note", "first&#39;s note", "second&#39;s note"):
+    for note in ("the job&#39;s note", "first&#39;s note", "second&#39;s note", long):
         assert page.count(note) == 1, note
     single = build_report(first)
     assert first.run_id in single and single.count("first&#39;s note") == 1
@@ -984,3 +985,30 @@ def test_the_metric_table_and_the_tensor_section_of_an_attempt(tmp_path):
     assert curves.empty.startswith("Not recorded: Loss, Learning rate")
     facts = dict(context["facts"])
     assert facts["service"] != "–" and facts["world size"] == "2"
+
+
+def test_the_heatmaps_of_every_attempt_share_one_colour_scale_per_family(tmp_path):
+    """Two attempts whose grad norms span 0-2 and 10-12: both heatmaps are drawn on the one
+    scale 0-12, so that a colour means the same value in each."""
+    import re
+
+    from otel_training.report.run import Job
+
+    runs = []
+    for name, base in (("a", 0.0), ("b", 10.0)):
+        directory = tmp_path / name
+        directory.mkdir()
+        points = [
+            (T0 + t * S, base + t, {MEGATRON_TRAINING_LAYER: "decoder.layers.0"}) for t in range(3)
+        ]
+        write_lines(
+            directory / "metrics-rank0.jsonl",
+            [metrics_line(0, [gauge(MEGATRON_TRAINING_TENSOR_GRAD_NORM, points)])],
+        )
+        runs.append(load_run(directory))
+    page = build_report(Job("job", runs))
+    scales = re.findall(r'"zmax":([0-9.e+-]+),"zmin":([0-9.e+-]+)', page)
+    scales += [
+        (high, low) for low, high in re.findall(r'"zmin":([0-9.e+-]+),"zmax":([0-9.e+-]+)', page)
+    ]
+    assert len(scales) == 2 and {(float(h), float(lo)) for h, lo in scales} == {(12.0, 0.0)}

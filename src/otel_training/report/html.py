@@ -297,9 +297,9 @@ def _build(job: Job, jinja2, plotly) -> str:
     plots = [p for a in attempts for s in a["sections"] for p in s.plots]
     plots += health_section.plots
     latest = attempts[-1]
-    environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("otel_training.report", "templates"),
-        autoescape=jinja2.select_autoescape(["html", "j2"]),
+    environment = jinja2.Environment(  # the templates of report/templates/, all HTML
+        loader=jinja2.PackageLoader("otel_training.report"),
+        autoescape=True,
         keep_trailing_newline=True,
     )
     template = environment.get_template("report.html.j2")
