@@ -1542,3 +1542,37 @@ def test_a_fitted_log_record_keeps_its_attributes_uncapped_immutable_and_its_dro
     assert bounded.log_record.body == safe_text("b" * 10_000, 100)
     with pytest.raises(TypeError):
         attributes["new"] = 1
+
+
+def test_long_keys_count_against_the_budget_whatever_the_value_limit():
+    """With a small value limit (10 characters), 30 attributes whose keys are 1,000
+    characters beyond U+FFFF (12 bytes each) are far over a 10,000-byte budget: a span and a
+    log record are still fitted to it (the quick check before the estimate counts names at
+    their longest, not only values at the limit)."""
+    budget = 10_000
+    keys = {f"{i:02d}" + EMOJI * 998: "v" for i in range(30)}
+    span = ReadableSpan("s", context=trace_api.SpanContext(1, 2, False), attributes=keys)
+    record = ReadableLogRecord(LogRecord(body="b", attributes=keys), resource=Resource({}))
+    small = Limits(value_length=10, record_budget_bytes=budget)
+    assert limits.span_cost(span) > budget and limits.log_record_cost(record) > budget
+    assert limits.span_cost(limits.bounded_span(span, small)) <= budget
+    assert limits.log_record_cost(limits.bounded_log_record(record, small)) <= budget
+
+
+def test_a_long_trace_state_counts_against_the_budget():
+    """A span whose values fill its budget to within 1,000 bytes and whose context carries a
+    trace state of 1,800 characters (3,602 bytes at worst) is fitted to the budget: the quick
+    checks before the estimate leave the trace state's cost aside."""
+    from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+
+    budget = 30_000
+    state = TraceState([(f"k{i}", "v" * 100) for i in range(17)])
+    assert len(state.to_header()) > 1_700
+    context = SpanContext(1, 2, False, TraceFlags(1), state)
+    plain = ReadableSpan("s", context=trace_api.SpanContext(1, 2, False))
+    fixed = limits.span_cost(plain)  # the span with no value at all
+    value = EMOJI * ((budget - fixed - 1_000) // 12)  # one attribute, its key "k"
+    span = ReadableSpan("s", context=context, attributes={"k": value})
+    assert limits.span_cost(span) > budget
+    bounded = limits.bounded_span(span, Limits(value_length=None, record_budget_bytes=budget))
+    assert limits.span_cost(bounded) <= budget

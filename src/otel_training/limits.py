@@ -540,17 +540,21 @@ def span_cost(span: ReadableSpan) -> int:
     description = span.status.description
     if description:
         cost += json_cost(description)
-    context = span.context
-    trace_state = getattr(context, "trace_state", None) if context is not None else None
-    if trace_state:
-        cost += 2 * len(trace_state.to_header()) + 2
     for event in span.events if events is None else events:
         cost += _EVENT_COST + json_cost(event.name) + _attributes_cost(event.attributes)
-    for link in span.links if links is None else links:
+    links = span.links if links is None else links
+    for link in links:
         cost += _LINK_COST + _attributes_cost(link.attributes)
-        link_state = getattr(link.context, "trace_state", None)
-        if link_state:
-            cost += 2 * len(link_state.to_header()) + 2
+    return cost + _trace_states_cost(span.context, links)
+
+
+def _trace_states_cost(context: Any, links: Sequence[Link]) -> int:
+    """Worst-case JSON bytes of the trace states of a span's ``context`` and its ``links``:
+    twice the header (each character escaped at worst, ASCII) + 2 each."""
+    cost = 0
+    for state in (getattr(c, "trace_state", None) for c in (context, *(k.context for k in links))):
+        if state:
+            cost += 2 * len(state.to_header()) + 2
     return cost
 
 
@@ -606,14 +610,15 @@ def _bounded_span(span: ReadableSpan, limits: Limits) -> ReadableSpan:
             values += 1 + len(link.attributes or ())
             changed = changed or _needs_work(link.attributes, limit)
     if not changed:
-        # Each string is within the limit: only many or long values can exceed the budget. A
-        # character costs at most 12 bytes (two escaped UTF-16 units), a value its framing.
-        budget = limits.record_budget_bytes
-        if limit is not None and (values + 2) * (12 * limit + 128) + _SPAN_COST <= budget:
+        # Each string is within its limit: only many or long values can exceed the budget. A
+        # character costs at most 12 bytes (two escaped UTF-16 units), a value its framing;
+        # trace states are counted apart (the quick bounds know nothing of them).
+        room = limits.record_budget_bytes - _trace_states_cost(span.context, links)
+        if limit is not None and _SPAN_COST + _quick_bound(values + 2, limit) <= room:
             return span
-        if not events and not links and _plain_bound((name, description), attributes) <= budget:
+        if not events and not links and _plain_bound((name, description), attributes) <= room:
             return span
-        if span_cost(span) <= budget:
+        if span_cost(span) <= limits.record_budget_bytes:
             return span
     name = _safe_name(name)
     attributes = dict(bounded_attributes(attributes, limit) or {})
@@ -651,6 +656,13 @@ def _bounded_span(span: ReadableSpan, limits: Limits) -> ReadableSpan:
         end_time=span.end_time,
         instrumentation_scope=new_scope,
     )
+
+
+def _quick_bound(slots: int, limit: int) -> int:
+    """An upper bound, in O(1), of the cost of ``slots`` attributes, texts, events or links
+    that need no escaping or cut (each name within :data:`MAX_NAME_LENGTH`, each value within
+    ``limit`` characters): 12 bytes a character of both, 128 a slot for its framing."""
+    return slots * (12 * (MAX_NAME_LENGTH + limit) + 128)
 
 
 def _plain_bound(texts: Sequence[Any], attributes: Mapping[str, Any] | None) -> int:
@@ -965,7 +977,7 @@ def _bounded_log_record(record: Any, limits: Limits) -> Any:
         if (
             primitive
             and limit is not None
-            and (len(attributes) + 2) * (12 * limit + 128) + _LOG_RECORD_COST <= budget
+            and _LOG_RECORD_COST + _quick_bound(len(attributes) + 3, limit) <= budget
         ):
             return record
         texts = (body if type(body) is str else None, severity_text, event_name)
