@@ -818,6 +818,15 @@ def test_an_attempts_context_has_its_facts_files_row_and_sections(tmp_path):
         ("a2-timeline", "Timeline", True, "", True),
     ]
     assert all(p["id"].startswith("a2-") for s in context["sections"] for p in s.plots)
+    leads = [s.lead for s in context["sections"]]
+    assert leads == [
+        "x axis: optimizer step, from iteration spans (megatron.iteration) (a value is placed "
+        "at the step reached when it was exported: up to an export interval after the step it "
+        "describes).",
+        "",
+        "",
+        "",
+    ]
     assert not shrunk
     alone, _ = page_html._attempt(
         dataclasses.replace(run, job_id=None, attempt=None, created_s=None),
