@@ -1542,6 +1542,12 @@ def test_a_fitted_log_record_keeps_its_attributes_uncapped_immutable_and_its_dro
     assert bounded.log_record.body == safe_text("b" * 10_000, 100)
     with pytest.raises(TypeError):
         attributes["new"] = 1
+    plain = ReadableLogRecord(LogRecord(body="b" * 10_000, attributes={"k": 1}), Resource({}))
+    assert type(plain.log_record.attributes) is dict  # the API's records: no drop count
+    assert (
+        limits.bounded_log_record(plain, Limits(value_length=100)).log_record.attributes.dropped
+        == 0
+    )
 
 
 def test_long_keys_count_against_the_budget_whatever_the_value_limit():
@@ -1576,3 +1582,35 @@ def test_a_long_trace_state_counts_against_the_budget():
     assert limits.span_cost(span) > budget
     bounded = limits.bounded_span(span, Limits(value_length=None, record_budget_bytes=budget))
     assert limits.span_cost(bounded) <= budget
+
+
+def test_the_quick_bound_counts_each_slot_at_its_longest_name_and_value():
+    """_quick_bound: 12 bytes a character of a name (1,024 at most) and of a value (the limit),
+    and 128 a slot."""
+    assert limits._quick_bound(3, 10) == 3 * (12 * (1_024 + 10) + 128)
+    assert limits._quick_bound(0, 16_384) == 0
+
+
+def test_events_then_links_give_way_exactly_as_much_as_the_budget_needs():
+    """A span whose 40 events and 40 links hold only numbers (nothing to cut), over a budget
+    that its links alone exceed: every event goes (they give way first), then the last links,
+    as few as fit the budget; the span's own attributes stay."""
+    context = trace_api.SpanContext(1, 2, False)
+    numbers = {f"n{j}": j for j in range(20)}
+    span = ReadableSpan(
+        "s",
+        context=context,
+        attributes={"a": 1, "b": 2},
+        events=[Event(f"e{i}", numbers, i) for i in range(40)],
+        links=[Link(context, numbers) for _ in range(40)],
+    )
+    budget = 50_000
+    bounded = limits.bounded_span(span, Limits(record_budget_bytes=budget))
+    kept = len(bounded.links)
+    assert bounded.events == () or list(bounded.events) == []
+    assert 0 < kept < 40 and dict(bounded.attributes) == {"a": 1, "b": 2}
+    assert limits.span_cost(bounded) <= budget
+    one_more = ReadableSpan(
+        "s", context=context, attributes={"a": 1, "b": 2}, links=list(span.links)[: kept + 1]
+    )
+    assert limits.span_cost(one_more) > budget

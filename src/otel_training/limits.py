@@ -1001,7 +1001,7 @@ def _bounded_log_record(record: Any, limits: Limits) -> Any:
             event_name = _safe_name(event_name)
         body, cleaned = _fit_log_record(body, cleaned, budget)
         dropped = getattr(log_record.attributes, "dropped", 0)
-        new_attributes = BoundedAttributes(maxlen=None, attributes=cleaned, immutable=True)
+        new_attributes = BoundedAttributes(attributes=cleaned)  # no cap, immutable
         new_attributes.dropped = dropped
         new_record = copy.copy(log_record)
         new_record.body = body
@@ -1048,7 +1048,7 @@ def _fit_log_record(body: Any, attributes: dict[str, Any], budget: int) -> tuple
         used += entry
     attributes = kept
     text = body if type(body) is str else safe_text(body, None)
-    room = max(_MIN_CUT, (budget - used) // (12 if not text else _char_cost(text)) - 8)
+    room = max(_MIN_CUT, (budget - used) // _char_cost(text) - 8)
     body = _cut(text, room) if len(text) > room else text
     return body, attributes
 
