@@ -532,20 +532,32 @@ def scope_cost(scope: Any) -> int:
 def span_cost(span: ReadableSpan) -> int:
     """Worst-case JSON bytes of ``span``'s strings and values (rule 3's measure); its resource
     and scope are not counted (a request carries each once: :func:`scope_cost`)."""
-    attributes = getattr(span, "_attributes", None)
-    events = getattr(span, "_events", None)
-    links = getattr(span, "_links", None)
-    cost = _SPAN_COST + json_cost(span.name)
-    cost += _attributes_cost(span.attributes if attributes is None else attributes)
+    name, attributes, events, links = _parts(span)
+    cost = _SPAN_COST + json_cost(name) + _attributes_cost(attributes)
     description = span.status.description
     if description:
         cost += json_cost(description)
-    for event in span.events if events is None else events:
+    for event in events:
         cost += _EVENT_COST + json_cost(event.name) + _attributes_cost(event.attributes)
-    links = span.links if links is None else links
     for link in links:
         cost += _LINK_COST + _attributes_cost(link.attributes)
     return cost + _trace_states_cost(span.context, links)
+
+
+def _parts(span: ReadableSpan) -> tuple[Any, Any, Sequence[Event], Sequence[Link]]:
+    """A span's name, attributes, events and links: the SDK's private fields where it has
+    them (its properties copy the lists, and read attributes through a lock per key; this runs
+    for every span an exporter or the JSON lines see), else the properties."""
+    name = getattr(span, "_name", None)
+    attributes = getattr(span, "_attributes", None)
+    events = getattr(span, "_events", None)
+    links = getattr(span, "_links", None)
+    return (
+        span.name if name is None else name,
+        span.attributes if attributes is None else attributes,
+        span.events if events is None else events,
+        span.links if links is None else links,
+    )
 
 
 def _trace_states_cost(context: Any, links: Sequence[Link]) -> int:
@@ -570,18 +582,9 @@ def bounded_span(span: ReadableSpan, limits: Limits = DEFAULT_LIMITS) -> Readabl
 
 def _bounded_span(span: ReadableSpan, limits: Limits) -> ReadableSpan:
     limit = limits.value_length
-    # The SDK's private fields where it has them: its properties copy lists under a lock,
-    # and this runs for every span an exporter or the JSON lines see.
-    name = getattr(span, "_name", None) or span.name
+    name, attributes, events, links = _parts(span)
     status = span.status
     description = status.description
-    events = getattr(span, "_events", None)
-    events = span.events if events is None else events
-    links = getattr(span, "_links", None)
-    links = span.links if links is None else links
-    attributes = getattr(span, "_attributes", None)
-    if attributes is None:
-        attributes = span.attributes
     scope = span.instrumentation_scope
     resource = span.resource
     new_scope = bounded_scope(scope, limit)
