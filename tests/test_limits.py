@@ -1614,3 +1614,55 @@ def test_events_then_links_give_way_exactly_as_much_as_the_budget_needs():
         "s", context=context, attributes={"a": 1, "b": 2}, links=list(span.links)[: kept + 1]
     )
     assert limits.span_cost(one_more) > budget
+
+
+@pytest.mark.parametrize("part", ["description", "event name", "event value", "link value"])
+def test_one_long_string_alone_is_cut_at_its_limit(part):
+    """A span whose only fault is one string over its limit (the status description, an event
+    name, an event's or a link's attribute value) has that string cut, whatever else fits."""
+    from opentelemetry.trace import SpanKind
+
+    context = trace_api.SpanContext(1, 2, False)
+    long = "q" * 200
+    fields = {
+        "description": {"status": Status(StatusCode.ERROR, long)},
+        "event name": {"events": [Event("e" * 2_000, {}, 1)]},
+        "event value": {"events": [Event("e", {"v": long}, 1)]},
+        "link value": {"links": [Link(context, {"v": long})]},
+    }[part]
+    span = ReadableSpan("s", context=context, kind=SpanKind.SERVER, **fields)
+    bounded = limits.bounded_span(span, Limits(value_length=50))
+    if part == "description":
+        assert bounded.status.description == safe_text(long, 50)
+    elif part == "event name":
+        assert bounded.events[0].name == safe_text("e" * 2_000, limits.MAX_NAME_LENGTH)
+    elif part == "event value":
+        assert bounded.events[0].attributes["v"] == safe_text(long, 50)
+    else:
+        assert bounded.links[0].attributes["v"] == safe_text(long, 50)
+    assert bounded.kind is SpanKind.SERVER  # nothing else changes
+
+
+def test_a_span_of_many_links_and_no_events_is_fitted():
+    """A span whose links alone are over the budget (no events; few attributes) is fitted."""
+    context = trace_api.SpanContext(1, 2, False)
+    numbers = {f"n{j}": j for j in range(20)}
+    span = ReadableSpan("s", context=context, links=[Link(context, numbers)] * 40)
+    assert limits.span_cost(span) > 50_000
+    bounded = limits.bounded_span(span, Limits(record_budget_bytes=50_000))
+    assert limits.span_cost(bounded) <= 50_000 and 0 < len(bounded.links) < 40
+
+
+def test_a_spans_scope_and_resource_are_bounded_at_its_limit():
+    """bounded_span cuts the values of the span's scope and resource at the span's value
+    limit, not at the default."""
+    long = "r" * 100
+    span = ReadableSpan(
+        "s",
+        context=trace_api.SpanContext(1, 2, False),
+        resource=Resource({"host.name": long}),
+        instrumentation_scope=InstrumentationScope("s", attributes={"a": long}),
+    )
+    bounded = limits.bounded_span(span, Limits(value_length=40))
+    assert bounded.resource.attributes["host.name"] == safe_text(long, 40)
+    assert bounded.instrumentation_scope.attributes["a"] == safe_text(long, 40)
