@@ -1021,3 +1021,24 @@ def test_the_heatmaps_of_every_attempt_share_one_colour_scale_per_family(tmp_pat
         (high, low) for low, high in re.findall(r'"zmin":([0-9.e+-]+),"zmax":([0-9.e+-]+)', page)
     ]
     assert len(scales) == 2 and {(float(h), float(lo)) for h, lo in scales} == {(12.0, 0.0)}
+
+
+def test_an_attempts_names_keep_240_characters_and_its_parts_are_named_for_the_page(tmp_path):
+    """In the summary and the tables, names from the files keep 240 characters (the header
+    120); the attempt's context carries its label, short run id, tiles and directory under
+    the names the template reads; three hosts are listed whole, a fourth is an ellipsis."""
+    import plotly
+
+    _real_run(tmp_path)
+    run = load_run(tmp_path)
+    long_id = "r" * 200
+    run.run_id = long_id
+    context, _ = page_html._attempt(run, "attempt 3", "", plotly, figures.XAxis(run), [])
+    summary = context["summary"]
+    assert summary.run_id == long_id
+    assert dict(context["facts"])["run id"] == long_id and context["row"]["run_id"] == long_id
+    assert context["short_run_id"] == page_html._short(long_id) != long_id
+    assert context["label"] == "attempt 3" and context["directory"] == str(tmp_path)
+    assert [t.label for t in context["tiles"]] == [t.label for t in page_html._tiles(summary)]
+    three = [t for t in page_html._tiles(_summary(hosts=["a", "b", "c"])) if t.label == "ranks"]
+    assert three[0].detail == "3 hosts: a, b, c"
