@@ -1043,3 +1043,9 @@ def test_an_attempts_names_keep_240_characters_and_its_parts_are_named_for_the_p
     assert [t.label for t in context["tiles"]] == [t.label for t in page_html._tiles(summary)]
     three = [t for t in page_html._tiles(_summary(hosts=["a", "b", "c"])) if t.label == "ranks"]
     assert three[0].detail == "3 hosts: a, b, c"
+    (one,) = [
+        t
+        for t in page_html._tiles(_summary(nonfinite={"x": 1.0}))
+        if t.label == "non-finite values"
+    ]
+    assert one.bad  # a single NaN is one too many
