@@ -111,6 +111,16 @@ def _write(stream: files.AppendStream, *lines: str) -> None:
     stream.flush()
 
 
+def _outage(stream: files.AppendStream, run: Path) -> None:
+    """One outage: the run directory replaced by a file for a write ("lost"), then back for
+    the next ("kept")."""
+    shutil.rmtree(run)
+    run.write_text("x")
+    _write(stream, "lost")
+    run.unlink()
+    _write(stream, "kept")
+
+
 def test_a_removed_directory_is_recreated_once_for_all_its_files(tmp_path, caplog):
     """Two files of one run directory, the directory removed: both are written again there,
     one warning for the directory (naming it and the variable), a gap record per file with
@@ -173,11 +183,7 @@ def test_a_flapping_directory_warns_a_bounded_number_of_times(tmp_path, caplog):
     stream = _stream(run)
     with caplog.at_level(logging.WARNING, logger="otel_training"):
         for _ in range(10):
-            shutil.rmtree(run)
-            run.write_text("x")
-            _write(stream, "lost")
-            run.unlink()
-            _write(stream, "kept")
+            _outage(stream, run)
         stream.close()
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 2 * files.MAX_OUTAGE_WARNINGS + 1
@@ -645,11 +651,7 @@ def test_the_total_at_close_comes_only_beyond_the_warned_outages(tmp_path, caplo
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="otel_training"):
             for _ in range(outages):
-                shutil.rmtree(run)
-                run.write_text("x")
-                _write(stream, "lost")
-                run.unlink()
-                _write(stream, "kept")
+                _outage(stream, run)
             stream.close()
         totals = [r for r in caplog.records if "outages in all" in r.getMessage()]
         assert len(totals) == total
