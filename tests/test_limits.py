@@ -1254,7 +1254,7 @@ def test_the_worst_case_size_of_a_metric_point_counts_buckets_and_exemplars():
         attributes={},
         positive=SimpleNamespace(bucket_counts=[1, 1]),
         negative=SimpleNamespace(bucket_counts=[4]),
-        exemplars=None,
+        exemplars=[],
     )
     assert limits.metric_point_cost(exponential) == 160 + 2 + 33 * 3
     metric = SimpleNamespace(name="m", unit=None, description="d")
@@ -1445,7 +1445,7 @@ def test_a_metric_point_is_bounded_by_its_cost_after_its_values_are_cut():
     assert dict(point.attributes) == {"key0": safe_text("v" * 5_000, 600)}
     assert len(point.exemplars) == 1
     assert limits.metric_cost(SimpleNamespace(name="m", unit=None, description=None)) == 127
-    assert limits.metric_point_cost(SimpleNamespace(attributes=None)) == 162
+    assert limits.metric_point_cost(SimpleNamespace(attributes=None, exemplars=[])) == 162
 
 
 def test_events_give_way_exceptions_first_then_the_earliest_to_the_byte():
@@ -1666,3 +1666,175 @@ def test_a_spans_scope_and_resource_are_bounded_at_its_limit():
     bounded = limits.bounded_span(span, Limits(value_length=40))
     assert bounded.resource.attributes["host.name"] == safe_text(long, 40)
     assert bounded.instrumentation_scope.attributes["a"] == safe_text(long, 40)
+
+
+class _SpanReadOnlyByFields(ReadableSpan):
+    """An SDK span whose copying properties must not be read (they raise)."""
+
+    def _copied(self):
+        raise AssertionError("read through a property")
+
+    name = property(_copied)
+    attributes = property(_copied)
+    events = property(_copied)
+    links = property(_copied)
+
+
+class _SpanOfProperties:
+    """A span of another SDK: the properties of a ReadableSpan, no private fields."""
+
+    def __init__(self, record: ReadableSpan):
+        self.name, self.attributes = record.name, record.attributes
+        self.events, self.links = record.events, record.links
+        self.status, self.context = record.status, record.context
+
+
+def test_a_spans_parts_are_read_from_the_sdks_fields_else_through_its_properties():
+    """An SDK span is measured and bounded from its fields, without the copies its properties
+    make (tuples of events and links, a proxy of the attributes) on the exporter's thread; a
+    span of another kind, through the properties, to the same cost."""
+    fields = {
+        "context": CONTEXT,
+        "attributes": {"a": "x" * 300, "n": 1},
+        "events": [Event("e", {"k": "v" * 20}, 5)],
+        "links": [Link(CONTEXT, {"l": "w" * 30})],
+        "status": Status(StatusCode.ERROR, "failed"),
+    }
+    sdk = ReadableSpan("step", **fields)
+    by_fields = _SpanReadOnlyByFields("step", **fields)
+    expected = 400 + 6 + (2 + 3 + 40 + 302 + 3 + 40 + 32) + (60 + 3 + 2 + 3 + 40 + 22)
+    expected += 110 + (2 + 3 + 40 + 32) + 8  # the link; the description "failed"
+    assert limits.span_cost(sdk) == limits.span_cost(by_fields) == expected
+    assert limits.span_cost(_SpanOfProperties(sdk)) == expected
+    bounded = limits.bounded_span(by_fields, Limits(value_length=100))
+    assert ReadableSpan.attributes.fget(bounded)["a"] == safe_text("x" * 300, 100)
+
+
+def _with_items(attributes: dict, k: int) -> dict:
+    return {key: value[:k] if type(value) is tuple else value for key, value in attributes.items()}
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=4),
+    item=st.sampled_from(["x", "q" * 9, '"\\', EMOJI * 3]),
+    extra=st.integers(0, 2_000),
+    spare=st.integers(-400, 3_000),
+)
+def test_sequences_keep_the_most_items_that_fit(lengths, item, extra, spare):
+    """_fewer_items cuts every sequence to the same number of items k, the largest with which
+    the record (its attributes and ``extra`` bytes of the rest) fits the budget, or none, and
+    returns the record's cost with them: checked against every k in turn."""
+    attributes = {f"s{i}": (item,) * n for i, n in enumerate(lengths)}
+    attributes["n"] = 7
+    total = extra + limits._attributes_cost(attributes)
+    budget = total - spare
+    fitted, cost = limits._fewer_items(dict(attributes), total, budget)
+    fits = [k for k in range(max(lengths) + 1)
+            if extra + limits._attributes_cost(_with_items(attributes, k)) <= budget]  # fmt: skip
+    best = max(fits, default=0)
+    assert fitted == _with_items(attributes, best)
+    assert cost == extra + limits._attributes_cost(fitted)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 400), min_size=1, max_size=5),
+    budget=st.integers(100, 3_000),
+)
+def test_attributes_over_their_budget_keep_the_longest_strings_that_fit(lengths, budget):
+    """_fit_attributes cuts the longest strings alike to the largest cap (32 characters at
+    least) with which the attributes fit: every string at or under that cap is kept whole, and
+    a cap one character longer would not fit (checked by cutting them by hand)."""
+    attributes = {f"k{i}": "v" * n for i, n in enumerate(lengths)}
+    total = limits._attributes_cost(attributes)
+    fitted = limits._fit_attributes(dict(attributes), budget)
+    assert limits._attributes_cost(fitted) <= budget or total <= budget
+    if total <= budget:
+        assert fitted == attributes
+        return
+
+    def cut_to(cap: int) -> dict:
+        return {k: v if len(v) <= cap else limits._cut(v, cap) for k, v in attributes.items()}
+
+    caps = [c for c in range(32, max(lengths) + 1) if limits._attributes_cost(cut_to(c)) <= budget]
+    if caps:
+        assert fitted == cut_to(max(caps))
+    else:  # at 32 characters the last attributes go, as few as fit
+        kept = cut_to(32)
+        while limits._attributes_cost(kept) > budget:
+            kept.pop(list(kept)[-1])
+        assert fitted == kept
+
+
+def test_attributes_whose_strings_are_cut_to_the_shortest_then_lose_items_alike():
+    """Attributes still over their budget with every string at 32 characters have their
+    sequences cut alike to the most items that fit, before any attribute goes."""
+    attributes = {"s": "x" * 500, "a": ("v" * 40,) * 100, "b": (1,) * 100}
+    fitted = limits._fit_attributes(dict(attributes), 2_000)
+    k = len(fitted["a"])
+    assert (
+        fitted["s"] == limits._cut("x" * 500, 32)
+        and fitted["a"] == (limits._cut("v" * 40, 32),) * k
+    )
+    assert 0 < k < 100 and fitted["b"] == (1,) * k
+    assert limits._attributes_cost(fitted) <= 2_000
+    assert (
+        limits._attributes_cost(_with_items(dict(fitted, a=fitted["a"] * 2, b=(1,) * 100), k + 1))
+        > 2_000
+    )
+
+
+def test_a_span_fitted_at_the_shortest_cut_counts_its_trace_state_and_description():
+    """A span of 400 long attributes, a trace state of about 7,000 characters and a status
+    description beyond U+FFFF, whose strings cut to 32 characters still do not fit: its last
+    attributes go, as many as the budget needs with the trace state (up to 14 KB) and the cut
+    description (386 bytes) counted, and no more."""
+    from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+
+    state = TraceState([(f"k{i}", "v" * 200) for i in range(32)])
+    context = SpanContext(1, 2, False, TraceFlags(1), state)
+    attributes = {f"a{i:03}": "x" * 64 for i in range(400)}
+    span = ReadableSpan(
+        "s", context=context, attributes=attributes, status=Status(StatusCode.ERROR, EMOJI * 500)
+    )
+    budget = 30_000
+    bounded = limits.bounded_span(span, Limits(value_length=None, record_budget_bytes=budget))
+    kept = dict(bounded.attributes)
+    assert 0 < len(kept) < 400 and list(kept) == list(attributes)[: len(kept)]
+    assert bounded.status.description == limits._cut(EMOJI * 500, 32)
+    assert limits.span_cost(bounded) <= budget
+    one_more = dict(kept, **{f"a{len(kept):03}": limits._cut("x" * 64, 32)})
+    assert limits.span_cost(_with_attributes(bounded, one_more)) > budget
+
+
+def _with_attributes(record: ReadableSpan, attributes: dict) -> ReadableSpan:
+    return ReadableSpan(
+        record.name,
+        context=record.context,
+        attributes=attributes,
+        events=list(record.events),
+        links=list(record.links),
+        status=record.status,
+    )
+
+
+def test_events_give_way_before_sequences_and_sequences_to_the_most_items_that_fit():
+    """A span whose 30 events (an exception event first) and 3 sequences of 500 items are over
+    a budget that the sequences alone exceed: every event goes (events give way first, the
+    exception event too when nothing is left for it), then the sequences are cut alike to the
+    most items that fit."""
+    events = [Event("exception", {"exception.message": "m" * 20}, 1)]
+    events += [Event(f"e{i}", {"v": "w" * 200}, i) for i in range(2, 31)]
+    sequences = {f"s{i}": ("item",) * 500 for i in range(3)}
+    span = ReadableSpan("s", context=CONTEXT, attributes=sequences, events=events)
+    budget = 40_000
+    assert limits.span_cost(ReadableSpan("s", context=CONTEXT, attributes=sequences)) > budget
+    bounded = limits.bounded_span(span, Limits(record_budget_bytes=budget))
+    assert list(bounded.events) == []
+    lengths = {len(v) for v in bounded.attributes.values()}
+    assert len(lengths) == 1 and 0 < lengths.pop() < 500
+    assert limits.span_cost(bounded) <= budget
+    k = len(bounded.attributes["s0"])
+    one_more = {key: ("item",) * (k + 1) for key in sequences}
+    assert limits.span_cost(_with_attributes(bounded, one_more)) > budget

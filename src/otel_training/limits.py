@@ -421,9 +421,7 @@ def _fit_attributes(attributes: dict[str, Any], budget: int) -> dict[str, Any]:
     fixed = total - sum(json_cost(s) - 2 for s in strings)
     cap = max(_MIN_CUT, _water_level(strings, budget - fixed))
     attributes = {k: _cut_strings(v, cap) for k, v in attributes.items()}
-    total = _attributes_cost(attributes)
-    if total > budget:
-        attributes, total = _fewer_items(attributes, total, budget)
+    attributes, total = _fewer_items(attributes, _attributes_cost(attributes), budget)
     return _drop_last(attributes, total, budget)
 
 
@@ -533,15 +531,24 @@ def span_cost(span: ReadableSpan) -> int:
     """Worst-case JSON bytes of ``span``'s strings and values (rule 3's measure); its resource
     and scope are not counted (a request carries each once: :func:`scope_cost`)."""
     name, attributes, events, links = _parts(span)
-    cost = _SPAN_COST + json_cost(name) + _attributes_cost(attributes)
-    description = span.status.description
+    return _span_cost(name, span.status.description, attributes, events, links, span.context)
+
+
+def _span_cost(
+    name: Any,
+    description: str | None,
+    attributes: Mapping[str, Any] | None,
+    events: Sequence[Event],
+    links: Sequence[Link],
+    context: Any,
+) -> int:
+    """:func:`span_cost` of a span's parts."""
+    cost = _SPAN_COST + json_cost(name) + _attributes_cost(attributes) + _events_cost(events)
     if description:
         cost += json_cost(description)
-    for event in events:
-        cost += _EVENT_COST + json_cost(event.name) + _attributes_cost(event.attributes)
     for link in links:
         cost += _LINK_COST + _attributes_cost(link.attributes)
-    return cost + _trace_states_cost(span.context, links)
+    return cost + _trace_states_cost(context, links)
 
 
 def _parts(span: ReadableSpan) -> tuple[Any, Any, Sequence[Event], Sequence[Link]]:
@@ -703,19 +710,17 @@ def _fit_span(draft: ReadableSpan, draft_cost: int, budget: int) -> tuple:
     4. links, then attributes, dropped, the last first.
 
     Costs are worst cases, so that a fit here is a fit for any content."""
-    name = draft.name
+    name, attributes, events, links = _parts(draft)
     description = draft.status.description
-    attributes = dict(draft.attributes)
-    events = list(draft.events)
-    links = list(draft.links)
-    strings: list[str] = [name] + ([description] if description else [])
-    for mapping in [
-        attributes,
-        *(e.attributes or {} for e in events),
-        *(link.attributes or {} for link in links),
-    ]:
-        for value in mapping.values():
-            _collect_strings(value, strings)
+    strings: list[str] = []
+    for value in (
+        name,
+        description,
+        *attributes.values(),
+        *(value for e in events for value in (e.attributes or {}).values()),
+        *(value for link in links for value in (link.attributes or {}).values()),
+    ):
+        _collect_strings(value, strings)
     fixed = draft_cost - sum(json_cost(s) - 2 for s in strings)
     cap = max(_MIN_CUT, _water_level(strings, budget - fixed))
 
@@ -723,27 +728,15 @@ def _fit_span(draft: ReadableSpan, draft_cost: int, budget: int) -> tuple:
         return {k: _cut_strings(v, cap) for k, v in (mapping or {}).items()}
 
     name = _cut_strings(name, cap)
-    description = _cut_strings(description, cap) if description else description
+    description = _cut_strings(description, cap)
     attributes = cut(attributes)
-    events = [Event(e.name, cut(e.attributes), e.timestamp) for e in events]
     links = [Link(link.context, cut(link.attributes)) for link in links]
-
-    total = span_cost(
-        ReadableSpan(
-            name,
-            context=draft.context,
-            attributes=attributes,
-            events=events,
-            links=links,
-            status=Status(draft.status.status_code, description),
-        )
+    # Each step below leaves what already fits as it is.
+    others = _span_cost(name, description, attributes, (), links, draft.context)
+    events = _fewer_events(
+        [Event(e.name, cut(e.attributes), e.timestamp) for e in events], budget - others
     )
-    if total > budget and events:
-        others = total - _events_cost(events)
-        events = _fewer_events(events, budget - others)
-        total = others + _events_cost(events)
-    if total > budget:
-        attributes, total = _fewer_items(attributes, total, budget)
+    attributes, total = _fewer_items(attributes, others + _events_cost(events), budget)
     while links and total > budget:
         link = links.pop()
         total -= _LINK_COST + _attributes_cost(link.attributes)
@@ -929,7 +922,7 @@ def log_record_cost(record: Any) -> int:
         cost += 2 + sum(
             json_cost(k) + _ENTRY_COST + any_cost(v) for k, v in plain(attributes).items()
         )
-    for text in (log_record.severity_text, getattr(log_record, "event_name", None)):
+    for text in (log_record.severity_text, log_record.event_name):
         if text:
             cost += json_cost(text)  # a number as a number
     return cost
@@ -957,7 +950,7 @@ def _bounded_log_record(record: Any, limits: Limits) -> Any:
     body = log_record.body
     attributes = plain(log_record.attributes or {})
     severity_text = log_record.severity_text
-    event_name = getattr(log_record, "event_name", None)
+    event_name = log_record.event_name
     scope = record.instrumentation_scope
     resource = record.resource
     new_scope = bounded_scope(scope, limit)
@@ -1071,7 +1064,7 @@ def metric_point_cost(point: Any) -> int:
         buckets = getattr(point, side, None)
         if buckets is not None:
             cost += (_NUMBER_COST + 1) * len(getattr(buckets, "bucket_counts", ()) or ())
-    for exemplar in getattr(point, "exemplars", None) or ():
+    for exemplar in point.exemplars:
         cost += _POINT_COST + _attributes_cost(exemplar.filtered_attributes)
     return cost
 
@@ -1124,8 +1117,7 @@ def _metrics_need_work(data: Any, limits: Limits) -> bool:
                     value = getattr(point, "value", None)
                     if type(value) is int and not _INT64_MIN <= value <= _INT64_MAX:
                         return True
-                    exemplars = getattr(point, "exemplars", None)
-                    for exemplar in exemplars or ():
+                    for exemplar in point.exemplars:
                         if _needs_work(exemplar.filtered_attributes, limit):
                             return True
                     if metric_point_cost(point) > budget:
@@ -1148,8 +1140,7 @@ def _bounded_metrics_data(data: Any, limits: Limits, saturated: list[str] | None
             # The attributes (the series) fit the budget without the exemplars, which go
             # first (below) when the point with them is still over it.
             exemplars_cost = sum(
-                _POINT_COST + _attributes_cost(e.filtered_attributes)
-                for e in getattr(p, "exemplars", None) or ()
+                _POINT_COST + _attributes_cost(e.filtered_attributes) for e in p.exemplars
             )
             attributes = _fit_attributes(
                 dict(attributes or {}),
@@ -1162,7 +1153,7 @@ def _bounded_metrics_data(data: Any, limits: Limits, saturated: list[str] | None
             changes["value"] = _INT64_MAX if value > 0 else _INT64_MIN
             if saturated is not None:
                 saturated.append(metric_name)
-        exemplars = getattr(p, "exemplars", None)
+        exemplars = p.exemplars
         if exemplars:
             changes["exemplars"] = [
                 dataclasses.replace(
