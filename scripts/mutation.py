@@ -230,12 +230,24 @@ def main(argv: list[str] | None = None) -> int:
 PRELOADED = ("torch", "plotly.graph_objects", "plotly.io", "plotly.offline", "jinja2")
 
 
+def _warm_plotly() -> None:
+    """A figure of each trace type the report draws, written as HTML: plotly loads its
+    classes, validators and default template lazily, on first use (about 0.16 s of every
+    mutant whose tests draw a figure)."""
+    import plotly.graph_objects as go
+
+    figure = go.Figure([go.Scatter(x=[0], y=[0]), go.Bar(x=[0], y=[0]), go.Heatmap(z=[[0]])])
+    figure.update_layout(title="warm", xaxis_title="x", coloraxis={"colorbar": {"title": "c"}})
+    figure.to_html(full_html=False, include_plotlyjs=False)
+
+
 def _as_mutmut(args: list[str]) -> None:
     """mutmut's command line, its fork server given each mutant's tests fastest first (as its
     plain fork runner does; the fork server keeps them in no order): a mutant is then stopped
     by the quickest test that notices it, not by whichever comes first. The modules of
     :data:`PRELOADED` that are installed are imported first, and the trampolines read the
     active mutant from the process (see below)."""
+    import gc
     import importlib
 
     for name in PRELOADED:
@@ -243,8 +255,11 @@ def _as_mutmut(args: list[str]) -> None:
             importlib.import_module(name)
         except ImportError:
             pass
+    if "plotly" in sys.modules:
+        _warm_plotly()
     from mutmut.__main__ import cli
     from mutmut.mutation import trampoline
+    from mutmut.runners.harness import PytestRunner
     from mutmut.state import state
     from mutmut.workers.isolation import ForkServerRunner
 
@@ -259,6 +274,17 @@ def _as_mutmut(args: list[str]) -> None:
     # make millions of calls). mutmut sets the process's own copy with each mutant (and
     # mirrors it into the environment, which no test of ours changes): read that first.
     trampoline.get_mutant_under_test = mutant_under_test
+
+    # mutmut freezes the garbage collector's objects before it starts its fork server, which
+    # then imports and collects the tests: freeze those too, so that a collection in a
+    # mutant's process (pytest makes two at its end) does not walk them (0.1-0.2 s a mutant).
+    warm_up = PytestRunner.warm_up
+
+    def warm_up_then_freeze(self) -> None:
+        warm_up(self)
+        gc.freeze()
+
+    PytestRunner.warm_up = warm_up_then_freeze
 
     submit = ForkServerRunner.submit
 

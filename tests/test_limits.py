@@ -1415,7 +1415,7 @@ def test_a_log_record_of_too_many_values_keeps_half_its_budget_of_attributes_in_
     budget (with the record's 300), in order, are kept; the body, as its text, is cut to the
     room left at its widest character's bytes, 8 characters spare."""
     attributes = {f"k{i}": "v" * 100 for i in range(50)}
-    body = {"m": ["x" * 50] * 40}
+    body = {"m": ("x" * 50,) * 40}  # bounded: a list is a tuple then
     kept_body, kept = limits._fit_log_record(body, attributes, 2000)
     # each value cut to 32 characters: 34 bytes; "k0".."k9" 4 bytes, then 5; + 40 an entry
     # 300 + 8 x 78 = 924 <= 1,000 = 2,000 // 2; a 9th would make 1,002
@@ -1424,7 +1424,7 @@ def test_a_log_record_of_too_many_values_keeps_half_its_budget_of_attributes_in_
     text = safe_text({"m": tuple([limits._cut("x" * 50, 32)] * 40)}, None)
     room = (2000 - 924) // 1 - 8
     assert kept_body == limits._cut(text, room) and len(text) > room
-    wide_body, _ = limits._fit_log_record({"m": ["é" * 50] * 40}, attributes, 2000)
+    wide_body, _ = limits._fit_log_record({"m": ("é" * 50,) * 40}, attributes, 2000)
     wide = safe_text({"m": tuple([limits._cut("é" * 50, 32)] * 40)}, None)
     assert wide_body == limits._cut(wide, (2000 - 924) // 6 - 8)
 
@@ -1838,3 +1838,118 @@ def test_events_give_way_before_sequences_and_sequences_to_the_most_items_that_f
     k = len(bounded.attributes["s0"])
     one_more = {key: ("item",) * (k + 1) for key in sequences}
     assert limits.span_cost(_with_attributes(bounded, one_more)) > budget
+
+
+def test_an_attribute_values_items_numbers_and_objects_are_bounded_at_the_limit():
+    """bounded_value: each string of a sequence is cut at the limit, like a string alone; an
+    object's text too; integers are kept to the ends of int64 exactly, beyond them floats."""
+    assert bounded_value(("x" * 100, "y"), 40) == (safe_text("x" * 100, 40), "y")
+    assert bounded_value(["x" * 100], 40) == (safe_text("x" * 100, 40),)
+    assert bounded_value(Exception("e" * 100), 40) == safe_text("e" * 100, 40)
+    for kept in (2**63 - 1, -(2**63), 0):
+        assert type(bounded_value(kept)) is int and bounded_value(kept) == kept
+    for beyond in (2**63, -(2**63) - 1):
+        assert type(bounded_value(beyond)) is float and bounded_value(beyond) == float(beyond)
+
+
+def test_a_cut_of_escaped_surrogates_counts_what_was_cut_of_the_whole_escaped_text():
+    """1,000 undecodable bytes (U+DC80, ``\\x80`` once escaped: 4,000 characters) cut at 50
+    characters keep the first 26 escaped characters and say that 3,974 were cut, though only
+    the head was escaped."""
+    whole = "\\x80" * 1_000
+    assert safe_text("\udc80" * 1_000, 50) == whole[:26] + "...[3974 characters cut]"
+
+
+def _cut_all(value, cap: int):
+    """Every string in ``value`` (a string, a tuple, a map) cut to ``cap`` characters."""
+    if type(value) is str:
+        return value if len(value) <= cap else limits._cut(value, cap)
+    if type(value) is tuple:
+        return tuple(_cut_all(v, cap) for v in value)
+    if type(value) is dict:
+        return {k: _cut_all(v, cap) for k, v in value.items()}
+    return value
+
+
+def test_a_string_exactly_at_the_water_level_is_kept_whole():
+    """Two strings of 100 and 60 characters with a budget that fits them both at 60: the
+    first is cut to 60 characters, the second, exactly 60, is kept as it is (no marker)."""
+    attributes = {"a": "x" * 100, "b": "y" * 60}
+    budget = limits._attributes_cost({"a": "x" * 60, "b": "y" * 60})
+    assert limits._fit_attributes(dict(attributes), budget) == {
+        "a": limits._cut("x" * 100, 60),
+        "b": "y" * 60,
+    }
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 300), min_size=1, max_size=4),
+    shape=st.sampled_from(["attributes", "sequences", "map body"]),
+    spare=st.integers(0, 4_000),
+)
+def test_strings_in_sequences_and_maps_are_cut_to_the_largest_level_that_fits(
+    lengths, shape, spare
+):
+    """The water level counts every string of a record, in sequences and in a log body's
+    maps too: the strings are cut to the largest cap (32 characters at least) with which the
+    record fits, found here by trying every cap."""
+    values = {f"k{i}": "v" * n for i, n in enumerate(lengths)}
+    if shape == "map body":
+        body, attributes = {"m": values, "t": ("w" * 50,)}, {"a": "u" * 40}
+
+        def cost(body, attributes):
+            return (
+                limits._LOG_RECORD_COST
+                + limits.any_cost(body)
+                + 2
+                + sum(limits.json_cost(k) + 40 + limits.any_cost(v) for k, v in attributes.items())
+            )
+
+        budget = max(300, cost(body, attributes) - spare)
+        fitted = limits._fit_log_record(body, attributes, budget)
+        caps = [
+            c for c in range(32, 301) if cost(_cut_all(body, c), _cut_all(attributes, c)) <= budget
+        ]
+        if caps and cost(body, attributes) > budget:
+            assert fitted == (_cut_all(body, max(caps)), _cut_all(attributes, max(caps)))
+        return
+    attributes = values if shape == "attributes" else {"s": tuple(values.values()), "n": 1}
+    budget = max(100, limits._attributes_cost(attributes) - spare)
+    fitted = limits._fit_attributes(dict(attributes), budget)
+    caps = [c for c in range(32, 301) if limits._attributes_cost(_cut_all(attributes, c)) <= budget]
+    if caps:
+        assert fitted == _cut_all(attributes, max(caps))
+    else:
+        assert limits._attributes_cost(fitted) <= budget
+
+
+class _LyingText(str):
+    """A str subclass whose methods lie: it says it is short, ASCII and encodable."""
+
+    def __len__(self):
+        return 0
+
+    def isascii(self):
+        return True
+
+    def encode(self, *args, **kwargs):
+        return b""
+
+
+class _GivesLyingText:
+    def __str__(self):
+        return _LyingText("\udc80" + "z" * 2_000)
+
+
+def test_an_objects_text_of_a_str_subclass_is_bounded_as_a_plain_str():
+    """An object whose ``str()`` is a str subclass with misbehaving methods: its text is
+    taken as a plain str and bounded by the rule (escaped, cut at the limit)."""
+    text = safe_text(_GivesLyingText(), 100)
+    assert type(text) is str
+    assert text == safe_text("\udc80" + "z" * 2_000, 100) and len(text) == 100
+
+
+def test_lone_surrogates_are_escaped_without_a_limit():
+    """safe_text with no limit escapes lone surrogates and cuts nothing."""
+    assert safe_text("a\udc80b\ud800" + "c" * 5_000, None) == "a\\x80b\\ud800" + "c" * 5_000

@@ -177,7 +177,7 @@ def safe_text(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH) -> str:
             value = str.__str__(value)
     if not value.isascii():
         try:
-            value.encode("utf-8")
+            value.encode()  # UTF-8
         except UnicodeEncodeError:
             if limit is not None and len(value) > limit:
                 escaped = _escaped_length(value)
@@ -223,7 +223,7 @@ def _is_clean(value: str, limit: int | None) -> bool:
     if value.isascii():
         return True
     try:
-        value.encode("utf-8")
+        value.encode()  # UTF-8
     except UnicodeEncodeError:
         return False
     return True
@@ -253,7 +253,7 @@ def bounded_value(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH) -> Any:
         return tuple(bounded_value(v, limit) for v in items)
     number = python_number(value)
     if number is not None:
-        return bounded_value(number, limit)
+        return bounded_value(number)  # a bool, an int or a float: nothing to cut
     return safe_text(value, limit)
 
 
@@ -571,7 +571,7 @@ def _trace_states_cost(context: Any, links: Sequence[Link]) -> int:
     """Worst-case JSON bytes of the trace states of a span's ``context`` and its ``links``:
     twice the header (each character escaped at worst, ASCII) + 2 each."""
     cost = 0
-    for state in (getattr(c, "trace_state", None) for c in (context, *(k.context for k in links))):
+    for state in (c.trace_state for c in (context, *(k.context for k in links)) if c is not None):
         if state:
             cost += 2 * len(state.to_header()) + 2
     return cost
@@ -749,10 +749,11 @@ def _events_cost(events: Sequence[Event]) -> int:
 
 
 def _collect_strings(value: Any, out: list[str]) -> None:
+    """Appends to ``out`` the strings of a bounded value (sequences are tuples then)."""
     kind = type(value)
     if kind is str:
         out.append(value)
-    elif kind is tuple or kind is list:
+    elif kind is tuple:
         for item in value:
             _collect_strings(item, out)
     elif kind is dict:
@@ -764,7 +765,7 @@ def _cut_strings(value: Any, cap: int) -> Any:
     kind = type(value)
     if kind is str:
         return _cut(value, cap) if len(value) > cap else value
-    if kind is tuple or kind is list:
+    if kind is tuple:
         return tuple(_cut_strings(v, cap) for v in value)
     if kind is dict:
         return {k: _cut_strings(v, cap) for k, v in value.items()}
@@ -863,8 +864,9 @@ def bounded_any(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH, _depth: in
             }
         if isinstance(value, (list, tuple)):
             return tuple(bounded_any(v, limit, _depth + 1) for v in value[:MAX_SEQUENCE_LENGTH])
-        if python_number(value) is not None:  # numpy scalars and other subclasses
-            return bounded_value(value, limit)
+        number = python_number(value)  # numpy scalars and other subclasses
+        if number is not None:
+            return bounded_value(number)
     except Exception:  # a container that changed or misbehaved under us
         pass
     return safe_text(value, limit)
