@@ -1953,3 +1953,170 @@ def test_an_objects_text_of_a_str_subclass_is_bounded_as_a_plain_str():
 def test_lone_surrogates_are_escaped_without_a_limit():
     """safe_text with no limit escapes lone surrogates and cuts nothing."""
     assert safe_text("a\udc80b\ud800" + "c" * 5_000, None) == "a\\x80b\\ud800" + "c" * 5_000
+
+
+def _group_of_cost(cost: int, make):
+    """``make(attributes)`` (a scope or a resource) whose :func:`limits.scope_cost` is
+    ``cost`` exactly, of one clean attribute."""
+    attributes = {"a": ""}
+    attributes["a"] = "v" * (cost - limits.scope_cost(make(attributes)))
+    group = make(attributes)
+    assert limits.scope_cost(group) == cost
+    return group
+
+
+@pytest.mark.parametrize("kind", ["scope", "resource"])
+def test_a_scope_or_resource_of_clean_values_is_kept_to_its_budget_exactly(kind):
+    """A scope or resource whose values need nothing but whose size is at the group budget
+    (48 KiB) exactly is kept as it is; one byte more and its value is cut by one character
+    (and ends with the marker)."""
+    if kind == "scope":
+
+        def make(attributes):
+            return InstrumentationScope("s", "1", "https://s", attributes)
+
+        bound = limits.bounded_scope
+    else:
+
+        def make(attributes):
+            return Resource(attributes)
+
+        bound = limits.bounded_resource
+    budget = limits.GROUP_BUDGET_BYTES
+    at_budget = _group_of_cost(budget, make)
+    assert bound(at_budget, None) is at_budget
+    over = _group_of_cost(budget + 1, make)
+    bounded = bound(over, None)
+    assert limits.scope_cost(bounded) <= budget
+    long = over.attributes["a"]
+    assert dict(bounded.attributes) == {"a": limits._cut(long, len(long) - 1)}
+
+
+class _CountedScope(InstrumentationScope):
+    """A scope that counts how often its attributes are read."""
+
+    reads = 0
+
+    @property
+    def attributes(self):
+        type(self).reads += 1
+        return super().attributes
+
+
+class _CountedResource(Resource):
+    reads = 0
+
+    @property
+    def attributes(self):
+        type(self).reads += 1
+        return super().attributes
+
+
+@pytest.mark.parametrize("needs_work", [False, True])
+def test_a_scope_or_resource_is_checked_once_per_object_and_limit(needs_work):
+    """Each span of a batch carries the same scope and resource objects: each is checked once
+    per object and value limit, and the same bounded object is given every time after."""
+    value = "x" * (50 if needs_work else 10)
+    scope = _CountedScope("s", attributes={"a": value})
+    resource = _CountedResource({"a": value})
+    _CountedScope.reads = _CountedResource.reads = 0
+    first = limits.bounded_scope(scope, 20), limits.bounded_resource(resource, 20)
+    reads = _CountedScope.reads, _CountedResource.reads
+    for _ in range(3):
+        assert limits.bounded_scope(scope, 20) is first[0]
+        assert limits.bounded_resource(resource, 20) is first[1]
+    assert (_CountedScope.reads, _CountedResource.reads) == reads
+    assert (first[0] is scope) is (not needs_work) and (first[1] is resource) is (not needs_work)
+    limits.bounded_scope(scope, 30)  # another limit: checked again
+    assert _CountedScope.reads > reads[0]
+
+
+def test_attributes_at_the_ends_of_int64_need_nothing():
+    """Integers at the ends of int64 and text beyond ASCII that encodes need no change: the
+    same attributes are given back."""
+    attributes = {"max": 2**63 - 1, "min": -(2**63), "text": "é\u4e2d\U0001f600"}
+    assert limits.bounded_attributes(attributes) is attributes
+    beyond = {"max": 2**63}
+    assert limits.bounded_attributes(beyond) == {"max": float(2**63)}
+
+
+def test_a_resources_schema_url_is_a_name_by_the_rule_and_kept_when_values_are_cut():
+    """A resource's schema URL is bounded as a name (escaped, 1,024 characters) and kept when
+    its values are cut; its cost counts against the group budget; a resource that cannot be
+    read becomes an empty one."""
+    odd = limits.bounded_resource(Resource({"a": "b"}, "https://x/\udc80"))
+    assert odd.schema_url == "https://x/\\x80" and dict(odd.attributes) == {"a": "b"}
+    url = "https://schema/" + "u" * 1_000
+    big = Resource({"a": "v" * 60_000}, url)
+    bounded = limits.bounded_resource(big, None)
+    assert bounded.schema_url == url
+    assert limits.scope_cost(bounded) <= limits.GROUP_BUDGET_BYTES
+    cap = len(bounded.attributes["a"])
+    assert bounded.attributes["a"] == limits._cut("v" * 60_000, cap)
+    assert limits.scope_cost(Resource({"a": "v" * (cap + 1)}, url)) > limits.GROUP_BUDGET_BYTES
+
+    class Unreadable(Resource):
+        @property
+        def attributes(self):
+            raise RuntimeError("gone")
+
+    empty = limits.bounded_resource(Unreadable({}))
+    assert type(empty) is Resource and dict(empty.attributes) == {}
+
+
+def test_plain_reads_the_dict_inside_the_sdks_bounded_attributes():
+    """plain: the dict inside a BoundedAttributes (its items() takes a lock per call), any
+    other mapping as it is."""
+    from types import MappingProxyType
+
+    from opentelemetry.attributes import BoundedAttributes
+
+    bounded = BoundedAttributes(attributes={"a": 1, "b": "x"}, immutable=False)
+    inner = limits.plain(bounded)
+    assert type(inner) is dict and inner == {"a": 1, "b": "x"}
+    bounded["c"] = 2.5
+    assert inner == {"a": 1, "b": "x", "c": 2.5}  # the same dict, not a copy
+    proxy = MappingProxyType({"a": 1})
+    assert limits.plain(proxy) is proxy
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "expected"),
+    [
+        ("x" * 100, 100, "x" * 100),  # exactly the limit: nothing cut, no marker
+        ("\udc80" * 25, 100, "\\x80" * 25),  # 100 characters once escaped
+        ("\ud800" * 1_000, 50, ("\\ud800" * 1_000)[:26] + "...[5974 characters cut]"),
+    ],
+    ids=["exactly the limit", "escaped to the limit", "other surrogates"],
+)
+def test_the_limit_counts_characters_after_escaping(text, limit, expected):
+    """A string of exactly the limit, after escaping, is kept whole; a longer one of
+    surrogates outside U+DC80..U+DCFF (6 characters each once escaped) is cut, its marker
+    counting what was cut of the whole escaped text."""
+    assert safe_text(text, limit) == expected
+
+
+def test_a_scope_is_bounded_as_names_keeping_what_it_lacks_and_an_unreadable_one_is_named():
+    """A scope whose name must be cut (the SDK's, or another with the same fields) keeps its
+    missing version and schema URL missing (not the text "None"); a scope that cannot be
+    read becomes one named ``<unreadable scope>``; a missing resource or scope stays
+    missing."""
+    from types import SimpleNamespace
+
+    long = "n" * 2_000
+    for scope in (
+        InstrumentationScope(long),
+        SimpleNamespace(name=long, version=None, schema_url=None, attributes=None),
+    ):
+        bounded = limits.bounded_scope(scope)
+        assert bounded.name == safe_text(long, limits.MAX_NAME_LENGTH)
+        assert bounded.version is None and bounded.schema_url == ""  # the SDK's "none"
+
+    class Unreadable(InstrumentationScope):
+        @property
+        def attributes(self):
+            raise RuntimeError("gone")
+
+    unreadable = limits.bounded_scope(Unreadable("s"))
+    assert type(unreadable) is InstrumentationScope and unreadable.name == "<unreadable scope>"
+    assert limits.bounded_scope(None) is None and limits.bounded_resource(None) is None

@@ -369,9 +369,9 @@ def bounded_scope(
         name = _safe_name(name)
         version = None if version is None else _safe_name(version)
         schema_url = None if schema_url is None else _safe_name(schema_url)
-        fixed = _SCOPE_COST + json_cost(name) + json_cost(version or "") + json_cost(schema_url)
         attributes = _fit_attributes(
-            dict(bounded_attributes(attributes, limit) or {}), GROUP_BUDGET_BYTES - fixed
+            dict(bounded_attributes(attributes, limit) or {}),
+            GROUP_BUDGET_BYTES - _group_cost(name, version, schema_url),
         )
         bounded = InstrumentationScope(name, version, schema_url, attributes)
     except Exception:  # a scope that cannot even be read: named for what it is
@@ -400,7 +400,7 @@ def bounded_resource(resource: Resource | None, limit: int | None = DEFAULT_VALU
         schema_url = None if schema_url is None else _safe_name(schema_url)
         attributes = _fit_attributes(
             dict(bounded_attributes(attributes, limit) or {}),
-            GROUP_BUDGET_BYTES - _SCOPE_COST - json_cost(schema_url or ""),
+            GROUP_BUDGET_BYTES - _group_cost(schema_url),
         )
         bounded = Resource(attributes, schema_url)
     except Exception:
@@ -490,25 +490,13 @@ def _char_cost(text: str) -> int:
 
 
 def _attributes_cost(attributes: Mapping[str, Any] | None) -> int:
+    """Worst-case JSON bytes of ``attributes``: their braces, and each key and value with
+    :data:`_ENTRY_COST`."""
     if not attributes:
         return 2
-    cost = 2
-    for key, value in plain(attributes).items():  # json_cost inlined: runs for every span
-        if type(key) is str and key.isascii() and key.isprintable():
-            cost += len(key) + key.count('"') + key.count("\\") + 2 + _ENTRY_COST
-        else:
-            cost += json_cost(key) + _ENTRY_COST
-        kind = type(value)
-        if kind is str:
-            if value.isascii() and value.isprintable():
-                cost += len(value) + value.count('"') + value.count("\\") + 2
-            else:
-                cost += json_cost(value)
-        elif kind is int or kind is float or kind is bool:
-            cost += _NUMBER_COST
-        else:
-            cost += json_cost(value)
-    return cost
+    return 2 + sum(
+        json_cost(key) + _ENTRY_COST + json_cost(value) for key, value in plain(attributes).items()
+    )
 
 
 def scope_cost(scope: Any) -> int:
@@ -516,12 +504,14 @@ def scope_cost(scope: Any) -> int:
     URL, attributes), which a request carries once for the records it groups."""
     if scope is None:
         return 2
-    cost = _SCOPE_COST + _attributes_cost(getattr(scope, "attributes", None))
-    for field in ("name", "version", "schema_url"):
-        text = getattr(scope, field, None)
-        if text:
-            cost += json_cost(text)  # a number as a number
-    return cost
+    texts = (getattr(scope, field, None) for field in ("name", "version", "schema_url"))
+    return _group_cost(*texts) + _attributes_cost(scope.attributes)
+
+
+def _group_cost(*texts: Any) -> int:
+    """A scope's or resource's cost without its attributes: :data:`_SCOPE_COST` and its
+    ``texts`` (name, version, schema URL) that are not empty (a number as a number)."""
+    return _SCOPE_COST + sum(json_cost(text) for text in texts if text)
 
 
 # -- spans ----------------------------------------------------------------------------------
