@@ -1276,7 +1276,7 @@ def test_the_quick_bound_is_twelve_bytes_a_character_and_128_a_value():
 
 
 @given(
-    st.lists(st.text(st.sampled_from('ab"\x01é\U0001f600'), max_size=12), max_size=6),
+    st.lists(st.text(st.sampled_from('ab"\\\x01é\U0001f600'), max_size=12), max_size=6),
     st.integers(min_value=0, max_value=400),
 )
 @settings(max_examples=examples(200), deadline=None)
@@ -2120,3 +2120,24 @@ def test_a_scope_is_bounded_as_names_keeping_what_it_lacks_and_an_unreadable_one
     unreadable = limits.bounded_scope(Unreadable("s"))
     assert type(unreadable) is InstrumentationScope and unreadable.name == "<unreadable scope>"
     assert limits.bounded_scope(None) is None and limits.bounded_resource(None) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "cost"),
+    [("ab", 1), ('a"', 2), ("a\\", 2), ("a\x01", 6), ("é", 6), ("\u4e2d", 6), (EMOJI, 12)],
+)
+def test_a_characters_most_bytes_are_by_its_widest_kind(text, cost):
+    """_char_cost: the most JSON bytes one character of ``text`` takes: 1 for printable ASCII,
+    2 with a quote or a backslash, 6 for controls and other characters, 12 beyond U+FFFF."""
+    assert limits._char_cost(text) == cost
+
+
+def test_another_resource_without_a_schema_url_gets_none_when_bounded():
+    """A resource of another kind (its fields, no schema URL) whose value must be cut gets the
+    SDK's empty schema URL, not the text "None"."""
+    from types import SimpleNamespace
+
+    bounded = limits.bounded_resource(
+        SimpleNamespace(attributes={"a": "x" * 50}, schema_url=None), 20
+    )
+    assert dict(bounded.attributes) == {"a": safe_text("x" * 50, 20)} and bounded.schema_url == ""

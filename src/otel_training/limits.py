@@ -839,11 +839,11 @@ def bounded_any(value: Any, limit: int | None = DEFAULT_VALUE_LENGTH, _depth: in
     if kind is bytes:
         if limit is None or len(value) <= limit:
             return value
-        marker = cut_marker(len(value) - limit).encode("ascii")
+        marker = cut_marker(len(value) - limit).encode()
         if limit <= len(marker) + 8:
             return value[:limit]
         keep = limit - len(marker)
-        return value[:keep] + cut_marker(len(value) - keep).encode("ascii")
+        return value[:keep] + cut_marker(len(value) - keep).encode()
     if _depth >= MAX_VALUE_DEPTH:
         return safe_text(value, limit)
     try:
