@@ -230,6 +230,33 @@ def main(argv: list[str] | None = None) -> int:
 PRELOADED = ("torch", "plotly.graph_objects", "plotly.io", "plotly.offline", "jinja2")
 
 
+class _SharedSetupTimes:
+    """A pytest plugin for mutmut's stats run: adds to each test's duration the setup time of
+    the fixtures wider than a function (module, class, session) that it uses. mutmut orders
+    a mutant's tests by their call time alone, but the mutant's process pays such a fixture's
+    setup for the first of its tests that uses it: a test of 0.03 s on a module fixture of
+    1.4 s (the hostile report pages) is no quick test."""
+
+    def __init__(self, durations: dict[str, float]):
+        self.durations = durations
+        self.setup_s: dict[int, float] = {}
+
+    def pytest_fixture_setup(self, fixturedef, request):
+        started = time.perf_counter()
+        try:
+            return (yield)
+        finally:
+            if fixturedef.scope != "function":
+                self.setup_s[id(fixturedef)] = time.perf_counter() - started
+
+    def pytest_runtest_teardown(self, item):
+        definitions = item._fixtureinfo.name2fixturedefs
+        for name in item.fixturenames:
+            chain = definitions.get(name)
+            if chain:
+                self.durations[item.nodeid] += self.setup_s.get(id(chain[-1]), 0.0)
+
+
 def _warm_plotly() -> None:
     """A figure of each trace type the report draws, written as HTML: plotly loads its
     classes, validators and default template lazily, on first use (about 0.16 s of every
@@ -285,6 +312,25 @@ def _as_mutmut(args: list[str]) -> None:
         gc.freeze()
 
     PytestRunner.warm_up = warm_up_then_freeze
+
+    import pytest
+
+    hooks = _SharedSetupTimes
+    hooks.pytest_fixture_setup = pytest.hookimpl(wrapper=True)(hooks.pytest_fixture_setup)
+    run_stats = PytestRunner.run_stats
+
+    def run_stats_with_shared_setup_times(self, *, tests):
+        plugin = hooks(state().duration_by_test)
+        execute = self.execute_pytest
+        self.execute_pytest = lambda params, plugins=(), **kwargs: execute(
+            params, plugins=[*plugins, plugin], **kwargs
+        )
+        try:
+            return run_stats(self, tests=tests)
+        finally:
+            del self.execute_pytest
+
+    PytestRunner.run_stats = run_stats_with_shared_setup_times
 
     submit = ForkServerRunner.submit
 

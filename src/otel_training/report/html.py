@@ -192,7 +192,7 @@ def dom_id(text: str) -> str:
     safe = _ID_CHARACTERS.sub("_", text)[:120]
     if safe == text:
         return safe
-    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+    digest = hashlib.blake2b(text.encode(errors="surrogatepass"), digest_size=4).hexdigest()
     return f"{safe}-{digest}"
 
 
@@ -528,11 +528,11 @@ def utf8(text: str) -> bytes:
     """``text`` in UTF-8, lone surrogates as backslash escapes (the string rule of
     :func:`otel_training.limits.safe_text`). Never raises."""
     try:
-        return text.encode("utf-8")
+        return text.encode()
     except UnicodeEncodeError:
         from otel_training.limits import safe_text
 
-        return safe_text(text, None).encode("utf-8")
+        return safe_text(text, None).encode()
 
 
 def _health(job: Job) -> tuple[dict[str, Any] | None, list, str]:
