@@ -12,7 +12,7 @@ import threading
 
 import pytest
 from doc_rules import documents
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace as trace_api
 from opentelemetry._logs import LogRecord, SeverityNumber
@@ -1279,6 +1279,7 @@ def test_the_quick_bound_is_twelve_bytes_a_character_and_128_a_value():
     st.lists(st.text(st.sampled_from('ab"\\\x01é\U0001f600'), max_size=12), max_size=6),
     st.integers(min_value=0, max_value=400),
 )
+@example(["abc", "d"], 0)  # nothing fits: 0 characters
 @settings(max_examples=examples(200), deadline=None)
 def test_the_water_level_is_the_largest_cap_that_fits(strings, total):
     """_water_level: the largest cap c (characters) with sum(w(s) * min(len(s), c)) <= total,
@@ -2141,3 +2142,17 @@ def test_another_resource_without_a_schema_url_gets_none_when_bounded():
         SimpleNamespace(attributes={"a": "x" * 50}, schema_url=None), 20
     )
     assert dict(bounded.attributes) == {"a": safe_text("x" * 50, 20)} and bounded.schema_url == ""
+
+
+def test_the_quick_bound_counts_the_values_of_every_event():
+    """A span of 300 events, each with one value at the limit (100 characters), over a budget
+    that the quick bound of one event's values would pass: every event's values count, the
+    estimate decides, and the span is fitted (its values cut alike)."""
+    events = [Event("e", {"v": "x" * 100}, i) for i in range(300)]
+    span = ReadableSpan("s", context=CONTEXT, events=events)
+    budget = 60_000
+    assert limits.span_cost(span) > budget
+    assert 400 + limits._quick_bound(4, 100) <= budget  # what one event's count would pass
+    bounded = limits.bounded_span(span, Limits(value_length=100, record_budget_bytes=budget))
+    assert bounded is not span and limits.span_cost(bounded) <= budget
+    assert len(bounded.events) == 300  # their values cut alike, a little
