@@ -1049,3 +1049,19 @@ def test_an_attempts_names_keep_240_characters_and_its_parts_are_named_for_the_p
         if t.label == "non-finite values"
     ]
     assert one.bad  # a single NaN is one too many
+
+
+def test_an_attempts_directory_keeps_240_characters_and_its_notes_600(tmp_path):
+    """The directory of an attempt (its page's fact and its context) keeps 240 characters
+    and each of its notes 600: more than a header's 120."""
+    import plotly
+
+    deep = tmp_path / ("d" * 150)
+    deep.mkdir()
+    _real_run(deep)
+    run = load_run(deep)
+    assert 120 < len(str(deep)) <= 240
+    run.notes = ["n" * 500]
+    context, _ = page_html._attempt(run, "attempt 2", "", plotly, figures.XAxis(run), [])
+    assert context["directory"] == str(deep) and context["row"]["directory"] == str(deep)
+    assert context["notes"] == ["n" * 500]
