@@ -1993,8 +1993,8 @@ def test_a_scope_or_resource_of_clean_values_is_kept_to_its_budget_exactly(kind)
     assert dict(bounded.attributes) == {"a": limits._cut(long, len(long) - 1)}
 
 
-class _CountedScope(InstrumentationScope):
-    """A scope that counts how often its attributes are read."""
+class _CountsReads:
+    """Counts (on its class) how often the attributes of a scope or resource are read."""
 
     reads = 0
 
@@ -2004,13 +2004,12 @@ class _CountedScope(InstrumentationScope):
         return super().attributes
 
 
-class _CountedResource(Resource):
-    reads = 0
+class _CountedScope(_CountsReads, InstrumentationScope):
+    pass
 
-    @property
-    def attributes(self):
-        type(self).reads += 1
-        return super().attributes
+
+class _CountedResource(_CountsReads, Resource):
+    pass
 
 
 @pytest.mark.parametrize("needs_work", [False, True])
