@@ -250,7 +250,7 @@ class _SharedSetupTimes:
                 self.setup_s[id(fixturedef)] = time.perf_counter() - started
 
     def pytest_runtest_teardown(self, item):
-        definitions = item._fixtureinfo.name2fixturedefs
+        definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
         for name in item.fixturenames:
             chain = definitions.get(name)
             if chain:
