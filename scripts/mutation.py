@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest  # mutmut's own dependency
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: mutmut brings toml there
@@ -241,6 +243,7 @@ class _SharedSetupTimes:
         self.durations = durations
         self.setup_s: dict[int, float] = {}
 
+    @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef, request):
         started = time.perf_counter()
         try:
@@ -313,14 +316,10 @@ def _as_mutmut(args: list[str]) -> None:
 
     PytestRunner.warm_up = warm_up_then_freeze
 
-    import pytest
-
-    hooks = _SharedSetupTimes
-    hooks.pytest_fixture_setup = pytest.hookimpl(wrapper=True)(hooks.pytest_fixture_setup)
     run_stats = PytestRunner.run_stats
 
     def run_stats_with_shared_setup_times(self, *, tests):
-        plugin = hooks(state().duration_by_test)
+        plugin = _SharedSetupTimes(state().duration_by_test)
         execute = self.execute_pytest
         self.execute_pytest = lambda params, plugins=(), **kwargs: execute(
             params, plugins=[*plugins, plugin], **kwargs

@@ -1912,8 +1912,14 @@ def test_strings_in_sequences_and_maps_are_cut_to_the_largest_level_that_fits(
         caps = [
             c for c in range(32, 301) if cost(_cut_all(body, c), _cut_all(attributes, c)) <= budget
         ]
-        if caps and cost(body, attributes) > budget:
+        if cost(body, attributes) <= budget:
+            assert fitted == (body, attributes)  # nothing to cut
+        elif caps:
             assert fitted == (_cut_all(body, max(caps)), _cut_all(attributes, max(caps)))
+        else:  # at 32 characters still over: attributes go, the body is cut as text, to
+            # fit, or to 32 characters when the budget is smaller than a record can be
+            assert type(fitted[0]) is str
+            assert cost(*fitted) <= budget or len(fitted[0]) == 32
         return
     attributes = values if shape == "attributes" else {"s": tuple(values.values()), "n": 1}
     budget = max(100, limits._attributes_cost(attributes) - spare)
