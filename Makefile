@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench bench-spans bench-tensor bench-overhead gpu-check bench-bad-day \
+.PHONY: setup demo test lint bench bench-spans bench-limits bench-tensor bench-overhead gpu-check bench-bad-day \
 	bench-report bench-integrations bench-scale bench-prometheus bench-health \
 	bench-health-alerts semconv rules mutation clean
 
@@ -53,6 +53,9 @@ gpu-check:
 	bash bench/gpu_check.sh
 
 # Shutdown bounds, 200 SIGTERMs, an 80,000-span burst and case A11, in real processes.
+bench-limits: setup
+	$(PY) bench/limits.py
+
 bench-bad-day: setup
 	$(PY) bench/bad_day.py
 
