@@ -156,7 +156,7 @@ def test_attempts_without_a_counter_are_ordered_by_creation_time():
 
 @documents("health.md", "Saves, loads and evaluations after b_i stay in their own buckets")
 @documents("health.md", "lost_progress = the step phases")
-@documents("health.md", "b_i = when the step that attempt i+1 restored completed")
+@documents("health.md", "b_i = when step r_i completed")
 def test_a_restart_that_loads_an_older_checkpoint_loses_every_step_after_it():
     """The next attempt restored step 20, not 40: steps 21-47 are lost, save 40 is not."""
     p0, _, killed = two_attempts()

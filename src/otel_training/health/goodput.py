@@ -12,11 +12,15 @@ reference rank (the lowest rank that exported the ledger until the attempt's end
   ``checkpoint_save``, ``checkpoint_load``, ``evaluate`` and ``warmup`` in time and the step
   phases fill the rest; after the last export the spans do, and the step phases fill the rest
   in the attempt's proportions). Time before the reference rank was created is ``startup``.
-- ``b_i``: when the step that attempt i+1 restored completed (``checkpoint.iteration
-  {operation=load}`` of attempt i+1; without a load, its first iteration - 1). The step phases
-  (``warmup``, ``data_loading``, ``forward_backward``, ``optimizer``, ``communication``,
-  ``other``) after ``b_i`` are ``lost_progress``: the steps after the restored iteration, and
-  the cut tail (the step in flight when the attempt ended). The last attempt loses nothing.
+- Rollbacks: ``r_i``, the step attempt i's progress is kept up to, is the lowest step that
+  any later attempt restored (``checkpoint.iteration{operation=load}`` of attempt j > i;
+  without a load, its first iteration - 1): ``r_i = min over j > i`` (:func:`restore_points`).
+  A later rollback to an older checkpoint discards the steps after it of every earlier
+  attempt, each counted once (as Google's ml-goodput-measurement splits on step regressions).
+- ``b_i``: when step ``r_i`` completed. The step phases (``warmup``, ``data_loading``,
+  ``forward_backward``, ``optimizer``, ``communication``, ``other``) after ``b_i`` are
+  ``lost_progress``: the steps after ``r_i``, and the cut tail (the step in flight when the
+  attempt ended). The last attempt loses nothing.
 - ``hang``: when at ``E_i`` the reference rank's progress age (``E_i`` minus its last completed
   step) exceeded H for its phase (:mod:`otel_training.health.hang`), everything from that last
   step to ``E_i`` (instead of ``lost_progress`` or any other bucket).
@@ -59,6 +63,7 @@ __all__ = [
     "median_step_s",
     "phase_at_end",
     "reference_process",
+    "restore_points",
 ]
 
 #: The badput buckets, in the order of the JSON and the report.
@@ -569,12 +574,15 @@ def account(
         return JobAccount(0.0, 0.0, 0.0, 0.0, 0.0, dict.fromkeys(BUCKETS, 0.0), [], notes)
     starts = [a.start_s for a in attempts]
     ends = [a.end_s for a in attempts]
+    points = restore_points(attempts)
     accounts: list[AttemptAccount] = []
     for i, attempt in enumerate(attempts):
         end = min(ends[i], starts[i + 1]) if i + 1 < len(attempts) else ends[i]
         end = max(end, starts[i])
-        following = attempts[i + 1] if i + 1 < len(attempts) else None
-        accounts.append(_attempt(attempt, starts[i], end, following, policy, now_s, live_s, notes))
+        last = i + 1 == len(attempts)
+        accounts.append(
+            _attempt(attempt, starts[i], end, last, points[i], policy, now_s, live_s, notes)
+        )
     for i, item in enumerate(accounts):
         if i + 1 < len(accounts):
             item.buckets["downtime"] = max(0.0, starts[i + 1] - ends[i])
@@ -595,7 +603,8 @@ def _attempt(
     attempt: Attempt,
     start: float,
     end: float,
-    following: Attempt | None,
+    last: bool,
+    restored: int | None,
     policy: _hang.HangPolicy,
     now_s: float | None,
     live_s: float | None,
@@ -613,8 +622,8 @@ def _attempt(
             f"Attempt {attempt.number}: no rank exported the health ledger "
             "(dl.training.phase.time); its time is counted as other."
         )
-        live = following is None and is_live(attempt, now_s, live_s)
-        item.ended = _ending(attempt, None, False, following is None, live)
+        live = last and is_live(attempt, now_s, live_s)
+        item.ended = _ending(attempt, None, False, last, live)
         return item
     item.reference_rank = reference.rank
     timeline = Timeline(reference)
@@ -639,7 +648,7 @@ def _attempt(
     item.hang_threshold_s = threshold
     progress_at = last_progress_s if last_progress_s is not None else timeline.created
     # judged at its end, or now while it runs (as hang.judge judges it)
-    live = following is None and is_live(attempt, now_s, live_s)
+    live = last and is_live(attempt, now_s, live_s)
     judged = now_s if live and now_s is not None else end
     hung = judged - progress_at > threshold
     end_vec = timeline.at(own_end)
@@ -650,14 +659,13 @@ def _attempt(
         gap = 0.0
     else:
         cut_at, cut_vec = own_end, end_vec
-    # the steps after the iteration the next attempt restored are lost
+    # the steps after the lowest step a later attempt restored are lost (restore_points)
     boundary = None
     first = _first_iteration(reference)
-    if following is not None:
-        restored = _restored(following)
+    if not last:
         if restored is None:
             notes.append(
-                f"Attempt {attempt.number}: what the next attempt resumed from is not in the "
+                f"Attempt {attempt.number}: what the later attempts resumed from is not in the "
                 "files (no checkpoint load, no iteration); no progress is counted as lost."
             )
         elif (item.resumed_from is not None and restored <= item.resumed_from) or (
@@ -694,12 +702,30 @@ def _attempt(
     buckets["other"] = max((end - start) - known, 0.0)  # the ledger's other, and the rest
     if known > (end - start) + 1e-6:  # rounding of the samples: take it from productive
         item.productive_s = max(item.productive_s - (known - (end - start)), 0.0)
-    item.ended = _ending(attempt, reference, hung, following is None, live)
+    item.ended = _ending(attempt, reference, hung, last, live)
     return item
 
 
+def restore_points(attempts: Sequence[Attempt]) -> list[int | None]:
+    """Per attempt i, the step its progress is kept up to (**rollbacks**): the lowest step
+    that any later attempt restored (:func:`_restored`: its checkpoint load, else its first
+    step - 1), ``min`` over j > i, the attempts that tell none left out. A later rollback to
+    an older checkpoint (after a loss spike, a corrupt newest checkpoint) thus discards the
+    steps after it of every earlier attempt, each counted once, as Google's
+    ml-goodput-measurement splits on regressions of the step number. ``None`` for the last
+    attempt, and where no later attempt tells."""
+    found: list[int | None] = [None] * len(attempts)
+    lowest: int | None = None
+    for i in range(len(attempts) - 1, -1, -1):
+        found[i] = lowest
+        restored = _restored(attempts[i])
+        if restored is not None and (lowest is None or restored < lowest):
+            lowest = restored
+    return found
+
+
 def _restored(attempt: Attempt) -> int | None:
-    """The iteration attempt i+1 restored: its load, else its first step - 1."""
+    """The iteration an attempt restored: its load, else its first step - 1."""
     loads = [x for x in (_loaded(p) for p in attempt.processes) if x is not None]
     if loads:
         return min(loads)
