@@ -153,7 +153,8 @@ def test_progress_and_checkpoint_ages_follow_the_clock():
     assert ledger.read().checkpoint_age_s is None
     spend(ledger, fake, ITERATION, 1.0, iteration=1)
     step1_done = fake.unix()
-    assert ledger.read().checkpoint_age_s == pytest.approx(1.0)  # since the first step began
+    # a rank that has not saved (DDP's rank > 0 never does) has no checkpoint age of its own
+    assert ledger.read().checkpoint_age_s is None
     spend(ledger, fake, ITERATION, 1.0, iteration=2)
     spend(ledger, fake, CHECKPOINT_SAVE, 0.5, iteration=1)  # holds step 1, not step 2
     fake.advance(2.0)
@@ -163,8 +164,88 @@ def test_progress_and_checkpoint_ages_follow_the_clock():
     assert reading.age_s == pytest.approx(2.5)
     assert reading.checkpoint_age_s == pytest.approx(fake.unix() - step1_done)
     spend(ledger, fake, CHECKPOINT_LOAD, 0.5, iteration=2)
-    assert ledger.read().checkpoint_age_s == pytest.approx(0.0)
+    # a load restores progress; the age stays that of this rank's last good save
+    assert ledger.read().checkpoint_age_s == pytest.approx(fake.unix() - step1_done)
     assert ledger.read().progress_unix_s == pytest.approx(fake.unix(), abs=1e-6)
+
+
+def test_a_rank_that_only_loads_has_no_checkpoint_age():
+    """A load makes no rank a saver: DDP's rank > 0 resumes and never shows a climbing risk."""
+    ledger, fake = make_ledger()
+    spend(ledger, fake, CHECKPOINT_LOAD, 0.5, iteration=40)
+    for iteration in range(41, 45):
+        spend(ledger, fake, ITERATION, 1.0, iteration=iteration)
+    reading = ledger.read()
+    assert reading.loaded_iteration == 40 and reading.checkpoint_age_s is None
+    assert reading.saved_iteration is None
+
+
+@documents("health.md", "A **good checkpoint**")
+def test_a_save_is_good_when_its_outermost_span_ends_and_no_stage_failed():
+    """A stage ending is no save; a stage that raised spoils its save; the save ends it."""
+    ledger, fake = make_ledger()
+    for iteration in (1, 2):
+        spend(ledger, fake, ITERATION, 1.0, iteration=iteration)
+    step2_done = fake.unix()
+    save = ledger.enter(CHECKPOINT_SAVE)
+    spend(ledger, fake, CHECKPOINT_SAVE, 1.0)  # the state-dict stage
+    assert ledger.read().saved_iteration is None  # still being written
+    spend(ledger, fake, CHECKPOINT_SAVE, 1.0)  # the write
+    ledger.exit(save, CHECKPOINT_SAVE, iteration=2)
+    assert ledger.read().saved_iteration == 2
+    assert ledger.read().checkpoint_age_s == pytest.approx(fake.unix() - step2_done)
+    spend(ledger, fake, ITERATION, 1.0, iteration=3)
+    # the next save's finalize raises (a disk quota) and the program carries on
+    save = ledger.enter(CHECKPOINT_SAVE)
+    spend(ledger, fake, CHECKPOINT_SAVE, 1.0)
+    spend(ledger, fake, CHECKPOINT_SAVE, 0.5, failed=True)
+    ledger.exit(save, CHECKPOINT_SAVE, iteration=3)
+    assert ledger.read().saved_iteration == 2  # step 3's save is not good
+    spend(ledger, fake, CHECKPOINT_SAVE, 1.0, iteration=3, failed=True)  # a save that raised
+    assert ledger.read().saved_iteration == 2
+    spend(ledger, fake, CHECKPOINT_SAVE, 1.0, iteration=3)  # and one that did not
+    assert ledger.read().saved_iteration == 3
+
+
+def test_a_save_cut_by_its_iteration_ending_is_not_good():
+    """An iteration closed around a save still open (out of order) leaves no good save."""
+    ledger, fake = make_ledger()
+    spend(ledger, fake, ITERATION, 1.0, iteration=1)
+    step = ledger.enter(ITERATION)
+    ledger.enter(CHECKPOINT_SAVE)
+    fake.advance(1.0)
+    ledger.exit(step, ITERATION, iteration=2)
+    assert ledger.read().saved_iteration is None
+    spend(ledger, fake, CHECKPOINT_SAVE, 1.0, iteration=2)  # the next save is judged afresh
+    assert ledger.read().saved_iteration == 2
+
+
+@documents("health.md", "An **asynchronous save**")
+def test_an_asynchronous_save_is_good_when_its_write_completes():
+    """Until the background write completes, the last good checkpoint is the one before."""
+    ledger, fake = make_ledger()
+    spend(ledger, fake, ITERATION, 1.0, iteration=1)
+    spend(ledger, fake, CHECKPOINT_SAVE, 0.2, iteration=1)
+    step1_done = fake.unix() - 0.2
+    spend(ledger, fake, ITERATION, 1.0, iteration=2)
+    step2_done = fake.unix()
+    ledger.save_is_asynchronous()
+    spend(ledger, fake, CHECKPOINT_SAVE, 0.1, iteration=2)  # the training loop is blocked 0.1 s
+    for iteration in range(3, 8):  # the write goes on for several steps
+        spend(ledger, fake, ITERATION, 1.0, iteration=iteration)
+        assert ledger.read().saved_iteration == 1
+    assert ledger.read().checkpoint_age_s == pytest.approx(fake.unix() - step1_done)
+    done = threading.Thread(target=lambda: ledger.checkpoint_save_completed(2))
+    done.start()
+    done.join()
+    assert ledger.read().saved_iteration == 2
+    assert ledger.read().checkpoint_age_s == pytest.approx(fake.unix() - step2_done)
+    # a write that fails leaves the last good one
+    ledger.save_is_asynchronous()
+    spend(ledger, fake, CHECKPOINT_SAVE, 0.1, iteration=7)
+    ledger.checkpoint_save_completed(7, succeeded=False)
+    ledger.checkpoint_save_completed(7)  # nothing pending any more: no effect
+    assert ledger.read().saved_iteration == 2
 
 
 @documents("health.md", "Threshold H for the phase a rank is in (its innermost phase")

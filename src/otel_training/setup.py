@@ -38,7 +38,7 @@ from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_training import config, instruments, lifecycle, log_bridge, pipeline, proxy
-from otel_training.health import watchdog
+from otel_training.health import ledger, watchdog
 from otel_training.open_spans import OpenSpans
 from otel_training.pipeline import INSTRUMENTATION_NAME
 from otel_training.processors.jsonlog import JsonLogSpanProcessor
@@ -317,6 +317,11 @@ def configure(
             lifecycle.install(
                 _shutdown_all, _flush_all, on_sigterm=telemetry.settings.shutdown_on_sigterm
             )
+            # The ledger's progress record outlives a kill (docs/health.md).
+            if built.output_dir is not None:
+                resource = getattr(built.tracer_provider, "resource", None)
+                if resource is not None and ledger.record_in(built.output_dir, resource.attributes):
+                    telemetry.before_shutdown.append(ledger.LEDGER.shut_down)
             # This rank's hang watchdog follows the pipeline (docs/health.md).
             if watchdog.start(telemetry) is not None:
                 telemetry.before_shutdown.append(lambda: watchdog.stop(telemetry))

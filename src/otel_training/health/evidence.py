@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_training.health import ledger as _ledger
+from otel_training.health.record import ProgressRecord
 
 __all__ = [
     "DEFAULT_EXPORT_INTERVAL_S",
@@ -37,6 +38,7 @@ __all__ = [
     "PhaseSpan",
     "Process",
     "Sample",
+    "absorb_record",
     "attempts",
 ]
 
@@ -133,6 +135,8 @@ class Process:
         open_spans: Spans with a start line and no end line.
         signal: ``SIGTERM`` (or another reason) when spans were truncated on a signal.
         directories: The run directories its lines are in.
+        record: Its progress record (the ledger at its last transition), or ``None``
+            (an older version, no run directory, or a record that could not be created).
     """
 
     rank: int
@@ -150,6 +154,7 @@ class Process:
     open_spans: int = 0
     signal: str | None = None
     directories: set[Path] = field(default_factory=set)
+    record: ProgressRecord | None = None
 
     @property
     def pipeline_rank(self) -> int | None:
@@ -258,3 +263,27 @@ def attempts(processes: Iterable[Process]) -> list[Attempt]:
             Attempt(number if number is not None else position, number is not None, group)
         )
     return result
+
+
+def absorb_record(process: Process, record: ProgressRecord) -> None:
+    """Adds ``record`` (``process``'s progress record) to what ``process`` left: a sample of
+    its ledger at the record's last transition when that is later than its last export, and
+    evidence of life until then (``docs/health.md``, "The progress record")."""
+    process.record = record
+    sample = Sample(
+        time_s=record.time_s,
+        phase_s=record.phase_s,
+        open_phase=PHASES[record.open_phase],
+        open_s=record.open_s,
+        iteration=record.iteration,
+        progress_s=record.progress_s,
+        saved_iteration=record.saved_iteration,
+        loaded_iteration=record.loaded_iteration,
+        checkpoint_age_s=None if record.safe_s is None else max(0.0, record.time_s - record.safe_s),
+    )
+    ledger = process.ledger
+    if not ledger or record.time_s > ledger[-1].time_s:
+        process.samples.append(sample)
+        process.samples.sort(key=lambda s: s.time_s)
+    process.see(record.time_s)
+    process.alive_s = max(process.alive_s or 0.0, record.time_s)

@@ -37,6 +37,7 @@ started after it) close everything opened after the phase that ends. Nothing her
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import threading
 import time
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from otel_training import clock
+from otel_training.health import record as _record
 from otel_training.semconv.attributes import ATTRIBUTES, DL_TRAINING_PHASE
 from otel_training.semconv.spans import (
     MEGATRON_CHECKPOINT_LOAD,
@@ -155,6 +157,10 @@ def effective(outer: int, inner: int) -> int:
 _EFFECTIVE: Final = tuple(
     tuple(effective(outer, inner) for inner in range(len(PHASES))) for outer in range(len(PHASES))
 )
+_SINCE: Final = _record.SINCE
+_OPEN: Final = _record.OPEN
+_OPEN_START: Final = _record.OPEN_START
+_LOG = logging.getLogger(__name__)
 #: Completion times kept of the last iterations, to date the step a checkpoint save holds.
 _RECENT_STEPS: Final = 256
 
@@ -206,7 +212,7 @@ class Ledger:
         "_thread",
         "_stack",
         "_starts",
-        "_since",
+        "_rec",
         "_totals",
         "_base",
         "_base_since",
@@ -221,6 +227,10 @@ class Ledger:
         "loaded_iteration",
         "logged_iteration",
         "_safe_unix_s",
+        "_save_at",
+        "_save_failed",
+        "_async_next",
+        "_pending",
         "_perf",
         "_unix",
     )
@@ -241,8 +251,14 @@ class Ledger:
         self._thread: int | None = None
         self._stack: list[int] = []
         self._starts: list[float] = []
-        self._since = self._created_perf
-        self._totals = [0.0] * len(PHASES)
+        # The hot state lives in the record's slots (private until a file is attached).
+        rec = self._rec = _record.private()
+        self._totals = rec[: _record.PHASE_TIMES]
+        rec[_record.SINCE] = self._created_perf
+        rec[_record.OPEN] = STARTUP
+        rec[_record.OPEN_START] = self._created_perf
+        rec[_record.UNIX_MINUS_PERF] = created - self._created_perf
+        rec[_record.CREATED_UNIX] = created
         self._base = STARTUP
         self._base_since = self._created_perf
         self._begun = False
@@ -254,6 +270,10 @@ class Ledger:
         self.loaded_iteration: int | None = None
         self.logged_iteration: int | None = None
         self._safe_unix_s: float | None = None
+        self._save_at = -1  # the token of the outermost save open, or -1
+        self._save_failed = False  # a save or a stage inside it raised
+        self._async_next = False
+        self._pending: list[tuple[int, float]] = []  # asynchronous saves: (step, completed)
 
     # -- the training thread -------------------------------------------------------------
 
@@ -272,23 +292,26 @@ class Ledger:
             if not self._begun:  # the first iteration of the process: warmup, all of it
                 self._begun = True
                 self._base = OTHER
-                if self._safe_unix_s is None:
-                    self._safe_unix_s = self._unix()
                 phase = WARMUP
             elif phase == ITERATION:
                 phase = FORWARD_BACKWARD
+        elif phase == CHECKPOINT_SAVE and self._save_at < 0:
+            self._save_at = len(stack)  # the outermost save's token
         if stack:
             phase = _EFFECTIVE[top][phase]
             start = self._starts[-1] if phase == top else now
         else:
             start = now
-        # Order matters to the reader: it copies the totals, then reads _since.
-        spent = now - self._since
-        self._since = now
+        # Order matters to the reader: it copies the totals, then reads SINCE.
+        rec = self._rec
+        spent = now - rec[_SINCE]
+        rec[_SINCE] = now
         self._totals[top] += spent
         token = len(stack)
         self._starts.append(start)
         stack.append(phase)
+        rec[_OPEN] = phase
+        rec[_OPEN_START] = start
         return token
 
     def exit(
@@ -304,21 +327,45 @@ class Ledger:
         if token >= len(stack):
             return
         now = self._perf()
-        spent = now - self._since
-        self._since = now
+        rec = self._rec
+        spent = now - rec[_SINCE]
+        rec[_SINCE] = now
         self._totals[stack[-1]] += spent
-        del self._starts[token:]
+        starts = self._starts
+        del starts[token:]
         del stack[token:]
-        if not stack and self._base != STARTUP:  # startup stays open since process creation
-            self._base_since = now
-        if failed:
+        if stack:
+            rec[_OPEN] = stack[-1]
+            rec[_OPEN_START] = starts[-1]
+        else:
+            if self._base != STARTUP:  # startup stays open since process creation
+                self._base_since = now
+            rec[_OPEN] = self._base
+            rec[_OPEN_START] = self._base_since
+        if token <= self._save_at:  # the outermost save closed, or a phase around it did
+            self._save_closed(iteration, failed or phase != CHECKPOINT_SAVE)
+        elif phase == CHECKPOINT_SAVE:  # a stage of a save
+            self._save_failed |= failed
+        if failed or phase == CHECKPOINT_SAVE:
             return
         if phase == ITERATION:
             self.step_completed(iteration)
-        elif phase == CHECKPOINT_SAVE:
-            self.checkpoint_saved(iteration)
         elif phase == CHECKPOINT_LOAD:
             self.checkpoint_loaded(iteration)
+
+    def _save_closed(self, iteration: int | None, failed: bool) -> None:
+        """The outermost save closed (``failed``: it raised, or a phase around it closed it):
+        it is good when neither it nor any stage inside it failed; an asynchronous one becomes
+        pending instead."""
+        self._save_at = -1
+        bad, self._save_failed = self._save_failed or failed, False
+        asynchronous, self._async_next = self._async_next, False
+        if bad:
+            return
+        if asynchronous:
+            self.checkpoint_pending(iteration)
+        else:
+            self.checkpoint_saved(iteration)
 
     def step_completed(self, iteration: int | None = None) -> None:
         """Records that optimizer step ``iteration`` (default: the last one + 1) completed
@@ -329,6 +376,9 @@ class Ledger:
         self._recent.append((iteration, now))
         self.progress_unix_s = now
         self.iteration = iteration
+        rec = self._rec
+        rec[_record.ITERATION] = iteration
+        rec[_record.PROGRESS_UNIX] = now
 
     def checkpoint_saved(self, iteration: int | None = None) -> None:
         """Records a successful save of the state after ``iteration`` (default: the last
@@ -337,24 +387,74 @@ class Ledger:
             iteration = self.iteration
         if iteration is None:
             return
-        completed = next((t for i, t in reversed(self._recent) if i == iteration), None)
-        if completed is None:  # older than the steps kept: the save's own time is an upper bound
-            completed = self._unix()
+        completed = self._completed_unix_s(iteration)
         self.saved_iteration = iteration
+        rec = self._rec
+        rec[_record.SAVED] = iteration
         if self._safe_unix_s is None or completed > self._safe_unix_s:
             self._safe_unix_s = completed
+            rec[_record.SAFE_UNIX] = completed
+
+    def _completed_unix_s(self, iteration: int) -> float:
+        """When step ``iteration`` completed, Unix seconds; for a step older than those kept,
+        now (an upper bound)."""
+        completed = next((t for i, t in reversed(self._recent) if i == iteration), None)
+        return self._unix() if completed is None else completed
+
+    def save_is_asynchronous(self) -> None:
+        """The next save that closes is asynchronous: when it closes, its background write
+        has only begun; :meth:`checkpoint_save_completed` makes it good."""
+        self._async_next = True
+
+    def checkpoint_pending(self, iteration: int | None = None) -> None:
+        """Records an asynchronous save of the state after ``iteration`` (default: the last
+        completed one) whose background write has begun: not good until
+        :meth:`checkpoint_save_completed`."""
+        if iteration is None:
+            iteration = self.iteration
+        if iteration is not None:
+            self._pending.append((iteration, self._completed_unix_s(iteration)))
+
+    def checkpoint_save_completed(
+        self, iteration: int | None = None, succeeded: bool = True
+    ) -> None:
+        """The background write of the asynchronous save of ``iteration`` (default: the oldest
+        pending) ended: when ``succeeded``, that save is good now (its age runs from when its
+        step completed); else it is dropped. Any thread; never raises."""
+        pending = self._pending
+        if not pending:
+            return
+        if iteration is None:
+            found = pending[0]
+        else:
+            found = next((p for p in pending if p[0] == iteration), None)
+            if found is None:
+                return
+        pending.remove(found)
+        if not succeeded:
+            return
+        held, completed = found
+        self.saved_iteration = held
+        rec = self._rec
+        rec[_record.SAVED] = held
+        if self._safe_unix_s is None or completed > self._safe_unix_s:
+            self._safe_unix_s = completed
+            rec[_record.SAFE_UNIX] = completed
 
     def checkpoint_loaded(self, iteration: int | None = None) -> None:
         """Records a successful load that restored the state after ``iteration`` (the resume
         point); it becomes the progress."""
-        now = self._unix()
-        self._safe_unix_s = now
         if iteration is None:
             return
+        now = self._unix()
         self.loaded_iteration = iteration
         self._recent.append((iteration, now))
         self.progress_unix_s = now
         self.iteration = iteration
+        rec = self._rec
+        rec[_record.LOADED] = iteration
+        rec[_record.ITERATION] = iteration
+        rec[_record.PROGRESS_UNIX] = now
 
     def training_logged(
         self, iteration: int | None = None, steps_recorded: int | None = None
@@ -367,6 +467,7 @@ class Ledger:
             iteration = self.iteration if self.iteration is not None else steps_recorded
         if iteration is not None:
             self.logged_iteration = iteration
+            self._rec[_record.LOGGED] = iteration
 
     # -- the reader's thread ---------------------------------------------------------------
 
@@ -374,7 +475,7 @@ class Ledger:
         """A reading for the observable instruments; any thread. Phase times never decrease
         from one reading to the next."""
         totals = list(self._totals)  # first the totals, then the time they run from
-        since = self._since
+        since = self._rec[_SINCE]
         stack = self._stack[:]
         starts = self._starts[:]
         now = self._perf()
@@ -401,6 +502,26 @@ class Ledger:
             logged_iteration=self.logged_iteration,
         )
 
+    # -- the record -------------------------------------------------------------------------
+
+    def record_to(self, path: str, identity: Mapping[str, object]) -> None:
+        """Keeps the ledger's hot state in the record file ``path`` from now on
+        (:mod:`otel_training.health.record`): it is created, filled with the state so far, and
+        written at every transition. Called by ``configure()``.
+
+        Raises:
+            OSError: the file cannot be created (the ledger keeps its state in memory).
+        """
+        slots = _record.create(path, dict(identity))
+        slots[:] = self._rec
+        self._rec = slots
+        self._totals = slots[: _record.PHASE_TIMES]
+
+    def shut_down(self) -> None:
+        """Notes in the record that telemetry shut down now (a clean exit, an exception that
+        ended the program, a signal's flush): the process did not die unseen."""
+        self._rec[_record.SHUTDOWN_UNIX] = self._unix()
+
     def reset(self) -> None:
         """Starts this ledger afresh, in place (a forked child does; so do tests): no phase
         open, no progress, times from process creation again."""
@@ -414,6 +535,34 @@ class Ledger:
 
 #: The ledger of this process (started afresh in a forked child, in place).
 LEDGER = Ledger()
+
+
+def record_in(directory: str, resource: Mapping[str, object]) -> str | None:
+    """Keeps :data:`LEDGER`'s hot state in a record file of the run directory ``directory``
+    (:mod:`otel_training.health.record`), named by the rank and the process tag of
+    ``resource`` (the pipeline's resource attributes). Returns its path, or ``None`` when it
+    cannot be created (a warning says why; health then rests on the exports). Called by
+    ``configure()`` on its thread; never raises."""
+    rank = resource.get("dl.rank")
+    instance = str(resource.get("service.instance.id") or "")
+    tag = instance.rsplit("-", 1)[-1] if instance else str(os.getpid())
+    path = os.path.join(directory, _record.file_name(rank if isinstance(rank, int) else 0, tag))
+    identity = {
+        key: resource.get(key)
+        for key in ("service.instance.id", "dl.rank", "dl.run.id", "dl.run.attempt")
+    }
+    identity["created_s"] = LEDGER.created_unix_s
+    try:
+        LEDGER.record_to(path, identity)
+    except (OSError, ValueError) as error:
+        _LOG.warning(
+            "otel-training: the progress record %s could not be created (%s); after a kill, "
+            "health figures rest on the last export",
+            path,
+            error,
+        )
+        return None
+    return path
 
 
 def _after_fork_in_child() -> None:

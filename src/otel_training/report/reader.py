@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from otel_training.health import ledger as _ledger
-from otel_training.health.evidence import KEPT_PHASES, PhaseSpan, Process
+from otel_training.health import record as _record
+from otel_training.health.evidence import KEPT_PHASES, PhaseSpan, Process, absorb_record
 from otel_training.report import clocks
 from otel_training.report._nogc import no_gc
 from otel_training.report.attempts import identity_of, job_of
@@ -271,6 +272,7 @@ def _evidence(directory: Path, parts: list[Part], files: list[FileStats]) -> dic
         process.spans.sort(key=operator.attrgetter("start_s"))
         process.alive_s = process.last_s
         processes[id(part)] = process
+    _records(directory, list(processes.values()))
     mtimes: dict[int, float] = {}
     for stats in files:
         mtimes[stats.rank] = max(mtimes.get(stats.rank, 0.0), stats.mtime_s)
@@ -284,6 +286,42 @@ def _evidence(directory: Path, parts: list[Part], files: list[FileStats]) -> dic
         if 0 < mtime - newest.last_s <= newest.export_interval_s + 1.0:
             newest.alive_s = max(newest.alive_s or 0.0, mtime)
     return processes
+
+
+def _records(directory: Path, processes: list[Process]) -> None:
+    """Gives each process its progress record (:mod:`otel_training.health.record`), found in
+    ``directory`` by its ``service.instance.id``, else by its rank and creation time (to the
+    millisecond that ``process.creation.time`` keeps): one more sample of its ledger, taken
+    at its last transition, and evidence of life until then."""
+    try:
+        paths = sorted(directory.glob(_record.FILE_GLOB))
+    except OSError:
+        return
+    for path in paths:
+        found = _record.read(path)
+        if found is None:
+            continue
+        instance = found.identity.get("service.instance.id")
+        rank = found.identity.get("dl.rank")
+        owner = next(
+            (
+                p
+                for p in processes
+                if instance and p.resource.get("service.instance.id") == instance
+            ),
+            None,
+        ) or next(
+            (
+                p
+                for p in processes
+                if p.rank == rank
+                and p.created_s is not None
+                and abs(p.created_s - found.created_s) < 2e-3
+            ),
+            None,
+        )
+        if owner is not None:
+            absorb_record(owner, found)
 
 
 def _group_processes(parts: list[Part]) -> list[tuple[str | None, list[Part]]]:
