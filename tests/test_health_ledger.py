@@ -14,6 +14,7 @@ from support import fork_or_unavailable
 import otel_training as ot
 from otel_training.health import ledger as health
 from otel_training.health.ledger import (
+    ASYNC_SAVE,
     CHECKPOINT_LOAD,
     CHECKPOINT_SAVE,
     COMMUNICATION,
@@ -229,8 +230,7 @@ def test_an_asynchronous_save_is_good_when_its_write_completes():
     step1_done = fake.unix() - 0.2
     spend(ledger, fake, ITERATION, 1.0, iteration=2)
     step2_done = fake.unix()
-    ledger.save_is_asynchronous()
-    spend(ledger, fake, CHECKPOINT_SAVE, 0.1, iteration=2)  # the training loop is blocked 0.1 s
+    spend(ledger, fake, ASYNC_SAVE, 0.1, iteration=2)  # the training loop is blocked 0.1 s
     for iteration in range(3, 8):  # the write goes on for several steps
         spend(ledger, fake, ITERATION, 1.0, iteration=iteration)
         assert ledger.read().saved_iteration == 1
@@ -241,8 +241,7 @@ def test_an_asynchronous_save_is_good_when_its_write_completes():
     assert ledger.read().saved_iteration == 2
     assert ledger.read().checkpoint_age_s == pytest.approx(fake.unix() - step2_done)
     # a write that fails leaves the last good one
-    ledger.save_is_asynchronous()
-    spend(ledger, fake, CHECKPOINT_SAVE, 0.1, iteration=7)
+    spend(ledger, fake, ASYNC_SAVE, 0.1, iteration=7)
     ledger.checkpoint_save_completed(7, succeeded=False)
     ledger.checkpoint_save_completed(7)  # nothing pending any more: no effect
     assert ledger.read().saved_iteration == 2

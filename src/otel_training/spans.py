@@ -71,6 +71,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from otel_training.config import CUSTOM_SPAN_GROUP, SPAN_GROUPS, span_groups_from_names
+from otel_training.health.ledger import LEDGER
 from otel_training.phases import (
     NOOP_PHASE,
     RUN,
@@ -135,6 +136,7 @@ __all__ = [
     "checkpoint_load",
     "checkpoint_load_stage",
     "checkpoint_save",
+    "checkpoint_save_completed",
     "checkpoint_save_stage",
     "data_loading",
     "dataloader_init",
@@ -378,7 +380,9 @@ def checkpoint_save(
         path: The checkpoint's file or directory (``megatron.checkpoint.path``).
         checkpoint_type: ``global`` (shared storage) or ``local`` (``megatron.checkpoint.type``).
         strategy: ``sync`` or ``async`` (``megatron.checkpoint.strategy``); for ``async`` wrap
-            only the time the training loop is blocked.
+            only the time the training loop is blocked, and call
+            :func:`checkpoint_save_completed` when the background write ends: until then the
+            save is not a good checkpoint (``docs/health.md``).
         iteration: The iteration saved (``megatron.iteration``).
         **attributes: More span attributes. Set the bytes written with
             ``phase.set_attribute(MEGATRON_CHECKPOINT_SIZE, n)`` once known.
@@ -388,7 +392,18 @@ def checkpoint_save(
         "checkpoint",
         _checkpoint_attributes(path, checkpoint_type, strategy, iteration, attributes),
         iteration=iteration,
+        asynchronous=strategy == "async",
     )
+
+
+def checkpoint_save_completed(iteration: int | None = None, *, succeeded: bool = True) -> None:
+    """The background write of an asynchronous save (``checkpoint_save(strategy="async")``)
+    of ``iteration`` (default: the oldest still pending) ended: when ``succeeded`` (finalize
+    included), it is the last good checkpoint now, its progress at risk counted from when its
+    step completed; else it is dropped. Megatron-LM calls this point its async save's
+    finalization (``finalize_async_save``); the Lightning callback calls it for
+    ``AsyncCheckpointIO``. Any thread (the writer's, typically); never raises."""
+    LEDGER.checkpoint_save_completed(iteration, succeeded)
 
 
 def checkpoint_save_stage(

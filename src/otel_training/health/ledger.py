@@ -76,6 +76,7 @@ from otel_training.semconv.spans import (
 )
 
 __all__ = [
+    "ASYNC_SAVE",
     "ITERATION",
     "LEDGER",
     "NO_PHASE",
@@ -103,6 +104,9 @@ PHASES: Final[tuple[str, ...]] = ATTRIBUTES[DL_TRAINING_PHASE].members
 #: An iteration (optimizer step): ``warmup`` for the first of the process, else
 #: ``forward_backward`` for its time outside the phases inside it; completes a step.
 ITERATION: Final = len(PHASES)
+#: An asynchronous checkpoint save (``strategy="async"``): ``checkpoint_save`` for its time;
+#: when it closes, its background write has only begun (:meth:`Ledger.checkpoint_save_completed`).
+ASYNC_SAVE: Final = len(PHASES) + 1
 #: A span that is no phase of the ledger (the run, a custom phase): no transition.
 NO_PHASE: Final = -1
 
@@ -229,7 +233,7 @@ class Ledger:
         "_safe_unix_s",
         "_save_at",
         "_save_failed",
-        "_async_next",
+        "_async",
         "_pending",
         "_perf",
         "_unix",
@@ -272,14 +276,15 @@ class Ledger:
         self._safe_unix_s: float | None = None
         self._save_at = -1  # the token of the outermost save open, or -1
         self._save_failed = False  # a save or a stage inside it raised
-        self._async_next = False
+        self._async = False  # the outermost save open is asynchronous
         self._pending: list[tuple[int, float]] = []  # asynchronous saves: (step, completed)
 
     # -- the training thread -------------------------------------------------------------
 
     def enter(self, phase: int) -> int:
-        """Opens ``phase`` (a code of :data:`PHASES`, or :data:`ITERATION`) on the calling
-        thread. Returns the token that :meth:`exit` takes (-1: not the ledger's thread)."""
+        """Opens ``phase`` (a code of :data:`PHASES`, :data:`ITERATION` or :data:`ASYNC_SAVE`)
+        on the calling thread. Returns the token that :meth:`exit` takes (-1: not the ledger's
+        thread)."""
         ident = threading.get_ident()
         if ident != self._thread:
             if self._thread is not None:
@@ -295,8 +300,11 @@ class Ledger:
                 phase = WARMUP
             elif phase == ITERATION:
                 phase = FORWARD_BACKWARD
-        elif phase == CHECKPOINT_SAVE and self._save_at < 0:
-            self._save_at = len(stack)  # the outermost save's token
+        elif phase == CHECKPOINT_SAVE or phase == ASYNC_SAVE:
+            if self._save_at < 0:
+                self._save_at = len(stack)  # the outermost save's token
+                self._async = phase == ASYNC_SAVE
+            phase = CHECKPOINT_SAVE
         if stack:
             phase = _EFFECTIVE[top][phase]
             start = self._starts[-1] if phase == top else now
@@ -342,11 +350,12 @@ class Ledger:
                 self._base_since = now
             rec[_OPEN] = self._base
             rec[_OPEN_START] = self._base_since
+        saving = phase == CHECKPOINT_SAVE or phase == ASYNC_SAVE
         if token <= self._save_at:  # the outermost save closed, or a phase around it did
-            self._save_closed(iteration, failed or phase != CHECKPOINT_SAVE)
-        elif phase == CHECKPOINT_SAVE:  # a stage of a save
+            self._save_closed(iteration, failed or not saving)
+        elif saving:  # a stage of a save
             self._save_failed |= failed
-        if failed or phase == CHECKPOINT_SAVE:
+        if failed or saving:
             return
         if phase == ITERATION:
             self.step_completed(iteration)
@@ -359,10 +368,9 @@ class Ledger:
         pending instead."""
         self._save_at = -1
         bad, self._save_failed = self._save_failed or failed, False
-        asynchronous, self._async_next = self._async_next, False
         if bad:
             return
-        if asynchronous:
+        if self._async:
             self.checkpoint_pending(iteration)
         else:
             self.checkpoint_saved(iteration)
@@ -400,11 +408,6 @@ class Ledger:
         now (an upper bound)."""
         completed = next((t for i, t in reversed(self._recent) if i == iteration), None)
         return self._unix() if completed is None else completed
-
-    def save_is_asynchronous(self) -> None:
-        """The next save that closes is asynchronous: when it closes, its background write
-        has only begun; :meth:`checkpoint_save_completed` makes it good."""
-        self._async_next = True
 
     def checkpoint_pending(self, iteration: int | None = None) -> None:
         """Records an asynchronous save of the state after ``iteration`` (default: the last

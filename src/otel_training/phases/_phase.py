@@ -44,6 +44,7 @@ from opentelemetry import trace as trace_api
 
 from otel_training import clock, device_reads, instruments, setup
 from otel_training.health.ledger import (
+    ASYNC_SAVE,
     CHECKPOINT_LOAD,
     CHECKPOINT_SAVE,
     ITERATION,
@@ -77,7 +78,7 @@ _NOT_ROUTED = frozenset({"load_checkpoint"})
 # The stages of a phase. _INERT: the shared no-op, which has nothing to start or stop.
 _MADE, _OPEN, _ENDED, _INERT = 0, 1, 2, 3
 # The ledger's phases whose completion is progress: a step, a checkpoint saved or loaded.
-_COMPLETES = frozenset({ITERATION, CHECKPOINT_SAVE, CHECKPOINT_LOAD})
+_COMPLETES = frozenset({ITERATION, CHECKPOINT_SAVE, ASYNC_SAVE, CHECKPOINT_LOAD})
 
 _now_ns = clock.now_ns
 _attach = context_api.attach
@@ -645,6 +646,7 @@ def make(
     role: str | None = None,
     outer: Phase | None = None,
     ledger: bool = True,
+    asynchronous: bool = False,
 ) -> Phase:
     """The phase ``name`` of span group ``group``, for the state it records into now.
 
@@ -655,6 +657,8 @@ def make(
     phase belongs to (a checkpoint load's: the one it restores); ``ledger=False``: not a phase
     of the health ledger (the first-iteration wrapper, whose iteration is)."""
     kind = PHASE_OF_SPAN.get(name, NO_PHASE) if ledger else NO_PHASE
+    if asynchronous and kind == CHECKPOINT_SAVE:
+        kind = ASYNC_SAVE
     if role is not None:  # the run, whatever its group: every configuration numbers runs alike
         run_begins()  # its trace segments are its own
         reset_first_iteration()  # its first iteration is a first iteration again
