@@ -276,3 +276,56 @@ def test_a_second_callback_trainer_and_fit_record_exactly_as_the_first(tmp_path,
     assert seen[0] == seen[1]
     (histogram,) = [p for _, p in telemetry.points(STEP)]
     assert histogram.count == 8
+
+
+@pytest.mark.parametrize("write_fails", [False, True])
+def test_an_async_save_is_good_when_its_write_ends(tmp_path, write_fails):
+    """With AsyncCheckpointIO the save span ends when the write is handed to its thread: the
+    ledger's last good checkpoint moves only when the wrapped plugin's write returns; a write
+    that raises never makes one."""
+    import threading
+
+    driver = driver_of("lightning")
+    import lightning.pytorch as lightning
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
+
+    from otel_training.health.ledger import LEDGER
+
+    release = threading.Event()
+    seen = {}
+
+    class GatedIO(TorchCheckpointIO):
+        """Writes only when the test says so (a slow disk); raises when told to."""
+
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            release.wait(30)
+            if write_fails:
+                raise OSError("injected: disk quota exceeded")
+            super().save_checkpoint(checkpoint, path, storage_options)
+
+    class Probe(lightning.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 3:  # the save of step 2 is still being written
+                seen["during"] = LEDGER.read().saved_iteration
+                release.set()
+
+    testing.configure_in_memory(set_global=True)
+    options = {
+        "max_steps": 4,
+        "plugins": [AsyncCheckpointIO(GatedIO())],
+        "enable_checkpointing": True,
+        "callbacks": [
+            lightning.callbacks.ModelCheckpoint(
+                dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1
+            ),
+            Probe(),
+        ],
+    }
+    if write_fails:
+        with pytest.raises(OSError, match="disk quota"):
+            driver.train(tmp_path, callback_kwargs={"tensor_metrics": "none"},
+                         trainer_kwargs=options)  # fmt: skip
+    else:
+        driver.train(tmp_path, callback_kwargs={"tensor_metrics": "none"}, trainer_kwargs=options)
+    assert seen["during"] is None
+    assert LEDGER.read().saved_iteration == (None if write_fails else 4)

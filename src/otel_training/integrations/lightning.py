@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from otel_training import spans
 from otel_training.integrations._recorder import (
     FrameworkIdentity,
     RunRecorder,
@@ -328,6 +329,31 @@ class OtelTrainingCallback(_Base):
             return result
 
         self._replace(trainer, "save_checkpoint", save_checkpoint)
+        if strategy == "async":
+            self._tap_async_writes(getattr(trainer.strategy, "checkpoint_io", None))
+
+    def _tap_async_writes(self, wrapper: Any) -> None:
+        """``AsyncCheckpointIO`` writes on a thread of its own, through the plugin it wraps:
+        that plugin's ``save_checkpoint`` returning (or raising) is when the save becomes good
+        (or is dropped): :func:`otel_training.checkpoint_save_completed`, for the step in the
+        checkpoint it writes."""
+        inner = getattr(wrapper, "checkpoint_io", None)
+        original = getattr(inner, "save_checkpoint", None)
+        if original is None:
+            return
+
+        def save_checkpoint(checkpoint: Any, *args: Any, **kwargs: Any) -> Any:
+            step = checkpoint.get("global_step") if isinstance(checkpoint, Mapping) else None
+            step = step if isinstance(step, int) else None
+            try:
+                result = original(checkpoint, *args, **kwargs)
+            except BaseException:
+                spans.checkpoint_save_completed(step, succeeded=False)
+                raise
+            spans.checkpoint_save_completed(step)
+            return result
+
+        self._replace(inner, "save_checkpoint", save_checkpoint)
 
     def _replace(self, owner: Any, name: str, replacement: Callable) -> None:
         """Sets ``replacement`` as ``owner``'s own attribute ``name``, until :meth:`_untap`
