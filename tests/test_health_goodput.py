@@ -173,6 +173,7 @@ def test_a_restart_that_loads_an_older_checkpoint_loses_every_step_after_it():
     "health.md",
     "hang = when at E_i the reference rank had made no progress for longer than H",
 )
+@documents("health.md", "`hung` ([hung](#hangs) at its end)")
 def test_a_tail_without_progress_longer_than_h_is_hang():
     """Stuck 100 s in compute inside step 48 with a 60 s floor: hang, not lost progress."""
     r = run_attempt(T0, 0, load=None, last=47, cut_s=100.0)
@@ -221,6 +222,7 @@ def test_time_to_start_and_time_to_recover():
 
 
 @documents("health.md", "How an attempt ended (`ended`)")
+@documents("health.md", "`running` (its last evidence is within two export intervals of now")
 def test_a_job_still_running_is_running():
     """Evidence within two export intervals of now, spans still open: running."""
     r = run_attempt(T0, 0, load=None, last=30, cut_s=0.01)
@@ -233,6 +235,7 @@ def test_a_job_still_running_is_running():
     )
 
 
+@documents("health.md", "Without phase spans either, all of its time is `other`")
 def test_an_attempt_without_the_ledger_is_other_with_a_note():
     """Files of a version without the ledger: the time is other, and a note says why."""
     r = SimRank(T0)
@@ -372,6 +375,7 @@ def test_a_running_attempt_is_judged_at_now():
 
 
 @documents("health.md", "How an attempt ended (`ended`)")
+@documents("health.md", "`sigterm` (spans truncated on that signal)")
 def test_each_way_an_attempt_ends():
     """sigterm: spans truncated on the signal; failed: its last iteration raised; exited: an
     attempt before the last that shut down; completed: the last one that did."""

@@ -31,11 +31,26 @@ reference rank (the lowest rank that exported the ledger until the attempt's end
   optimizer + communication`` (+ the warm-up step less its excess); ``other`` = ``other``.
 - ``startup``, ``checkpoint_load``, ``checkpoint_save``, ``evaluate``: their phases.
 - ``other`` is then ``W`` minus productive minus the other buckets, so that the buckets and
-  productive time add up to ``W`` exactly.
+  productive time add up to ``W`` exactly, none of them negative.
+- An attempt whose ranks exported no ledger (killed before its first metric export) is placed
+  by the phase spans of its lowest rank that wrote them (:func:`_span_reference`): startup
+  until its first iteration (less its loads), its loads, saves, evaluations and warm-up step
+  where their spans are, the rest ``other``; without phase spans either, all ``other``.
+- Each attempt counts, however short: the attempts of a crash loop are each an attempt.
 
 ``goodput = productive / W``. Also per attempt, Meta's time-to-start (its first step's end
-minus ``S_i``) and time-to-recover (the first step's end of attempt i+1 minus ``E_i``).
-Nothing here raises.
+minus ``S_i``) and time-to-recover (the first step's end of attempt i+1 minus ``E_i``); a
+first step's end is the end of its first iteration or warm-up span that completed (not
+raised, not truncated), else when its first step completed (:func:`completion_s`).
+
+How an attempt ended (:data:`ENDINGS`), the first that applies: ``running`` (the last
+attempt, its last evidence within two export intervals of now and not every process shut
+down: once a later attempt has started, never); ``hung``; ``sigterm`` (spans truncated on that
+signal); ``failed`` (a phase raised and no step completed after it: on the reference rank, or
+on any rank of an attempt that completed no step); ``killed`` (spans left open: no shutdown
+ran); ``failed`` (a shutdown ran inside a phase: spans truncated at exit without a signal);
+``completed`` (the last attempt, every process shut down cleanly after at least one step
+completed); ``exited`` (the others). Nothing here raises.
 """
 
 from __future__ import annotations
@@ -393,6 +408,35 @@ def _iteration_spans(process: Process) -> list[PhaseSpan]:
     ]
 
 
+def _completes_step(span: PhaseSpan) -> bool:
+    """An iteration or warm-up span that ended by itself without raising: a completed step."""
+    return (
+        span.phase in (_ledger.ITERATION, WARMUP)
+        and span.end_s is not None
+        and not span.failed
+        and not span.truncated
+    )
+
+
+def _first_step_end_s(process: Process) -> float | None:
+    """When ``process`` completed its first step: the end of its first completed iteration or
+    warm-up span, else the best evidence of when its first step completed
+    (:func:`completion_s`); ``None`` when it completed none."""
+    ends = [s.end_s for s in process.spans if _completes_step(s) and s.end_s is not None]
+    if ends:
+        return min(ends)
+    first = _first_iteration(process)
+    return None if first is None else completion_s(process, first)
+
+
+def _raised(process: Process) -> bool:
+    """A phase of ``process`` raised (a span ended with status ERROR, not truncated) and no
+    step completed after it began: what the process did last failed."""
+    done = [s.end_s for s in process.spans if _completes_step(s) and s.end_s is not None]
+    last_done = max(done, default=None)
+    return any(s.failed and (last_done is None or s.start_s > last_done) for s in process.spans)
+
+
 def completion_s(process: Process, iteration: int) -> float | None:
     """When ``process`` completed step ``iteration`` (Unix seconds), from the best evidence
     its files hold, in order: the iteration span's end; a sample whose progress is that step
@@ -473,7 +517,7 @@ def _first_iteration(process: Process) -> int | None:
     found += [
         s.iteration
         for s in process.spans
-        if s.phase == WARMUP and s.iteration is not None and s.end_s is not None and not s.failed
+        if s.phase == WARMUP and s.iteration is not None and _completes_step(s)
     ]
     found += [s.iteration for s in process.samples if s.iteration is not None]
     loaded = _loaded(process)
@@ -513,6 +557,21 @@ def reference_process(attempt: Attempt, end_s: float) -> Process | None:
     return max(with_ledger, key=lambda p: p.alive_s or p.last_s or 0.0)
 
 
+def _span_reference(attempt: Attempt, end_s: float) -> Process | None:
+    """Where no rank exported the ledger: the lowest rank that wrote phase spans and left
+    evidence until within one export interval (plus a second) of ``end_s``; else the one of
+    them seen last; ``None`` when none wrote a phase span."""
+    with_spans = [p for p in attempt.processes if p.spans]
+    if not with_spans:
+        return None
+    complete = [
+        p for p in with_spans if (p.alive_s or p.last_s or 0.0) >= end_s - p.export_interval_s - 1.0
+    ]
+    if complete:
+        return min(complete, key=lambda p: (p.rank, -(p.alive_s or 0.0)))
+    return max(with_spans, key=lambda p: p.alive_s or p.last_s or 0.0)
+
+
 def longest_phase_s(process: Process, phase: str, before_s: float) -> float | None:
     """The longest completed occurrence of ``phase`` on ``process`` that ended before
     ``before_s``, seconds (spans, else the open times of its samples)."""
@@ -537,6 +596,8 @@ def longest_phase_s(process: Process, phase: str, before_s: float) -> float | No
 def phase_at_end(process: Process, timeline: Timeline, end_s: float) -> str:
     last = timeline.samples[-1] if timeline.samples else None
     phase = last.open_phase if last is not None and last.open_phase else "other"
+    if last is None and (timeline.first_iteration_s is None or timeline.first_iteration_s > end_s):
+        phase = "startup"  # no export: before its first iteration a process is in startup
     after = last.time_s if last is not None else timeline.created
     for span in process.spans:
         if span.start_s > after and (span.end_s is None or span.end_s >= end_s):
@@ -617,14 +678,24 @@ def _attempt(
     )
     reference = reference_process(attempt, attempt.end_s)
     if reference is None:
-        item.buckets["other"] = end - start
+        reference = _span_reference(attempt, attempt.end_s)
+        if reference is None:
+            item.buckets["other"] = end - start
+            notes.append(
+                f"Attempt {attempt.number}: no rank exported the health ledger "
+                "(dl.training.phase.time) and none wrote a phase span; its time is counted as "
+                "other."
+            )
+            live = last and is_live(attempt, now_s, live_s)
+            item.ended = _ending(attempt, None, False, last, live)
+            return item
         notes.append(
             f"Attempt {attempt.number}: no rank exported the health ledger "
-            "(dl.training.phase.time); its time is counted as other."
+            "(dl.training.phase.time; it ended before its first metric export, or an older "
+            f"version wrote it); rank {reference.rank}'s phase spans place its time: startup "
+            "until its first iteration, its checkpoint loads and saves, evaluations and "
+            "warm-up step; the rest is counted as other."
         )
-        live = last and is_live(attempt, now_s, live_s)
-        item.ended = _ending(attempt, None, False, last, live)
-        return item
     item.reference_rank = reference.rank
     timeline = Timeline(reference)
     item.resumed_from = _loaded(reference)
@@ -632,12 +703,7 @@ def _attempt(
     item.last_iteration = last_iteration
     median = median_step_s(reference, timeline)
     item.median_step_s = median
-    warmup = timeline.intervals[WARMUP]
-    if warmup:
-        item.first_step_end_s = warmup[0][1]
-    else:
-        first = _first_iteration(reference)
-        item.first_step_end_s = None if first is None else completion_s(reference, first)
+    item.first_step_end_s = _first_step_end_s(reference)
     if item.first_step_end_s is not None:
         item.time_to_start_s = item.first_step_end_s - start
     own_end = min(timeline.end, end)
@@ -747,6 +813,7 @@ def is_live(attempt: Attempt, now_s: float | None, live_s: float | None = None) 
 
 
 def _ending(attempt: Attempt, reference: Process | None, hung: bool, last: bool, live: bool) -> str:
+    """How ``attempt`` ended (:data:`ENDINGS`, the module docstring)."""
     processes = attempt.processes
     if live:
         return "hung" if hung else "running"
@@ -756,11 +823,13 @@ def _ending(attempt: Attempt, reference: Process | None, hung: bool, last: bool,
     for process in ordered:
         if process.signal:
             return process.signal.lower()
-    if reference is not None:
-        iterations = _iteration_spans(reference)
-        failed = [s for s in reference.spans if s.phase == _ledger.ITERATION and s.failed]
-        if failed and (not iterations or failed[-1].start_s > (iterations[-1].end_s or 0.0)):
-            return "failed"
+    stepped = any(_first_iteration(p) is not None for p in processes)
+    if (reference is not None and _raised(reference)) or (
+        not stepped and any(_raised(p) for p in processes)
+    ):
+        return "failed"
     if any(p.open_spans for p in processes):
         return "killed"
-    return "completed" if last else "exited"
+    if any(s.truncated for p in processes for s in p.spans):
+        return "failed"  # its shutdown ran inside a phase: an exception left it
+    return "completed" if last and stepped else "exited"
