@@ -2,7 +2,8 @@
 
 The one place goodput is defined; ``otel-training health`` and the report call
 :func:`account`. Per attempt i (:class:`~otel_training.health.evidence.Attempt`), from a
-reference rank (the lowest rank that exported the ledger until the attempt's end):
+reference rank (the lowest rank that exported the ledger until within one export interval of
+the attempt's end):
 
 - ``S_i``: the first ``process.creation.time`` of its processes; ``E_i``: their last evidence
   of life (cut at ``S_{i+1}`` when attempts overlap). Wall time ``W = E_n - S_1``.
@@ -12,11 +13,13 @@ reference rank (the lowest rank that exported the ledger until the attempt's end
   ``checkpoint_save``, ``checkpoint_load``, ``evaluate`` and ``warmup`` in time and the step
   phases fill the rest; after the last export the spans do, and the step phases fill the rest
   in the attempt's proportions). Time before the reference rank was created is ``startup``.
-- Rollbacks: ``r_i``, the step attempt i's progress is kept up to, is the lowest step that
-  any later attempt restored (``checkpoint.iteration{operation=load}`` of attempt j > i;
-  without a load, its first iteration - 1): ``r_i = min over j > i`` (:func:`restore_points`).
-  A later rollback to an older checkpoint discards the steps after it of every earlier
-  attempt, each counted once (as Google's ml-goodput-measurement splits on step regressions).
+- Rollbacks: ``r_i``, the step up to which attempt i's progress is kept, is the lowest step
+  that any later attempt restored (``dl.training.checkpoint.iteration{operation=load}`` of
+  attempt j; without a load, its first iteration - 1): ``r_i = min over j > i``, the attempts
+  that tell none left out (:func:`restore_points`). A later rollback to an older checkpoint
+  (after a loss spike, a corrupt newest checkpoint) discards the steps after it of every
+  earlier attempt, each counted once, as Google's ml-goodput-measurement splits on
+  regressions of the step number.
 - ``b_i``: when step ``r_i`` completed. The step phases (``warmup``, ``data_loading``,
   ``forward_backward``, ``optimizer``, ``communication``, ``other``) after ``b_i`` are
   ``lost_progress``: the steps after ``r_i``, and the cut tail (the step in flight when the
@@ -36,21 +39,36 @@ reference rank (the lowest rank that exported the ledger until the attempt's end
   by the phase spans of its lowest rank that wrote them (:func:`_span_reference`): startup
   until its first iteration (less its loads), its loads, saves, evaluations and warm-up step
   where their spans are, the rest ``other``; without phase spans either, all ``other``.
-- Each attempt counts, however short: the attempts of a crash loop are each an attempt.
+- Each attempt counts, however short: twenty attempts of a crash loop are twenty attempts,
+  their time in ``startup``, ``checkpoint_load``, ``lost_progress`` (what they ran after a
+  step a later attempt restored) and ``downtime``.
 
 ``goodput = productive / W``. Also per attempt, Meta's time-to-start (its first step's end
 minus ``S_i``) and time-to-recover (the first step's end of attempt i+1 minus ``E_i``); a
 first step's end is the end of its first iteration or warm-up span that completed (not
-raised, not truncated), else when its first step completed (:func:`completion_s`).
+raised, not truncated), else when its first step completed as ``b_i`` is dated
+(:func:`completion_s`). An attempt that completed no step has no time to start, and the
+attempt before it no time to recover.
 
-How an attempt ended (:data:`ENDINGS`), the first that applies: ``running`` (the last
-attempt, its last evidence within two export intervals of now and not every process shut
-down: once a later attempt has started, never); ``hung``; ``sigterm`` (spans truncated on that
-signal); ``failed`` (a phase raised and no step completed after it: on the reference rank, or
-on any rank of an attempt that completed no step); ``killed`` (spans left open: no shutdown
-ran); ``failed`` (a shutdown ran inside a phase: spans truncated at exit without a signal);
-``completed`` (the last attempt, every process shut down cleanly after at least one step
-completed); ``exited`` (the others). Nothing here raises.
+How an attempt ended (:data:`ENDINGS`), the first that applies:
+
+- ``running`` (its last evidence is within two export intervals of now and not every process
+  shut down; the last attempt only: once a later attempt has started, an attempt is never
+  running);
+- ``hung`` (hung at its end, :mod:`otel_training.health.hang`);
+- ``sigterm`` (spans truncated on that signal);
+- ``failed`` (a phase raised and no step completed after it: on the reference rank, or on
+  any rank of an attempt that completed no step, such as a crash at startup or in its first
+  iteration);
+- ``killed`` (spans left open: no shutdown ran);
+- ``failed`` also when a shutdown ran inside a phase (spans truncated at exit without a
+  signal: an exception left it);
+- ``completed`` (the last attempt, when every process shut down cleanly after at least one
+  step completed);
+- ``exited`` (the others: an attempt before the last that shut down cleanly, a last one that
+  completed no step).
+
+Nothing here raises.
 """
 
 from __future__ import annotations
@@ -773,13 +791,10 @@ def _attempt(
 
 
 def restore_points(attempts: Sequence[Attempt]) -> list[int | None]:
-    """Per attempt i, the step its progress is kept up to (**rollbacks**): the lowest step
-    that any later attempt restored (:func:`_restored`: its checkpoint load, else its first
-    step - 1), ``min`` over j > i, the attempts that tell none left out. A later rollback to
-    an older checkpoint (after a loss spike, a corrupt newest checkpoint) thus discards the
-    steps after it of every earlier attempt, each counted once, as Google's
-    ml-goodput-measurement splits on regressions of the step number. ``None`` for the last
-    attempt, and where no later attempt tells."""
+    """Per attempt i, ``r_i`` (the module docstring's rollbacks): the step up to which its
+    progress is kept, the lowest step that any later attempt restored (:func:`_restored`: its
+    checkpoint load, else its first iteration - 1), ``min`` over j > i, the attempts that tell
+    none left out. ``None`` for the last attempt, and where no later attempt tells."""
     found: list[int | None] = [None] * len(attempts)
     lowest: int | None = None
     for i in range(len(attempts) - 1, -1, -1):
