@@ -13,11 +13,14 @@ later as attempt 1 (it loads step 40 and runs to 100), and compares ``otel-train
 - ``slurm``: ``SLURM_RESTART_COUNT``; a run directory per attempt too;
 - ``no_counter``: no restart counter; attempts told apart and ordered by creation time;
 - ``rank0_first``: rank 0 SIGKILLed alone; rank 1 fails in its next all_reduce;
-- ``default_groups``: the default span groups (no per-step spans).
+- ``default_groups``: the default span groups (no per-step spans);
+- ``kills``: 20 SIGKILLs of one rank at random moments with the default span groups, each
+  restarted at once (``tests/integration/kill_trials.py``): end, last step, lost progress and
+  downtime against one step time.
 
 Prints, per variant, each bucket's error in seconds against the tolerance max(1 % of W, 2 step
-times), the goodput error in points (target 0.5), and the lost steps; exits 1 when a per-step
-variant misses a target. About 40 s a variant on a shared 2-core machine.
+times), the goodput error in points (target 0.5), and the lost steps; exits 1 when any variant misses
+a target. About 40 s a variant on a shared 2-core machine.
 
 Run: ``make bench-health`` or ``.venv/bin/python bench/health.py [VARIANT ...]``.
 """
@@ -34,17 +37,28 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 sys.path.insert(0, str(ROOT / "tests"))  # what health_truth imports (support)
 
 from health_truth import BUCKETS, VARIANTS, errors, run_variant  # noqa: E402
+from kill_trials import errors as kill_errors  # noqa: E402
+from kill_trials import trial  # noqa: E402
+
+#: Trials of the ``kills`` variant.
+KILLS = 20
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("variants", nargs="*", metavar="VARIANT", help=", ".join(VARIANTS))
+    parser.add_argument(
+        "variants", nargs="*", metavar="VARIANT", help=", ".join((*VARIANTS, "kills"))
+    )
     args = parser.parse_args(argv)
-    unknown = [v for v in args.variants if v not in VARIANTS]
+    unknown = [v for v in args.variants if v not in VARIANTS and v != "kills"]
     if unknown:
         parser.error(f"unknown variants: {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
-    names = args.variants or list(VARIANTS)
+    names = args.variants or [*VARIANTS, "kills"]
     failed = []
+    if "kills" in names:
+        names.remove("kills")
+        if not _kills():
+            failed.append("kills")
     header = " ".join(f"{b[:9]:>9s}" for b in (*BUCKETS, "productive"))
     print(f"{'variant':15s} {'W s':>6s} {'tol s':>6s} {header} {'goodput':>8s}  lost steps  s")
     for name in names:
@@ -63,14 +77,53 @@ def main(argv: list[str] | None = None) -> int:
             + (f"  MISSED: {', '.join(missed)}" if missed else ""),
             flush=True,
         )
-        if missed and VARIANTS[name].get("groups", "per_step") == "per_step":
+        if missed:
             failed.append(name)
     print(
         "errors: health minus truth, seconds per bucket (goodput in points); tolerance "
-        "max(1 % of W, 2 step times); the default span groups place the end of a killed "
-        "attempt only to its last export or span line (docs/health.md, Precision)"
+        "max(1 % of W, 2 step times); a killed attempt ends at its progress record's last "
+        "transition (docs/health.md, Precision)"
     )
     return 1 if failed else 0
+
+
+def _kills() -> bool:
+    """``KILLS`` SIGKILLs at random moments with the default span groups, each restarted at
+    once from its last save (``tests/integration/kill_trials.py``): each figure's error against
+    the longest step of its run. True when every one is within it."""
+    import random
+
+    rng = random.Random(23)
+    print(f"kills: {KILLS} SIGKILLs at random moments, default span groups, restarted at once")
+    print(f"{'trial':>5s} {'end s':>8s} {'last step':>9s} {'lost s':>8s} {'downtime s':>10s} "
+          f"{'tol s':>6s}")  # fmt: skip
+    worst: dict[str, float] = {}
+    within = 0
+    for k in range(KILLS):
+        with tempfile.TemporaryDirectory(prefix="otel-training-kill-") as base:
+            found = trial(Path(base), rng)
+        error = kill_errors(found)
+        tolerance = found.longest_step_s + 0.01
+        ok = (
+            0 <= error["last_step"] <= 1
+            and -tolerance <= error["end_s"] <= 0.005
+            and abs(error["lost_s"]) <= tolerance
+            and abs(error["downtime_s"]) <= tolerance
+        )
+        within += ok
+        for name, value in error.items():
+            worst[name] = max(worst.get(name, 0.0), abs(value))
+        print(
+            f"{k:5d} {error['end_s']:+8.3f} {error['last_step']:+9d} {error['lost_s']:+8.3f} "
+            f"{error['downtime_s']:+10.3f} {tolerance:6.3f}" + ("" if ok else "  MISSED"),
+            flush=True,
+        )
+    print(
+        f"kills: {within}/{KILLS} within one step time; largest |error|: end "
+        f"{worst['end_s']:.3f} s, last step {worst['last_step']:.0f}, lost progress "
+        f"{worst['lost_s']:.3f} s, downtime {worst['downtime_s']:.3f} s"
+    )
+    return within == KILLS
 
 
 if __name__ == "__main__":

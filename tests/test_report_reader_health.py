@@ -17,6 +17,7 @@ from doc_rules import documents
 from health_sim import job_resource, simulated, write_process
 
 from otel_training.health import goodput
+from otel_training.health import ledger as L
 from otel_training.health.evidence import Job, attempts
 from otel_training.report import RunNotFoundError, find_run_directory, job_directories, load_job
 from otel_training.report.health import evidence
@@ -179,3 +180,74 @@ def test_is_goodput_span_plays_no_part(tmp_path):
     after = read(run).processes
     assert [p.spans for p in after] == [p.spans for p in before] and before[0].spans
     assert goodput.account(attempts(after)) == goodput.account(attempts(before))
+
+
+def _recorded(directory: Path, sim, attrs: dict, name: str) -> Path:
+    """The sim's ledger kept in a progress record file of ``directory`` (as ``configure()``
+    keeps it), under the identity ``attrs`` names."""
+    path = directory / name
+    identity = {k: attrs.get(k) for k in ("service.instance.id", "dl.rank", "dl.run.id")}
+    sim.ledger.record_to(str(path), {**identity, "created_s": sim.process.created_s})
+    return path
+
+
+@documents("health.md", "as one more sample of the ledger, taken at the last transition")
+@pytest.mark.parametrize("matched_by", ["instance", "creation time"])
+def test_a_progress_record_is_the_last_sample_of_its_process(tmp_path, matched_by):
+    """Steps after the last export, in the record only: the reader gives the process a sample
+    at the record's last transition, with its phase times and progress, and evidence of life
+    until then; it finds the record by service.instance.id, else by rank and creation time."""
+    run = tmp_path / "out" / "run"
+    sim = simulated(T0)
+    attrs = job_resource(0, 0, "2027-01-15T08:00:00.000Z", "run", "job")
+    if matched_by == "instance":
+        attrs["service.instance.id"] = "run-rank0-0badcafe"
+    write_process(run, sim, attrs)
+    _recorded(run, sim, attrs, "ledger-rank0-0badcafe.bin")
+    exported = sim.ledger.read()
+    for _ in range(4):  # after the last export: 4 more steps, then the kill in a data wait
+        sim.step()
+    sim.ledger.enter(L.DATA_LOADING)
+    sim.advance(0.25)  # the kill: nothing after the transition into data loading is known
+    truth = sim.ledger.read()
+    (process,) = read(run).processes
+    last = process.samples[-1]
+    assert process.record is not None and exported.iteration == 5
+    assert last.iteration == 9 and last.open_phase == "data_loading" and last.open_s == 0.0
+    assert last.time_s == pytest.approx(sim.now - 0.25, abs=1e-6)
+    assert process.alive_s == pytest.approx(sim.now - 0.25, abs=1e-6)
+    assert last.phase_s == pytest.approx(
+        tuple(truth.phase_time_s[p] - (0.25 if p == "data_loading" else 0) for p in L.PHASES),
+        abs=1e-6,
+    )
+    assert last.saved_iteration == 5 and last.progress_s == pytest.approx(truth.progress_unix_s)
+
+
+def test_a_record_of_another_process_is_no_ones(tmp_path):
+    """A record whose instance and creation time match no process of the files is left out,
+    and a file that is no record (cut short, another format) too."""
+    run = tmp_path / "out" / "run"
+    sim = simulated(T0)
+    attrs = job_resource(0, 0, "2027-01-15T08:00:00.000Z", "run", "job")
+    write_process(run, sim, attrs)
+    stranger = simulated(T0 + 50)
+    _recorded(run, stranger, {"dl.rank": 0}, "ledger-rank0-stranger.bin")
+    (run / "ledger-rank0-cut.bin").write_bytes(b"otlrec\x00\x01" + b"\x00" * 100)
+    (process,) = read(run).processes
+    assert process.record is None and process.samples[-1].iteration == 5
+
+
+@documents("health.md", "ranks of its world that left no files")
+def test_ranks_that_left_no_files_are_said_beside_the_attempt(tmp_path):
+    """World size 2, files of rank 0 only: the attempt says rank 1 left none, in the JSON
+    beside its figures and in the terminal summary."""
+    from otel_training.report.health import assess, format_text
+
+    run = tmp_path / "out" / "run"
+    write_process(run, simulated(T0), job_resource(0, 0, "2027-01-15T08:00:00.000Z", "run", "J"))
+    health = assess(read(run), now_s=T0 + 3600)
+    (attempt,) = health.to_json()["attempts"]
+    assert attempt["estimated"] == [
+        "rank 1 of its 2 left no files: its figures are those of the other ranks"
+    ]
+    assert "estimated, attempt 0: rank 1 of its 2 left no files" in format_text(health)

@@ -46,8 +46,8 @@ VARIANTS = {
     # No counter: both attempts in one run directory (one run id), told apart and ordered by
     # process.creation.time.
     "no_counter": {"signal": "SIGKILL", "counter": None},
-    # The default span groups (no per-step spans): the last evidence of life is the last
-    # export or span line; a kill loses the time since (docs/health.md, "Precision").
+    # The default span groups (no per-step spans): the progress record places the kill
+    # within the phase it fell in (docs/health.md, "Precision").
     "default_groups": {
         "signal": "SIGKILL", "counter": "TORCHELASTIC_RESTART_COUNT", "groups": "default",
     },

@@ -44,6 +44,7 @@ class AttemptHealth:
     hang: _hang.HangVerdict | None = None
     stacks: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     stragglers: _straggler.StragglerReport | None = None
+    estimated: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -158,6 +159,7 @@ def _attempt_json(item: AttemptHealth) -> dict[str, Any]:
         "time_to_start_s": a.time_to_start_s,
         "time_to_recover_s": a.time_to_recover_s,
         "hang": None if item.hang is None or not item.hang.hung else _hang_json(item),
+        "estimated": list(item.estimated),
     }
 
 
@@ -260,8 +262,10 @@ def assess(
         if item.hang.hung:
             item.stacks = _stacks(attempt)
         item.stragglers = _straggler.assess(_counters(attempt), window_steps)
+        item.estimated = estimates(attempt, attempt_account)
         items.append(item)
     notes = list(job.notes) + list(account.notes)
+    notes += [f"Attempt {x.account.attempt}: {why}" for x in items for why in x.estimated]
     for item in items:
         report = item.stragglers
         if report is not None and report.windows and not report.attributed:
@@ -274,6 +278,32 @@ def assess(
         job.job_id, job.directories, now_s, account, items, policy, window_steps, notes,
         job.processes,
     )  # fmt: skip
+
+
+def estimates(attempt: Attempt, account: _goodput.AttemptAccount) -> list[str]:
+    """What ``attempt``'s figures rest on that the files cannot tell exactly, one sentence
+    each (``docs/health.md``, "Precision"): the end of an attempt that died unseen, placed at
+    the last export or span line of a process without a progress record; ranks of its world
+    that left no files."""
+    found = []
+    blind = [p for p in attempt.processes if p.record is None]
+    if blind and account.ended == "killed":
+        interval = max(p.export_interval_s for p in blind)
+        found.append(
+            f"{ranks_phrase(sorted({p.rank for p in blind}))} kept no progress record "
+            f"(ledger-rank*.bin): the end is placed at the last export or span line, up to "
+            f"{_duration(interval)} early, so lost progress and downtime are estimates"
+        )
+    sizes = [p.resource.get("dl.world_size") for p in attempt.processes]
+    world = max((n for n in sizes if isinstance(n, int)), default=0)
+    present = {p.rank for p in attempt.processes}
+    missing = sorted(set(range(world)) - present)
+    if missing:
+        found.append(
+            f"{ranks_phrase(missing)} of its {world} left no files: its figures are those of "
+            f"the other ranks"
+        )
+    return found
 
 
 def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _hang.HangVerdict:
@@ -421,6 +451,9 @@ def format_text(health: JobHealth) -> str:
             ]
         )
     lines += _table(rows, [False, False, True, True, True, True, False, True, True])
+    for x in health.attempts:
+        for why in x.estimated:
+            lines.append(f"  estimated, attempt {x.account.attempt}: {why}")
     hang = health.hang
     lines.append("")
     if hang is None:

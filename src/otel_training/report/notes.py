@@ -4,21 +4,19 @@ report, the trace and ``otel-training health``, each worded once."""
 from __future__ import annotations
 
 import time
-import weakref
 
-from otel_training.report.attempts import creation_unix_s, job_of
 from otel_training.report.run import FileStats, Run
 from otel_training.report.wording import plural as _plural
 from otel_training.report.wording import rank_list as _rank_list
 from otel_training.report.wording import ranks_phrase
 from otel_training.semconv.attributes import DL_WORLD_SIZE
 
-__all__ = ["IN_PROGRESS_S", "file_notes", "other_jobs_note", "run_notes"]
+__all__ = ["IN_PROGRESS_S", "file_notes", "followed", "other_jobs_note", "run_notes"]
 
 IN_PROGRESS_S = 60.0
 """Files modified less than this many seconds ago, with spans still open, mean a run that is
-probably still in progress, unless a later attempt of its job has started since (read in
-this process, in the same output directory): then it ended without shutting down."""
+probably still in progress, unless a later attempt of its job has started since
+(:func:`followed`): then it ended without shutting down."""
 
 
 def other_jobs_note(jobs: list[str]) -> str:
@@ -29,59 +27,18 @@ def other_jobs_note(jobs: list[str]) -> str:
     )
 
 
-#: The runs whose notes were written in this process, by output directory and job: where a
-#: later attempt's reading tells an earlier attempt's notes that it is no longer in progress.
-_READ: dict[tuple[str, str], weakref.WeakValueDictionary[int, Run]] = {}
-
-
-def _latest_start_s(run: Run) -> float | None:
-    """The latest ``process.creation.time`` of ``run``'s processes (of its ranks' resources
-    where its processes were not read), else its earliest."""
-    found = [p.start_s for p in run.processes if p.start_s is not None]
-    for telemetry in run.ranks.values():
-        created = creation_unix_s(telemetry.resource.get("process.creation.time"))
-        if created is not None:
-            found.append(created)
-    return max(found) if found else run.created_s
-
-
-def _is_later(run: Run, other: Run) -> bool:
-    """``other`` is a later attempt of ``run``'s job: a higher attempt number when both have
-    one, else its processes started after all of ``run``'s."""
-    if other is run:
-        return False
-    if run.attempt_order is not None and other.attempt_order is not None:
-        return other.attempt_order > run.attempt_order
-    latest = _latest_start_s(run)
-    return latest is not None and other.created_s is not None and other.created_s > latest + 1e-3
-
-
-def _later_attempts(run: Run) -> list[Run]:
-    """Registers ``run`` as read and returns the runs read so far in this process (its own
-    reading's first) of later attempts of its job in the same output directory (the job's run
-    directories are siblings there; appended attempts share one directory). No file is read:
-    reading a job reads every attempt's files once (:func:`otel_training.report.load_job`),
-    and each attempt's notes are written as its files are read."""
-    key = job_of(run.job_id, run.run_id)
-    if key is None:
-        return []
-    for gone in [scope for scope, runs in _READ.items() if not runs]:
-        del _READ[gone]
-    scope = (str(run.directory.absolute().parent), key)
-    seen = _READ.setdefault(scope, weakref.WeakValueDictionary())
-    later = [other for other in list(seen.values()) if _is_later(run, other)]
-    for other in list(seen.values()):  # an earlier attempt read before: no longer in progress
-        if _is_later(other, run):
-            other.notes[:] = [_ENDED_NOTE if _IN_PROGRESS_MARK in n else n for n in other.notes]
-    seen[id(run)] = run
-    return later
-
-
 _IN_PROGRESS_MARK = "the run is probably still in progress"
 _ENDED_NOTE = (
     "A later attempt of this job has started since: this attempt ended without shutting down "
     "(killed, or its processes died), and its spans that never ended stop where it did."
 )
+
+
+def followed(run: Run) -> None:
+    """Rewords ``run``'s notes for an attempt that a later attempt of its job followed (the
+    job's reading knows, :func:`otel_training.report.load_job`): spans still open then mean
+    it ended without shutting down, never that it is still in progress."""
+    run.notes[:] = [_ENDED_NOTE if _IN_PROGRESS_MARK in note else note for note in run.notes]
 
 
 def _clock(ns: int | None) -> str:
@@ -198,15 +155,11 @@ def run_notes(run: Run, now_s: float, *, shown_alone: bool) -> list[str]:
             f"{'was' if len(ended_at_exit) == 1 else 'were'} ended then (truncated)."
         )
     newest = max((f.mtime_s for f in run.files), default=0.0)
-    later = _later_attempts(run)
     if open_spans and now_s - newest < IN_PROGRESS_S:
-        if later:  # never "in progress" once a later attempt has started
-            notes.append(_ENDED_NOTE)
-        else:
-            notes.append(
-                f"The files were written {max(now_s - newest, 0.0):.0f} s ago and spans are "
-                f"still open: {_IN_PROGRESS_MARK}; this shows what is on disk now."
-            )
+        notes.append(
+            f"The files were written {max(now_s - newest, 0.0):.0f} s ago and spans are "
+            f"still open: {_IN_PROGRESS_MARK}; this shows what is on disk now."
+        )
     if run.is_empty:
         notes.append("No metric point and no span could be read: the run is empty.")
     return notes

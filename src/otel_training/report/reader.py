@@ -43,7 +43,7 @@ from otel_training.report import clocks
 from otel_training.report._nogc import no_gc
 from otel_training.report.attempts import identity_of, job_of
 from otel_training.report.decode import PURPOSES, Key, Part, merge_rank, read_file
-from otel_training.report.notes import other_jobs_note, run_notes
+from otel_training.report.notes import followed, other_jobs_note, run_notes
 from otel_training.report.run import TRUNCATED_ATTRIBUTE, FileStats, Job, RankTelemetry, Run, Span
 from otel_training.report.rundir import RunFile, job_directories, run_files
 from otel_training.semconv.attributes import MEGATRON_ITERATION
@@ -481,6 +481,8 @@ def load_job(
     jobs = {job_of(r.job_id, r.run_id) for d in directories for r in found[d]}
     others = sorted(other for other in jobs - {key} if other is not None)
     runs = order_runs(runs)
+    for earlier in runs[:-1]:  # a later attempt started: none of these is in progress
+        followed(earlier)
     job = Job(job_id=chosen.job_id, runs=runs, directories=directories, key=key)
     job.other_jobs = others
     if all(r.attempt_order is not None for r in runs):
