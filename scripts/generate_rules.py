@@ -73,7 +73,8 @@ class Parameters:
         goodput_live_window_s: The window of the live goodput.
         goodput_rolling_window_s: The window of the rolling goodput (across attempts).
         checkpoint_stale_s: ``TrainingCheckpointStale`` fires when the progress a crash would
-            lose (``dl.training.checkpoint.age``) exceeds this.
+            lose (the job's progress at risk, ``run:dl_training_checkpoint_age:seconds``)
+            exceeds this.
     """
 
     interval_s: float = 15
@@ -503,8 +504,17 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             ),
         ),
         Rule(
+            "The job's progress at risk: since the step its last good checkpoint holds "
+            "completed, i.e. the oldest last save of the ranks that save (DDP's rank > 0 never "
+            "does and has no age); before any save, since training began (docs/health.md).",
+            f"max by ({RUN}) (dl_training_checkpoint_age_seconds)\nor\n"
+            f"max by ({RUN}) (sum without (dl_training_phase) "
+            '(dl_training_phase_time_seconds_total{dl_training_phase!~"startup|checkpoint_load"}))',
+            record="run:dl_training_checkpoint_age:seconds",
+        ),
+        Rule(
             "The progress a crash would lose grows: checkpoint saves fail or do not happen.",
-            f"max by ({RUN}) (dl_training_checkpoint_age_seconds) > {number(p.checkpoint_stale_s)}",
+            f"run:dl_training_checkpoint_age:seconds > {number(p.checkpoint_stale_s)}",
             alert="TrainingCheckpointStale",
             labels=(("severity", "warning"),),
             annotations=(

@@ -90,13 +90,12 @@ class Rank:
         if done:
             series["dl_training_progress_iteration"] = [({}, self.steps[done - 1][1])]
             series["dl_training_progress_timestamp_seconds"] = [({}, self.steps[done - 1][0])]
-        # The ledger's checkpoint age: since the first iteration began, then since the step
-        # that the last good save holds completed.
-        begun = next((s.start for s in self.segments if s.phase == "warmup"), None)
-        if begun is not None and begun <= t:
-            completed = dict((i, at) for at, i in self.steps)
-            safe = max([begun, *(completed[i] for at, i in self.saves if at <= t)])
-            series["dl_training_checkpoint_age_seconds"] = [({}, t - safe)]
+        # The ledger's checkpoint age: only on a rank that saved, since the step that its last
+        # good save holds completed (a rank that never saves has none).
+        completed = dict((i, at) for at, i in self.steps)
+        held = [completed[i] for at, i in self.saves if at <= t]
+        if held:
+            series["dl_training_checkpoint_age_seconds"] = [({}, t - max(held))]
         return series
 
     def freeze(self) -> None:
@@ -597,6 +596,48 @@ def test_checkpoint_stale_fires_when_a_crash_would_lose_more_than_its_threshold(
             Check(fired - INTERVAL_S, firing("TrainingCheckpointStale", "job"), NONE),
             Check(fired, firing("TrainingCheckpointStale", "job"), {(("job", "train"),): 1}),
             Check(_after(saved, 0), firing("TrainingCheckpointStale", "job"), NONE),
+        ],
+        parameters=generate_rules.Parameters(checkpoint_stale_s=600),
+    )
+
+
+@documents("health.md", "A rank that never saves (DDP's rank > 0) has no checkpoint age")
+def test_ddp_rank_zero_saving_alone_keeps_the_job_risk_flat(promtool, tmp_path):
+    """DDP: rank 0 saves every 100 steps, rank 1 never does. The job's progress at risk is
+    rank 0's (flat, below one save interval), TrainingCheckpointStale never fires; when rank
+    0's saves stop it fires. Before the first save the risk runs from when training began."""
+    job = Job(2)
+    for _ in range(6):  # 100 steps of 5.5 s and a 30 s save, six times: 58 min
+        job.steps(100).pause("checkpoint_save", 30, ranks=[0])
+    last_save = job.ranks[0].saves[-1][0]
+    job.steps(130).hang({})  # the saves stop: 12 min without one
+    begun = next(s.start for s in job.ranks[0].segments if s.phase == "warmup")
+    first_save = job.ranks[0].saves[0][0]
+    risk = "max by (job) (run:dl_training_checkpoint_age:seconds)"
+    held_at = job.ranks[0].steps[599][0]  # step 600, the last save's
+    at = _after(last_save, 60)
+    run_promtool(
+        promtool,
+        tmp_path,
+        job,
+        last_save + 12 * 60,
+        [
+            Check(_after(begun, 300), risk, {(("job", "train"),): _after(begun, 300) - begun}),
+            Check(
+                _after(first_save, 0),
+                risk,
+                {(("job", "train"),): _after(first_save, 0) - job.ranks[0].steps[99][0]},
+            ),  # fmt: skip
+            Check(at, risk, {(("job", "train"),): at - held_at}),
+            Check(_after(first_save, 600), firing("TrainingCheckpointStale", "job"), NONE),
+            Check(
+                _after(held_at, 600) - INTERVAL_S, firing("TrainingCheckpointStale", "job"), NONE
+            ),  # fmt: skip
+            Check(
+                _after(held_at, 600),
+                firing("TrainingCheckpointStale", "job"),
+                {(("job", "train"),): 1},
+            ),  # fmt: skip
         ],
         parameters=generate_rules.Parameters(checkpoint_stale_s=600),
     )

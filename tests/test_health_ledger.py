@@ -715,3 +715,21 @@ def test_a_ledger_that_cannot_be_read_leaves_its_instruments_empty_and_says_so_o
     assert [r.getMessage() for r in said] == ["reading the health ledger failed"]
     assert said[0].exc_info[1].args == ("no ledger",)
     provider.shutdown()
+
+
+def test_a_rank_whose_saves_fail_is_at_risk_since_training_began():
+    """A writer with no good save (its first save raised, or its asynchronous write failed)
+    has a checkpoint age from when its first iteration began: no silence where a save failed."""
+    for asynchronous in (False, True):
+        ledger, fake = make_ledger(started_s_ago=5.0)
+        began = fake.unix()
+        for iteration in (1, 2):
+            spend(ledger, fake, ITERATION, 1.0, iteration=iteration)
+        if asynchronous:
+            spend(ledger, fake, ASYNC_SAVE, 0.5, iteration=2)
+            assert ledger.read().checkpoint_age_s is None  # pending: not known to fail yet
+            ledger.checkpoint_save_completed(2, succeeded=False)
+        else:
+            spend(ledger, fake, CHECKPOINT_SAVE, 0.5, iteration=2, failed=True)
+        assert ledger.read().saved_iteration is None
+        assert ledger.read().checkpoint_age_s == pytest.approx(fake.unix() - began)

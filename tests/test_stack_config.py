@@ -697,7 +697,8 @@ def test_template_variables_exist_and_every_use_is_defined(dashboard):
 
 def test_queries_filter_on_the_promoted_labels(dashboard):
     """Every query filters on the service, job and rank variables, through the labels that
-    promotion creates (dl.job.id -> dl_job_id, dl.rank -> dl_rank; service.name -> job)."""
+    promotion creates (dl.job.id -> dl_job_id, dl.rank -> dl_rank; service.name -> job); a
+    query of a job's figure alone (a run: record, which has no rank) on service and job."""
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     labels = {
         "service": "job",
@@ -707,21 +708,35 @@ def test_queries_filter_on_the_promoted_labels(dashboard):
     assert {"dl.job.id", "dl.rank"} <= PROMOTED
     for name, label in labels.items():
         assert re.search(rf",\s*{label}\)$", variables[name]["definition"]), name
+    job_level = 0
     for expr in _exprs(dashboard):
+        names = _metric_names(expr)
+        of_the_job = bool(names) and all(n.startswith("run:") for n in names)
+        job_level += of_the_job
         for name, label in labels.items():
+            if of_the_job and name == "rank":
+                continue
             selectors = re.findall(r"\{([^}]*)\}", expr)
             assert selectors and all(f'{label}=~"${name}"' in s for s in selectors), (name, expr)
+    assert job_level == 1  # the progress at risk
 
 
 def test_dashboard_metric_names_are_the_translated_registry_names(dashboard):
     """Each metric the dashboard selects is a registry metric under its Prometheus name, a
     record of the rules file (or a pending tensor metric); each registry metric has a
-    panel."""
+    panel, of its own or of a record computed from it (a job's figure)."""
     series = _registry_series()
     known = {name for names in series.values() for name in names} | _records()
     used = {name for expr in _exprs(dashboard) for name in _metric_names(expr)}
     unknown = {n for n in used - known if not n.startswith(PENDING_PREFIX)}
     assert not unknown, f"not the Prometheus name of any registry metric: {unknown}"
+    reads = {rule["record"]: _selected_names(rule["expr"]) for rule in _rules() if "record" in rule}
+    drawn, todo = set(used), [n for n in used if n in reads]
+    while todo:  # what the records on the dashboard are computed from, all the way down
+        for name in reads.pop(todo.pop(), set()) - drawn:
+            drawn.add(name)
+            todo.extend([name] if name in reads else [])
+    used = drawn
     uncovered = [
         m for m, names in series.items() if not set(names) & used and m not in WITHOUT_PANEL
     ]

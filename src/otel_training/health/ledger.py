@@ -231,6 +231,7 @@ class Ledger:
         "loaded_iteration",
         "logged_iteration",
         "_safe_unix_s",
+        "_began_unix_s",
         "_save_at",
         "_save_failed",
         "_async",
@@ -274,6 +275,7 @@ class Ledger:
         self.loaded_iteration: int | None = None
         self.logged_iteration: int | None = None
         self._safe_unix_s: float | None = None
+        self._began_unix_s: float | None = None  # when the first iteration began
         self._save_at = -1  # the token of the outermost save open, or -1
         self._save_failed = False  # a save or a stage inside it raised
         self._async = False  # the outermost save open is asynchronous
@@ -297,6 +299,7 @@ class Ledger:
             if not self._begun:  # the first iteration of the process: warmup, all of it
                 self._begun = True
                 self._base = OTHER
+                self._began_unix_s = self._unix()
                 phase = WARMUP
             elif phase == ITERATION:
                 phase = FORWARD_BACKWARD
@@ -369,11 +372,20 @@ class Ledger:
         self._save_at = -1
         bad, self._save_failed = self._save_failed or failed, False
         if bad:
+            self._writes()
             return
         if self._async:
             self.checkpoint_pending(iteration)
         else:
             self.checkpoint_saved(iteration)
+
+    def _writes(self) -> None:
+        """This rank writes checkpoints (a save of it failed): with no good save yet, its
+        progress at risk runs from when training began, as the job's does."""
+        if self._safe_unix_s is None:
+            began = self._began_unix_s
+            self._safe_unix_s = self._created_unix if began is None else began
+            self._rec[_record.SAFE_UNIX] = self._safe_unix_s
 
     def step_completed(self, iteration: int | None = None) -> None:
         """Records that optimizer step ``iteration`` (default: the last one + 1) completed
@@ -435,6 +447,7 @@ class Ledger:
                 return
         pending.remove(found)
         if not succeeded:
+            self._writes()
             return
         held, completed = found
         self.saved_iteration = held

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 
 from otel_training.health import goodput as _goodput
 from otel_training.health.ledger import PHASES
+from otel_training.health.risk import progress_at_risk_s
 from otel_training.report.health import JobHealth
 from otel_training.report.plot import Plot
 from otel_training.report.series import round_significant
@@ -137,32 +138,36 @@ def phases_plot(health: JobHealth) -> Plot | None:
 
 
 def risk_plot(health: JobHealth) -> Plot | None:
-    """The progress at risk (``dl.training.checkpoint.age``) of each rank over time."""
+    """The job's progress at risk over time, one line per attempt
+    (:func:`otel_training.health.risk.progress_at_risk_s`, at every export of its ranks)."""
     t0 = health.account.start_s
     traces = []
     points = 0
     for item in health.attempts:
-        for process in sorted(item.attempt.processes, key=lambda p: p.rank):
-            xs = [_r(s.time_s - t0) for s in process.samples if s.checkpoint_age_s is not None]
-            ys = [_r(s.checkpoint_age_s) for s in process.samples if s.checkpoint_age_s is not None]
-            if not xs:
-                continue
-            points += len(xs)
-            traces.append(
-                go.Scatter(
-                    x=xs, y=ys, mode="lines+markers", marker={"size": 4},
-                    name=f"attempt {item.account.attempt}, rank {process.rank}",
-                    line={"color": PALETTE[process.rank % len(PALETTE)], "width": 1.5},
-                    legendgroup=f"rank {process.rank}",
-                )
-            )  # fmt: skip
+        processes = item.attempt.processes
+        times = sorted({s.time_s for p in processes for s in p.ledger})
+        pairs = [(t, progress_at_risk_s(processes, t)) for t in times]
+        pairs = [(t, risk) for t, risk in pairs if risk is not None]
+        if not pairs:
+            continue
+        points += len(pairs)
+        attempt = item.account.attempt
+        traces.append(
+            go.Scatter(
+                x=[_r(t - t0) for t, _ in pairs], y=[_r(risk) for _, risk in pairs],
+                mode="lines+markers", marker={"size": 4}, name=f"attempt {attempt}",
+                line={"color": PALETTE[attempt % len(PALETTE)], "width": 1.5},
+            )
+        )  # fmt: skip
     if not traces:
         return None
     figure_layout = layout("seconds since the job's first process started", "progress at risk (s)")
     caption = (
-        "<code>dl.training.checkpoint.age</code> at each export: the seconds of training a "
-        "crash would lose then (since the step the last good checkpoint holds). It drops at "
-        "each save; a line that keeps climbing means saves fail or stopped."
+        "The job's progress at risk at each export: the seconds of training a crash would lose "
+        "then, since the step its last good checkpoint holds completed (the oldest last save "
+        "of the ranks that save, <code>dl.training.checkpoint.age</code>; a rank that never "
+        "saves plays no part), or since training began before the first save. It drops at "
+        "each good save; a line that keeps climbing means saves fail or stopped."
     )
     return Plot(
         "plot-health-risk", "Progress at risk", caption, go.Figure(traces, figure_layout), points
