@@ -123,8 +123,10 @@ CAUSE_OF_PHASES = {"data": ("data_loading",), "compute": ("forward_backward", "o
 
 # -- labels -----------------------------------------------------------------------------------
 
-#: One attempt of a run: the service (`job`), the job, the run and the attempt.
-RUN = "job, dl_job_id, dl_run_id, dl_run_attempt"
+#: One attempt of a run: the service (`job`), the job, the run, the attempt and the world size
+#: (an elastic shrink or grow keeps torchrun's restart count: the world size tells the cohorts
+#: apart, docs/health.md "Attempts and the job").
+RUN = "job, dl_job_id, dl_run_id, dl_run_attempt, dl_world_size"
 #: One rank of an attempt; `instance` keeps two processes of one rank apart.
 RANK = f"{RUN}, dl_rank, dl_pipeline_parallel_rank, instance"
 #: The peers a rank's busy time is compared with: the ranks of its pipeline stage.
@@ -206,6 +208,9 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
     productive = _alternatives(PRODUCTIVE)
     exporting = f"(rank:dl_training_last_sample:timestamp > time() - {number(p.fresh_s)})"
     seen = f"last_over_time(rank:dl_training_last_sample:timestamp[{lb}])"
+    # A rank whose process stopped exporting while no process of its rank number exports in
+    # its attempt (a process replaced by an elastic rendezvous of the same size is not silent).
+    quiet = f"{seen} unless on ({RUN}, dl_rank) {exporting}"
     open_phase = "rank:dl_training_open_phase:seconds"
     has_progress = f"on ({RANK}) dl_training_progress_timestamp_seconds"
 
@@ -409,7 +414,7 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
         Rule(
             "Culprits of a hang (label dl_hang_reason), first kind (value 1): ranks silent "
             "while their peers export (GIL held, stopped, dead).",
-            f"(0 * ({seen} unless on ({RANK}) {exporting}) + 1)\n"
+            f"(0 * ({quiet}) + 1)\n"
             f"and on ({RUN}) run:dl_training_hung:ranks",
             record="rank:dl_training_hang_culprit:tier",
             labels=(("dl_hang_reason", "silent"),),
@@ -489,7 +494,7 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
         ),
         Rule(
             "A rank that stopped exporting while its peers export (value: seconds silent).",
-            f"(time() - {seen} unless on ({RANK}) {exporting})\n"
+            f"(time() - ({quiet}))\n"
             f"and on ({RUN}) (count by ({RUN}) {exporting} > 0)",
             alert="TrainingRankSilent",
             for_s=p.silent_for_s,
@@ -689,14 +694,15 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             "phases (forward/backward, optimizer, communication), 0 when no step completed in "
             "it (a hang is not productive). An upper bound: which steps a later restart "
             "throws away is known only afterwards (otel-training health).",
-            f"(\n  sum by ({RANK}) (rate(dl_training_phase_time_seconds_total"
+            f"(\n  (\n    sum by ({RANK}) (rate(dl_training_phase_time_seconds_total"
             f'{{dl_training_phase=~"{productive}"}}[{live}]))\n'
-            f"  / on ({RANK}) sum by ({RANK}) "
+            f"    / on ({RANK}) sum by ({RANK}) "
             f"(rate(dl_training_phase_time_seconds_total[{live}]))\n"
-            f"  and on ({RANK}) "
-            f"(max by ({RANK}) (delta(dl_training_progress_iteration[{live}])) > 0)\n)\n"
-            f"or on ({RANK}) "
-            f"(0 * sum by ({RANK}) (rate(dl_training_phase_time_seconds_total[{live}])))",
+            f"    and on ({RANK}) "
+            f"(max by ({RANK}) (delta(dl_training_progress_iteration[{live}])) > 0)\n  )\n"
+            f"  or on ({RANK}) "
+            f"(0 * sum by ({RANK}) (rate(dl_training_phase_time_seconds_total[{live}])))\n)\n"
+            f"and on ({RANK}) {exporting}",
             record="rank:dl_training_goodput_live:ratio",
         ),
         Rule(
@@ -705,7 +711,8 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             record="run:dl_training_goodput_live:ratio",
         ),
         Rule(
-            "... of each job: the mean over the ranks alive.",
+            "... of each job: the mean over the ranks alive (exporting now: a rank of an "
+            "ended cohort is not averaged).",
             f"avg by ({JOB}) (rank:dl_training_goodput_live:ratio)",
             record="job:dl_training_goodput_live:ratio",
         ),
@@ -812,7 +819,8 @@ def _preamble(p: Parameters) -> list[str]:
 # dl_training_progress_iteration, dl_training_progress_timestamp_seconds,
 # dl_training_progress_age_seconds, dl_training_checkpoint_age_seconds) and expect the rank
 # identity as labels on every series: job (service.name), dl_job_id, dl_run_id, dl_run_attempt,
-# dl_rank, dl_pipeline_parallel_rank, instance. Absent labels are empty and group together.
+# dl_world_size, dl_rank, dl_pipeline_parallel_rank, instance. Absent labels are empty and
+# group together (without dl_world_size, an elastic shrink or grow is not told apart).
 #   - The compose stack (collector -> Prometheus 3 OTLP receiver): prometheus.yaml promotes
 #     these resource attributes to labels (promote_resource_attributes); instance is
 #     service.instance.id. Nothing is marked stale over OTLP: a rank "exports" while its

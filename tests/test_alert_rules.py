@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import math
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,10 +58,11 @@ class Rank:
     silent_from: float = math.inf
     stale: bool = True  # a failed scrape (direct path) or just no more samples (OTLP)
     devices: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
+    origin: float = 0.0  # process creation: no sample before it
 
     @property
     def t(self) -> float:
-        return self.segments[-1].end if self.segments else 0.0
+        return self.segments[-1].end if self.segments else self.origin
 
     def phase(self, name: str, seconds: float) -> None:
         assert name in PHASES, name
@@ -116,8 +117,20 @@ class Job:
     """Ranks in lockstep: every step ends at the same time on every rank, the fastest ranks
     waiting in communication for the slowest (a synchronous all-reduce)."""
 
-    def __init__(self, ranks: int, startup_s: float = 30.0) -> None:
-        self.ranks = [Rank(r) for r in range(ranks)]
+    def __init__(
+        self,
+        ranks: int,
+        startup_s: float = 30.0,
+        *,
+        start_s: float = 0.0,
+        labels: Mapping[str, str] | None = None,
+        instance: str = "node",
+    ) -> None:
+        """``ranks`` processes created at ``start_s``; ``labels`` on all of their series (on
+        top of LABELS), ``instance`` the prefix of each one's instance label."""
+        self.ranks = [Rank(r, origin=start_s) for r in range(ranks)]
+        self.labels = dict(labels or {})
+        self.instance = instance
         for rank in self.ranks:
             rank.phase("startup", startup_s)
 
@@ -200,11 +213,14 @@ class Job:
         out: dict[str, list[str]] = {}
         for rank in self.ranks:
             rank.freeze()
-            identity = {**LABELS, "dl_rank": str(rank.rank), "instance": f"node:{rank.rank}"}
+            identity = {**LABELS, **self.labels, "dl_rank": str(rank.rank),
+                        "instance": f"{self.instance}:{rank.rank}"}  # fmt: skip
             for name, labels, value in rank.devices:
                 out[_series(name, {**identity, **labels})] = [f"{value:g}"] * len(times)
             silence_marked = False
             for t in times:
+                if t < rank.origin:
+                    continue
                 if t >= rank.silent_from:
                     for values in _rank_series(out, identity, rank.sample(rank.silent_from - 1)):
                         values.append("stale" if rank.stale and not silence_marked else "_")
@@ -265,7 +281,7 @@ NONE: dict[tuple[tuple[str, str], ...], float] = {}
 def run_promtool(
     promtool: str,
     tmp_path: Path,
-    job: Job,
+    job: Job | Sequence[Job],
     until: float,
     checks: list[Check],
     parameters: generate_rules.Parameters | None = None,
@@ -292,7 +308,11 @@ def run_promtool(
         "tests": [
             {
                 "interval": f"{INTERVAL_S}s",
-                "input_series": job.input_series(until),
+                "input_series": [
+                    series
+                    for one in ([job] if isinstance(job, Job) else job)
+                    for series in one.input_series(until)
+                ],
                 "promql_expr_test": tests,
             }
         ],
@@ -640,6 +660,41 @@ def test_ddp_rank_zero_saving_alone_keeps_the_job_risk_flat(promtool, tmp_path):
             ),  # fmt: skip
         ],
         parameters=generate_rules.Parameters(checkpoint_stale_s=600),
+    )
+
+
+@documents("health.md", "a rank of an ended cohort is never silent, stalled or a straggler")
+@pytest.mark.parametrize(("before", "after"), [(4, 2), (2, 4), (4, 4)])
+def test_an_elastic_membership_change_leaves_no_alert_for_the_ended_cohort(
+    promtool, tmp_path, before, after
+):
+    """torchrun keeps the restart count (the same dl_run_attempt) when a node is lost (4 -> 2),
+    one joins (2 -> 4) or one is replaced (4 -> 4, new processes): the ranks of the ended
+    cohort, whose samples just stop (OTLP), are never silent, and the job's live goodput
+    averages only the ranks alive now."""
+    first = Job(before, labels={"dl_world_size": str(before)}, instance="old").steps(60)
+    ended = first.t
+    first.hang({})  # the processes die: their last samples are of now
+    for rank in range(before):
+        first.silent(rank, at=_after(ended, 0), stale=False)
+    second = Job(after, start_s=_after(ended, 20), labels={"dl_world_size": str(after)},
+                 instance="new").steps(80)  # fmt: skip
+    later = _after(second.ranks[0].steps[10][0], 0)  # old samples still in the 5 min window
+    run_promtool(
+        promtool,
+        tmp_path,
+        [first, second],
+        second.t - 15,
+        [
+            Check(t, firing("TrainingRankSilent"), NONE)
+            for t in (later, _after(later, 90), _after(later, 200))
+        ]
+        + [
+            Check(_after(later, 90), "count by (job) (rank:dl_training_goodput_live:ratio)",
+                  {(("job", "train"),): after}),  # fmt: skip
+            Check(_after(later, 90), pending("TrainingRankSilent"), NONE),
+            Check(_after(later, 90), "count(run:dl_training_hung:ranks)", NONE),
+        ],
     )
 
 

@@ -134,6 +134,7 @@ class HealthJob:
                                     "dl_rank": str(r),
                                     "dl_run_id": self.run_id,
                                     "dl_job_id": JOB_ID,
+                                    "dl_world_size": str(ranks),
                                 },
                             }
                             for r in range(ranks)

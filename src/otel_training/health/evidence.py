@@ -11,9 +11,10 @@ the ``stacks`` records of a rank that suspected a hang, and its last evidence of
 attempts of a job wrote separate run directories (``{run}-a{attempt}``) or appended to the same
 files.
 
-**Attempts** (:func:`attempts`): the processes with the same ``dl.run.attempt``; without it,
-each rank's processes of one run id in the order of their creation (the k-th process of every
-rank is attempt k); ordered by their first ``process.creation.time``.
+**Attempts** (:func:`attempts`): the processes with the same ``dl.run.attempt`` (without it,
+of one run id), split into the cohorts that trained together (:func:`cohorts`: a rank seen
+twice, another world size, or a start after all had ended begins a new one); ordered by their
+first ``process.creation.time``.
 
 **The job**: the processes whose job id is the same, else whose run id is the same without
 its ``-a{attempt}`` suffix (:func:`otel_training.report.attempts.job_key`, which also reads
@@ -195,11 +196,19 @@ class Attempt:
         number: ``dl.run.attempt``, else its position among the job's attempts (from 0).
         numbered: ``number`` is ``dl.run.attempt`` (not a position).
         processes: One per rank as a rule, by rank.
+        cohort: Its place among the cohorts of one ``dl.run.attempt`` (0 for the first): an
+            elastic membership change starts a new cohort without a new attempt number.
     """
 
     number: int
     numbered: bool
     processes: list[Process]
+    cohort: int = 0
+
+    @property
+    def label(self) -> str:
+        """How a person reads it: ``3``, or ``3.1`` for the second cohort of attempt 3."""
+        return f"{self.number}.{self.cohort}" if self.cohort else str(self.number)
 
     @property
     def start_s(self) -> float:
@@ -238,31 +247,58 @@ class Job:
 
 
 def attempts(processes: Iterable[Process]) -> list[Attempt]:
-    """The job's attempts (the module docstring), ordered by their first process start."""
+    """The job's attempts (the module docstring), ordered by their first process start: the
+    processes of one ``dl.run.attempt`` (else of one run id), split into their cohorts
+    (:func:`cohorts`)."""
     numbered: dict[int, list[Process]] = {}
-    unnumbered: dict[tuple[str | None, int], list[Process]] = {}
-    by_run_rank: dict[tuple[str | None, int], list[Process]] = {}
+    unnumbered: dict[str | None, list[Process]] = {}
     for process in processes:
         if process.start_s is None:
             continue
         if process.attempt is not None:
             numbered.setdefault(process.attempt, []).append(process)
         else:
-            by_run_rank.setdefault((process.run_id, process.rank), []).append(process)
-    for (run_id, _rank), group in by_run_rank.items():
-        for k, process in enumerate(sorted(group, key=lambda p: p.start_s or 0.0)):
-            unnumbered.setdefault((run_id, k), []).append(process)
-    groups: list[tuple[int | None, list[Process]]] = [
-        (number, group) for number, group in numbered.items()
-    ] + [(None, group) for group in unnumbered.values()]
-    groups.sort(key=lambda g: min(p.start_s or 0.0 for p in g[1]))
+            unnumbered.setdefault(process.run_id, []).append(process)
+    groups: list[tuple[int | None, int, list[Process]]] = [
+        (number, k, cohort)
+        for number, group in numbered.items()
+        for k, cohort in enumerate(cohorts(group))
+    ] + [(None, 0, cohort) for group in unnumbered.values() for cohort in cohorts(group)]
+    groups.sort(key=lambda g: min(p.start_s or 0.0 for p in g[2]))
     result = []
-    for position, (number, group) in enumerate(groups):
+    for position, (number, k, group) in enumerate(groups):
         group.sort(key=lambda p: (p.rank, p.start_s or 0.0))
-        result.append(
-            Attempt(number if number is not None else position, number is not None, group)
-        )
+        numbered_ = number is not None
+        result.append(Attempt(number if numbered_ else position, numbered_, group, k))
     return result
+
+
+def cohorts(processes: Iterable[Process]) -> list[list[Process]]:
+    """``processes`` (of one attempt number, or of one run id without one) split into the
+    cohorts that trained together, in the order of their starts: a process begins a new cohort
+    when its rank is already in the current one (a restart, or an elastic rendezvous that kept
+    the restart count), when its ``dl.world_size`` differs from the cohort's (an elastic shrink
+    or grow), or when it started after every process of the cohort had ended."""
+    found: list[list[Process]] = []
+    ranks: set[int] = set()
+    world: object = None
+    end = 0.0
+    for process in sorted(processes, key=lambda p: (p.start_s or 0.0, p.rank)):
+        size = process.resource.get("dl.world_size")
+        start = process.start_s or 0.0
+        if (
+            not found
+            or process.rank in ranks
+            or (size is not None and world is not None and size != world)
+            or start > end
+        ):
+            found.append([])
+            ranks, world, end = set(), None, 0.0
+        found[-1].append(process)
+        ranks.add(process.rank)
+        world = size if size is not None else world
+        end = max(end, process.alive_s or process.last_s or start)
+    return found
 
 
 def absorb_record(process: Process, record: ProgressRecord) -> None:

@@ -150,6 +150,8 @@ class AttemptAccount:
         first_step_end_s: When its first step completed, Unix seconds, or ``None``.
         time_to_start_s: ``first_step_end_s - start_s``, or ``None``.
         time_to_recover_s: The next attempt's first step end minus ``end_s``, or ``None``.
+        cohort: Its cohort within its attempt number (an elastic membership change, 0 first).
+        world_size: The ``dl.world_size`` of its processes, or ``None``.
     """
 
     attempt: int
@@ -170,6 +172,13 @@ class AttemptAccount:
     first_step_end_s: float | None = None
     time_to_start_s: float | None = None
     time_to_recover_s: float | None = None
+    cohort: int = 0
+    world_size: int | None = None
+
+    @property
+    def label(self) -> str:
+        """How a person reads it: ``3``, or ``3.1`` for the second cohort of attempt 3."""
+        return f"{self.attempt}.{self.cohort}" if self.cohort else str(self.attempt)
 
     @property
     def wall_s(self) -> float:
@@ -694,13 +703,16 @@ def _attempt(
     item = AttemptAccount(
         attempt.number, attempt.numbered, run_ids[0] if run_ids else None, start, end, None, ranks
     )
+    item.cohort = attempt.cohort
+    sizes = {p.resource.get("dl.world_size") for p in attempt.processes}
+    item.world_size = next((n for n in sizes if isinstance(n, int)), None)
     reference = reference_process(attempt, attempt.end_s)
     if reference is None:
         reference = _span_reference(attempt, attempt.end_s)
         if reference is None:
             item.buckets["other"] = end - start
             notes.append(
-                f"Attempt {attempt.number}: no rank exported the health ledger "
+                f"Attempt {attempt.label}: no rank exported the health ledger "
                 "(dl.training.phase.time) and none wrote a phase span; its time is counted as "
                 "other."
             )
@@ -708,7 +720,7 @@ def _attempt(
             item.ended = _ending(attempt, None, False, last, live)
             return item
         notes.append(
-            f"Attempt {attempt.number}: no rank exported the health ledger "
+            f"Attempt {attempt.label}: no rank exported the health ledger "
             "(dl.training.phase.time; it ended before its first metric export, or an older "
             f"version wrote it); rank {reference.rank}'s phase spans place its time: startup "
             "until its first iteration, its checkpoint loads and saves, evaluations and "
@@ -749,7 +761,7 @@ def _attempt(
     if not last:
         if restored is None:
             notes.append(
-                f"Attempt {attempt.number}: what the later attempts resumed from is not in the "
+                f"Attempt {attempt.label}: what the later attempts resumed from is not in the "
                 "files (no checkpoint load, no iteration); no progress is counted as lost."
             )
         elif (item.resumed_from is not None and restored <= item.resumed_from) or (
@@ -761,7 +773,7 @@ def _attempt(
             if boundary is None and (last_iteration is None or restored < last_iteration):
                 boundary = timeline.created
                 notes.append(
-                    f"Attempt {attempt.number}: when step {restored} completed is not in the "
+                    f"Attempt {attempt.label}: when step {restored} completed is not in the "
                     "files; all of its steps are counted as lost."
                 )
         if restored is not None and last_iteration is not None and last_iteration > restored:

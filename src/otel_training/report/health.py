@@ -148,6 +148,8 @@ def _attempt_json(item: AttemptHealth) -> dict[str, Any]:
         "last_iteration": a.last_iteration,
         "ended": a.ended,
         "numbered": a.numbered,
+        "cohort": a.cohort,
+        "world_size": a.world_size,
         "ranks": a.ranks,
         "reference_rank": a.reference_rank,
         "productive_s": a.productive_s,
@@ -265,12 +267,12 @@ def assess(
         item.estimated = estimates(attempt, attempt_account)
         items.append(item)
     notes = list(job.notes) + list(account.notes)
-    notes += [f"Attempt {x.account.attempt}: {why}" for x in items for why in x.estimated]
+    notes += [f"Attempt {x.account.label}: {why}" for x in items for why in x.estimated]
     for item in items:
         report = item.stragglers
         if report is not None and report.windows and not report.attributed:
             notes.append(
-                f"Attempt {item.account.attempt}: no rank recorded the communication phase "
+                f"Attempt {item.account.label}: no rank recorded the communication phase "
                 "(grad_sync('finish'), p2p receives, barriers), so waiting cannot be told from "
                 "working: straggler causes are unattributed."
             )
@@ -422,7 +424,7 @@ def format_text(health: JobHealth) -> str:
         f"goodput {100 * a.goodput:.1f} % ({_duration(a.productive_s)} productive)",
         "",
     ]
-    header = ["", "total", *[f"attempt {x.account.attempt}" for x in health.attempts]]
+    header = ["", "total", *[f"attempt {x.account.label}" for x in health.attempts]]
     rows = [header, ["productive", _duration(a.productive_s),
                      *[_duration(x.account.productive_s) for x in health.attempts]]]  # fmt: skip
     for name in _goodput.BUCKETS:
@@ -439,7 +441,7 @@ def format_text(health: JobHealth) -> str:
         lost = acc.lost_iterations
         rows.append(
             [
-                str(acc.attempt) + ("" if acc.numbered else " (by start time)"),
+                acc.label + ("" if acc.numbered else " (by start time)"),
                 acc.run_id or "–",
                 str(len(acc.ranks)),
                 "–" if acc.resumed_from is None else str(acc.resumed_from),
@@ -453,7 +455,7 @@ def format_text(health: JobHealth) -> str:
     lines += _table(rows, [False, False, True, True, True, True, False, True, True])
     for x in health.attempts:
         for why in x.estimated:
-            lines.append(f"  estimated, attempt {x.account.attempt}: {why}")
+            lines.append(f"  estimated, attempt {x.account.label}: {why}")
     hang = health.hang
     lines.append("")
     if hang is None:
@@ -462,7 +464,7 @@ def format_text(health: JobHealth) -> str:
         v = hang.hang
         assert v is not None
         lines.append(
-            f"hang: attempt {hang.account.attempt} has made no progress for "
+            f"hang: attempt {hang.account.label} has made no progress for "
             f"{_duration(v.since_s)}; stalled: {ranks_phrase(v.stalled_ranks)}; culprit"
             f"{'s' if len(v.culprits) != 1 else ''}: {ranks_phrase(v.culprits)}"
             f" ({(v.rule or '').replace('_', ' ')})"
@@ -480,7 +482,7 @@ def format_text(health: JobHealth) -> str:
                     lines += [
                         "    " + s for s in str(thread.get("stack", "")).rstrip().splitlines()
                     ]
-    flagged = [(x.account.attempt, s) for x in health.attempts if x.stragglers
+    flagged = [(x.account.label, s) for x in health.attempts if x.stragglers
                for s in x.stragglers.stragglers]  # fmt: skip
     if flagged:
         lines.append("stragglers:")

@@ -42,7 +42,7 @@ def goodput_plot(health: JobHealth) -> Plot | None:
     }
     rows = []
     for item in account.attempts:
-        row = f"attempt {item.attempt}"
+        row = f"attempt {item.label}"
         rows.append(row)
         at = item.start_s - t0
         total = item.end_s - item.start_s
@@ -56,7 +56,7 @@ def goodput_plot(health: JobHealth) -> Plot | None:
             bar["y"].append(row)
             share = seconds / total if name != "downtime" and total > 0 else None
             bar["text"].append(
-                f"attempt {item.attempt}: {name} {seconds:.1f} s"
+                f"attempt {item.label}: {name} {seconds:.1f} s"
                 + (f" ({100 * share:.1f} % of the attempt)" if share is not None else "")
             )
             at += seconds
@@ -101,7 +101,7 @@ def phases_plot(health: JobHealth) -> Plot | None:
             if not ledger:
                 continue
             rows.append(
-                f"attempt {item.account.attempt}, rank {process.rank}"
+                f"attempt {item.account.label}, rank {process.rank}"
                 if several
                 else f"rank {process.rank}"
             )
@@ -151,12 +151,12 @@ def risk_plot(health: JobHealth) -> Plot | None:
         if not pairs:
             continue
         points += len(pairs)
-        attempt = item.account.attempt
+        attempt = item.account
         traces.append(
             go.Scatter(
                 x=[_r(t - t0) for t, _ in pairs], y=[_r(risk) for _, risk in pairs],
-                mode="lines+markers", marker={"size": 4}, name=f"attempt {attempt}",
-                line={"color": PALETTE[attempt % len(PALETTE)], "width": 1.5},
+                mode="lines+markers", marker={"size": 4}, name=f"attempt {attempt.label}",
+                line={"color": PALETTE[len(traces) % len(PALETTE)], "width": 1.5},
             )
         )  # fmt: skip
     if not traces:
@@ -188,7 +188,7 @@ def straggler_plot(health: JobHealth) -> Plot | None:
         if report is None or not report.windows:
             continue
         for w, (first, last) in enumerate(report.windows):
-            columns.append(f"a{item.account.attempt} {first:.0f}–{last:.0f}")
+            columns.append(f"a{item.account.label} {first:.0f}–{last:.0f}")
             for r in ranks:
                 row = report.scores.get(r)
                 value = row[w] if row is not None and w < len(row) else None
@@ -210,7 +210,7 @@ def straggler_plot(health: JobHealth) -> Plot | None:
                xaxis={"type": "category"}),
     )  # fmt: skip
     flagged = [
-        f"rank {s.rank} (attempt {item.account.attempt}: score {s.score:.2f} in {s.windows} "
+        f"rank {s.rank} (attempt {item.account.label}: score {s.score:.2f} in {s.windows} "
         f"windows, cause {s.cause})"
         for item in health.attempts
         if item.stragglers
@@ -251,7 +251,7 @@ def health_plots(health: JobHealth) -> list[Plot]:
 def health_tables(health: JobHealth) -> dict[str, Any]:
     """The section's tables: buckets by attempt, the attempts, the hang and its stacks."""
     a = health.account
-    headers = ["total", *[f"attempt {x.account.attempt}" for x in health.attempts]]
+    headers = ["total", *[f"attempt {x.account.label}" for x in health.attempts]]
     rows = []
 
     def cell(seconds: float, whole: float) -> str:
