@@ -433,3 +433,31 @@ def test_the_median_step_is_the_step_phases_per_step_after_the_warm_up():
         r.step()
     process = r.end()
     assert goodput.median_step_s(process) == pytest.approx(STEP, rel=0.1)
+
+
+@documents("health.md", "is that pause's badput, not productive communication")
+def test_a_peers_longer_save_is_the_jobs_blocked_time():
+    """Rank 1 saves step 20 for 3 s, rank 0 (the reference) for 1 s and then waits 2 s in the
+    next all-reduce: the job's checkpoint_save is 3 s, and the wait is not productive."""
+    sims = []
+    for rank, save_s in ((0, 1.0), (1, 3.0)):
+        sim = SimRank(T0, rank=rank)
+        sim.advance(1.0)
+        for _ in range(20):
+            sim.step()
+        sim.phase(L.CHECKPOINT_SAVE, save_s, 20)
+        sim.step(communication=0.005 + (3.0 - save_s))  # waits for the slower saver
+        for _ in range(9):
+            sim.step()
+        sim.sample()  # the export at shutdown
+        sim.end()
+        sims.append(sim)
+    (item,) = goodput.account(attempts([s.process for s in sims])).attempts
+    assert item.reference_rank == 0
+    assert item.buckets["checkpoint_save"] == pytest.approx(3.0, abs=1e-5)
+    # 30 steps: the warm-up less its excess (0.095) and 29 x (compute 0.06 + comm 0.005 +
+    # optimizer 0.01); the 2 s wait is the save's
+    assert item.productive_s == pytest.approx(0.095 + 29 * 0.075, abs=1e-5)
+    assert item.buckets["data_wait"] == pytest.approx(29 * 0.02, abs=1e-5)
+    total = item.productive_s + sum(v for k, v in item.buckets.items() if k != "downtime")
+    assert total == pytest.approx(item.end_s - item.start_s, abs=1e-6)

@@ -794,12 +794,60 @@ def _attempt(
     buckets["warmup_excess"] = excess
     buckets["data_wait"] = keep_vec[DATA]
     item.productive_s = (warm - excess) + keep_vec[FB] + keep_vec[OPT] + keep_vec[COMM]
+    # the job was blocked as long as its slowest rank was in a pause, not the reference's
+    keep_until = cut_at if boundary is None else min(boundary, cut_at)
+    for phase, (kept, in_lost) in blocked_by_peers(attempt, reference, keep_until, cut_at).items():
+        kept = min(kept, item.productive_s)
+        in_lost = min(in_lost, buckets["lost_progress"])
+        item.productive_s -= kept
+        buckets["lost_progress"] -= in_lost
+        buckets[_BUCKET_OF[phase]] += kept + in_lost
     known = item.productive_s + sum(v for k, v in buckets.items() if k not in ("other", "downtime"))
     buckets["other"] = max((end - start) - known, 0.0)  # the ledger's other, and the rest
     if known > (end - start) + 1e-6:  # rounding of the samples: take it from productive
         item.productive_s = max(item.productive_s - (known - (end - start)), 0.0)
     item.ended = _ending(attempt, reference, hung, last, live)
     return item
+
+
+#: The bucket of each pause whose blocked time is the job's (:func:`blocked_by_peers`).
+_BUCKET_OF = {SAVE: "checkpoint_save", EVALUATE: "evaluate", CHECKPOINT_LOAD: "checkpoint_load"}
+
+
+def blocked_by_peers(
+    attempt: Attempt, reference: Process, keep_until_s: float, cut_at_s: float
+) -> dict[int, tuple[float, float]]:
+    """The time the job was blocked by pauses beyond the reference rank's own, seconds, per
+    pause phase (checkpoint save and load, evaluation): for each of the reference rank's
+    pauses (its span, with its iteration), how much longer the longest span of the same phase
+    and iteration on any rank of ``attempt`` lasted. The reference rank waited that long in
+    the collective after it (communication, or inside forward/backward under DDP): the job
+    could not train because of that pause, which is its badput. Durations, not end times, so
+    that clocks of different hosts need not agree. Split as ``(kept, lost)``: of pauses that
+    ended by ``keep_until_s`` (the wait is in kept step time) and of those after it, up to
+    ``cut_at_s`` (in lost progress)."""
+    longest: dict[tuple[int, int], float] = {}
+    for process in attempt.processes:
+        for span in process.spans:
+            if span.phase in _BUCKET_OF and span.end_s is not None and span.iteration is not None:
+                key = (span.phase, span.iteration)
+                longest[key] = max(longest.get(key, 0.0), span.end_s - span.start_s)
+    found: dict[int, tuple[float, float]] = {}
+    for span in reference.spans:
+        if span.phase not in _BUCKET_OF or span.end_s is None or span.iteration is None:
+            continue
+        if span.end_s > cut_at_s:
+            continue
+        extra = longest[(span.phase, span.iteration)] - (span.end_s - span.start_s)
+        if extra <= 0:
+            continue
+        kept, lost = found.get(span.phase, (0.0, 0.0))
+        if span.end_s <= keep_until_s:
+            kept += extra
+        else:
+            lost += extra
+        found[span.phase] = (kept, lost)
+    return found
 
 
 def restore_points(attempts: Sequence[Attempt]) -> list[int | None]:
