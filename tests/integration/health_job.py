@@ -13,7 +13,8 @@ that fails (its peer died inside the collective) writes ``{"event": "crash"}`` b
 exits.
 
 Environment: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (gloo),
-``TRUTH_LOG``, ``CHECKPOINT_DIR``, ``HOLD_AT``, ``LAST_STEP`` (default 100), and the
+``TRUTH_LOG``, ``CHECKPOINT_DIR``, ``HOLD_AT``, ``LAST_STEP`` (default 100), ``SAVE_S`` (this
+rank's save, default 0.25 s), and the
 ``OTEL_*`` variables of the run.
 """
 
@@ -99,7 +100,7 @@ def main() -> None:
                     with open(path + ".tmp", "w") as handle:
                         handle.write(str(step))
                     os.replace(path + ".tmp", path)
-                time.sleep(0.25)
+                time.sleep(float(os.environ.get("SAVE_S") or 0.25))
     dist.barrier()
     dist.destroy_process_group()
     telemetry.shutdown()

@@ -51,6 +51,12 @@ VARIANTS = {
     "default_groups": {
         "signal": "SIGKILL", "counter": "TORCHELASTIC_RESTART_COUNT", "groups": "default",
     },
+    # Unequal saves, the default groups: rank 1 saves 0.5 s longer than rank 0 (the reference),
+    # which waits for it in the next all_reduce: the job's save badput (docs/health.md).
+    "unequal_saves": {
+        "signal": "SIGKILL", "counter": "TORCHELASTIC_RESTART_COUNT", "groups": "default",
+        "save_s": {1: 0.75},
+    },
     # Rank 0 killed alone: rank 1 fails in the next all_reduce and exits (no single writer).
     "rank0_first": {
         "signal": "SIGKILL", "counter": "TORCHELASTIC_RESTART_COUNT", "ranks": (0,),
@@ -100,6 +106,7 @@ def _env(base: Path, variant: dict, attempt: int, rank: int, port: int) -> dict[
         OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM="true",
         TRUTH_LOG=str(base / f"truth-a{attempt}-rank{rank}.jsonl"),
         CHECKPOINT_DIR=str(base / "checkpoints"),
+        SAVE_S=str(variant.get("save_s", {}).get(rank, 0.25)),
     )
     env["OTEL_PYTHON_TRAINING_RUN_ID"] = "truth-run"
     if variant["counter"] is not None:
@@ -270,6 +277,20 @@ def truth(attempts: list[Attempt], reference_rank: int = 0) -> dict[str, Any]:
             "checkpoint_save": _clip(saves, start, end),
             "evaluate": _clip(evals, start, end),
         }
+        # the job was blocked as long as its slowest rank saved: the reference's wait after
+        # its own save (in the next all_reduce) is the save's, of kept or of lost time
+        blocked_kept = blocked_lost = 0.0
+        others = [_intervals(_read_log(log), "checkpoint_save") for log in attempt.logs.values()]
+        for s_, e_, it in saves:
+            if e_ > end:
+                continue
+            extra = max((e - s for o in others for s, e, i in o if i == it and e <= end),
+                        default=0.0) - (e_ - s_)  # fmt: skip
+            if extra > 0 and (cut is None or e_ <= cut):
+                blocked_kept += extra
+            elif extra > 0:
+                blocked_lost += extra
+        b["checkpoint_save"] += blocked_kept + blocked_lost
         kept = [s for s in steps if cut is None or s[1] <= cut]
         excess = max(durations[0] - median, 0.0) if kept and median is not None else 0.0
         b["warmup_excess"] = excess
@@ -278,9 +299,10 @@ def truth(attempts: list[Attempt], reference_rank: int = 0) -> dict[str, Any]:
         b["data_wait"] = kept_data
         work = sum(e - s for s, e, _ in kept_later) - kept_data
         work += (durations[0] - excess) if kept else 0.0
+        work -= blocked_kept
         lost = 0.0
         if cut is not None:
-            lost = (end - cut) - _clip(saves + evals + loads, cut, end)
+            lost = (end - cut) - _clip(saves + evals + loads, cut, end) - blocked_lost
         b["lost_progress"] = lost
         b["hang"] = 0.0
         b["downtime"] = max(0.0, starts[i + 1] - end) if i + 1 < len(attempts) else 0.0
