@@ -251,3 +251,24 @@ def test_ranks_that_left_no_files_are_said_beside_the_attempt(tmp_path):
         "rank 1 of its 2 left no files: its figures are those of the other ranks"
     ]
     assert "estimated, attempt 0: rank 1 of its 2 left no files" in format_text(health)
+
+
+@documents("health.md", "a last record more than a second after the next attempt's first")
+def test_an_attempt_that_ends_after_the_next_one_began_is_said_to_disagree(tmp_path):
+    """Attempt 0's host clock runs ahead: its last record is 1.7 s after attempt 1's start;
+    health cuts it there and says so beside attempt 0 (and only there)."""
+    from otel_training.report.health import assess
+
+    out = tmp_path / "out"
+    first, second = simulated(T0), simulated(T0 + 0.5, steps=8)  # attempt 0 ends at T0 + 2.18
+    write_process(
+        out / "run-a0", first, job_resource(0, 0, "2027-01-15T08:00:00.000Z", "run-a0", "J")
+    )
+    write_process(
+        out / "run-a1", second, job_resource(0, 1, "2027-01-15T08:00:00.500Z", "run-a1", "J")
+    )
+    one, two = assess(read(out / "run-a1"), now_s=T0 + 3600).to_json()["attempts"]
+    (why,) = [w for w in one["estimated"] if "clocks disagree" in w]
+    assert why.startswith("its last record is ")
+    assert not [w for w in two["estimated"] if "clocks disagree" in w]
+    assert one["badput_s"]["downtime"] == 0.0

@@ -256,7 +256,7 @@ def assess(
     ordered = attempts(job.processes)
     account = _goodput.account(ordered, policy, now_s=now_s)
     items = []
-    for attempt, attempt_account in zip(ordered, account.attempts):
+    for i, (attempt, attempt_account) in enumerate(zip(ordered, account.attempts)):
         item = AttemptHealth(attempt_account, attempt)
         live = attempt is ordered[-1] and _goodput.is_live(attempt, now_s)
         at = now_s if live else attempt.end_s
@@ -264,7 +264,8 @@ def assess(
         if item.hang.hung:
             item.stacks = _stacks(attempt)
         item.stragglers = _straggler.assess(_counters(attempt), window_steps)
-        item.estimated = estimates(attempt, attempt_account)
+        following = ordered[i + 1] if i + 1 < len(ordered) else None
+        item.estimated = estimates(attempt, attempt_account, following)
         items.append(item)
     notes = list(job.notes) + list(account.notes)
     notes += [f"Attempt {x.account.label}: {why}" for x in items for why in x.estimated]
@@ -282,12 +283,21 @@ def assess(
     )  # fmt: skip
 
 
-def estimates(attempt: Attempt, account: _goodput.AttemptAccount) -> list[str]:
+def estimates(
+    attempt: Attempt, account: _goodput.AttemptAccount, following: Attempt | None = None
+) -> list[str]:
     """What ``attempt``'s figures rest on that the files cannot tell exactly, one sentence
     each (``docs/health.md``, "Precision"): the end of an attempt that died unseen, placed at
     the last export or span line of a process without a progress record; ranks of its world
-    that left no files."""
+    that left no files; an end after the next attempt's start (``following``), which the
+    hosts' clocks disagreeing (or attempts that overlapped) make."""
     found = []
+    if following is not None and attempt.end_s > following.start_s + 1.0:
+        found.append(
+            f"its last record is {_duration(attempt.end_s - following.start_s)} after the next "
+            "attempt's first process started: the hosts' clocks disagree or the attempts "
+            "overlapped, so its end is cut there and the downtime after it is taken as 0"
+        )
     blind = [p for p in attempt.processes if p.record is None]
     if blind and account.ended == "killed":
         interval = max(p.export_interval_s for p in blind)
