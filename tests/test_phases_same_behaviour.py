@@ -476,7 +476,8 @@ def test_the_same_with_an_nvtx_tool_attached(recorder_library, tmp_path):
 
 
 def test_every_phase_function_is_drawn():
-    """The programs draw every public phase function: none is left out of the comparison."""
+    """The programs draw every public phase function: none is left out of the comparison
+    (checkpoint_save_completed opens no phase: it completes an asynchronous save)."""
     public = {n for n in ot.spans.__all__ if n not in ("NOOP_PHASE", "Phase", "SpanRecorder")}
-    assert public - {"enabled_groups"} == set(CALLS)
+    assert public - {"enabled_groups", "checkpoint_save_completed"} == set(CALLS)
     assert all(name in ot.__all__ for name in CALLS)
