@@ -24,6 +24,8 @@ Prints, from one run, the cost per iteration of an empty ``with`` block of:
   ``disabled_noop``: ``with activation_offload("offload"):`` in a disabled group that is no
   phase of the ledger (the shared no-op); ``ledger_alone``: the ledger's own
   ``LEDGER.enter``/``LEDGER.exit`` of that phase, the floor of ``disabled_ledger``;
+- ``ledger_recorded``: the same with its hot state in a progress record file (a shared
+  mapping, ``docs/health.md`` "The progress record"), as ``configure()`` keeps it;
 - ``ledger``: the health ledger's own cost per phase transition (``docs/health.md``): a step of
   ``Ledger.enter``/``exit`` for the iteration and its data loading, forward/backward and
   optimizer (8 transitions), per transition; every phase pays it, whatever its span group
@@ -247,6 +249,9 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
     from otel_training.health.ledger import FORWARD_BACKWARD, LEDGER
 
     own_ledger = health_ledger.Ledger()
+    recorded_ledger = health_ledger.Ledger()  # its hot state in a progress record file
+    record_dir = tempfile.mkdtemp(prefix="otel-training-bench-record-")
+    recorded_ledger.record_to(os.path.join(record_dir, "ledger-rank0-bench.bin"), {})
     DATA, FB, OPT, ITERATION = (
         health_ledger.DATA_LOADING,
         health_ledger.FORWARD_BACKWARD,
@@ -305,8 +310,8 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
             leave(enter(FORWARD_BACKWARD), FORWARD_BACKWARD)
         return _per_iteration(start, cpu, n)
 
-    def ledger(n: int) -> tuple[float, float]:
-        enter, leave = own_ledger.enter, own_ledger.exit
+    def ledger(n: int, of: health_ledger.Ledger = own_ledger) -> tuple[float, float]:
+        enter, leave = of.enter, of.exit
         start, cpu = time.perf_counter_ns(), time.process_time_ns()
         for i in range(n):
             step = enter(ITERATION)
@@ -346,6 +351,7 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
         "disabled_noop": disabled_noop,
         "ledger_alone": ledger_alone,
         "ledger": ledger,
+        "ledger_recorded": lambda n: ledger(n, recorded_ledger),
     }
     for run in variants.values():
         run(max(10, iterations // 10))
@@ -404,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         ("disabled_noop", "activation_offload(), off"),
         ("ledger_alone", "LEDGER.enter + exit"),
         ("ledger", "health ledger, a transition"),
+        ("ledger_recorded", "the same, record in a file"),
     ]
     if "aidot" in result:
         rows += [("aidot", "timed_span(ITERATION)"), ("aidot_bare_sdk", "span + BSP, aidot's venv")]
