@@ -167,3 +167,17 @@ def test_the_health_section_is_titled_and_says_where_its_definitions_are(tmp_pat
         "No health ledger in these files (<code>dl.training.phase.time</code>): they were "
         "written by a version without it, or with metrics off." in page
     )
+
+
+def test_what_an_attempt_cannot_know_is_beside_it_in_the_report():
+    """An attempt's estimates are a row under it in the report's attempts table."""
+    from otel_training.report.health_figures import health_tables
+
+    job = straggling_job()
+    for process in job.processes:
+        process.resource["dl.world_size"] = 3  # rank 2 left no files
+    tables = health_tables(assess(job, now_s=T0 + 10_000))
+    (attempt,) = tables["attempts"]
+    assert attempt["estimated"] == (
+        "rank 2 of its 3 left no files: its figures are those of the other ranks"
+    )

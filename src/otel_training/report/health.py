@@ -268,7 +268,6 @@ def assess(
         item.estimated = estimates(attempt, attempt_account, following)
         items.append(item)
     notes = list(job.notes) + list(account.notes)
-    notes += [f"Attempt {x.account.label}: {why}" for x in items for why in x.estimated]
     for item in items:
         report = item.stragglers
         if report is not None and report.windows and not report.attributed:

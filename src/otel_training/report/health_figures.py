@@ -275,11 +275,12 @@ def health_tables(health: JobHealth) -> dict[str, Any]:
         return "–" if value is None else str(value)
 
     attempts = []
+    estimated = {id(x.account): x.estimated for x in health.attempts}
     for acc in per_attempt:
         lost = acc.lost_iterations
         attempts.append(
             {
-                "attempt": acc.attempt,
+                "attempt": acc.label,
                 "run_id": cut(text(acc.run_id), 240),
                 "ranks": len(acc.ranks),
                 "resumed_from": text(acc.resumed_from),
@@ -288,6 +289,7 @@ def health_tables(health: JobHealth) -> dict[str, Any]:
                 "ended": acc.ended,
                 "time_to_start": seconds(acc.time_to_start_s),
                 "time_to_recover": seconds(acc.time_to_recover_s),
+                "estimated": "; ".join(estimated.get(id(acc), ())),
             }
         )
     hang = None
