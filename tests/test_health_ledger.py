@@ -450,6 +450,45 @@ def test_the_instruments_export_the_ledger():
     assert units["dl.training.progress.iteration"] == "{iteration}"
 
 
+@pytest.mark.parametrize("groups", ["default", "none"])
+def test_the_public_phases_export_only_good_checkpoints(groups):
+    """Through the public functions, whatever the span groups: a save whose finalize stage
+    raised (the program carries on) exports no checkpoint; an asynchronous save exports one
+    only once checkpoint_save_completed() says so, from the writer's thread."""
+    import threading
+
+    reader = InMemoryMetricReader()
+    ot.configure(
+        metric_readers=[reader],
+        environ={"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none",
+                 "OTEL_PYTHON_TRAINING_SPAN_GROUPS": groups},
+    )  # fmt: skip
+    for iteration in (1, 2, 3):
+        with ot.training_iteration(iteration=iteration):
+            pass
+    with ot.checkpoint_save(iteration=2):
+        with ot.checkpoint_save_stage("state_dict"):
+            pass
+        try:
+            with ot.checkpoint_save_stage("finalize"):
+                raise OSError("disk quota exceeded")
+        except OSError:
+            pass
+    assert "dl.training.checkpoint.iteration" not in _points(reader)
+    with ot.checkpoint_save(iteration=3, strategy="async"):
+        pass
+    assert "dl.training.checkpoint.iteration" not in _points(reader)
+    writer = threading.Thread(target=ot.checkpoint_save_completed, args=(3,))
+    writer.start()
+    writer.join()
+    points = _points(reader)
+    assert points["dl.training.checkpoint.iteration"] == [
+        ({"megatron.checkpoint.operation": "save"}, 3)
+    ]
+    (age,) = points["dl.training.checkpoint.age"]
+    assert 0 <= age[1] < 5.0
+
+
 def _metrics(reader):
     data = reader.get_metrics_data()
     return [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
