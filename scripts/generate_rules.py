@@ -278,7 +278,7 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             f"  increase(dl_training_phase_time_seconds_total"
             f'{{dl_training_phase=~"{training}"}}[{duration(p.step_window_s)}])\n'
             f")\n/ on ({RANK})\n"
-            f"  (max by ({RANK}) (delta(dl_training_progress_iteration"
+            f"  (max by ({RANK}) (increase(dl_training_progress_steps_total"
             f"[{duration(p.step_window_s)}])) > 0)",
             record="rank:dl_training_step:seconds",
         ),
@@ -580,7 +580,7 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             f"  increase(dl_training_phase_time_seconds_total"
             f'{{dl_training_phase=~"{busy}|communication"}}[{window}])\n'
             f")\n/ on ({RANK}) group_left ()\n"
-            f"  (max by ({RANK}) (delta(dl_training_progress_iteration[{window}])) > 0)",
+            f"  (max by ({RANK}) (increase(dl_training_progress_steps_total[{window}])) > 0)",
             record="rank:dl_training_phase_per_step:seconds",
         ),
         Rule(
@@ -699,7 +699,7 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             f"    / on ({RANK}) sum by ({RANK}) "
             f"(rate(dl_training_phase_time_seconds_total[{live}]))\n"
             f"    and on ({RANK}) "
-            f"(max by ({RANK}) (delta(dl_training_progress_iteration[{live}])) > 0)\n  )\n"
+            f"(max by ({RANK}) (increase(dl_training_progress_steps_total[{live}])) > 0)\n  )\n"
             f"  or on ({RANK}) "
             f"(0 * sum by ({RANK}) (rate(dl_training_phase_time_seconds_total[{live}])))\n)\n"
             f"and on ({RANK}) {exporting}",
@@ -816,7 +816,8 @@ def _preamble(p: Parameters) -> list[str]:
 #
 # Series and labels. The rules read the ledger's metrics under their Prometheus names
 # (dl_training_phase_time_seconds_total, dl_training_phase_elapsed_seconds,
-# dl_training_progress_iteration, dl_training_progress_timestamp_seconds,
+# dl_training_progress_iteration, dl_training_progress_steps_total,
+# dl_training_progress_timestamp_seconds,
 # dl_training_progress_age_seconds, dl_training_checkpoint_age_seconds) and expect the rank
 # identity as labels on every series: job (service.name), dl_job_id, dl_run_id, dl_run_attempt,
 # dl_world_size, dl_rank, dl_pipeline_parallel_rank, instance. Absent labels are empty and

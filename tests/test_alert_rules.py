@@ -88,6 +88,7 @@ class Rank:
                 ({}, t - (self.steps[done - 1][0] if done else 0.0))
             ],
         }
+        series["dl_training_progress_steps_total"] = [({}, done)]  # this process's, monotonic
         if done:
             series["dl_training_progress_iteration"] = [({}, self.steps[done - 1][1])]
             series["dl_training_progress_timestamp_seconds"] = [({}, self.steps[done - 1][0])]
@@ -125,9 +126,12 @@ class Job:
         start_s: float = 0.0,
         labels: Mapping[str, str] | None = None,
         instance: str = "node",
+        resumed_from: int = 0,
     ) -> None:
         """``ranks`` processes created at ``start_s``; ``labels`` on all of their series (on
-        top of LABELS), ``instance`` the prefix of each one's instance label."""
+        top of LABELS), ``instance`` the prefix of each one's instance label; their first step
+        is ``resumed_from`` + 1 (a restart that restored that step)."""
+        self.resumed_from = resumed_from
         self.ranks = [Rank(r, origin=start_s) for r in range(ranks)]
         self.labels = dict(labels or {})
         self.instance = instance
@@ -176,7 +180,7 @@ class Job:
                     rank.phase("forward_backward", f)
                     rank.phase("communication", wall - d - f - o)
                     rank.phase("optimizer", o)
-                rank.steps.append((rank.t, len(rank.steps) + 1))
+                rank.steps.append((rank.t, self.resumed_from + len(rank.steps) + 1))
         return self
 
     def pause(self, phase: str, seconds: float, ranks: Iterable[int] | None = None) -> Job:
@@ -234,6 +238,20 @@ class Job:
             for values in out.values():
                 values.extend(["_"] * (len(times) - len(values)))
         return [{"series": key, "values": " ".join(values)} for key, values in out.items()]
+
+
+def _merged(jobs: list[list[dict[str, str]]]) -> list[dict[str, str]]:
+    """The input series of several jobs; a series that two of them write (a process restarted
+    under the same labels, as a direct scrape of one target sees it) takes, at each sample,
+    the value that is there (a later process's after an earlier one's)."""
+    found: dict[str, list[str]] = {}
+    for series in jobs:
+        for entry in series:
+            values = entry["values"].split(" ")
+            mine = found.setdefault(entry["series"], values)
+            if mine is not values:
+                found[entry["series"]] = [b if b != "_" else a for a, b in zip(mine, values)]
+    return [{"series": key, "values": " ".join(values)} for key, values in found.items()]
 
 
 def _series(name: str, labels: Mapping[str, str]) -> str:
@@ -308,11 +326,9 @@ def run_promtool(
         "tests": [
             {
                 "interval": f"{INTERVAL_S}s",
-                "input_series": [
-                    series
-                    for one in ([job] if isinstance(job, Job) else job)
-                    for series in one.input_series(until)
-                ],
+                "input_series": _merged(
+                    [one.input_series(until) for one in ([job] if isinstance(job, Job) else job)]
+                ),
                 "promql_expr_test": tests,
             }
         ],
@@ -690,10 +706,40 @@ def test_an_elastic_membership_change_leaves_no_alert_for_the_ended_cohort(
             for t in (later, _after(later, 90), _after(later, 200))
         ]
         + [
-            Check(_after(later, 90), "count by (job) (rank:dl_training_goodput_live:ratio)",
-                  {(("job", "train"),): after}),  # fmt: skip
+            Check(
+                _after(later, 90),
+                "count by (job) (rank:dl_training_goodput_live:ratio)",
+                {(("job", "train"),): after},
+            ),  # fmt: skip
             Check(_after(later, 90), pending("TrainingRankSilent"), NONE),
             Check(_after(later, 90), "count(run:dl_training_hung:ranks)", NONE),
+        ],
+    )
+
+
+@documents("health.md", "Every rate and delta of progress in the rules uses the counter")
+def test_a_restart_onto_an_older_checkpoint_inside_the_window_reads_right(promtool, tmp_path):
+    """One target (a direct scrape) restarts: its process reached step 150, the next one
+    restores step 100 and goes on. Over windows that span the restart, the step time stays
+    the true 5 s (+- 10 %) and the live goodput stays above 0.5 while steps complete: both
+    count steps with dl_training_progress_steps_total, which resets with the process, never
+    with the iteration gauge, which goes back."""
+    first = Job(1).steps(150)
+    ended = first.t
+    first.hang({}).silent(0, at=_after(ended, 0), stale=True)
+    second = Job(1, start_s=_after(ended, 30), resumed_from=100).steps(100)
+    begun = next(s.start for s in second.ranks[0].segments if s.phase == "warmup")
+    times = [_after(begun, seconds) for seconds in (30, 90, 150)]  # windows of 5 min
+    run_promtool(
+        promtool,
+        tmp_path,
+        [first, second],
+        second.t - 15,
+        [
+            Check(t, "count(rank:dl_training_step:seconds > 4.5 < 5.5)", {(): 1}) for t in times
+        ]
+        + [
+            Check(t, "count(rank:dl_training_goodput_live:ratio > 0.5)", {(): 1}) for t in times
         ],
     )
 

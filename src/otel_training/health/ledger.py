@@ -187,6 +187,7 @@ class LedgerReading:
             the first iteration began.
         logged_iteration: The step that the training metrics recorded last describe
             (:meth:`Ledger.training_logged`), or ``None`` before the first.
+        steps: Optimizer steps this process completed (monotonic: a load restores none).
     """
 
     phase_time_s: Mapping[str, float]
@@ -199,6 +200,7 @@ class LedgerReading:
     loaded_iteration: int | None
     checkpoint_age_s: float | None
     logged_iteration: int | None = None
+    steps: int = 0
 
 
 class Ledger:
@@ -230,6 +232,7 @@ class Ledger:
         "saved_iteration",
         "loaded_iteration",
         "logged_iteration",
+        "steps",
         "_safe_unix_s",
         "_began_unix_s",
         "_save_at",
@@ -274,6 +277,7 @@ class Ledger:
         self.saved_iteration: int | None = None
         self.loaded_iteration: int | None = None
         self.logged_iteration: int | None = None
+        self.steps = 0  # steps completed by this process (a load restores none)
         self._safe_unix_s: float | None = None
         self._began_unix_s: float | None = None  # when the first iteration began
         self._save_at = -1  # the token of the outermost save open, or -1
@@ -396,6 +400,7 @@ class Ledger:
         self._recent.append((iteration, now))
         self.progress_unix_s = now
         self.iteration = iteration
+        self.steps += 1
         rec = self._rec
         rec[_record.ITERATION] = iteration
         rec[_record.PROGRESS_UNIX] = now
@@ -516,6 +521,7 @@ class Ledger:
             loaded_iteration=self.loaded_iteration,
             checkpoint_age_s=None if safe is None else max(0.0, unix_now - safe),
             logged_iteration=self.logged_iteration,
+            steps=self.steps,
         )
 
     # -- the record -------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The health ledger as observable instruments: ``dl.training.phase.time`` and friends.
 
-:func:`observe_ledger` creates, on a pipeline's meter, the eight instruments of
-``semconv/registry/health.yaml`` (27 series per rank). Their callbacks run on the metric
+:func:`observe_ledger` creates, on a pipeline's meter, the nine instruments of
+``semconv/registry/health.yaml`` (28 series per rank). Their callbacks run on the metric
 reader's thread, read :data:`otel_training.health.ledger.LEDGER` (a few microseconds: no lock,
 no device work, no waiting) and yield its values; a value not known yet (no step completed, no
 checkpoint saved) is absent rather than zero.
@@ -25,6 +25,7 @@ from otel_training.semconv.metrics import (
     DL_TRAINING_PROGRESS_AGE,
     DL_TRAINING_PROGRESS_ITERATION,
     DL_TRAINING_PROGRESS_LOGGED_ITERATION,
+    DL_TRAINING_PROGRESS_STEPS,
     DL_TRAINING_PROGRESS_TIMESTAMP,
     METRICS,
 )
@@ -53,7 +54,7 @@ def observe_ledger(
         meter: The pipeline's meter.
         source: Returns the ledger to read (default: this process's); for tests.
         names: Only these instruments (the heartbeat's, :mod:`otel_training.heartbeat`);
-            ``None`` for all eight.
+            ``None`` for all nine.
     """
 
     def guard(observe: Callable[[_ledger.LedgerReading], Iterable[Observation]]):
@@ -78,6 +79,9 @@ def observe_ledger(
     def progress_iteration(reading: _ledger.LedgerReading) -> Iterable[Observation]:
         if reading.iteration is not None:
             yield Observation(reading.iteration)
+
+    def progress_steps(reading: _ledger.LedgerReading) -> Iterable[Observation]:
+        yield Observation(reading.steps)
 
     def logged_iteration(reading: _ledger.LedgerReading) -> Iterable[Observation]:
         if reading.logged_iteration is not None:
@@ -104,6 +108,7 @@ def observe_ledger(
         DL_TRAINING_PHASE_TIME: (meter.create_observable_counter, phase_time),
         DL_TRAINING_PHASE_ELAPSED: (meter.create_observable_gauge, phase_elapsed),
         DL_TRAINING_PROGRESS_ITERATION: (meter.create_observable_gauge, progress_iteration),
+        DL_TRAINING_PROGRESS_STEPS: (meter.create_observable_counter, progress_steps),
         DL_TRAINING_PROGRESS_LOGGED_ITERATION: (meter.create_observable_gauge, logged_iteration),
         DL_TRAINING_PROGRESS_TIMESTAMP: (meter.create_observable_gauge, progress_timestamp),
         DL_TRAINING_PROGRESS_AGE: (meter.create_observable_gauge, progress_age),

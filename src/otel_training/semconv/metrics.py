@@ -37,6 +37,7 @@ __all__ = [
     "DL_TRAINING_PROGRESS_AGE",
     "DL_TRAINING_PROGRESS_ITERATION",
     "DL_TRAINING_PROGRESS_LOGGED_ITERATION",
+    "DL_TRAINING_PROGRESS_STEPS",
     "DL_TRAINING_PROGRESS_TIMESTAMP",
     "MEGATRON_CHECKPOINT_DURATION",
     "MEGATRON_TRAINING_GRAD_NORM",
@@ -72,6 +73,7 @@ __all__ = [
     "create_dl_training_progress_age",
     "create_dl_training_progress_iteration",
     "create_dl_training_progress_logged_iteration",
+    "create_dl_training_progress_steps",
     "create_dl_training_progress_timestamp",
     "create_megatron_checkpoint_duration",
     "create_megatron_training_grad_norm",
@@ -314,6 +316,28 @@ def create_dl_training_progress_logged_iteration(meter: Meter) -> Gauge:
     """
     spec = METRICS[DL_TRAINING_PROGRESS_LOGGED_ITERATION]
     return meter.create_gauge(spec.name, unit=spec.unit, description=spec.description)
+
+
+DL_TRAINING_PROGRESS_STEPS: Final = "dl.training.progress.steps"
+"""Optimizer steps this process completed, counted from its start.
+
+Instrument: counter. Unit as exported: ``"{step}"``; true unit: ``"{step}"``. Value type: int.
+Stability: development.
+
+Monotonic: unlike dl.training.progress.iteration, it never goes back when a restart restores an
+older checkpoint (a new process starts it at 0, which a counter's reset is). Rates and deltas of
+progress in the rules (the step rate, "no step in the window") use it, so that a window spanning a
+restart is right. An observable counter, read at each collection.
+"""
+
+
+def create_dl_training_progress_steps(meter: Meter) -> Counter:
+    """Create the counter ``dl.training.progress.steps`` on ``meter``.
+
+    Name, unit and description come from :data:`METRICS`; raises what ``meter`` raises.
+    """
+    spec = METRICS[DL_TRAINING_PROGRESS_STEPS]
+    return meter.create_counter(spec.name, unit=spec.unit, description=spec.description)
 
 
 DL_TRAINING_PROGRESS_TIMESTAMP: Final = "dl.training.progress.timestamp"
@@ -961,6 +985,17 @@ METRICS: Final[Mapping[str, MetricSpec]] = MappingProxyType(
             unit="{iteration}",
             description="The optimizer step that the training metrics recorded last describe.",
             true_unit="{iteration}",
+            value_type="int",
+            stability="development",
+            attributes=(),
+            naming_exception=None,
+        ),
+        DL_TRAINING_PROGRESS_STEPS: MetricSpec(
+            name=DL_TRAINING_PROGRESS_STEPS,
+            instrument="counter",
+            unit="{step}",
+            description="Optimizer steps this process completed, counted from its start.",
+            true_unit="{step}",
             value_type="int",
             stability="development",
             attributes=(),
