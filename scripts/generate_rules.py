@@ -414,8 +414,7 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
         Rule(
             "Culprits of a hang (label dl_hang_reason), first kind (value 1): ranks silent "
             "while their peers export (GIL held, stopped, dead).",
-            f"(0 * ({quiet}) + 1)\n"
-            f"and on ({RUN}) run:dl_training_hung:ranks",
+            f"(0 * ({quiet}) + 1)\nand on ({RUN}) run:dl_training_hung:ranks",
             record="rank:dl_training_hang_culprit:tier",
             labels=(("dl_hang_reason", "silent"),),
         ),
@@ -494,8 +493,7 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
         ),
         Rule(
             "A rank that stopped exporting while its peers export (value: seconds silent).",
-            f"(time() - ({quiet}))\n"
-            f"and on ({RUN}) (count by ({RUN}) {exporting} > 0)",
+            f"(time() - ({quiet}))\nand on ({RUN}) (count by ({RUN}) {exporting} > 0)",
             alert="TrainingRankSilent",
             for_s=p.silent_for_s,
             labels=(("severity", "critical"),),

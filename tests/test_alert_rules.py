@@ -735,12 +735,8 @@ def test_a_restart_onto_an_older_checkpoint_inside_the_window_reads_right(promto
         tmp_path,
         [first, second],
         second.t - 15,
-        [
-            Check(t, "count(rank:dl_training_step:seconds > 4.5 < 5.5)", {(): 1}) for t in times
-        ]
-        + [
-            Check(t, "count(rank:dl_training_goodput_live:ratio > 0.5)", {(): 1}) for t in times
-        ],
+        [Check(t, "count(rank:dl_training_step:seconds > 4.5 < 5.5)", {(): 1}) for t in times]
+        + [Check(t, "count(rank:dl_training_goodput_live:ratio > 0.5)", {(): 1}) for t in times],
     )
 
 
