@@ -130,7 +130,7 @@ def ended(*processes: Process) -> list[str]:
 
 @documents("health.md", "`completed` (the last attempt, when every process shut down cleanly")
 @documents("health.md", "`failed` (a phase raised and no step completed after it")
-@documents("health.md", "`killed` (spans left open: no shutdown ran)")
+@documents("health.md", "`killed` (no shutdown ran")
 @documents("health.md", "`exited` (the others")
 @documents("health.md", "`failed` also when a shutdown ran inside a phase")
 @documents("health.md", "once a later attempt has started, an attempt is never running")

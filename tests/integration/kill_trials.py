@@ -95,8 +95,9 @@ def _read(path: Path) -> list[tuple[str, int, float]]:
     return entries
 
 
-def _env(base: Path, attempt: int, resume: int, steps: int) -> dict[str, str]:
+def _env(base: Path, attempt: int, resume: int, steps: int, groups: str) -> dict[str, str]:
     return child_env(
+        OTEL_PYTHON_TRAINING_SPAN_GROUPS=groups,
         OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(base / "telemetry"),
         OTEL_PYTHON_TRAINING_RUN_ID="kill-run",
         TORCHELASTIC_RUN_ID="kill-job",
@@ -110,12 +111,15 @@ def _env(base: Path, attempt: int, resume: int, steps: int) -> dict[str, str]:
     )
 
 
-def trial(base: Path, rng: random.Random, *, timeout_s: float = 120.0) -> Trial:
-    """One trial in the directory ``base`` (created; left for the caller)."""
+def trial(
+    base: Path, rng: random.Random, *, timeout_s: float = 120.0, groups: str = "default"
+) -> Trial:
+    """One trial in the directory ``base`` (created; left for the caller), with the span
+    groups ``groups`` (``OTEL_PYTHON_TRAINING_SPAN_GROUPS``)."""
     base.mkdir(parents=True, exist_ok=True)
     log0 = base / "truth-a0.log"
     first = subprocess.Popen(
-        [sys.executable, "-c", JOB], env=_env(base, 0, 0, 10**6), stderr=subprocess.PIPE
+        [sys.executable, "-c", JOB], env=_env(base, 0, 0, 10**6, groups), stderr=subprocess.PIPE
     )
     deadline = time.monotonic() + timeout_s
     while not (log0.exists() and "begin" in log0.read_text()):
@@ -142,7 +146,7 @@ def trial(base: Path, rng: random.Random, *, timeout_s: float = 120.0) -> Trial:
     restarted_at = time.time()
     second = subprocess.run(
         [sys.executable, "-c", JOB],
-        env=_env(base, 1, saved, saved + 10),
+        env=_env(base, 1, saved, saved + 10, groups),
         capture_output=True,
         text=True,
         timeout=timeout_s,

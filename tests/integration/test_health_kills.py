@@ -39,6 +39,20 @@ def test_a_kill_anywhere_is_placed_within_a_step(tmp_path):
         assert first["estimated"] == [], report
 
 
+@documents("health.md", "a progress record that no shutdown closed")
+@pytest.mark.timeout(300)
+def test_with_no_span_at_all_a_kill_still_reads_killed(tmp_path):
+    """Span groups off: no span is left open to tell a kill, yet the progress record that no
+    shutdown closed does, and it places the end and the last step as with the default groups."""
+    found = trial(tmp_path, random.Random(11), groups="none")
+    error = errors(found)
+    first, second = found.health["attempts"]
+    assert first["ended"] == "killed" and second["ended"] in ("completed", "exited")
+    assert (
+        0 <= error["last_step"] <= 1 and -(found.longest_step_s + 0.01) <= error["end_s"] <= 0.005
+    )
+
+
 @documents("health.md", "a killed attempt with processes that kept no progress record")
 @pytest.mark.timeout(300)
 def test_without_its_record_a_kill_is_said_to_be_estimated(tmp_path):

@@ -41,6 +41,7 @@ __all__ = [
     "Sample",
     "absorb_record",
     "attempts",
+    "process_of_record",
 ]
 
 PHASES = _ledger.PHASES
@@ -323,3 +324,28 @@ def absorb_record(process: Process, record: ProgressRecord) -> None:
         process.samples.sort(key=lambda s: s.time_s)
     process.see(record.time_s)
     process.alive_s = max(process.alive_s or 0.0, record.time_s)
+
+
+def process_of_record(record: ProgressRecord) -> Process:
+    """A process known only by its progress record (killed before its first export or span
+    line): its identity from the record, its ledger's one sample, alive from its creation to
+    the record's last transition."""
+    identity = record.identity
+
+    def text(key: str) -> str | None:
+        value = identity.get(key)
+        return value if isinstance(value, str) and value else None
+
+    rank, attempt = identity.get("dl.rank"), identity.get("dl.run.attempt")
+    resource = {k: v for k, v in identity.items() if k != "created_s" and v is not None}
+    process = Process(
+        rank=rank if isinstance(rank, int) else 0,
+        run_id=text("dl.run.id"),
+        job_id=text("dl.job.id"),
+        attempt=attempt if isinstance(attempt, int) else None,
+        created_s=record.created_s,
+        resource=resource,
+    )
+    process.see(record.created_s)
+    absorb_record(process, record)
+    return process

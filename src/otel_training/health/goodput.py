@@ -36,7 +36,7 @@ the attempt's end):
 - ``other`` is then ``W`` minus productive minus the other buckets, so that the buckets and
   productive time add up to ``W`` exactly, none of them negative.
 - An attempt whose ranks exported no ledger (killed before its first metric export) is placed
-  by the phase spans of its lowest rank that wrote them (:func:`_span_reference`): startup
+  by the phase spans of its lowest rank that wrote them (:func:`reference_process`): startup
   until its first iteration (less its loads), its loads, saves, evaluations and warm-up step
   where their spans are, the rest ``other``; without phase spans either, all ``other``.
 - Each attempt counts, however short: twenty attempts of a crash loop are twenty attempts,
@@ -447,11 +447,17 @@ def _completes_step(span: PhaseSpan) -> bool:
 
 def _first_step_end_s(process: Process) -> float | None:
     """When ``process`` completed its first step: the end of its first completed iteration or
-    warm-up span, else the best evidence of when its first step completed
-    (:func:`completion_s`); ``None`` when it completed none."""
+    warm-up span; else, from the first sample of its ledger after its warm-up, its creation
+    plus its startup, load and warm-up time; else the best evidence of when its first step
+    completed (:func:`completion_s`); ``None`` when it completed none."""
     ends = [s.end_s for s in process.spans if _completes_step(s) and s.end_s is not None]
     if ends:
         return min(ends)
+    created = process.start_s
+    for sample in process.ledger:  # the ledger's warm-up closed: startup + load + warm-up
+        phase_s = sample.phase_s
+        if phase_s and phase_s[WARMUP] > 0 and sample.open_phase != "warmup" and created:
+            return created + phase_s[STARTUP] + phase_s[CHECKPOINT_LOAD] + phase_s[WARMUP]
     first = _first_iteration(process)
     return None if first is None else completion_s(process, first)
 
@@ -568,35 +574,19 @@ def median_step_s(process: Process, timeline: Timeline | None = None) -> float |
     return _hang.median_step_s(timeline.step_samples())
 
 
-def reference_process(attempt: Attempt, end_s: float) -> Process | None:
-    """The lowest rank of ``attempt`` that exported the ledger until within one export
-    interval (plus a second) of ``end_s``; else the one that exported last."""
-    with_ledger = [p for p in attempt.processes if p.ledger]
-    if not with_ledger:
+def reference_process(attempt: Attempt, end_s: float, *, by_spans: bool = False) -> Process | None:
+    """The lowest rank of ``attempt`` that exported the ledger (``by_spans``: that wrote phase
+    spans, where no rank exported it) until within one export interval (plus a second) of
+    ``end_s``; else the one of them seen last; ``None`` when none did."""
+    candidates = [p for p in attempt.processes if (p.spans if by_spans else p.ledger)]
+    if not candidates:
         return None
     complete = [
-        p
-        for p in with_ledger
-        if (p.alive_s or p.last_s or 0.0) >= end_s - p.export_interval_s - 1.0
+        p for p in candidates if (p.alive_s or p.last_s or 0.0) >= end_s - p.export_interval_s - 1.0
     ]
     if complete:
         return min(complete, key=lambda p: (p.rank, -(p.alive_s or 0.0)))
-    return max(with_ledger, key=lambda p: p.alive_s or p.last_s or 0.0)
-
-
-def _span_reference(attempt: Attempt, end_s: float) -> Process | None:
-    """Where no rank exported the ledger: the lowest rank that wrote phase spans and left
-    evidence until within one export interval (plus a second) of ``end_s``; else the one of
-    them seen last; ``None`` when none wrote a phase span."""
-    with_spans = [p for p in attempt.processes if p.spans]
-    if not with_spans:
-        return None
-    complete = [
-        p for p in with_spans if (p.alive_s or p.last_s or 0.0) >= end_s - p.export_interval_s - 1.0
-    ]
-    if complete:
-        return min(complete, key=lambda p: (p.rank, -(p.alive_s or 0.0)))
-    return max(with_spans, key=lambda p: p.alive_s or p.last_s or 0.0)
+    return max(candidates, key=lambda p: p.alive_s or p.last_s or 0.0)
 
 
 def longest_phase_s(process: Process, phase: str, before_s: float) -> float | None:
@@ -708,7 +698,7 @@ def _attempt(
     item.world_size = next((n for n in sizes if isinstance(n, int)), None)
     reference = reference_process(attempt, attempt.end_s)
     if reference is None:
-        reference = _span_reference(attempt, attempt.end_s)
+        reference = reference_process(attempt, attempt.end_s, by_spans=True)
         if reference is None:
             item.buckets["other"] = end - start
             notes.append(
@@ -877,13 +867,16 @@ def _restored(attempt: Attempt) -> int | None:
 def is_live(attempt: Attempt, now_s: float | None, live_s: float | None = None) -> bool:
     """Whether ``attempt`` still runs at ``now_s``: its last evidence is within ``live_s``
     (default: two export intervals plus a second) and not every process shut down (a
-    shutdown ends all of a process's spans)."""
+    shutdown ends all of a process's spans, and notes itself in its progress record)."""
     if now_s is None:
         return False
     window = live_s
     if window is None:
         window = _hang.silence_s(max(p.export_interval_s for p in attempt.processes))
-    closed = all(p.spans and not p.open_spans for p in attempt.processes)
+    closed = all(
+        (p.spans and not p.open_spans) or (p.record is not None and p.record.shutdown_s is not None)
+        for p in attempt.processes
+    )
     return now_s - attempt.end_s <= window and not closed
 
 
@@ -903,7 +896,9 @@ def _ending(attempt: Attempt, reference: Process | None, hung: bool, last: bool,
         not stepped and any(_raised(p) for p in processes)
     ):
         return "failed"
-    if any(p.open_spans for p in processes):
+    if any(p.open_spans for p in processes) or any(
+        p.record is not None and p.record.shutdown_s is None for p in processes
+    ):  # spans left open, or a progress record that no shutdown closed: it died unseen
         return "killed"
     if any(s.truncated for p in processes for s in p.spans):
         return "failed"  # its shutdown ran inside a phase: an exception left it

@@ -38,7 +38,13 @@ from typing import Any
 
 from otel_training.health import ledger as _ledger
 from otel_training.health import record as _record
-from otel_training.health.evidence import KEPT_PHASES, PhaseSpan, Process, absorb_record
+from otel_training.health.evidence import (
+    KEPT_PHASES,
+    PhaseSpan,
+    Process,
+    absorb_record,
+    process_of_record,
+)
 from otel_training.report import clocks
 from otel_training.report._nogc import no_gc
 from otel_training.report.attempts import identity_of, job_of
@@ -159,6 +165,7 @@ def _load(directory: Path, files: list[RunFile], workers: int, purpose: str) -> 
                 known.absorb(part, file.signal)
     parts = _place(list(merged.values()))
     processes = _evidence(directory, parts, stats) if purpose != "trace" else {}
+    orphans = _records(directory, list(processes.values())) if purpose != "trace" else []
     runs = []
     for run_id, group in _group_processes(parts):
         run = Run(directory=directory, files=stats, run_id=run_id)
@@ -179,6 +186,7 @@ def _load(directory: Path, files: list[RunFile], workers: int, purpose: str) -> 
         runs.append(run)
     if not runs:
         runs.append(Run(directory=directory, files=stats))
+    _record_runs(directory, runs, orphans)
     if len(runs) == 1:
         for file in stats:  # a rank with files but nothing readable still counts as a rank
             runs[0].ranks.setdefault(file.rank, RankTelemetry(file.rank))
@@ -272,7 +280,6 @@ def _evidence(directory: Path, parts: list[Part], files: list[FileStats]) -> dic
         process.spans.sort(key=operator.attrgetter("start_s"))
         process.alive_s = process.last_s
         processes[id(part)] = process
-    _records(directory, list(processes.values()))
     mtimes: dict[int, float] = {}
     for stats in files:
         mtimes[stats.rank] = max(mtimes.get(stats.rank, 0.0), stats.mtime_s)
@@ -288,15 +295,17 @@ def _evidence(directory: Path, parts: list[Part], files: list[FileStats]) -> dic
     return processes
 
 
-def _records(directory: Path, processes: list[Process]) -> None:
+def _records(directory: Path, processes: list[Process]) -> list[_record.ProgressRecord]:
     """Gives each process its progress record (:mod:`otel_training.health.record`), found in
     ``directory`` by its ``service.instance.id``, else by its rank and creation time (to the
     millisecond that ``process.creation.time`` keeps): one more sample of its ledger, taken
-    at its last transition, and evidence of life until then."""
+    at its last transition, and evidence of life until then. Returns the records that no
+    process of the files took (a process killed before it wrote anything else)."""
     try:
         paths = sorted(directory.glob(_record.FILE_GLOB))
     except OSError:
-        return
+        return []
+    orphans = []
     for path in paths:
         found = _record.read(path)
         if found is None:
@@ -322,6 +331,33 @@ def _records(directory: Path, processes: list[Process]) -> None:
         )
         if owner is not None:
             absorb_record(owner, found)
+        else:
+            orphans.append(found)
+    return orphans
+
+
+def _record_runs(directory: Path, runs: list[Run], orphans: list[_record.ProgressRecord]) -> None:
+    """Each process known only by its progress record (killed before its first export or span
+    line) joins the run of its run id in ``runs``, else a run of its own (an empty run of the
+    directory first), with the identity its record names."""
+    for found in orphans:
+        identity = found.identity
+        process = process_of_record(found)
+        process.directories.add(directory)
+        run = next((r for r in runs if r.run_id == process.run_id and r.run_id is not None), None)
+        if run is None:
+            run = next((r for r in runs if r.run_id is None and not r.processes), None)
+            if run is None:
+                run = Run(directory=directory, files=runs[0].files if runs else [])
+                runs.append(run)
+            run.run_id, run.job_id = process.run_id, process.job_id
+            attempt = identity.get("dl.run.attempt")
+            if isinstance(attempt, int):
+                run.attempt, run.attempt_order = attempt, (attempt,)
+        run.created_s = min(x for x in (run.created_s, process.created_s) if x is not None)
+        run.ranks.setdefault(process.rank, RankTelemetry(process.rank))
+        run.processes.append(process)
+        run.processes.sort(key=lambda p: (p.rank, p.start_s or 0.0))
 
 
 def _group_processes(parts: list[Part]) -> list[tuple[str | None, list[Part]]]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_training.files import run_directory_name
+from otel_training.health import record as _record
 from otel_training.report import otlp
 from otel_training.report.attempts import identity_of, job_key
 
@@ -193,8 +194,8 @@ def _first_line(path: Path) -> bytes | None:
 def newest_resource(directory: str | os.PathLike) -> dict[str, Any]:
     """The resource attributes of the newest process whose lines are in the run directory
     ``directory``: that of the last line of its newest span file, else of the first line of a
-    metrics file (read without reading the files through); empty when none could be read.
-    Never raises."""
+    metrics file (read without reading the files through), else the identity in its newest
+    progress record; empty when none could be read. Never raises."""
     files = run_files(directory)
     spans = sorted((f for f in files if f.signal == "spans"), key=lambda f: -_mtime(f.path))
     candidates = [(f, _last_line) for f in spans] + [
@@ -210,6 +211,15 @@ def newest_resource(directory: str | os.PathLike) -> dict[str, Any]:
             continue
         if job_key(resource) is not None:
             return resource
+    # no line: a process killed before it wrote any leaves its progress record
+    try:
+        records = sorted(Path(directory).glob(_record.FILE_GLOB), key=_mtime, reverse=True)
+    except OSError:
+        records = []
+    for path in records:
+        found = _record.read(path)
+        if found is not None and job_key(found.identity) is not None:
+            return {k: v for k, v in found.identity.items() if k != "created_s"}
     return {}
 
 
