@@ -1,7 +1,8 @@
 """Hangs: the threshold H, stalled ranks, a hung job and its culprits (``docs/health.md``).
 
 The one place these are defined. Each rank's watchdog (:mod:`otel_training.health.watchdog`)
-applies :meth:`HangPolicy.threshold_s` to its own ledger; ``otel-training health`` and the
+applies :meth:`HangPolicy.threshold_s` to its own ledger and :func:`stalled` to it and the
+peers whose progress records it reads; ``otel-training health`` and the
 report apply it and :func:`judge` to the embedded default's files; the Prometheus rules of
 ``collector-config/rules/training.yaml`` are the same definitions in PromQL. Everything here is
 pure arithmetic on numbers given by the caller: no clock, no I/O, nothing raises.
@@ -19,12 +20,23 @@ pure arithmetic on numbers given by the caller: no clock, no I/O, nothing raises
 
 The median step is :func:`median_step_s` of the rank's own samples.
 
-**Stalled, hung, culprits.** A rank is *stalled* when its progress age (seconds since its last
-completed optimizer step, or since the load or process start before one) exceeds H for its
-phase; *silent* when its exports stopped (:func:`silence_s`) while another rank of the attempt
-still exports (a GIL held by a C call, SIGSTOP, death). The job is *hung* when every exporting
-rank is stalled (every rank, when none exports). Its culprits are the ranks of the first of
-these rules that names any (:data:`CULPRIT_RULES`):
+**A waiting peer is not stalled.** While one rank saves a checkpoint (or loads one, evaluates,
+starts, warms up), the others wait in the next collective, in a step phase, without progress.
+Each rank's *pause age* is the time since its last pause (:data:`PAUSE_PHASES`) ended; a rank
+in a pause is *paused* when its own progress age is within H for that pause, and its pause
+ends, for its peers, at its latest evidence of life (0 while it is alive). The *attempt's
+pause age* (:func:`pause_age_s`) is the least pause age over its ranks, leaving out a rank in
+a pause past its H: a rank paused within its budget excuses the peers that wait for it, one
+past it does not. A rank's *hang age* (:func:`hang_age_s`) is its progress age in a pause,
+and in a step phase the lesser of its progress age and the attempt's pause age: its steps'
+time counts from the end of the job's last pause. This is what the Prometheus rules do
+(``run:dl_training_pause_end:timestamp``, ``rank:dl_training_hang_age:seconds``).
+
+**Stalled, hung, culprits.** A rank is *stalled* when its hang age exceeds H for its phase
+(:func:`stalled`); *silent* when its exports stopped (:func:`silence_s`) while another rank of
+the attempt still exports (a GIL held by a C call, SIGSTOP, death). The job is *hung* when
+every exporting rank is stalled (every rank, when none exports). Its culprits are the ranks of
+the first of these rules that names any (:data:`CULPRIT_RULES`):
 
 1. ``silent``: the silent ranks;
 2. ``outside_communication``: while at least half of the ranks are in ``communication``, the
@@ -46,13 +58,18 @@ __all__ = [
     "DEFAULT_STARTUP_S",
     "INITIAL_PHASES",
     "LONG_PHASES",
+    "PAUSE_PHASES",
     "STEP_PHASES",
     "HangPolicy",
     "HangVerdict",
     "RankState",
+    "hang_age_s",
     "judge",
     "median_step_s",
+    "pause_age_s",
     "silence_s",
+    "stalled",
+    "unchanged_for_s",
 ]
 
 #: Floor of H in a step phase, seconds (``OTEL_PYTHON_TRAINING_HANG_FLOOR_S``).
@@ -74,6 +91,8 @@ STEP_PHASES: Final = frozenset(
 LONG_PHASES: Final = frozenset({"checkpoint_save", "checkpoint_load", "evaluate"})
 #: Before the first step of a process completes.
 INITIAL_PHASES: Final = frozenset({"startup", "warmup"})
+#: The pauses: the phases that are no training (a peer waits while a rank is in one).
+PAUSE_PHASES: Final = INITIAL_PHASES | LONG_PHASES
 #: The phases summed per step for the median step (a step's own time; ``other`` and the long
 #: phases are not part of a step).
 STEP_TIME_PHASES: Final = ("data_loading", "forward_backward", "optimizer", "communication")
@@ -169,6 +188,9 @@ class RankState:
         threshold_s: H for ``phase`` on this rank (:meth:`HangPolicy.threshold_s`).
         iteration: Its progress iteration, or ``None`` before any.
         silent: Its exports stopped while another rank's go on (see :func:`silence_s`).
+        pause_age_s: Seconds from the end of its last pause (:data:`PAUSE_PHASES`) to the
+            moment judged; in a pause, from its latest evidence of life (an export, a record's
+            transition or heartbeat: about 0 while it is alive); ``None`` when not known.
     """
 
     rank: int
@@ -177,11 +199,65 @@ class RankState:
     threshold_s: float
     iteration: int | None = None
     silent: bool = False
+    pause_age_s: float | None = None
 
     @property
     def stalled(self) -> bool:
-        """Its progress age exceeds H for its phase."""
+        """Its progress age exceeds H for its phase, the pauses of its peers aside (what
+        :func:`stalled` says of a rank alone). Never raises."""
         return self.progress_age_s > self.threshold_s
+
+    @property
+    def paused(self) -> bool:
+        """It is in a pause (:data:`PAUSE_PHASES`) within that pause's H: it excuses the
+        peers that wait for it. Never raises."""
+        return self.phase in PAUSE_PHASES and not self.stalled
+
+
+def pause_age_s(states: Iterable[RankState]) -> float | None:
+    """The attempt's pause age, seconds: the least :attr:`RankState.pause_age_s` over the
+    ranks of one attempt, leaving out a rank in a pause past its H (it excuses no one);
+    ``None`` when no rank's is known. Any thread; never raises."""
+    ages = [
+        s.pause_age_s
+        for s in states
+        if s.pause_age_s is not None and (s.phase not in PAUSE_PHASES or s.paused)
+    ]
+    return max(min(ages), 0.0) if ages else None
+
+
+def hang_age_s(state: RankState, attempt_pause_age_s: float | None) -> float:
+    """The age compared with H, seconds: in a pause, the rank's progress age; in a step
+    phase, the lesser of its progress age and ``attempt_pause_age_s`` (:func:`pause_age_s`
+    of its attempt; ``None``: its progress age). Any thread; never raises."""
+    if state.phase in PAUSE_PHASES or attempt_pause_age_s is None:
+        return state.progress_age_s
+    return min(state.progress_age_s, attempt_pause_age_s)
+
+
+def stalled(state: RankState, states: Sequence[RankState] = ()) -> bool:
+    """``state``'s rank is stalled: its hang age, with the pauses of ``states`` (the ranks of
+    its attempt; ``state`` among them or not), exceeds H for its phase. Any thread; never
+    raises."""
+    return hang_age_s(state, pause_age_s([state, *states])) > state.threshold_s
+
+
+def unchanged_for_s(state: RankState, states: Sequence[RankState] = ()) -> float:
+    """Seconds for which ``state``'s rank, not stalled now with the pauses of ``states``,
+    stays so without new evidence: until its hang age reaches H (the attempt's pause age grows
+    no faster than time), or until a paused rank's pause passes its H (it then stops excusing),
+    whichever comes first. 0 when it is stalled now. A caller that reads its peers' evidence
+    less often (the watchdog) may wait this long; evidence that arrives meanwhile (a rank
+    entering a pause, a step completing) only lowers the ages. Any thread; never raises."""
+    everyone = [state, *states]
+    left = state.threshold_s - hang_age_s(state, pause_age_s(everyone))
+    if left < 0:
+        return 0.0
+    if state.phase not in PAUSE_PHASES:
+        for other in everyone:
+            if other.paused:
+                left = min(left, other.threshold_s - other.progress_age_s)
+    return max(left, 0.0)
 
 
 @dataclass(frozen=True)
@@ -210,19 +286,23 @@ class HangVerdict:
 
 def judge(states: Sequence[RankState]) -> HangVerdict:
     """Stalled ranks, whether the job is hung, and its culprits (the module docstring's
-    rules), from the ranks of one attempt."""
+    rules, a waiting peer's excuse included), from the ranks of one attempt. Any thread;
+    never raises."""
     ranks = sorted(states, key=lambda s: s.rank)
-    stalled = tuple(s.rank for s in ranks if s.stalled)
+    pause = pause_age_s(ranks)
+    over = [s for s in ranks if hang_age_s(s, pause) > s.threshold_s]
+    stalled_ranks = tuple(s.rank for s in over)
     silent = tuple(s.rank for s in ranks if s.silent)
     exporting = [s for s in ranks if not s.silent] or ranks
-    hung = bool(exporting) and all(s.stalled for s in exporting)
+    over_ids = {id(s) for s in over}
+    hung = bool(exporting) and all(id(s) in over_ids for s in exporting)
     since = min((s.progress_age_s for s in ranks), default=0.0)
     phases = {s.rank: s.phase for s in ranks}
     culprits: tuple[int, ...] = ()
     rule = None
     if hung:
         rule, culprits = _culprits(ranks)
-    return HangVerdict(stalled, silent, hung, culprits, rule, max(since, 0.0), phases)
+    return HangVerdict(stalled_ranks, silent, hung, culprits, rule, max(since, 0.0), phases)
 
 
 def _culprits(ranks: Sequence[RankState]) -> tuple[str | None, tuple[int, ...]]:

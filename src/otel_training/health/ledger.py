@@ -42,10 +42,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from otel_training import clock
+from otel_training.health import hang as _hang
 from otel_training.health import record as _record
 from otel_training.semconv.attributes import ATTRIBUTES, DL_TRAINING_PHASE
 from otel_training.semconv.spans import (
@@ -164,6 +165,16 @@ _EFFECTIVE: Final = tuple(
 _SINCE: Final = _record.SINCE
 _OPEN: Final = _record.OPEN
 _OPEN_START: Final = _record.OPEN_START
+#: The pauses whose end the record keeps (``PAUSE_END``), each with the slot of its longest
+#: completed occurrence (-1: none kept). Startup ends when warm-up begins, itself a pause.
+_PAUSE_SLOT: Final = {
+    CHECKPOINT_LOAD: _record.LONGEST_LOAD,
+    CHECKPOINT_SAVE: _record.LONGEST_SAVE,
+    EVALUATE: _record.LONGEST_EVALUATE,
+    WARMUP: -1,
+}
+#: The codes of the pauses (:data:`otel_training.health.hang.PAUSE_PHASES`).
+_PAUSES: Final = frozenset(PHASES.index(p) for p in _hang.PAUSE_PHASES)
 _LOG = logging.getLogger(__name__)
 #: Completion times kept of the last iterations, to date the step a checkpoint save holds.
 _RECENT_STEPS: Final = 256
@@ -188,6 +199,11 @@ class LedgerReading:
         logged_iteration: The step that the training metrics recorded last describe
             (:meth:`Ledger.training_logged`), or ``None`` before the first.
         steps: Optimizer steps this process completed (monotonic: a load restores none).
+        longest_s: The longest completed occurrence of each long phase
+            (``checkpoint_save``, ``checkpoint_load``, ``evaluate``), seconds, by phase name:
+            measured when it closed, exact; a phase that never completed is absent.
+        pause_age_s: Seconds since this rank's last pause (``startup``, ``warmup`` or a long
+            phase) ended: 0 while one is open; ``None`` while none has ended.
     """
 
     phase_time_s: Mapping[str, float]
@@ -201,6 +217,8 @@ class LedgerReading:
     checkpoint_age_s: float | None
     logged_iteration: int | None = None
     steps: int = 0
+    longest_s: Mapping[str, float] = field(default_factory=dict)
+    pause_age_s: float | None = None
 
 
 class Ledger:
@@ -241,6 +259,7 @@ class Ledger:
         "_pending",
         "_perf",
         "_unix",
+        "record_path",
     )
 
     def __init__(
@@ -267,6 +286,8 @@ class Ledger:
         rec[_record.OPEN_START] = self._created_perf
         rec[_record.UNIX_MINUS_PERF] = created - self._created_perf
         rec[_record.CREATED_UNIX] = created
+        for slot in _record.LONGEST.values():
+            rec[slot] = 0.0
         self._base = STARTUP
         self._base_since = self._created_perf
         self._begun = False
@@ -284,6 +305,8 @@ class Ledger:
         self._save_failed = False  # a save or a stage inside it raised
         self._async = False  # the outermost save open is asynchronous
         self._pending: list[tuple[int, float]] = []  # asynchronous saves: (step, completed)
+        #: The progress record's file (:meth:`record_to`), or ``None``.
+        self.record_path: str | None = None
 
     # -- the training thread -------------------------------------------------------------
 
@@ -347,6 +370,13 @@ class Ledger:
         rec[_SINCE] = now
         self._totals[stack[-1]] += spent
         starts = self._starts
+        closed = stack[token]
+        if closed in _PAUSE_SLOT and (token == 0 or stack[token - 1] != closed):
+            # the outermost occurrence of a pause closed: its length, exact, and its end
+            slot = _PAUSE_SLOT[closed]
+            if slot >= 0 and now - starts[token] > rec[slot]:
+                rec[slot] = now - starts[token]
+            rec[_record.PAUSE_END] = now
         del starts[token:]
         del stack[token:]
         if stack:
@@ -510,6 +540,15 @@ class Ledger:
         unix_now = self._unix()
         progress = self.progress_unix_s
         safe = self._safe_unix_s
+        rec = self._rec
+        longest = {
+            PHASES[code]: rec[slot] for code, slot in _record.LONGEST.items() if rec[slot] > 0
+        }
+        if open_phase in _PAUSES:
+            pause_age: float | None = 0.0
+        else:
+            ended = rec[_record.PAUSE_END]  # NaN until a pause ended
+            pause_age = max(0.0, now - ended) if ended == ended else None
         return LedgerReading(
             phase_time_s=dict(zip(PHASES, clamped)),
             open_phase=PHASES[open_phase],
@@ -522,6 +561,8 @@ class Ledger:
             checkpoint_age_s=None if safe is None else max(0.0, unix_now - safe),
             logged_iteration=self.logged_iteration,
             steps=self.steps,
+            longest_s=longest,
+            pause_age_s=pause_age,
         )
 
     # -- the record -------------------------------------------------------------------------
@@ -538,6 +579,13 @@ class Ledger:
         slots[:] = self._rec
         self._rec = slots
         self._totals = slots[: _record.PHASE_TIMES]
+        self.record_path = path
+
+    def heartbeat(self) -> None:
+        """Notes in the record that this process is alive now (Unix seconds): the hang
+        watchdog calls it on its thread about once a second, so that a peer reading the record
+        sees a rank that sits in one long phase alive. One store; never raises."""
+        self._rec[_record.ALIVE_UNIX] = self._unix()
 
     def shut_down(self) -> None:
         """Notes in the record that telemetry shut down now (a clean exit, an exception that
@@ -571,7 +619,14 @@ def record_in(directory: str, resource: Mapping[str, object]) -> str | None:
     path = os.path.join(directory, _record.file_name(rank if isinstance(rank, int) else 0, tag))
     identity = {
         key: resource.get(key)
-        for key in ("service.instance.id", "dl.rank", "dl.run.id", "dl.run.attempt")
+        for key in (
+            "service.instance.id",
+            "dl.rank",
+            "dl.world_size",
+            "dl.job.id",
+            "dl.run.id",
+            "dl.run.attempt",
+        )
     }
     identity["created_s"] = LEDGER.created_unix_s
     try:

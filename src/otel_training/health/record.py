@@ -31,7 +31,7 @@ import math
 import mmap
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -40,6 +40,7 @@ __all__ = [
     "MAGIC",
     "SIZE",
     "SLOTS",
+    "LONGEST",
     "ProgressRecord",
     "create",
     "file_name",
@@ -69,9 +70,17 @@ UNIX_MINUS_PERF: Final = 18  #: Unix seconds minus perf seconds (the clock's anc
 CREATED_UNIX: Final = 19  #: process creation, Unix seconds
 SHUTDOWN_UNIX: Final = 20  #: when telemetry shut down (a clean exit or a signal's flush)
 LOGGED: Final = 21  #: the step the training metrics recorded last describe
-#: Slots in all.
-SLOTS: Final = 24
+LONGEST_SAVE: Final = 22  #: seconds of the longest completed checkpoint save (0: none yet)
+LONGEST_LOAD: Final = 23  #: seconds of the longest completed checkpoint load (0: none yet)
+LONGEST_EVALUATE: Final = 24  #: seconds of the longest completed evaluation (0: none yet)
+PAUSE_END: Final = 25  #: perf seconds the last pause (save, load, evaluation, warm-up) ended
+ALIVE_UNIX: Final = 26  #: Unix seconds the process's hang watchdog last ran (its heartbeat)
+#: Slots in all (those past 21 read 0 in a record of an older version: none).
+SLOTS: Final = 27
 
+#: The slot of the longest completed occurrence of each long phase, by the ledger's phase code
+#: (``checkpoint_load`` 1, ``checkpoint_save`` 7, ``evaluate`` 8).
+LONGEST: Final = {1: LONGEST_LOAD, 7: LONGEST_SAVE, 8: LONGEST_EVALUATE}
 #: The record files of a run directory.
 FILE_GLOB: Final = "ledger-rank*.bin"
 _NONE: Final = math.nan
@@ -137,6 +146,12 @@ class ProgressRecord:
         created_s: Process creation, Unix seconds.
         shutdown_s: When telemetry shut down, Unix seconds, or ``None`` (it never did: killed).
         logged_iteration: The step the training metrics recorded last describe, or ``None``.
+        longest_s: The longest completed occurrence of each long phase, seconds, by the
+            ledger's phase code (only those that completed; empty in an older version).
+        pause_end_s: When its last pause (checkpoint save or load, evaluation, warm-up)
+            ended, Unix seconds, or ``None`` (none ended; an older version).
+        alive_s: When its hang watchdog last ran, Unix seconds, or ``None`` (no watchdog,
+            an older version): evidence of life while no transition happens.
     """
 
     path: Path
@@ -153,6 +168,19 @@ class ProgressRecord:
     created_s: float
     shutdown_s: float | None
     logged_iteration: int | None
+    longest_s: dict[int, float] = field(default_factory=dict)
+    pause_end_s: float | None = None
+    alive_s: float | None = None
+
+    @property
+    def last_evidence_s(self) -> float:
+        """Its latest evidence of life in the file, Unix seconds: the last transition, or the
+        watchdog's heartbeat when later."""
+        return self.time_s if self.alive_s is None else max(self.time_s, self.alive_s)
+
+
+def _positive(x: float) -> float | None:
+    return x if math.isfinite(x) and x > 0 else None
 
 
 def _value(x: float) -> float | None:
@@ -187,6 +215,8 @@ def read(path: str | os.PathLike) -> ProgressRecord | None:
     open_code = _step(slots[OPEN])
     open_start = slots[OPEN_START]
     shutdown = _value(slots[SHUTDOWN_UNIX])
+    longest = {code: slots[i] for code, i in LONGEST.items() if _positive(slots[i]) is not None}
+    pause_end = _positive(slots[PAUSE_END])
     return ProgressRecord(
         path=Path(path),
         identity=identity,
@@ -202,4 +232,7 @@ def read(path: str | os.PathLike) -> ProgressRecord | None:
         created_s=created,
         shutdown_s=shutdown,
         logged_iteration=_step(slots[LOGGED]),
+        longest_s=longest,
+        pause_end_s=None if pause_end is None else pause_end + offset,
+        alive_s=_positive(slots[ALIVE_UNIX]),
     )
