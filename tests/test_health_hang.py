@@ -88,7 +88,7 @@ def state(rank, phase="communication", age=100.0, threshold=60.0, iteration=10, 
 
 
 @documents("health.md", "Hung: every exporting rank is stalled")
-@documents("health.md", "Stalled: progress age > H for its phase.")
+@documents("health.md", "Stalled: hang age > H for its phase.")
 def test_a_job_is_hung_when_every_exporting_rank_is_stalled():
     """Stalled = progress age above H; one rank still progressing means no hang."""
     verdict = judge([state(0), state(1, age=10.0)])
@@ -217,8 +217,94 @@ def test_the_first_rule_that_names_a_rank_wins():
     assert (judge(quarter).rule, judge(quarter).culprits) == ("lowest_progress", (1,))
 
 
-@documents("health.md", "Stalled: progress age > H for its phase.")
+@documents("health.md", "Stalled: hang age > H for its phase.")
 def test_a_rank_is_stalled_only_past_h():
-    """Progress age exactly H is not stalled; a millisecond more is."""
+    """Progress age exactly H is not stalled; a millisecond more is (alone, and by judge)."""
     assert not state(0, age=60.0, threshold=60.0).stalled
     assert state(0, age=60.001, threshold=60.0).stalled
+    assert not hang.stalled(state(0, age=60.0, threshold=60.0))
+    assert judge([state(0, age=60.001, threshold=60.0)]).stalled_ranks == (0,)
+
+
+# -- a waiting peer is not stalled: rank 0 saves, rank 1 waits in the next collective -----------
+
+
+def saving(age: float, pause_age: float = 0.0) -> RankState:
+    """Rank 0 in a checkpoint save, its last step ``age`` s ago, H 600 s (the budget)."""
+    return RankState(0, "checkpoint_save", age, 600.0, 10, pause_age_s=pause_age)
+
+
+def waiting(age: float, pause_age: float | None = 1000.0, phase="communication") -> RankState:
+    """Rank 1 waiting in ``phase``, its last step ``age`` s ago, H 60 s; its own last pause
+    (its warm-up) ended ``pause_age`` s ago."""
+    return RankState(1, phase, age, 60.0, 10, pause_age_s=pause_age)
+
+
+@documents("health.md", "A waiting peer is not stalled.")
+@documents("health.md", "its peers wait in the next collective (in `communication`, or in")
+@documents("health.md", "a paused rank excuses the peers that wait for it, one past its H excuses")
+def test_a_peer_waiting_for_a_save_within_its_budget_is_not_stalled():
+    """Rank 0 has saved for 300 s (H 600 s): rank 1, 300 s without progress in communication
+    (H 60 s), is not stalled, nor in forward_backward (a DDP all-reduce). At 601 s the save
+    is past its budget: both stalled, hung, rank 0 the culprit (outside communication)."""
+    for phase in ("communication", "forward_backward"):
+        verdict = judge([saving(300.0), waiting(300.0, phase=phase)])
+        assert verdict.stalled_ranks == () and not verdict.hung
+    verdict = judge([saving(601.0), waiting(601.0)])
+    assert verdict.stalled_ranks == (0, 1) and verdict.hung
+    assert (verdict.rule, verdict.culprits) == ("outside_communication", (0,))
+    # alone, rank 1 would be stalled at 300 s
+    assert judge([waiting(300.0)]).stalled_ranks == (1,)
+
+
+@documents(
+    "health.md",
+    "Hang age of a rank: in a pause, its progress age; in a step phase, the lesser of its",
+)
+def test_after_the_peers_save_its_progress_age_counts_from_the_saves_end():
+    """Rank 0's 300 s save ended 50 s ago (both now in communication, no step since): hang
+    age min(350, 50) = 50 s, within 60 s; 61 s after the save's end both are stalled."""
+    ended = RankState(0, "communication", 350.0, 60.0, 10, pause_age_s=50.0)
+    assert hang.hang_age_s(waiting(350.0), 50.0) == 50.0
+    assert judge([ended, waiting(350.0)]).stalled_ranks == ()
+    ended = RankState(0, "communication", 361.0, 60.0, 10, pause_age_s=61.0)
+    assert judge([ended, waiting(361.0)]).stalled_ranks == (0, 1)
+    # in a pause, the hang age is the progress age, whatever the peers
+    assert hang.hang_age_s(saving(300.0), 0.0) == 300.0
+
+
+@documents(
+    "health.md",
+    "A rank is paused while it is in one of those phases and its progress age is within H",
+)
+def test_paused_means_in_a_pause_within_its_h():
+    """A save at 600 s of 600 is paused, at 600.001 s not; communication never is; startup
+    and warm-up and the long phases are pauses."""
+    assert saving(600.0).paused and not saving(600.001).paused
+    assert not waiting(1.0).paused
+    assert hang.PAUSE_PHASES == {"startup", "warmup", "checkpoint_save", "checkpoint_load",
+                                 "evaluate"}  # fmt: skip
+    starting = RankState(0, "warmup", 100.0, 1800.0, None, pause_age_s=0.0)
+    assert judge([starting, waiting(300.0)]).stalled_ranks == ()
+
+
+@documents("health.md", "A rank's pause age is the time since its last pause ended; for a rank")
+@documents("health.md", "The attempt's pause age is the least pause age of its ranks, leaving")
+def test_the_attempts_pause_age_is_the_least_of_its_ranks_but_those_past_h():
+    """Pause ages 0 (rank 0 saving, alive), 1000: the attempt's is 0. A save past its H is left
+    out: 1000. A rank that died in its save 100 s ago (its latest evidence): 100, so the waiting
+    rank (300 s without progress, H 60 s) is stalled."""
+    assert hang.pause_age_s([saving(300.0), waiting(300.0)]) == 0.0
+    assert hang.pause_age_s([saving(700.0), waiting(700.0)]) == 1000.0
+    assert hang.pause_age_s([waiting(1.0, pause_age=None)]) is None
+    dead = saving(300.0, pause_age=100.0)
+    assert hang.pause_age_s([dead, waiting(300.0)]) == 100.0
+    assert judge([dead, waiting(300.0)]).stalled_ranks == (1,)
+
+
+def test_a_verdict_holds_until_the_hang_age_or_the_peers_budget_runs_out():
+    """Rank 1 (H 60 s) excused by rank 0 saving for 300 s (H 600 s): unchanged for
+    min(60 - 0, 600 - 300) = 60 s; with the save at 580 s, for 20 s; stalled: 0."""
+    assert hang.unchanged_for_s(waiting(300.0), [saving(300.0)]) == 60.0
+    assert hang.unchanged_for_s(waiting(580.0), [saving(580.0)]) == 20.0
+    assert hang.unchanged_for_s(waiting(700.0), [saving(700.0)]) == 0.0

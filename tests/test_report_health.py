@@ -165,3 +165,59 @@ def test_a_running_attempt_is_judged_now_and_an_ended_one_at_its_end():
     running = assess(job, now_s=end + 8.0).to_json()["hang"]["since_s"]
     ended = assess(job, now_s=end + 1000.0).to_json()["hang"]["since_s"]
     assert running == pytest.approx(at_end + 8.0) and ended == pytest.approx(at_end)
+
+
+def save_while_peer_waits(save_s: float, after_s: float = 0.0):
+    """Two ranks, 30 steps; then rank 0 saves for ``save_s`` (no span: its exports alone tell)
+    while rank 1 waits in communication; ``after_s`` after the save's end (0: the save still
+    open) rank 0 waits in communication too. Returns the attempt, the moment judged and when
+    the save began."""
+    from otel_training.health.evidence import Attempt
+
+    ranks = [SimRank(T0, rank=r) for r in (0, 1)]
+    for sim in ranks:
+        sim.advance(2.0)
+        for _ in range(30):
+            sim.step()
+    began = ranks[0].now
+    save = ranks[0].ledger.enter(L.CHECKPOINT_SAVE)
+    ranks[1].ledger.enter(L.ITERATION)
+    ranks[1].ledger.enter(L.COMMUNICATION)
+    ranks[0].advance(save_s)
+    if after_s:
+        ranks[0].ledger.exit(save, L.CHECKPOINT_SAVE, 30)
+        ranks[0].ledger.enter(L.ITERATION)
+        ranks[0].ledger.enter(L.COMMUNICATION)
+        ranks[0].advance(after_s)
+    ranks[1].advance(ranks[0].now - ranks[1].now)
+    attempt = Attempt(0, True, [sim.process for sim in ranks])
+    return attempt, ranks[0].now, began
+
+
+@documents("health.md", "A waiting peer is not stalled.")
+def test_the_report_excuses_a_rank_waiting_for_a_save_within_its_budget():
+    """From the exports alone (5 s apart): rank 0 has saved for 300 s of its 600 s budget,
+    rank 1 waits in communication (H 60 s): no rank stalled. At 601 s: both, rank 0 the
+    culprit."""
+    from otel_training.health.hang import HangPolicy
+    from otel_training.report.health import judge_attempt
+
+    attempt, at, _ = save_while_peer_waits(300.0)
+    assert judge_attempt(attempt, at, HangPolicy()).stalled_ranks == ()
+    attempt, at, _ = save_while_peer_waits(601.0)
+    verdict = judge_attempt(attempt, at, HangPolicy())
+    assert verdict.stalled_ranks == (0, 1) and verdict.culprits == (0,)
+
+
+def test_the_report_counts_the_wait_from_the_end_of_the_peers_save():
+    """A 302.5 s save ended between two exports: its end is placed at its start + 302.5 s
+    (the last export with it open, plus the pause time gained after); 50 s after it, rank 1
+    (352.5 s without progress) is not stalled; 61 s after it, both are."""
+    from otel_training.health.hang import HangPolicy
+    from otel_training.report.health import judge_attempt, pause_end_s
+
+    attempt, at, began = save_while_peer_waits(302.5, after_s=50.0)
+    assert pause_end_s(attempt.processes[0], at) == pytest.approx(began + 302.5)
+    assert judge_attempt(attempt, at, HangPolicy()).stalled_ranks == ()
+    attempt, at, _ = save_while_peer_waits(302.5, after_s=61.0)
+    assert judge_attempt(attempt, at, HangPolicy()).stalled_ranks == (0, 1)

@@ -322,7 +322,9 @@ def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _h
     judge`): each rank's progress age from the last progress its files show before ``at_s``,
     its phase from its last export (or a phase span started after it), silent when its last
     export is older than :func:`otel_training.health.hang.silence_s` while another rank's is
-    not."""
+    not; its pause age from :func:`pause_end_s`, or, in a pause, from its last export (the
+    definitions apply the pauses of the attempt: a rank that waits for a paused peer is not
+    stalled). Never raises."""
     processes = [p for p in attempt.processes if p.samples]
     last_export = {
         id(p): max((s.time_s for s in p.samples if s.time_s <= at_s), default=None)
@@ -341,6 +343,12 @@ def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _h
             progress = process.start_s or process.samples[0].time_s
         timeline = _goodput.Timeline(process)
         phase = _goodput.phase_at_end(process, timeline, min(at_s, timeline.end))
+        if phase in _hang.PAUSE_PHASES:
+            seen = last_export[id(process)]
+            pause_age = None if seen is None else max(at_s - seen, 0.0)
+        else:
+            ended = pause_end_s(process, at_s)
+            pause_age = None if ended is None else max(at_s - ended, 0.0)
         states.append(
             _hang.RankState(
                 rank=process.rank,
@@ -353,9 +361,38 @@ def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _h
                 ),
                 iteration=iteration,
                 silent=quiet[id(process)] and anyone_exports,
+                pause_age_s=pause_age,
             )
         )
     return _hang.judge(states)
+
+
+_PAUSE_CODES = frozenset(PHASES.index(p) for p in _hang.PAUSE_PHASES)
+
+
+def pause_end_s(process: Process, at_s: float) -> float | None:
+    """When ``process``'s last pause (:data:`otel_training.health.hang.PAUSE_PHASES`) that
+    ended by ``at_s`` ended, Unix seconds, or ``None``: the latest of its pause spans' ends, its
+    progress record's (exact), and the end its exports show as the rules see it (the time of
+    its last export with a pause open plus the pause time it gained after: its training clock
+    stands still in a pause). Never raises."""
+    ends = [
+        s.end_s
+        for s in process.spans
+        if s.phase in _PAUSE_CODES and s.end_s is not None and s.end_s <= at_s
+    ]
+    record = process.record
+    if record is not None and record.pause_end_s is not None and record.pause_end_s <= at_s:
+        ends.append(record.pause_end_s)
+    samples = [s for s in process.samples if s.phase_s is not None and s.time_s <= at_s]
+    if samples:
+        last = samples[-1]
+        for sample in reversed(samples):
+            if sample.open_phase in _hang.PAUSE_PHASES:
+                gained = sum(last.phase_s[i] - sample.phase_s[i] for i in _PAUSE_CODES)  # type: ignore[index]
+                ends.append(sample.time_s + max(gained, 0.0))
+                break
+    return max(ends, default=None)
 
 
 def _stacks(attempt: Attempt) -> dict[int, list[dict[str, Any]]]:
