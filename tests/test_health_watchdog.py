@@ -214,3 +214,186 @@ def test_at_most_eight_stalls_a_process_write_their_stacks():
         ledger.exit(stuck, L.ITERATION)
         steps(clock, ledger, dog, 3)
     assert len(records) == watchdog.MAX_DUMPS == 8
+
+
+# -- the exact longest phase, and the peers of its run directory ------------------------------
+
+
+@documents("health.md", "(the ledger measures each long phase when it closes, exactly)")
+def test_the_longest_save_is_measured_when_it_closes():
+    """A save of 7.3 s (a stage inside it) gives 7.3 s, not a multiple of the 1 s readings;
+    a shorter save keeps it, a longer one replaces it; the next save's H is 2 x 7.3 = 14.6 s."""
+    clock, ledger, dog, records = scripted(floor_s=10.0, budget_s=10.0)
+    steps(clock, ledger, dog, 10)
+    save = ledger.enter(L.CHECKPOINT_SAVE)
+    for _ in range(7):
+        clock.t += 1.0
+        assert dog.check() is None
+    stage = ledger.enter(L.CHECKPOINT_SAVE)
+    clock.t += 0.3
+    ledger.exit(stage, L.CHECKPOINT_SAVE)
+    assert "checkpoint_save" not in ledger.read().longest_s  # a stage is not the save
+    ledger.exit(save, L.CHECKPOINT_SAVE, 10)
+    assert ledger.read().longest_s == {"checkpoint_save": pytest.approx(7.3, abs=1e-6)}
+    steps(clock, ledger, dog, 3)
+    ledger.enter(L.CHECKPOINT_SAVE)
+    clock.t += 14.5
+    assert dog.check() is None
+    clock.t += 0.2
+    assert dog.check()["threshold_s"] == pytest.approx(14.6, abs=1e-6)
+
+
+def test_the_record_holds_the_longest_phases_and_the_last_pause_end(tmp_path):
+    """A warm-up step of 1 s, an evaluation of 3 s and a save of 2 s then 5 s, each followed by
+    1 s between steps, in the record: 3 and 5 s, the pause ended at the last save's end (Unix
+    seconds, 14 s in), the heartbeat when the ledger was told (15 s in)."""
+    from otel_training.health import record as R
+
+    clock = FakeClock(1_800_000_000.0)
+    ledger = L.Ledger(clock.t, perf=clock.perf, unix=clock.unix)
+    path = tmp_path / "ledger-rank0-a.bin"
+    ledger.record_to(str(path), {"dl.rank": 0})
+    for code, seconds in (
+        (L.ITERATION, 1.0),
+        (L.EVALUATE, 3.0),
+        (L.CHECKPOINT_SAVE, 2.0),
+        (L.CHECKPOINT_SAVE, 5.0),
+    ):
+        token = ledger.enter(code)
+        clock.t += seconds
+        ledger.exit(token, code)
+        clock.t += 1.0
+    ledger.heartbeat()
+    found = R.read(path)
+    assert found.longest_s == {L.EVALUATE: 3.0, L.CHECKPOINT_SAVE: 5.0}
+    assert found.pause_end_s == pytest.approx(1_800_000_014.0)
+    assert found.alive_s == 1_800_000_015.0 and found.last_evidence_s == 1_800_000_015.0
+    assert ledger.read().pause_age_s == pytest.approx(1.0)
+
+
+@documents("health.md", "with the rank's own median step and longest phases")
+def test_after_its_own_long_save_a_rank_is_not_stalled_in_its_next_step():
+    """A 100 s save (H in a step phase 10 s): 5 s into the next step no stacks (hang age 5 s,
+    from the save's end); 11 s into it, stacks."""
+    clock, ledger, dog, records = scripted(floor_s=10.0, budget_s=600.0)
+    steps(clock, ledger, dog, 10)
+    save = ledger.enter(L.CHECKPOINT_SAVE)
+    clock.t += 100.0
+    ledger.exit(save, L.CHECKPOINT_SAVE, 10)
+    ledger.enter(L.ITERATION)
+    clock.t += 5.0
+    assert dog.check() is None
+    clock.t += 6.0
+    assert dog.check()["progress_age_s"] == pytest.approx(111.0)
+
+
+def two_ranks(tmp_path, *, attempt_of_peer=0, run_of_peer="run", floor_s=10.0, budget_s=60.0):
+    """Rank 0 and rank 1 of one attempt on one clock, each with its ledger's record in the run
+    directory ``tmp_path`` and a watchdog (rank 1's stands for its heartbeat), after 10 steps
+    of 0.1 s."""
+    clock = FakeClock(1_800_000_000.0)
+    ledgers, dogs, emitted = [], [], []
+    for rank, run, attempt in ((0, "run", 0), (1, run_of_peer, attempt_of_peer)):
+        ledger = L.Ledger(clock.t, perf=clock.perf, unix=clock.unix)
+        identity = {"dl.rank": rank, "dl.run.id": run, "dl.run.attempt": attempt}
+        ledger.record_to(str(tmp_path / f"ledger-rank{rank}-t{rank}.bin"), identity)
+        records: list = []
+        ledgers.append(ledger)
+        dogs.append(Watchdog(HangPolicy(floor_s=floor_s, phase_budget_s=budget_s), records.append,
+                             ledger=ledger))  # fmt: skip
+        emitted.append(records)
+    for _ in range(10):
+        tokens = [ledger.enter(L.ITERATION) for ledger in ledgers]
+        clock.t += 0.1
+        for ledger, token in zip(ledgers, tokens):
+            ledger.exit(token, L.ITERATION)
+        for dog in dogs:
+            dog.check()
+    return clock, ledgers, dogs, emitted
+
+
+@documents("health.md", "Before it writes stacks, it reads the progress records of its run")
+@documents("health.md", "A waiting peer is not stalled.")
+def test_a_rank_waiting_for_a_peer_saving_within_its_budget_writes_no_stacks(tmp_path):
+    """Rank 1 saves (H 60 s, its watchdog alive); rank 0 waits in communication (H 10 s):
+    no stacks for 60 s; at 61 s the save is past its budget and rank 0 writes its stacks
+    (progress age 61 s), once; rank 1 writes its own."""
+    clock, (own, peer), (dog, peer_dog), (mine, theirs) = two_ranks(tmp_path)
+    peer.enter(L.CHECKPOINT_SAVE)
+    own.enter(L.ITERATION)
+    own.enter(L.COMMUNICATION)
+    for _ in range(60):
+        clock.t += 1.0
+        assert peer_dog.check() is None
+        assert dog.check() is None
+    (state,) = dog.peers(clock.t)
+    assert (state.rank, state.phase, state.paused) == (1, "checkpoint_save", True)
+    clock.t += 1.0
+    assert peer_dog.check()["phase"] == "checkpoint_save"
+    record = dog.check()
+    assert record["phase"] == "communication" and record["progress_age_s"] == pytest.approx(61.0)
+    clock.t += 1.0
+    assert dog.check() is None and len(mine) == 1 and len(theirs) == 1
+
+
+def test_the_peers_records_are_read_only_when_the_verdict_can_change(tmp_path, monkeypatch):
+    """Excused by a peer saving since 20 s (H 60 s): the records are read once, then not
+    again until min(10 - 0, 60 - 20) = 10 s later."""
+    clock, (own, peer), (dog, peer_dog), _ = two_ranks(tmp_path)
+    peer.enter(L.CHECKPOINT_SAVE)
+    own.enter(L.ITERATION)
+    clock.t += 20.0
+    peer_dog.check()
+    reads = []
+    real = dog.peers
+    monkeypatch.setattr(dog, "peers", lambda *a: reads.append(clock.t) or real(*a))
+    for _ in range(12):
+        assert dog.check() is None
+        clock.t += 1.0
+        peer_dog.check()
+    assert reads == [pytest.approx(1_800_000_021.0), pytest.approx(1_800_000_031.0)]
+
+
+@documents("health.md", "with its last transition or its watchdog's note as its latest evidence")
+def test_a_peer_that_died_in_its_save_excuses_no_one_past_h(tmp_path):
+    """Rank 1 enters a save and its process dies (no heartbeat after): its pause ends, for
+    rank 0, at its last transition, so rank 0 (H 10 s) writes its stacks 11 s after it."""
+    clock, (own, peer), (dog, _), (mine, _) = two_ranks(tmp_path)
+    own.enter(L.ITERATION)
+    peer.enter(L.CHECKPOINT_SAVE)
+    clock.t += 10.0
+    assert dog.check() is None
+    clock.t += 1.5
+    assert dog.check()["progress_age_s"] == pytest.approx(11.5)
+
+
+@pytest.mark.parametrize("peer", [{"attempt_of_peer": 1}, {"run_of_peer": "other"}])
+@documents("health.md", "of the same `dl.run.id` and `dl.run.attempt`, and applies the same rule")
+def test_a_saving_process_of_another_attempt_or_run_excuses_no_one(tmp_path, peer):
+    """The same save in the same directory, but the record names another attempt (or run):
+    rank 0 writes its stacks at 11 s."""
+    clock, (own, other), (dog, other_dog), _ = two_ranks(tmp_path, **peer)
+    other.enter(L.CHECKPOINT_SAVE)
+    own.enter(L.ITERATION)
+    clock.t += 11.0
+    other_dog.check()
+    assert dog.peers(clock.t) == []
+    assert dog.check() is not None
+
+
+@documents("health.md", "A peer whose record is not in its run directory (another node, no shared")
+def test_a_peer_in_another_directory_is_not_seen(tmp_path):
+    """Rank 1's record in a directory of its own (another node): rank 0 sees no peer and
+    writes its stacks at 11 s; a rank without a record of its own reads none."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    clock, (own, peer), (dog, peer_dog), _ = two_ranks(tmp_path / "a")
+    peer.record_to(str(tmp_path / "b" / "ledger-rank1-t1.bin"),
+                   {"dl.rank": 1, "dl.run.id": "run", "dl.run.attempt": 0})  # fmt: skip
+    (tmp_path / "a" / "ledger-rank1-t1.bin").unlink()
+    peer.enter(L.CHECKPOINT_SAVE)
+    own.enter(L.ITERATION)
+    clock.t += 11.0
+    peer_dog.check()
+    assert dog.check() is not None
+    assert Watchdog(HangPolicy(), print, ledger=L.Ledger()).peers(clock.t) == []

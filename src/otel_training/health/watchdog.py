@@ -5,9 +5,17 @@ daemon) for a pipeline that records; shutdown stops it. About once a second (a q
 hang floor when that is shorter) it reads the ledger (:data:`otel_training.health.ledger.
 LEDGER`, a few microseconds, no lock) and compares the progress age with the hang threshold H
 for the phase open now (:meth:`otel_training.health.hang.HangPolicy.threshold_s`, with this
-rank's median step and the longest occurrence of that phase it has seen, both from its own
-readings). When the age exceeds H, it writes every thread's Python stack once per stall (until
-the rank progresses again; 8 stalls at most per process):
+rank's median step from its own readings and the longest occurrence of that phase, which the
+ledger measures exactly when it closes), and notes in the progress record that it is alive (a
+heartbeat: one store). When the age exceeds H, before it writes anything it reads the progress
+records of the other processes of its attempt in its run directory (the peers of its node, all
+ranks on a shared file system: a few 4 KiB files) and applies :func:`otel_training.health.hang.
+stalled` to them all: while a peer is paused (in a checkpoint save, load, evaluation, startup or
+warm-up within that phase's H, and alive), this rank waits for it and is not stalled; its hang
+age runs from the end of the peer's pause. It then reads them again only when the verdict could
+have changed (:func:`otel_training.health.hang.unchanged_for_s`). When the rank is stalled, it
+writes every thread's Python stack once per stall (until the rank progresses again; 8 stalls at
+most per process):
 
 - as an OpenTelemetry log record (severity WARN) on the pipeline's logger, with the trace
   context of the newest span still open, ``dl.training.phase``, ``megatron.iteration``,
@@ -26,6 +34,7 @@ raises.
 from __future__ import annotations
 
 import collections
+import fnmatch
 import logging
 import os
 import sys
@@ -39,6 +48,7 @@ from otel_training import clock
 from otel_training._log_once import LogOnce
 from otel_training.health import hang as _hang
 from otel_training.health import ledger as _ledger
+from otel_training.health import record as _record
 
 __all__ = ["Watchdog", "start", "stop"]
 
@@ -110,13 +120,85 @@ class Watchdog:
         )
         self.dumps = 0
         self._steps: collections.deque[tuple[float, float]] = collections.deque(maxlen=_SAMPLES)
-        self._longest: dict[str, float] = {}
-        self._open: tuple[str, float] = ("", 0.0)
         self._dumped_for: tuple | None = None
+        self._quiet: tuple[tuple, float] | None = None  # (stall, Unix seconds): peers excuse it
+        self._identity: dict[str, Any] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._failed = LogOnce(_logger, exc_info=True)
+
+    # -- the peers -------------------------------------------------------------------------
+
+    def peers(self, now_s: float, median_step_s: float | None = None) -> list[_hang.RankState]:
+        """The other processes of this rank's attempt as :func:`otel_training.health.hang.
+        stalled` sees them at ``now_s`` (Unix seconds), from their progress records in this
+        rank's run directory: the files of the same ``dl.run.id`` and ``dl.run.attempt``, not
+        this process's, of a process that shut down neither cleanly nor before this one was
+        created. A peer's threshold takes ``median_step_s`` (this rank's: the ranks of a
+        synchronous job share their step time) and the longest phases its record holds; in a
+        pause, its pause age runs from its latest evidence of life (its last transition or its
+        watchdog's heartbeat). Empty without a record of its own. Runs on the caller's thread
+        (the watchdog's): a directory listing and a read of 4 KiB per record; never raises."""
+        path = self.ledger.record_path
+        if path is None:
+            return []
+        identity = self._own_identity(path)
+        if not identity:
+            return []
+        directory = os.path.dirname(path)
+        try:
+            names = fnmatch.filter(os.listdir(directory), _record.FILE_GLOB)
+        except OSError:
+            return []
+        created = self.ledger.created_unix_s
+        found = []
+        for name in names:
+            other = os.path.join(directory, name)
+            if other == path:
+                continue
+            record = _record.read(other)
+            if record is None or record.shutdown_s is not None:
+                continue
+            theirs = record.identity
+            if theirs.get("dl.run.id") != identity.get("dl.run.id") or theirs.get(
+                "dl.run.attempt"
+            ) != identity.get("dl.run.attempt"):
+                continue
+            alive = record.last_evidence_s
+            if alive < created:  # it ended before this process began: no peer of it
+                continue
+            phase = _ledger.PHASES[record.open_phase]
+            progress = record.progress_s if record.progress_s is not None else record.created_s
+            if phase in _hang.PAUSE_PHASES:
+                pause_age: float | None = max(0.0, now_s - alive)
+            elif record.pause_end_s is not None:
+                pause_age = max(0.0, now_s - record.pause_end_s)
+            else:
+                pause_age = None
+            rank = theirs.get("dl.rank")
+            found.append(
+                _hang.RankState(
+                    rank if isinstance(rank, int) else -1,
+                    phase,
+                    max(0.0, now_s - progress),
+                    self.policy.threshold_s(
+                        phase, median_step_s, record.longest_s.get(record.open_phase)
+                    ),
+                    record.iteration,
+                    pause_age_s=pause_age,
+                )
+            )
+        return found
+
+    def _own_identity(self, path: str) -> dict[str, Any]:
+        identity = self._identity
+        if identity is None:
+            record = _record.read(path)
+            identity = record.identity if record is not None else {}
+            if record is not None:
+                self._identity = identity
+        return identity
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -159,25 +241,39 @@ class Watchdog:
         return _hang.median_step_s(self._steps)
 
     def check(self) -> dict[str, Any] | None:
-        """One reading: returns (and emits) the ``stacks`` record when the rank is stalled and
-        has not written one for this stall, else ``None``. Runs on the calling thread."""
-        reading = self.ledger.read()
+        """One reading: returns (and emits) the ``stacks`` record when the rank is stalled
+        (:func:`otel_training.health.hang.stalled`, its peers' pauses applied) and has not
+        written one for this stall, else ``None``. Runs on the calling thread (the watchdog's);
+        reads the peers' records only while this rank alone would be stalled. Raises only what
+        ``emit`` raises."""
+        ledger = self.ledger
+        reading = ledger.read()
+        ledger.heartbeat()
         times = reading.phase_time_s
         phase = reading.open_phase
         if reading.iteration is not None and times["warmup"] > 0 and phase != "warmup":
             total = sum(times[_ledger.PHASES[i]] for i in _STEP_TIME)
             if not self._steps or reading.iteration != self._steps[-1][0]:
                 self._steps.append((float(reading.iteration), total))
-        previous, previous_s = self._open
-        if previous and previous != phase:  # the phase that was open has ended
-            self._longest[previous] = max(self._longest.get(previous, 0.0), previous_s)
-        self._open = (phase, reading.open_s)
-        threshold = self.policy.threshold_s(phase, self.median_step_s(), self._longest.get(phase))
-        if reading.age_s <= threshold:
+        median = self.median_step_s()
+        threshold = self.policy.threshold_s(phase, median, reading.longest_s.get(phase))
+        own = _hang.RankState(
+            -1, phase, reading.age_s, threshold, reading.iteration, pause_age_s=reading.pause_age_s
+        )
+        if not _hang.stalled(own):
             return None
         stall = (reading.progress_unix_s, reading.iteration)
         if stall == self._dumped_for or self.dumps >= MAX_DUMPS:
             return None
+        now = ledger._unix()
+        quiet = self._quiet
+        if quiet is not None and quiet[0] == stall and now < quiet[1]:
+            return None  # a peer's pause excused this stall, and nothing can have changed
+        peers = self.peers(now, median)
+        if not _hang.stalled(own, peers):
+            self._quiet = (stall, now + _hang.unchanged_for_s(own, peers))
+            return None
+        self._quiet = None
         self._dumped_for = stall
         self.dumps += 1
         record = {
