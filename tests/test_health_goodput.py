@@ -461,3 +461,32 @@ def test_a_peers_longer_save_is_the_jobs_blocked_time():
     assert item.buckets["data_wait"] == pytest.approx(29 * 0.02, abs=1e-5)
     total = item.productive_s + sum(v for k, v in item.buckets.items() if k != "downtime")
     assert total == pytest.approx(item.end_s - item.start_s, abs=1e-6)
+
+
+@documents("health.md", "`killed` (no shutdown ran")
+def test_a_rank_waiting_for_a_peers_save_is_no_hang_in_the_account():
+    """Killed while rank 1 saves within its budget and rank 0 (the reference) has waited 100 s
+    in communication, past its 60 s floor: the job was not hung, so no hang bucket; the same
+    account without the job's verdict would have called it one."""
+    from otel_training.report.health import judge_attempt
+
+    policy = hang.HangPolicy(floor_s=60.0)
+    sims = []
+    for rank in (0, 1):
+        sim = SimRank(T0, rank=rank)
+        sim.advance(1.0)
+        for _ in range(20):
+            sim.step()
+        code = L.COMMUNICATION if rank == 0 else L.CHECKPOINT_SAVE
+        sim.ledger.enter(code)
+        sim.advance(100.0)
+        sim.sample()
+        sim.process.open_spans += 1
+        sims.append(sim.end())
+    found = attempts(sims)
+    alone = goodput.account(found, policy).attempts[0]
+    joint = goodput.account(
+        found, policy, hung_at=lambda a, t: judge_attempt(a, t, policy).hung
+    ).attempts[0]
+    assert alone.buckets["hang"] > 99.0 and alone.ended == "hung"
+    assert joint.buckets["hang"] == 0.0 and joint.ended == "killed"

@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -635,6 +635,7 @@ def account(
     *,
     now_s: float | None = None,
     live_s: float | None = None,
+    hung_at: Callable[[Attempt, float], bool] | None = None,
 ) -> JobAccount:
     """Goodput and badput of the job whose attempts are ``attempts`` (ordered).
 
@@ -645,6 +646,11 @@ def account(
             ``running`` (``None``: none is).
         live_s: How recent the last evidence of a running attempt is, seconds (default: two
             export intervals plus a second).
+        hung_at: Whether an attempt's ranks were hung at a moment (Unix seconds): the job's
+            hang verdict over all of its ranks, waiting peers excused
+            (:func:`otel_training.report.health.judge_attempt`), so that the ``hang`` bucket
+            and the verdict agree. ``None``: the reference rank's progress age against its H
+            alone.
     """
     policy = policy or _hang.HangPolicy()
     notes: list[str] = []
@@ -659,7 +665,9 @@ def account(
         end = max(end, starts[i])
         last = i + 1 == len(attempts)
         accounts.append(
-            _attempt(attempt, starts[i], end, last, points[i], policy, now_s, live_s, notes)
+            _attempt(
+                attempt, starts[i], end, last, points[i], policy, now_s, live_s, notes, hung_at
+            )
         )
     for i, item in enumerate(accounts):
         if i + 1 < len(accounts):
@@ -687,6 +695,7 @@ def _attempt(
     now_s: float | None,
     live_s: float | None,
     notes: list[str],
+    hung_at: Callable[[Attempt, float], bool] | None = None,
 ) -> AttemptAccount:
     ranks = sorted({p.rank for p in attempt.processes})
     run_ids = attempt.run_ids
@@ -737,6 +746,8 @@ def _attempt(
     live = last and is_live(attempt, now_s, live_s)
     judged = now_s if live and now_s is not None else end
     hung = judged - progress_at > threshold
+    if hung and hung_at is not None:  # the job's verdict: a rank waiting for a peer is excused
+        hung = hung_at(attempt, judged)
     end_vec = timeline.at(own_end)
     if hung:
         cut_at = min(max(progress_at, timeline.created), own_end)

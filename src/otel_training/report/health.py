@@ -254,7 +254,9 @@ def assess(
     """:func:`assess_job` of a job already read."""
     policy = policy or _hang.HangPolicy()
     ordered = attempts(job.processes)
-    account = _goodput.account(ordered, policy, now_s=now_s)
+    account = _goodput.account(
+        ordered, policy, now_s=now_s, hung_at=lambda a, t: judge_attempt(a, t, policy).hung
+    )
     items = []
     for i, (attempt, attempt_account) in enumerate(zip(ordered, account.attempts)):
         item = AttemptHealth(attempt_account, attempt)
