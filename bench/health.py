@@ -19,8 +19,8 @@ later as attempt 1 (it loads step 40 and runs to 100), and compares ``otel-train
   downtime against one step time.
 
 Prints, per variant, each bucket's error in seconds against the tolerance max(1 % of W, 2 step
-times), the goodput error in points (target 0.5), and the lost steps; exits 1 when any variant misses
-a target. About 40 s a variant on a shared 2-core machine.
+times), the goodput error in points (target 0.5), and the lost steps; exits 1 when any variant
+misses a target. About 40 s a variant on a shared 2-core machine.
 
 Run: ``make bench-health`` or ``.venv/bin/python bench/health.py [VARIANT ...]``.
 """
