@@ -135,6 +135,86 @@ PEERS = f"{RUN}, dl_pipeline_parallel_rank"
 JOB = "job, dl_job_id"
 
 
+
+def _culprit_rules(open_phase: str, training: str, quiet: str, lb: str) -> list[Rule]:
+    """The culprits of a hung attempt, one recording rule per rule of
+    :data:`otel_training.health.hang.CULPRIT_RULES`, in its order: label ``dl_hang_reason``
+    the rule's name, value its place (1 first); each applies when no earlier one names a rank.
+    """
+    names = hang.CULPRIT_RULES
+    assert names == (
+        "silent",
+        "pause_over_budget",
+        "outside_communication",
+        "lowest_progress",
+        "behind_in_step",
+    ), "a culprit rule changed in health/hang.py: mirror it here"
+    record = "rank:dl_training_hang_culprit:tier"
+
+    def rule(name: str, comment: str, ranks: str, condition: str = "") -> Rule:
+        tier = names.index(name) + 1
+        earlier = "|".join(names[: tier - 1])
+        expr = f"(0 * ({ranks}) + {tier})\n{condition}and on ({RUN}) run:dl_training_hung:ranks"
+        if earlier:
+            expr += f'\nunless on ({RUN}) {record}{{dl_hang_reason=~"{earlier}"}}'
+        return Rule(comment, expr, record=record, labels=(("dl_hang_reason", name),))
+
+    iteration = f"last_over_time(dl_training_progress_iteration[{lb}])"
+    position = (
+        f"max by ({RANK}) (\n"
+        + "\n  or ".join(
+            f'(0 * {open_phase}{{dl_training_phase="{phase}"}} + {index})'
+            for index, phase in enumerate(hang.STEP_ORDER)
+        )
+        + "\n)"
+    )
+    return [
+        rule(
+            "silent",
+            "Culprits of a hang (label dl_hang_reason, value the rule's place): first, ranks "
+            "silent while their peers export (GIL held, stopped, dead).",
+            quiet,
+        ),
+        rule(
+            "pause_over_budget",
+            "Then ranks in a pause past its budget (a save that never finishes) while a rank "
+            "of the attempt is in a training phase (it waits for them).",
+            f"group by ({RANK}) (\n"
+            f'  rank:dl_training_hang_age:seconds{{dl_hang_threshold="pause_budget"}}\n'
+            f'  > rank:dl_training_hang_threshold:seconds{{dl_hang_threshold="pause_budget"}}\n)',
+            f"and on ({RUN}) "
+            f'count by ({RUN}) ({open_phase}{{dl_training_phase=~"{training}"}})\n',
+        ),
+        rule(
+            "outside_communication",
+            "Then ranks not inside communication while half or more of the attempt's ranks "
+            "are (they never reached the collective).",
+            f'group by ({RANK}) ({open_phase}{{dl_training_phase!="communication"}})',
+            f"and on ({RUN}) (\n"
+            f'  count by ({RUN}) ({open_phase}{{dl_training_phase="communication"}})\n'
+            f"  / on ({RUN}) count by ({RUN}) (last_over_time("
+            f"rank:dl_training_last_sample:timestamp[{lb}])) >= "
+            f"{number(hang.COMMUNICATION_MAJORITY)}\n)\n",
+        ),
+        rule(
+            "lowest_progress",
+            "Then the ranks with the lowest progress, if lower than another rank's.",
+            f"max by ({RANK}) ({iteration})\n"
+            f"== on ({RUN}) group_left () min by ({RUN}) ({iteration})\n"
+            f"< on ({RUN}) group_left () max by ({RUN}) ({iteration})",
+        ),
+        rule(
+            "behind_in_step",
+            "Then, all at one iteration, the ranks whose step phase comes first in the order "
+            + ", ".join(hang.STEP_ORDER)
+            + ", when the ranks' step phases differ (under DDP or FSDP the collectives run "
+            "inside forward_backward: the ranks wait there for the one still loading data).",
+            f"{position}\n"
+            f"== on ({RUN}) group_left () min by ({RUN}) ({position})\n"
+            f"< on ({RUN}) group_left () max by ({RUN}) ({position})",
+        ),
+    ]
+
 def _alternatives(phases: Sequence[str]) -> str:
     return "|".join(phases)
 
@@ -411,45 +491,7 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             f"== on ({RUN}) count by ({RUN}) {exporting}",
             record="run:dl_training_hung:ranks",
         ),
-        Rule(
-            "Culprits of a hang (label dl_hang_reason), first kind (value 1): ranks silent "
-            "while their peers export (GIL held, stopped, dead).",
-            f"(0 * ({quiet}) + 1)\nand on ({RUN}) run:dl_training_hung:ranks",
-            record="rank:dl_training_hang_culprit:tier",
-            labels=(("dl_hang_reason", "silent"),),
-        ),
-        Rule(
-            "Second kind (value 2), when there is no silent rank: ranks not inside "
-            "communication while half or more of the attempt's ranks are (they never reached "
-            "the collective).",
-            f"(0 * group by ({RANK}) "
-            f'({open_phase}{{dl_training_phase!="communication"}}) + 2)\n'
-            f"and on ({RUN}) (\n"
-            f"  count by ({RUN}) "
-            f'({open_phase}{{dl_training_phase="communication"}})\n'
-            f"  / on ({RUN}) count by ({RUN}) ({seen}) >= 0.5\n)\n"
-            f"and on ({RUN}) run:dl_training_hung:ranks\n"
-            f"unless on ({RUN}) "
-            'rank:dl_training_hang_culprit:tier{dl_hang_reason="silent"}',
-            record="rank:dl_training_hang_culprit:tier",
-            labels=(("dl_hang_reason", "not_in_communication"),),
-        ),
-        Rule(
-            "Third kind (value 3), when neither: the ranks with the lowest progress, if lower "
-            "than another rank's.",
-            f"(\n  0 * (\n"
-            f"    max by ({RANK}) (last_over_time(dl_training_progress_iteration[{lb}]))\n"
-            f"    == on ({RUN}) group_left () min by ({RUN}) "
-            f"(last_over_time(dl_training_progress_iteration[{lb}]))\n"
-            f"    < on ({RUN}) group_left () max by ({RUN}) "
-            f"(last_over_time(dl_training_progress_iteration[{lb}]))\n"
-            f"  ) + 3\n)\n"
-            f"and on ({RUN}) run:dl_training_hung:ranks\n"
-            f"unless on ({RUN}) rank:dl_training_hang_culprit:tier"
-            '{dl_hang_reason=~"silent|not_in_communication"}',
-            record="rank:dl_training_hang_culprit:tier",
-            labels=(("dl_hang_reason", "lowest_progress"),),
-        ),
+        *_culprit_rules(open_phase, training, quiet, lb),
         Rule(
             "A rank that makes no progress: its hang age exceeds the threshold of its open phase.",
             "rank:dl_training_hang_age:seconds > rank:dl_training_hang_threshold:seconds",

@@ -21,6 +21,7 @@ import yaml
 from doc_rules import documents
 from support import load_script, promtool_or_unavailable
 
+from otel_training.health import hang
 from otel_training.health.ledger import PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -417,7 +418,7 @@ def test_a_hang_stalls_every_rank_after_the_floor_and_names_the_rank_outside_com
             Check(
                 fired,
                 firing("TrainingHangCulprit", "dl_rank, dl_hang_reason"),
-                ranks(1, dl_hang_reason="not_in_communication"),
+                ranks(1, dl_hang_reason="outside_communication"),
             ),
             Check(fired, firing("TrainingRankSilent"), NONE),
         ],
@@ -506,6 +507,63 @@ def test_peers_waiting_for_a_rank_that_saves_within_budget_are_not_stalled(promt
         job,
         start + 500,
         [_alerts_at(t) for t in range(int(_after(start, 0)), int(start + 500), INTERVAL_S)],
+    )
+
+
+@documents("health.md", "`behind_in_step`: when every rank has completed the same iteration")
+def test_under_ddp_the_rank_behind_in_its_step_is_the_culprit(promtool, tmp_path):
+    """DDP: no rank is ever in communication (the all-reduce runs inside backward). Ranks 0, 1
+    and 3 wait in forward_backward; rank 2 is stuck loading data at the same iteration: rank 2,
+    behind_in_step, as `otel-training health` says (hang.judge on the same phases)."""
+    job = Job(4).steps(100, without_communication=True)
+    last_step = job.t
+    job.hang({0: "forward_backward", 1: "forward_backward", 2: "data_loading",
+              3: "forward_backward"})  # fmt: skip
+    fired = _after(last_step, 60)
+    states = [hang.RankState(r, p, 61.0, 60.0, 100) for r, p in enumerate(
+        ["forward_backward", "forward_backward", "data_loading", "forward_backward"])]  # fmt: skip
+    assert (hang.judge(states).rule, hang.judge(states).culprits) == ("behind_in_step", (2,))
+    run_promtool(
+        promtool,
+        tmp_path,
+        job,
+        fired + 60,
+        [
+            _alerts_at(fired - INTERVAL_S),
+            Check(fired, firing("TrainingJobHung", "job"), {(("job", "train"),): 1}),
+            Check(
+                fired,
+                firing("TrainingHangCulprit", "dl_rank, dl_hang_reason"),
+                ranks(2, dl_hang_reason="behind_in_step"),
+            ),
+        ],
+    )
+
+
+@documents("health.md", "`pause_over_budget`: the ranks in a pause past its H")
+def test_a_save_that_never_finishes_names_the_saving_rank(promtool, tmp_path):
+    """Rank 0 saves and never finishes while rank 1 waits in forward_backward (a DDP
+    all-reduce): nothing within the 10 min budget; past it, the job is hung and rank 0 the
+    culprit, pause_over_budget."""
+    job = Job(2).steps(40, without_communication=True)
+    start = job.t
+    job.ranks[0].segments.append(Segment(start, math.inf, "checkpoint_save"))
+    job.ranks[1].segments.append(Segment(start, math.inf, "forward_backward"))
+    fired = _after(start, 600)
+    run_promtool(
+        promtool,
+        tmp_path,
+        job,
+        fired + 60,
+        [
+            _alerts_at(fired - INTERVAL_S),
+            Check(fired, firing("TrainingJobHung", "job"), {(("job", "train"),): 1}),
+            Check(
+                fired,
+                firing("TrainingHangCulprit", "dl_rank, dl_hang_reason"),
+                ranks(0, dl_hang_reason="pause_over_budget"),
+            ),
+        ],
     )
 
 

@@ -139,6 +139,73 @@ def test_no_culprit_when_the_ranks_cannot_be_told_apart():
     assert verdict.hung and verdict.culprits == () and verdict.rule is None
 
 
+@documents("health.md", "`pause_over_budget`: the ranks in a pause past its H")
+@documents("health.md", "Each rule names the ranks that are not where the others wait.")
+@documents("health.md", "When every rank waits at the same place (same iteration, same phase")
+def test_rule_two_a_pause_over_budget_holds_the_others():
+    """Rank 2's evaluation is past its H (700 s > 600 s) while ranks 0 and 1 wait in
+    forward_backward: rank 2. Every rank in a pause past H (all save together): no one by this
+    rule (same phase and iteration: no culprit at all)."""
+    ranks = [state(0, "forward_backward", 700.0), state(1, "forward_backward", 700.0),
+             state(2, "evaluate", 700.0, 600.0)]  # fmt: skip
+    verdict = judge(ranks)
+    assert verdict.hung and (verdict.rule, verdict.culprits) == ("pause_over_budget", (2,))
+    within = [*ranks[:2], RankState(2, "evaluate", 500.0, 600.0, 10, pause_age_s=0.0)]
+    assert not judge(within).hung
+    everyone = [state(r, "checkpoint_save", 700.0, 600.0) for r in range(3)]
+    verdict = judge(everyone)
+    assert verdict.hung and verdict.rule is None and verdict.culprits == ()
+
+
+@documents("health.md", "`behind_in_step`: when every rank has completed the same iteration")
+@documents("health.md", "so the ranks wait in `forward_backward` for the one still loading")
+def test_rule_five_under_ddp_the_rank_behind_in_its_step():
+    """DDP: ranks 0, 1, 3 wait in the all-reduce inside backward (forward_backward); rank 2 is
+    stuck loading data, all at iteration 11: rank 2. Between steps (``other``) comes before
+    data loading; ``communication`` before ``optimizer``."""
+    phases = ["forward_backward", "forward_backward", "data_loading", "forward_backward"]
+    ranks = [state(r, phase, iteration=11) for r, phase in enumerate(phases)]
+    verdict = judge(ranks)
+    assert verdict.hung and (verdict.rule, verdict.culprits) == ("behind_in_step", (2,))
+    two = [state(0, "forward_backward"), state(1, "other")]
+    assert (judge(two).rule, judge(two).culprits) == ("behind_in_step", (1,))
+    late = [state(0, "optimizer"), state(1, "optimizer"), state(2, "communication"),
+            state(3, "optimizer"), state(4, "optimizer")]  # fmt: skip
+    assert (judge(late).rule, judge(late).culprits) == ("behind_in_step", (2,))
+    assert hang.STEP_ORDER == (
+        "other", "data_loading", "forward_backward", "communication", "optimizer"
+    )
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([*hang.STEP_PHASES, *hang.PAUSE_PHASES]),
+            st.integers(0, 3),
+            st.booleans(),
+        ),
+        min_size=2,
+        max_size=8,
+    )
+)
+def test_a_hung_job_whose_ranks_differ_always_has_a_culprit(ranks):
+    """Every rank stalled: when the ranks differ in phase or iteration (or one is silent while
+    another exports), some rule names a culprit, and only ranks of the job; when they do not
+    differ, none. (Ranks all in pauses, in different ones, are not told apart: none says
+    which waits for which.)"""
+    states = [state(i, p, 700.0, 600.0, it, s) for i, (p, it, s) in enumerate(ranks)]
+    verdict = judge(states)
+    assert verdict.hung
+    silent = 0 < sum(s for *_, s in ranks) < len(ranks)
+    paused = all(p in hang.PAUSE_PHASES for p, _, _ in ranks)
+    differ = silent or (len({(p, it) for p, it, _ in ranks}) > 1 and not paused) or (
+        paused and len({it for _, it, _ in ranks}) > 1
+    )
+    assert bool(verdict.culprits) == differ, verdict
+    assert (verdict.rule is None) == (not differ)
+    assert set(verdict.culprits) <= set(range(len(ranks)))
+
+
 @documents("health.md", "(every rank, when none exports)")
 def test_when_no_rank_exports_all_are_judged():
     """Every rank silent (the job died): hung when all were stalled, no silent culprit."""
@@ -246,13 +313,15 @@ def waiting(age: float, pause_age: float | None = 1000.0, phase="communication")
 def test_a_peer_waiting_for_a_save_within_its_budget_is_not_stalled():
     """Rank 0 has saved for 300 s (H 600 s): rank 1, 300 s without progress in communication
     (H 60 s), is not stalled, nor in forward_backward (a DDP all-reduce). At 601 s the save
-    is past its budget: both stalled, hung, rank 0 the culprit (outside communication)."""
+    is past its budget: both stalled, hung, rank 0 the culprit (its pause over budget; in
+    forward_backward, where DDP's all-reduce waits, too)."""
     for phase in ("communication", "forward_backward"):
         verdict = judge([saving(300.0), waiting(300.0, phase=phase)])
         assert verdict.stalled_ranks == () and not verdict.hung
-    verdict = judge([saving(601.0), waiting(601.0)])
-    assert verdict.stalled_ranks == (0, 1) and verdict.hung
-    assert (verdict.rule, verdict.culprits) == ("outside_communication", (0,))
+    for phase in ("communication", "forward_backward"):
+        verdict = judge([saving(601.0), waiting(601.0, phase=phase)])
+        assert verdict.stalled_ranks == (0, 1) and verdict.hung
+        assert (verdict.rule, verdict.culprits) == ("pause_over_budget", (0,))
     # alone, rank 1 would be stalled at 300 s
     assert judge([waiting(300.0)]).stalled_ranks == (1,)
 

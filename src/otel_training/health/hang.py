@@ -39,9 +39,21 @@ every exporting rank is stalled (every rank, when none exports). Its culprits ar
 the first of these rules that names any (:data:`CULPRIT_RULES`):
 
 1. ``silent``: the silent ranks;
-2. ``outside_communication``: while at least half of the ranks are in ``communication``, the
+2. ``pause_over_budget``: the ranks in a pause past its H (a save that never finishes), while
+   some rank is not in a pause (it waits for them);
+3. ``outside_communication``: while at least half of the ranks are in ``communication``, the
    ranks that are not (they never reached the collective the others wait in);
-3. ``lowest_progress``: the ranks with the lowest progress iteration, when the ranks differ.
+4. ``lowest_progress``: the ranks with the lowest progress iteration, when the ranks differ;
+5. ``behind_in_step``: when every rank has the same progress iteration, the ranks in a step
+   phase earliest in :data:`STEP_ORDER` (``other`` between steps, then ``data_loading``,
+   ``forward_backward``, ``communication``, ``optimizer``), when the ranks' step phases
+   differ. Under DistributedDataParallel or FSDP the collectives run inside
+   ``forward_backward``: the ranks wait there for the rank still loading its data (or
+   between steps), which never reached the collective.
+
+Rules 2-5 name the ranks that are not where the others wait; a job whose ranks all wait at
+the same place (same iteration, same phase: a collective that never completes everywhere)
+has no culprit (``rule`` ``None``): nothing in the ranks' phases tells them apart.
 """
 
 from __future__ import annotations
@@ -59,6 +71,7 @@ __all__ = [
     "INITIAL_PHASES",
     "LONG_PHASES",
     "PAUSE_PHASES",
+    "STEP_ORDER",
     "STEP_PHASES",
     "HangPolicy",
     "HangVerdict",
@@ -101,7 +114,17 @@ SILENT_INTERVALS: Final = 2.0
 #: Rule 2 applies while at least this share of the ranks is in ``communication``.
 COMMUNICATION_MAJORITY: Final = 0.5
 #: The culprit rules, in order of precedence.
-CULPRIT_RULES: Final = ("silent", "outside_communication", "lowest_progress")
+CULPRIT_RULES: Final = (
+    "silent",
+    "pause_over_budget",
+    "outside_communication",
+    "lowest_progress",
+    "behind_in_step",
+)
+#: Where a rank is within one step (same progress iteration), earliest first: ``other``
+#: (between steps, after the last completed one), then the phases of a step in the order
+#: they run. A rank earlier in this order has not reached the collective its peers wait in.
+STEP_ORDER: Final = ("other", "data_loading", "forward_backward", "communication", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -309,6 +332,9 @@ def _culprits(ranks: Sequence[RankState]) -> tuple[str | None, tuple[int, ...]]:
     silent = [s.rank for s in ranks if s.silent]
     if silent and len(silent) < len(ranks):
         return "silent", tuple(silent)
+    over = [s.rank for s in ranks if s.phase in PAUSE_PHASES and s.stalled]
+    if over and any(s.phase not in PAUSE_PHASES for s in ranks):
+        return "pause_over_budget", tuple(over)
     in_communication = sum(1 for s in ranks if s.phase == "communication")
     if in_communication and in_communication >= COMMUNICATION_MAJORITY * len(ranks):
         outside = [s.rank for s in ranks if s.phase != "communication"]
@@ -323,4 +349,8 @@ def _culprits(ranks: Sequence[RankState]) -> tuple[str | None, tuple[int, ...]]:
             s.rank for s in known if s.iteration == lowest
         ]
         return "lowest_progress", tuple(behind)
+    positions = {s.rank: STEP_ORDER.index(s.phase) for s in ranks if s.phase in STEP_ORDER}
+    if len(set(positions.values())) > 1:
+        first = min(positions.values())
+        return "behind_in_step", tuple(r for r, at in positions.items() if at == first)
     return None, ()
