@@ -135,7 +135,6 @@ PEERS = f"{RUN}, dl_pipeline_parallel_rank"
 JOB = "job, dl_job_id"
 
 
-
 def _culprit_rules(open_phase: str, training: str, quiet: str, lb: str) -> list[Rule]:
     """The culprits of a hung attempt, one recording rule per rule of
     :data:`otel_training.health.hang.CULPRIT_RULES`, in its order: label ``dl_hang_reason``
@@ -182,8 +181,7 @@ def _culprit_rules(open_phase: str, training: str, quiet: str, lb: str) -> list[
             f"group by ({RANK}) (\n"
             f'  rank:dl_training_hang_age:seconds{{dl_hang_threshold="pause_budget"}}\n'
             f'  > rank:dl_training_hang_threshold:seconds{{dl_hang_threshold="pause_budget"}}\n)',
-            f"and on ({RUN}) "
-            f'count by ({RUN}) ({open_phase}{{dl_training_phase=~"{training}"}})\n',
+            f'and on ({RUN}) count by ({RUN}) ({open_phase}{{dl_training_phase=~"{training}"}})\n',
         ),
         rule(
             "outside_communication",
@@ -214,6 +212,7 @@ def _culprit_rules(open_phase: str, training: str, quiet: str, lb: str) -> list[
             f"< on ({RUN}) group_left () max by ({RUN}) ({position})",
         ),
     ]
+
 
 def _alternatives(phases: Sequence[str]) -> str:
     return "|".join(phases)
@@ -252,22 +251,24 @@ class Rule:
     annotations: tuple[tuple[str, str], ...] = ()
 
 
-def _peer_reference(expr: str, by: str) -> str:
+def _peer_reference(expr: str, by: str, phi: float = straggler.REFERENCE_QUANTILE) -> str:
     """PromQL for the peer reference of each series of ``expr`` among the series that share
     the labels ``by``: the median of the others (leave-one-out) for groups of 2 and 3 ranks,
-    where it equals the mean of the others; the median of the group, the rank included, for
-    groups of 4 and more (PromQL has no leave-one-out median). One series per series of
-    ``expr``, with its labels; absent for a rank without peers."""
+    where it equals the mean of the others; the ``phi`` quantile of the group, the rank
+    included, for groups of 4 and more (:func:`otel_training.health.straggler.peer_reference`
+    with ``phi`` 0.25, the busy time's reference; the device readings take 0.5, the median).
+    One series per series of ``expr``, with its labels; absent for a rank without peers."""
     loo_mean = (
         f"(sum by ({by}) ({expr}) - on ({by}) group_right () ({expr}))\n"
         f"  / on ({by}) group_left () (count by ({by}) ({expr}) - 1)"
     )
-    median = f"0 * ({expr})\n  + on ({by}) group_left () quantile by ({by}) (0.5, {expr})"
+    group = f"0 * ({expr})\n  + on ({by}) group_left () quantile by ({by}) ({number(phi)}, {expr})"
+    small = straggler.LEAVE_ONE_OUT_MAX
     either = (
         f"(\n{_indent(loo_mean)}\n"
-        f"  and on ({by}) ((count by ({by}) ({expr}) >= 2) <= 3)\n"
-        f")\nor\n(\n{_indent(median)}\n"
-        f"  and on ({by}) (count by ({by}) ({expr}) > 3)\n)"
+        f"  and on ({by}) ((count by ({by}) ({expr}) >= 2) <= {small})\n"
+        f")\nor\n(\n{_indent(group)}\n"
+        f"  and on ({by}) (count by ({by}) ({expr}) > {small})\n)"
     )
     return f"(\n{_indent(either)}\n)"
 
@@ -588,12 +589,13 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             _peer_reference(
                 f'min by ({RANK}) (dl_gpu_clock_speed_hertz{{dl_gpu_clock_domain="sm"}})',
                 PEERS,
+                0.5,
             )
         ).lstrip()
         + "\n)\nor\n(\n"
         f"  max by ({RANK}) (hw_temperature_celsius)\n"
         f"  > {number(p.throttle_temperature_c)} + "
-        + _indent(_peer_reference(f"max by ({RANK}) (hw_temperature_celsius)", PEERS)).lstrip()
+        + _indent(_peer_reference(f"max by ({RANK}) (hw_temperature_celsius)", PEERS, 0.5)).lstrip()
         + "\n)"
     )
     flagged = f"on ({RANK}) (rank:dl_training_busy_excess:seconds > 0)"
@@ -615,12 +617,17 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
     stragglers = [
         Rule(
             "Seconds per step of each rank in its busy phases and in communication, over the "
-            "straggler window.",
+            "straggler window, once the rank has trained for more than one window after its "
+            "warm-up (the first window of a start or restart is no straggler window).",
             f"sum by ({RANK}, dl_training_phase) (\n"
             f"  increase(dl_training_phase_time_seconds_total"
             f'{{dl_training_phase=~"{busy}|communication"}}[{window}])\n'
             f")\n/ on ({RANK}) group_left ()\n"
-            f"  (max by ({RANK}) (increase(dl_training_progress_steps_total[{window}])) > 0)",
+            f"  (max by ({RANK}) (increase(dl_training_progress_steps_total[{window}])) > 0)\n"
+            f"and on ({RANK}) (\n"
+            f"  sum by ({RANK}) (dl_training_phase_time_seconds_total"
+            f'{{dl_training_phase!~"{startup}"}})\n'
+            f"  > {number(straggler.SKIPPED_WINDOWS * p.straggler_window_s)}\n)",
             record="rank:dl_training_phase_per_step:seconds",
         ),
         Rule(
@@ -631,11 +638,10 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             record="rank:dl_training_busy_per_step:seconds",
         ),
         Rule(
-            "The straggler score: busy time / its peers' (same pipeline stage). For 2 and 3 "
-            "peers the reference is the median of the others, as otel-training health "
-            "computes it; for 4 and more it is the median of the group with the rank "
-            "included (PromQL has no leave-one-out median), which reads lower than the "
-            "report's when the group holds several stragglers.",
+            "The straggler score: busy time / its peers' reference (same pipeline stage), as "
+            "otel-training health computes it: in groups of 2 and 3 ranks the median of the "
+            "others; in groups of 4 and more the lower quartile of the group, the rank "
+            "included, which a minority of slow ranks cannot move.",
             "rank:dl_training_busy_per_step:seconds\n/\n"
             + _peer_reference("rank:dl_training_busy_per_step:seconds", PEERS),
             record="rank:dl_training_straggler_score:ratio",
@@ -694,15 +700,16 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             '{cause=~"unattributed|data|gpu_throttle|compute"}',
         ),
         Rule(
-            f"A straggler: busy score above {number(p.straggler_threshold)} over two "
-            "consecutive windows (the window that crosses, then one more), unless a rank of "
-            "the attempt is stalled (a hung rank's unfinished step inflates its busy time: "
-            "the hang alerts own that case).",
+            f"A straggler: busy score above {number(p.straggler_threshold)} for "
+            f"{straggler.CONSECUTIVE_WINDOWS - 1} more windows after the window that "
+            "crosses (a single slow step stays in the sliding window for one window: it "
+            "cannot fire), unless a rank of the attempt is stalled (a hung rank's "
+            "unfinished step inflates its busy time: the hang alerts own that case).",
             f"rank:dl_training_straggler_score:ratio > {number(p.straggler_threshold)}\n"
             f"unless on ({RUN})\n"
             f"  (rank:dl_training_hang_age:seconds > rank:dl_training_hang_threshold:seconds)",
             alert="TrainingStraggler",
-            for_s=p.straggler_window_s,
+            for_s=(straggler.CONSECUTIVE_WINDOWS - 1) * p.straggler_window_s,
             labels=(("severity", "warning"),),
             annotations=(
                 (

@@ -173,7 +173,11 @@ def test_rule_five_under_ddp_the_rank_behind_in_its_step():
             state(3, "optimizer"), state(4, "optimizer")]  # fmt: skip
     assert (judge(late).rule, judge(late).culprits) == ("behind_in_step", (2,))
     assert hang.STEP_ORDER == (
-        "other", "data_loading", "forward_backward", "communication", "optimizer"
+        "other",
+        "data_loading",
+        "forward_backward",
+        "communication",
+        "optimizer",
     )
 
 
@@ -198,8 +202,10 @@ def test_a_hung_job_whose_ranks_differ_always_has_a_culprit(ranks):
     assert verdict.hung
     silent = 0 < sum(s for *_, s in ranks) < len(ranks)
     paused = all(p in hang.PAUSE_PHASES for p, _, _ in ranks)
-    differ = silent or (len({(p, it) for p, it, _ in ranks}) > 1 and not paused) or (
-        paused and len({it for _, it, _ in ranks}) > 1
+    differ = (
+        silent
+        or (len({(p, it) for p, it, _ in ranks}) > 1 and not paused)
+        or (paused and len({it for _, it, _ in ranks}) > 1)
     )
     assert bool(verdict.culprits) == differ, verdict
     assert (verdict.rule is None) == (not differ)

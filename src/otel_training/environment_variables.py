@@ -173,8 +173,8 @@ that long (``docs/health.md``).
 
 OTEL_PYTHON_TRAINING_STRAGGLER_WINDOW_STEPS: Final = "OTEL_PYTHON_TRAINING_STRAGGLER_WINDOW_STEPS"
 """Optimizer steps per straggler window, default 20: a rank is a straggler when its busy time
-per step (data loading + forward/backward + optimizer) exceeds 1.2 x the median of its peers
-for 2 consecutive windows (``docs/health.md``). Read by ``otel-training health`` and the report.
+per step (data loading + forward/backward + optimizer) exceeds 1.15 x its peers' reference
+for 3 consecutive windows (``docs/health.md``). Read by ``otel-training health`` and the report.
 """
 
 __all__ = [

@@ -19,21 +19,31 @@ time grows only while steps run, so it is linear in the iteration within an expo
 per-step values are the differences over the window divided by ``w``. (Per-step spans are not
 needed and not used: the counters exist whatever the span groups.)
 
-**Score.** ``score(r) = busy(r) / median(busy(q) for q in the peer group of r, q != r)``
-(leave-one-out, so a 2-rank group works: with r in the median a slow rank of two would score
-1.0 + half its excess). The peer group is the ranks with the same ``dl.pipeline_parallel.rank``
-(all ranks when it is not set): pipeline stages do different work.
+**Score.** ``score(r) = busy(r) / reference(r)``, the reference taken over the peer group of
+r: the ranks with the same ``dl.pipeline_parallel.rank`` (all ranks when it is not set;
+pipeline stages do different work). In a group of 2 or 3 ranks the reference is the median of
+the others (leave-one-out: with r in it a slow rank of two would score 1.0 + half its
+excess). In a group of 4 or more it is the group's **lower quartile**, r included: the 0.25
+quantile interpolated linearly between the sorted values (rank ``0.25 x (n - 1)``, PromQL's
+``quantile``), which slow ranks cannot move while fewer than about three quarters of the group
+are slow (with 2 of 4 slow, the median would sit between the fast and the slow ones and hide
+both). :func:`peer_reference` is the one place this is computed.
 
-**Straggler.** ``score > 1.2`` in at least 2 consecutive windows.
+**Straggler.** ``score > 1.15`` in at least 3 consecutive windows, the first window of the
+attempt left out (the steps right after a start or a restart are not a straggler window). A
+single slow step (a spike) lands in one export interval, which spreads over at most two
+windows (a window is at least one export interval): it cannot flag a rank. A rank 15 % busier
+than its peers does, in 3 windows.
 
-**Cause,** over the windows that flagged it: the excess of each part over the peers' median of
-that part, ``data`` (``data_loading``) and ``compute`` (``forward_backward + optimizer``),
-negative excesses counted as 0. ``gpu_throttle`` when the excess is not mostly data and the
-rank's device shows throttling against its peers (mean SM clock below 0.95 x their median, or
-temperature above their median + 10 °C); else ``data`` or ``compute`` when that part explains at
-least 80 % of the excess; else ``mixed``. ``unattributed`` when no rank of the peer group ever
-recorded ``communication``: then waiting hides inside ``forward_backward`` (a DDP all-reduce
-runs in the backward pass) and busy time cannot be told from waiting.
+**Cause,** over the windows that flagged it: the excess of each part over the peers' reference
+of that part (:func:`peer_reference`), ``data`` (``data_loading``) and ``compute``
+(``forward_backward + optimizer``), negative excesses counted as 0. ``gpu_throttle`` when the
+excess is not mostly data and the rank's device shows throttling against its peers (mean SM
+clock below 0.95 x their median, or temperature above their median + 10 °C); else ``data`` or
+``compute`` when that part explains at least 80 % of the excess; else ``mixed``.
+``unattributed`` when no rank of the peer group ever recorded ``communication``: then waiting
+hides inside ``forward_backward`` (a DDP all-reduce runs in the backward pass) and busy time
+cannot be told from waiting.
 """
 
 from __future__ import annotations
@@ -53,15 +63,25 @@ __all__ = [
     "Straggler",
     "StragglerReport",
     "assess",
-    "leave_one_out_score",
+    "peer_reference",
+    "quantile",
+    "score",
 ]
 
 #: Optimizer steps per window (``OTEL_PYTHON_TRAINING_STRAGGLER_WINDOW_STEPS``).
 DEFAULT_WINDOW_STEPS: Final = 20
 #: A window flags a rank whose score exceeds this.
-SCORE_THRESHOLD: Final = 1.2
-#: A straggler is flagged in at least this many consecutive windows.
-CONSECUTIVE_WINDOWS: Final = 2
+SCORE_THRESHOLD: Final = 1.15
+#: A straggler is flagged in at least this many consecutive windows (a single spike spreads
+#: over at most 2).
+CONSECUTIVE_WINDOWS: Final = 3
+#: Windows at the start of each attempt that never flag (the steps right after a start).
+SKIPPED_WINDOWS: Final = 1
+#: Peer groups of at most this many ranks take the median of the others as the reference;
+#: larger groups their lower quartile (:func:`peer_reference`).
+LEAVE_ONE_OUT_MAX: Final = 3
+#: The quantile of the reference of a large group.
+REFERENCE_QUANTILE: Final = 0.25
 #: A part that explains at least this share of the excess is the cause.
 CAUSE_SHARE: Final = 0.8
 #: The phases of busy time.
@@ -141,15 +161,35 @@ class StragglerReport:
     attributed: bool
 
 
-def leave_one_out_score(value: float, peers: Sequence[float]) -> float | None:
-    """``value / median(peers)``, where ``peers`` are the other ranks' values (the rank
-    itself left out); ``None`` without peers or when their median is not positive."""
+def quantile(phi: float, values: Sequence[float]) -> float:
+    """The ``phi`` quantile of ``values`` (not empty) as PromQL's ``quantile`` computes it:
+    sorted, rank ``phi x (n - 1)``, linear interpolation between the two values around it."""
+    ordered = sorted(values)
+    rank = phi * (len(ordered) - 1)
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def peer_reference(value: float, peers: Sequence[float]) -> float | None:
+    """The reference a rank's ``value`` is scored against, from its peers' values ``peers``
+    (the rank itself left out): with 1 or 2 peers their median; with 3 or more, the lower
+    quartile (:data:`REFERENCE_QUANTILE`, :func:`quantile`) of the group, ``value`` included.
+    ``None`` without peers. Never raises."""
     if not peers:
         return None
-    middle = statistics.median(peers)
-    if not middle > 0:
+    if len(peers) + 1 <= LEAVE_ONE_OUT_MAX:
+        return statistics.median(peers)
+    return quantile(REFERENCE_QUANTILE, [value, *peers])
+
+
+def score(value: float, peers: Sequence[float]) -> float | None:
+    """``value / peer_reference(value, peers)``; ``None`` without peers or when the reference
+    is not positive. Never raises."""
+    reference = peer_reference(value, peers)
+    if reference is None or not reference > 0:
         return None
-    return value / middle
+    return value / reference
 
 
 def _at(iterations: Sequence[float], values: Sequence[float], x: float) -> float:
@@ -221,8 +261,7 @@ def assess(
         for r in members:
             peers = [m for m in members if m.rank != r.rank]
             row = [
-                leave_one_out_score(busy[r.rank][w], [busy[p.rank][w] for p in peers])
-                for w in range(len(edges))
+                score(busy[r.rank][w], [busy[p.rank][w] for p in peers]) for w in range(len(edges))
             ]
             scores[r.rank] = row
             flagged = _flagged_windows(row)
@@ -244,11 +283,12 @@ def assess(
 
 
 def _flagged_windows(row: Sequence[float | None]) -> list[int]:
-    """The windows of runs of at least :data:`CONSECUTIVE_WINDOWS` flagged windows."""
+    """The windows of runs of at least :data:`CONSECUTIVE_WINDOWS` flagged windows, the first
+    :data:`SKIPPED_WINDOWS` never flagged."""
     flagged: list[int] = []
     run: list[int] = []
-    for w, score in enumerate([*row, None]):
-        if score is not None and score > SCORE_THRESHOLD:
+    for w, value in enumerate([*row, None]):
+        if w >= SKIPPED_WINDOWS and value is not None and value > SCORE_THRESHOLD:
             run.append(w)
             continue
         if len(run) >= CONSECUTIVE_WINDOWS:
@@ -264,14 +304,15 @@ def _excess(
     windows: Sequence[int],
 ) -> dict[str, float]:
     """Per part, the median over ``windows`` of the rank's per-step seconds minus the peers'
-    median, floored at 0."""
+    reference of that part (:func:`peer_reference`), floored at 0."""
     excess = {}
     for part, phases in PARTS.items():
         values = []
         for w in windows:
             own = sum(per_step[rank][w].get(p, 0.0) for p in phases)
             others = [sum(per_step[q.rank][w].get(p, 0.0) for p in phases) for q in peers]
-            values.append(own - statistics.median(others) if others else 0.0)
+            reference = peer_reference(own, others)
+            values.append(own - reference if reference is not None else 0.0)
         excess[part] = max(statistics.median(values), 0.0) if values else 0.0
     return excess
 

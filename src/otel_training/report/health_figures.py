@@ -14,6 +14,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from otel_training.health import goodput as _goodput
+from otel_training.health import straggler as _straggler
 from otel_training.health.ledger import PHASES
 from otel_training.health.risk import progress_at_risk_s
 from otel_training.report.health import JobHealth
@@ -217,9 +218,11 @@ def straggler_plot(health: JobHealth) -> Plot | None:
         for s in item.stragglers.stragglers
     ]
     caption = (
-        "Busy time per step (data loading + forward/backward + optimizer) over the median of "
-        "the rank's peers (same pipeline stage, the rank left out). Above 1.2 in 2 consecutive "
-        "windows a rank is a straggler: "
+        "Busy time per step (data loading + forward/backward + optimizer) over its peers' "
+        "reference (same pipeline stage: the others' median in groups of 2-3, the lower "
+        f"quartile of larger groups). Above {_straggler.SCORE_THRESHOLD:g} in "
+        f"{_straggler.CONSECUTIVE_WINDOWS} consecutive windows, the first of an attempt left "
+        "out, a rank is a straggler: "
         + ("; ".join(flagged) if flagged else "none")
         + "."
         + (f" Every {step}th window shown." if step > 1 else "")
