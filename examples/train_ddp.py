@@ -34,6 +34,7 @@ import otel_training
 from otel_training.demo.data import load_stdlib_corpus
 from otel_training.demo.model import GPT, GPTConfig
 from otel_training.demo.threads import apply_threads
+from otel_training.integrations.ddp import register_comm_hook
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=100, help="optimizer steps")
@@ -57,6 +58,9 @@ corpus = load_stdlib_corpus(max_bytes=args.max_data_bytes).shard(rank, world_siz
 model = DistributedDataParallel(
     GPT(GPTConfig(seq_len=args.seq_len, n_layers=2, d_model=64, n_heads=4))
 )
+# DDP's all-reduce runs inside backward: the hook records its wait as communication, so run
+# health tells a slow or stuck rank from the ranks that wait for it (docs/health.md).
+register_comm_hook(model)
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 scheduler = torch.optim.lr_scheduler.LambdaLR(
     optimizer, lambda done: min(1.0, (done + 1) / args.warmup)

@@ -772,3 +772,94 @@ def test_a_rank_whose_saves_fail_is_at_risk_since_training_began():
             spend(ledger, fake, CHECKPOINT_SAVE, 0.5, iteration=2, failed=True)
         assert ledger.read().saved_iteration is None
         assert ledger.read().checkpoint_age_s == pytest.approx(fake.unix() - began)
+
+
+# -- DDP: the tail of backward is waiting (integrations/ddp.py) ---------------------------------
+
+
+@documents("health.md", "from the moment DDP hands the hook the last gradient bucket of a")
+def test_a_collective_wait_turns_the_rest_of_backward_into_communication():
+    """forward_backward opens at 0; the last bucket's all-reduce is issued at 0.3 s (the hook's
+    mark); backward returns at 0.5 s: 0.3 s forward_backward, 0.2 s communication, the open
+    phase read as communication since 0.3 s, and the record says so too; the next phase is
+    accounted as usual."""
+    ledger, fake = make_ledger()
+    spend(ledger, fake, ITERATION, 1.0, iteration=1)  # the warm-up step
+    iteration = ledger.enter(ITERATION)
+    before = ledger.read().phase_time_s
+    token = ledger.enter(FORWARD_BACKWARD)
+    fake.advance(0.3)
+    ledger.collective_wait()
+    ledger.collective_wait()  # a second mark changes nothing
+    fake.advance(0.1)
+    reading = ledger.read()
+    assert (reading.open_phase, reading.open_s) == ("communication", pytest.approx(0.1))
+    assert ledger._rec[health._OPEN] == COMMUNICATION
+    fake.advance(0.1)
+    ledger.exit(token, FORWARD_BACKWARD)
+    spend(ledger, fake, OPTIMIZER, 0.05)
+    ledger.exit(iteration, ITERATION, iteration=2)
+    after = ledger.read().phase_time_s
+    gained = {p: after[p] - before[p] for p in after if after[p] != before[p]}
+    assert gained == pytest.approx(
+        {"forward_backward": 0.3, "communication": 0.2, "optimizer": 0.05}
+    )
+    assert ledger.iteration == 2 and ledger.read().open_phase == "other"
+
+
+@documents("health.md", "The mark is a few stores on the thread that runs backward, once per pass.")
+def test_a_collective_wait_outside_backward_or_in_communication_changes_nothing():
+    """In data loading, in communication already, or with no phase open, the mark is ignored;
+    from another thread than the ledger's it is taken (CUDA runs backward on its own thread
+    while the training thread waits in backward())."""
+    ledger, fake = make_ledger()
+    spend(ledger, fake, ITERATION, 1.0, iteration=1)
+    ledger.collective_wait()
+    assert ledger.read().open_phase == "other"
+    for phase in (DATA_LOADING, COMMUNICATION):
+        token = ledger.enter(phase)
+        fake.advance(0.1)
+        ledger.collective_wait()
+        assert ledger.read().open_phase == PHASES[phase]
+        ledger.exit(token, phase)
+    token = ledger.enter(FORWARD_BACKWARD)
+    fake.advance(0.1)
+    worker = threading.Thread(target=ledger.collective_wait)
+    worker.start()
+    worker.join()
+    assert ledger.read().open_phase == "communication"
+    ledger.exit(token, FORWARD_BACKWARD)
+
+
+@documents("health.md", "`otel_training.integrations.ddp.register_comm_hook(model)`")
+def test_the_comm_hook_runs_the_given_hook_and_marks_the_last_bucket():
+    """The wrapped hook's future comes back unchanged for every bucket; only the last one
+    marks the wait (in the process's ledger)."""
+    from otel_training.integrations import ddp
+
+    class Bucket:
+        def __init__(self, last: bool) -> None:
+            self.last = last
+
+        def is_last(self) -> bool:
+            return self.last
+
+    seen = []
+    hook = ddp.comm_hook(lambda state, bucket: seen.append((state, bucket)) or f"future{len(seen)}")
+    calls = []
+
+    class Probe(Ledger):
+        __slots__ = ()
+
+        def collective_wait(self) -> None:
+            calls.append(1)
+
+    first, last = Bucket(False), Bucket(True)
+    saved = health.LEDGER
+    health.LEDGER = Probe()
+    try:
+        assert hook("group", first) == "future1" and calls == []
+        assert hook("group", last) == "future2" and calls == [1]
+    finally:
+        health.LEDGER = saved
+    assert seen == [("group", first), ("group", last)]

@@ -53,6 +53,7 @@ from otel_training.demo.data import VOCAB_SIZE, ByteCorpus, load_stdlib_corpus
 from otel_training.demo.distributed import DataParallel, parameter_digest
 from otel_training.demo.model import GPT, GPTConfig
 from otel_training.instruments import record_training_metrics
+from otel_training.integrations.ddp import register_comm_hook
 from otel_training.memory import memory_allocated_gib
 from otel_training.semconv.attributes import MEGATRON_CHECKPOINT_SIZE
 from otel_training.spans import (
@@ -477,6 +478,9 @@ def _train(
             trained = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None
             )
+            # The tail of backward, where a rank waits for its peers' gradients, is recorded
+            # as communication: busy time is work alone (docs/health.md).
+            register_comm_hook(trained)
         optimizer = _make_optimizer(model, config)
         resumed_from = _resume(model, optimizer, config, device)
         if resumed_from is not None:  # other batches than the run that saved it drew

@@ -173,6 +173,9 @@ _PAUSE_SLOT: Final = {
     EVALUATE: _record.LONGEST_EVALUATE,
     WARMUP: -1,
 }
+#: The phases whose tail :meth:`Ledger.collective_wait` turns into ``communication``: the
+#: backward pass, where DDP's all-reduce runs.
+_WAITABLE: Final = frozenset({FORWARD_BACKWARD})
 #: The codes of the pauses (:data:`otel_training.health.hang.PAUSE_PHASES`).
 _PAUSES: Final = frozenset(PHASES.index(p) for p in _hang.PAUSE_PHASES)
 _LOG = logging.getLogger(__name__)
@@ -257,6 +260,7 @@ class Ledger:
         "_save_failed",
         "_async",
         "_pending",
+        "_waiting",
         "_perf",
         "_unix",
         "record_path",
@@ -305,6 +309,7 @@ class Ledger:
         self._save_failed = False  # a save or a stage inside it raised
         self._async = False  # the outermost save open is asynchronous
         self._pending: list[tuple[int, float]] = []  # asynchronous saves: (step, completed)
+        self._waiting = False  # in collectives since SINCE (collective_wait), until a transition
         #: The progress record's file (:meth:`record_to`), or ``None``.
         self.record_path: str | None = None
 
@@ -344,7 +349,11 @@ class Ledger:
         rec = self._rec
         spent = now - rec[_SINCE]
         rec[_SINCE] = now
-        self._totals[top] += spent
+        if self._waiting:
+            self._waiting = False
+            self._totals[COMMUNICATION] += spent
+        else:
+            self._totals[top] += spent
         token = len(stack)
         self._starts.append(start)
         stack.append(phase)
@@ -368,7 +377,11 @@ class Ledger:
         rec = self._rec
         spent = now - rec[_SINCE]
         rec[_SINCE] = now
-        self._totals[stack[-1]] += spent
+        if self._waiting:
+            self._waiting = False
+            self._totals[COMMUNICATION] += spent
+        else:
+            self._totals[stack[-1]] += spent
         starts = self._starts
         closed = stack[token]
         if closed in _PAUSE_SLOT and (token == 0 or stack[token - 1] != closed):
@@ -398,6 +411,25 @@ class Ledger:
             self.step_completed(iteration)
         elif phase == CHECKPOINT_LOAD:
             self.checkpoint_loaded(iteration)
+
+    def collective_wait(self) -> None:
+        """The rank has issued its last collective of a backward pass and now waits for the
+        collectives to complete: until the training thread's next transition (the end of
+        ``forward_backward``), its time is ``communication``, not the phase open. Called by
+        the DDP communication hook (:mod:`otel_training.integrations.ddp`) on the thread that
+        runs backward (the training thread on CPU, an autograd device thread on CUDA, while
+        the training thread waits in ``backward()``); a few stores, never raises. Ignored
+        outside a step phase, and while ``communication`` is already open."""
+        stack = self._stack
+        if self._waiting or not stack or stack[-1] not in _WAITABLE:
+            return
+        now = self._perf()
+        rec = self._rec
+        self._totals[stack[-1]] += now - rec[_SINCE]
+        rec[_SINCE] = now
+        self._waiting = True
+        rec[_OPEN] = COMMUNICATION
+        rec[_OPEN_START] = now
 
     def _save_closed(self, iteration: int | None, failed: bool) -> None:
         """The outermost save closed (``failed``: it raised, or a phase around it closed it):
@@ -529,9 +561,12 @@ class Ledger:
         since = self._rec[_SINCE]
         stack = self._stack[:]
         starts = self._starts[:]
+        waiting = self._waiting
         now = self._perf()
         open_phase = stack[-1] if stack else self._base
         opened = starts[-1] if stack and starts else self._base_since
+        if waiting:  # since SINCE, in the collectives of collective_wait
+            open_phase, opened = COMMUNICATION, since
         totals[open_phase] += max(0.0, now - since)
         clamped = self._read_max
         for i, value in enumerate(totals):

@@ -3,7 +3,9 @@
 - :class:`otel_training.integrations.lightning.OtelTrainingCallback` for PyTorch Lightning
   (``lightning.pytorch`` or ``pytorch_lightning``): ``pip install 'otel-training[lightning]'``;
 - :class:`otel_training.integrations.transformers.OtelTrainingCallback` for the Hugging Face
-  ``Trainer``: ``pip install 'otel-training[transformers]'``.
+  ``Trainer``: ``pip install 'otel-training[transformers]'``;
+- :func:`otel_training.integrations.ddp.register_comm_hook` for PyTorch's
+  ``DistributedDataParallel``: the wait at the end of backward recorded as ``communication``.
 
 Importing this package imports neither framework; importing one of its modules imports that
 module's framework when it is installed, and building its callback without the framework raises

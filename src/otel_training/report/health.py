@@ -275,8 +275,10 @@ def assess(
         if report is not None and report.windows and not report.attributed:
             notes.append(
                 f"Attempt {item.account.label}: no rank recorded the communication phase "
-                "(grad_sync('finish'), p2p receives, barriers), so waiting cannot be told from "
-                "working: straggler causes are unattributed."
+                "(grad_sync('finish'), p2p receives, barriers; under DistributedDataParallel "
+                "otel_training.integrations.ddp.register_comm_hook), so waiting cannot be told "
+                "from working: a straggler's peers wait as long as it works, and straggler "
+                "causes are unattributed."
             )
     return JobHealth(
         job.job_id, job.directories, now_s, account, items, policy, window_steps, notes,
