@@ -19,16 +19,16 @@ from otel_training.report.health import assess, format_text
 T0 = 1_800_000_000.0
 
 
-def hung_job(*, silent_rank: bool = False) -> tuple[Job, float]:
+def hung_job(*, silent_rank: bool = False, waits_in: int = L.COMMUNICATION) -> tuple[Job, float]:
     """Two ranks, 30 steps; then rank 1 is stuck in compute (or stops exporting altogether)
-    while rank 0 waits in the collective, for 120 s of exports."""
+    while rank 0 waits in the collective (in ``waits_in``), for 120 s of exports."""
     ranks = [SimRank(T0, rank=r) for r in (0, 1)]
     for sim in ranks:
         sim.advance(2.0)
         for _ in range(30):
             sim.step()
     ranks[0].ledger.enter(L.ITERATION)
-    ranks[0].ledger.enter(L.COMMUNICATION)
+    ranks[0].ledger.enter(waits_in)
     ranks[1].ledger.enter(L.ITERATION)
     if silent_rank:
         ranks[1].advance(1.0)
@@ -116,6 +116,20 @@ def test_the_summary_names_goodput_the_culprit_and_its_stack():
     assert "goodput" in text and "lost_progress" in text and "downtime" in text
     assert "culprit: rank 1" in text and "rank 1: in forward_backward  <- culprit" in text
     assert "in stuck_here" in text
+
+
+@documents("health.md", "the job is hung with no culprit (`rule` null, no")
+def test_a_hang_whose_ranks_wait_at_the_same_place_names_no_one_and_shows_every_stack():
+    """Both ranks in forward_backward at iteration 30 (DDP without the hook, rank 1 stuck in
+    its forward pass): hung, no culprit, rule null; the summary says why and shows the stack
+    that exists."""
+    job, now = hung_job(waits_in=L.FORWARD_BACKWARD)
+    health = assess(job, now_s=now)
+    hang = health.to_json()["hang"]
+    assert hang["culprits"] == [] and hang["rule"] is None and hang["stalled_ranks"] == [0, 1]
+    text = format_text(health)
+    assert "no culprit: every rank waits at the same place" in text
+    assert "<- culprit" not in text and "in stuck_here" in text
 
 
 def test_the_command_reports_a_directory_without_a_run(tmp_path, capsys):

@@ -513,18 +513,27 @@ def format_text(health: JobHealth) -> str:
     else:
         v = hang.hang
         assert v is not None
-        lines.append(
+        head = (
             f"hang: attempt {hang.account.label} has made no progress for "
-            f"{_duration(v.since_s)}; stalled: {ranks_phrase(v.stalled_ranks)}; culprit"
-            f"{'s' if len(v.culprits) != 1 else ''}: {ranks_phrase(v.culprits)}"
-            f" ({(v.rule or '').replace('_', ' ')})"
+            f"{_duration(v.since_s)}; stalled: {ranks_phrase(v.stalled_ranks)}; "
         )
+        if v.culprits:
+            head += (
+                f"culprit{'s' if len(v.culprits) != 1 else ''}: {ranks_phrase(v.culprits)}"
+                f" ({(v.rule or '').replace('_', ' ')})"
+            )
+        else:
+            head += (
+                "no culprit: every rank waits at the same place (iteration and phase), so "
+                "nothing they export tells them apart; their stacks are the evidence"
+            )
+        lines.append(head)
         for rank, phase in sorted(v.phases.items()):
             lines.append(
                 f"  rank {rank}: in {phase}" + ("  <- culprit" if rank in v.culprits else "")
             )
         for rank, records in sorted(hang.stacks.items()):
-            if rank not in v.culprits:
+            if v.culprits and rank not in v.culprits:
                 continue
             for record in records:
                 for thread in record.get("threads", ())[:1]:
