@@ -74,7 +74,7 @@ def _health(env: dict[str, str], directory: str) -> dict:
 
 
 @documents("health.md", "so the ranks wait in `forward_backward` for the one still loading")
-@documents("health.md", "Under DistributedDataParallel the all-reduce runs inside `loss.backward()`")
+@documents("health.md", "Under DistributedDataParallel the all-reduce runs inside `loss.backward")
 @documents("health.md", "Busy time is then work alone (stragglers and their causes are seen)")
 @documents("health.md", "Without the hook, `behind_in_step` still names a rank stuck in data")
 @documents("health.md", "`outside_communication`: while at least half of the ranks are in")
