@@ -193,3 +193,23 @@ def test_each_file_of_the_job_is_read_once_per_command(command, tmp_path):
     assert len(extra) == 1, extra  # run-a1 is shown; run-a0 is found by its newest span line
     ((name, more),) = extra.items()
     assert name.startswith("run-a0/spans-rank") and more == 1
+
+
+def test_python_dash_m_runs_the_command_and_a_closed_pipe_ends_quietly(run_dir):
+    """`python -m otel_training health DIR` is the command; with its reader gone before it
+    writes (`... | head -0`), it ends with status 1 and nothing on stderr (no BrokenPipeError
+    traceback, no "Exception ignored" at exit)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "otel_training", "health", str(run_dir)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0 and result.stdout.startswith("job "), result.stderr
+    child = subprocess.Popen(
+        [sys.executable, "-m", "otel_training", "health", str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    child.stdout.close()  # the reader is gone before the first write
+    stderr = child.stderr.read().decode()
+    child.stderr.close()
+    assert child.wait(120) == 1 and stderr == ""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -309,6 +310,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         no run
         (argparse exits with ``SystemExit`` for ``--help``, ``--version`` and bad flags).
     """
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`otel-training health DIR | head -3`): end quietly, as a
+        # command in a pipeline does. stdout is pointed at /dev/null so that the interpreter's
+        # own flush at exit does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _build_parser()
     args, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
     if args.command == "demo":
