@@ -107,10 +107,11 @@ def test_a_wall_clock_step_distorts_no_span(tmp_path, stepped):
     run.stop()  # ends the run and its segment
     assert telemetry.shutdown(timeout_millis=10_000)  # truncates the checkpoint save
 
-    finished = {
-        (s.name, s.attributes.get("megatron.iteration")): s for s in exporter.get_finished_spans()
+    spans = exporter.get_finished_spans()
+    finished = {  # the segment span: the job trace's (the step trace's root ends with it)
+        (s.name, s.attributes.get("megatron.iteration")): s for s in reversed(spans)
     }
-    for span in finished.values():
+    for span in spans:
         assert span.end_time >= span.start_time, span.name
         for event in span.events:
             assert span.start_time <= event.timestamp <= span.end_time, (span.name, event.name)
@@ -124,14 +125,14 @@ def test_a_wall_clock_step_distorts_no_span(tmp_path, stepped):
     run_span = finished[(names.MEGATRON_TRAIN, None)]
     # 2 h forward then 3 h back since the run began, yet every span lies inside the run.
     assert run_span.end_time - run_span.start_time < 60 * 10**9
-    for span in finished.values():
+    for span in spans:
         if span is not run_span:
             assert run_span.start_time <= span.start_time <= span.end_time, span.name
     assert segment.end_time <= run_span.end_time
 
     json_lines = _json_line_times(Path(telemetry.output_dir, "spans-rank0.jsonl"))
     otlp = _otlp_times(Path(telemetry.output_dir, "traces-rank0.jsonl"))
-    ours = {f"{s.context.span_id:016x}": (s.start_time, s.end_time) for s in finished.values()}
+    ours = {f"{s.context.span_id:016x}": (s.start_time, s.end_time) for s in spans}
     assert json_lines == otlp == ours
 
 

@@ -36,29 +36,38 @@ def test_a_second_run_has_its_own_traces_and_its_own_first_iteration():
     _one_run(1)  # the same iterations again: a second fit from scratch
     finished = pipeline.spans.get_finished_spans()
     runs = [s for s in finished if s.name == names.MEGATRON_TRAIN]
-    segments = [s for s in finished if s.name == names.MEGATRON_TRAIN_SEGMENT]
     firsts = [s for s in finished if s.name == names.MEGATRON_TRAIN_FIRST_ITERATION]
+    steps = {s.context.trace_id for s in firsts}
+    segments = [
+        s
+        for s in finished
+        if s.name == names.MEGATRON_TRAIN_SEGMENT and s.context.trace_id not in steps
+    ]
+    by_id = {s.context.span_id: s for s in finished}
     assert len(runs) == len(segments) == len(firsts) == 2
-    assert [(s.parent.trace_id, s.parent.span_id) for s in runs] == [
+    # Rank 0 keeps the shared traces: its run and segment spans are their roots, with the ids.
+    assert [(s.context.trace_id, s.context.span_id) for s in runs] == [
         member_ids(RUN_ID, "run", "shard/0"),
         member_ids(RUN_ID, "run2/run", "shard/0"),
     ]
-    assert [(s.parent.trace_id, s.parent.span_id) for s in segments] == [
+    assert [(s.context.trace_id, s.context.span_id) for s in segments] == [
         member_ids(RUN_ID, "segment/0", "shard/0"),
         member_ids(RUN_ID, "run2/segment/0", "shard/0"),
     ]
     for run, segment, first in zip(runs, segments, firsts):
+        assert run.parent is None and segment.parent is None
         assert [link.context.span_id for link in segment.links] == [run.context.span_id]
-        assert first.parent.span_id == segment.context.span_id
+        root = by_id[first.parent.span_id]  # the step trace's root, linked to the segment span
+        assert [link.context.span_id for link in root.links] == [segment.context.span_id]
         assert first.attributes["megatron.iteration"] == 1
 
 
 @documents("spans.md", "(ranks that run in step agree on k)")
 @pytest.mark.parametrize("groups", ["all", "step", "none"])
 def test_runs_are_numbered_alike_whatever_the_groups(groups):
-    """The run count moves whether or not the run span is recorded, so that a rank whose job
-    group is off and one whose job group is on put a second run's iterations in the same
-    (step) trace."""
+    """The run count moves whether or not the run span is recorded: with the job group on, a
+    second run's iterations go to the step trace of its own family; off, each iteration is
+    the root of a trace of its own."""
     pipeline = testing.configure_in_memory(
         {"OTEL_PYTHON_TRAINING_SPAN_GROUPS": groups, "OTEL_PYTHON_TRAINING_RUN_ID": RUN_ID}
     )
@@ -69,6 +78,10 @@ def test_runs_are_numbered_alike_whatever_the_groups(groups):
     ]
     if groups == "none":
         assert iterations == []
+        return
+    if groups == "step":
+        assert all(s.parent is None for s in iterations)
+        assert len({s.context.trace_id for s in iterations}) == 4
         return
     step_trace = {
         member_ids(RUN_ID, family, "rank/0/part/0")[0] for family in ("segment/0", "run2/segment/0")
@@ -97,11 +110,14 @@ def test_a_second_span_recorder_records_as_the_first():
         recorder.stop(run)
         done = second.spans.get_finished_spans()[seen:]
         by_id = {span.context.span_id: span.name for span in done}
-        shapes.append(sorted((span.name, by_id.get(span.parent.span_id)) for span in done))
+        shapes.append(
+            sorted((s.name, by_id.get(s.parent.span_id) if s.parent else None) for s in done)
+        )
     expected = [
         (names.MEGATRON_TRAIN, None),
         (names.MEGATRON_TRAIN_ITERATION_OPTIMIZER, names.MEGATRON_TRAIN_SEGMENT),
-        (names.MEGATRON_TRAIN_SEGMENT, None),
+        (names.MEGATRON_TRAIN_SEGMENT, None),  # in the job trace
+        (names.MEGATRON_TRAIN_SEGMENT, None),  # the root of the step trace
     ]
     assert shapes[0] == shapes[1] == expected
 
@@ -139,11 +155,13 @@ telemetry.shutdown()
     messages = [r.get("message") for r in starts]
     assert messages[:per_attempt] == messages[per_attempt : 2 * per_attempt]
     assert messages[:per_attempt] == messages[2 * per_attempt :]
-    # Per attempt: the run, its segment, the first iteration, the iteration (spans), and the
-    # recorder's layer handle (an NVTX-only start/end range); the with-layer is a push/pop.
+    # Per attempt: the run, its segment, its step trace's root, the first iteration, the
+    # iteration (spans), and the recorder's layer handle (an NVTX-only start/end range); the
+    # with-layer is a push/pop.
     assert sorted(m for m in messages[:per_attempt]) == sorted(
         [
             names.MEGATRON_TRAIN,
+            names.MEGATRON_TRAIN_SEGMENT,
             names.MEGATRON_TRAIN_SEGMENT,
             names.MEGATRON_TRAIN_FIRST_ITERATION,
             names.MEGATRON_TRAIN_ITERATION,

@@ -155,6 +155,7 @@ telemetry.shutdown()
     assert [r.message for r in matched] == [
         names.MEGATRON_TRAIN,
         names.MEGATRON_TRAIN_SEGMENT,
+        names.MEGATRON_TRAIN_SEGMENT,  # the root of the rank's step trace
         names.MEGATRON_TRAIN_FIRST_ITERATION,
         names.MEGATRON_TRAIN_ITERATION,
     ]

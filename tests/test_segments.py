@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_training as ot
 from otel_training import testing
+from otel_training.segments import KEPT
 from otel_training.semconv import spans as names
 from otel_training.trace_shape import member_ids
 
@@ -40,6 +41,39 @@ def _by_trace(spans) -> dict[int, list]:
     return found
 
 
+SEGMENT = names.MEGATRON_TRAIN_SEGMENT
+
+
+def _whole(spans) -> None:
+    """Every trace has exactly one root span, and every other span's parent is exported in its
+    own trace: no parent in another trace, none that nothing exports."""
+    ids = {(s.context.trace_id, s.context.span_id) for s in spans}
+    roots = collections.Counter(s.context.trace_id for s in spans if s.parent is None)
+    for span in spans:
+        if span.parent is not None:
+            assert (span.context.trace_id, span.parent.span_id) in ids, span.name
+    assert all(roots[trace] == 1 for trace in _by_trace(spans)), roots
+
+
+def _real_parent(span, by_id):
+    """The span the program started ``span`` in: its parent, or, for a span that started in
+    the rank's next own trace for want of room (under that trace's root), the span its link
+    names."""
+    parent = by_id.get(span.parent.span_id) if span.parent else None
+    if parent is not None and parent.name == SEGMENT and span.name != SEGMENT and span.links:
+        return by_id.get(span.links[0].context.span_id)
+    return parent
+
+
+def _step_trace(spans) -> int:
+    """The trace of the first iteration among ``spans``."""
+    return next(s.context.trace_id for s in spans if s.name == names.MEGATRON_TRAIN_ITERATION)
+
+
+def _job_trace(segment: int, shard: int = 0, family: str = "segment") -> int:
+    return member_ids(RUN_ID, f"{family}/{segment}", f"shard/{shard}")[0]
+
+
 def _iteration(it: int, microbatches: int = 0, probes: int = 0) -> None:
     with ot.training_iteration(iteration=it):
         with ot.data_loading(iteration=it):
@@ -58,9 +92,9 @@ def _iteration(it: int, microbatches: int = 0, probes: int = 0) -> None:
 @documents("spans.md", "bounds every trace whatever the world size W and the span groups")
 def test_no_trace_exceeds_the_budget_and_every_span_keeps_its_parent():
     """A chatty rank (micro-batches, a loop of user phases, long evaluations) at a budget of
-    25: every trace holds at most 25 spans, no span is lost, and each span names as parent the
-    span the program started it in (also across traces), so a rank's timeline nests as
-    written."""
+    25: every trace holds at most 25 spans, no span is lost, every trace is whole (one root, no
+    parent in another trace), and each span names the span the program started it in as its
+    parent, or, when it started in the rank's next own trace, by a link."""
     pipeline = _pipeline(25)
     with ot.training_run() as run:
         with ot.startup():
@@ -73,14 +107,17 @@ def test_no_trace_exceeds_the_budget_and_every_span_keeps_its_parent():
                         with ot.evaluation_step(eval_iteration=k):
                             pass
     spans = pipeline.spans.get_finished_spans()
-    assert len(spans) == 1 + 1 + 2 + 12 * (4 + 3) + 40 + 2 * 30 + 1  # the first-iteration wrap
+    roots = [s for s in spans if s.name == SEGMENT and s.context.trace_id != _job_trace(0)]
+    roots = [s for s in roots if s.context.trace_id != _job_trace(1)]  # the step traces' roots
+    assert len(spans) == 1 + 1 + 2 + 12 * (4 + 3) + 40 + 2 * 30 + 1 + len(roots)
     traces = _by_trace(spans)
     assert max(len(members) for members in traces.values()) <= 25
+    _whole(spans)
     by_id = {s.context.span_id: s for s in spans}
     for span in spans:
-        parent = by_id.get(span.parent.span_id) if span.parent else None
+        parent = _real_parent(span, by_id)
         if span.name in (names.MEGATRON_TRAIN, names.MEGATRON_TRAIN_SEGMENT):
-            assert parent is None  # a shared parent no rank exports
+            assert parent is None  # the roots of the run and job traces (rank 0 keeps both)
         elif span.name == names.MEGATRON_STARTUP:
             assert parent.context.span_id == run.span.get_span_context().span_id
         elif span.name in (names.MEGATRON_TRAIN_FIRST_ITERATION, names.MEGATRON_EVALUATE):
@@ -105,7 +142,8 @@ def test_no_trace_exceeds_the_budget_and_every_span_keeps_its_parent():
 def test_an_iteration_that_fits_stays_whole_in_one_step_trace():
     """With only the once-per-iteration groups, a step trace ends before an iteration that would
     not fit: every iteration and its phases share one trace, and a step trace holds
-    floor((25 - 1) / 4) = 6 iterations at most (the first also its wrapper)."""
+    floor((25 - 1 - 1) / 4) = 5 iterations at most (the first also its wrapper, and every step
+    trace its root span)."""
     pipeline = _pipeline(25, "job,first_iteration,step,data_loading,forward_backward,optimizer")
     with ot.training_run():
         for it in range(1, 31):
@@ -120,35 +158,43 @@ def test_an_iteration_that_fits_stays_whole_in_one_step_trace():
         sum(1 for s in members if s.name == names.MEGATRON_TRAIN_ITERATION)
         for members in traces.values()
     ]
-    assert max(counts) == 6 and sum(counts) == 30
-    segment = [s for s in spans if s.name == names.MEGATRON_TRAIN_SEGMENT]
-    assert len(segment) == 5  # N = 6: iterations 1-6, 7-12, ... each their own segment
+    assert max(counts) == 5 and sum(counts) == 30
+    segment = [s for s in spans if s.name == SEGMENT]
+    assert len({s.attributes["otel_training.trace.segment"] for s in segment}) == 6  # N = 5
+    assert max(len(m) for m in traces.values()) <= 25
 
 
-@documents("spans.md", "(part p + 1, linked to the segment span like the first)")
+@documents("spans.md", "(part p + 1, rooted and linked like the first)")
+@documents(
+    "spans.md",
+    "It is rooted by a `megatron.train.segment` span of the rank's",
+)
 def test_every_step_trace_links_to_the_rank_s_segment_span():
-    """Each of the rank's own traces has exactly one span with a link, its first, to the
-    rank's segment span of that segment in the job trace."""
+    """Each of the rank's own traces is rooted by a segment span of its own, its first span,
+    linked to the rank's segment span of that segment in the job trace; its other links name
+    the real parents of spans that started there for want of room."""
     pipeline = _pipeline(25)
     with ot.training_run():
         for it in range(1, 7):
             _iteration(it, microbatches=5)
     spans = pipeline.spans.get_finished_spans()
-    segments = {s.context.span_id: s for s in spans if s.name == names.MEGATRON_TRAIN_SEGMENT}
-    shared = {
-        s.context.trace_id
-        for s in spans
-        if s.name in (names.MEGATRON_TRAIN, names.MEGATRON_TRAIN_SEGMENT)
-    }
+    _whole(spans)
+    by_id = {s.context.span_id: s for s in spans}
+    shared = {member_ids(RUN_ID, "run", "shard/0")[0], _job_trace(0), _job_trace(1)}
+    segments = {s.context.span_id: s for s in spans if s.context.trace_id in shared}
     own = {t: m for t, m in _by_trace(spans).items() if t not in shared}
-    assert len(own) > 1
+    assert len(own) > 2
     for members in own.values():
-        links = [link.context for s in members for link in s.links]
-        assert len(links) == 1
-        segment = segments[links[0].span_id]
-        assert links[0].trace_id == segment.context.trace_id
-        first = min(members, key=lambda s: s.start_time)
-        assert [link.context for link in first.links] == links
+        (root,) = [s for s in members if s.parent is None]
+        assert root.name == SEGMENT and root.start_time == min(s.start_time for s in members)
+        (link,) = [link.context for link in root.links]
+        segment = segments[link.span_id]
+        assert segment.name == SEGMENT and link.trace_id == segment.context.trace_id
+        assert segment.attributes == root.attributes  # the same segment number
+        for span in members:
+            if span is not root and span.links:
+                (real,) = span.links
+                assert by_id[real.context.span_id].context.trace_id != root.context.trace_id
 
 
 @documents(
@@ -156,9 +202,10 @@ def test_every_step_trace_links_to_the_rank_s_segment_span():
     "a rank fills at most its share A of a run or job trace and at most B of its step trace",
 )
 def test_a_loop_of_phases_outside_iterations_stays_within_the_budget():
-    """A user loop of phases at run level (with and without a run span) fills the rank's share
-    of the run trace, then traces of its own, each within the budget and linked to the run
-    span (or the run trace's shared parent)."""
+    """A user loop of phases at run level with a run span fills the rank's share of the run
+    trace, then the open segment's step traces (segment 0's, opened for them), each within the
+    budget, whole, the phases linked to the run span; without one (no group job), each phase is
+    the root of a trace of its own."""
     for groups in ("default", "custom"):
         pipeline = _pipeline(20, groups)
         if groups == "default":
@@ -173,29 +220,27 @@ def test_a_loop_of_phases_outside_iterations_stays_within_the_budget():
                     pass
             anchor = None
         spans = pipeline.spans.get_finished_spans()
-        assert len([s for s in spans if s.name == "myproject.preprocess"]) == 70
+        phases = [s for s in spans if s.name == "myproject.preprocess"]
+        assert len(phases) == 70
         traces = _by_trace(spans)
         assert max(len(m) for m in traces.values()) <= 20 and len(traces) >= 4, groups
+        _whole(spans)
         run_trace = member_ids(RUN_ID, "run", "shard/0")
-        for trace, members in traces.items():
-            links = [link.context for s in members for link in s.links]
-            if trace == run_trace[0]:
-                assert links == []
-            elif anchor is not None:
-                assert [(c.trace_id, c.span_id) for c in links] == [
-                    (anchor.trace_id, anchor.span_id)
-                ]
+        for span in phases:
+            links = [(k.context.trace_id, k.context.span_id) for k in span.links]
+            if anchor is None:
+                assert span.parent is None and links == []
+            elif span.context.trace_id == run_trace[0]:
+                assert span.parent.span_id == anchor.span_id and links == []
             else:
-                assert [(c.trace_id, c.span_id) for c in links] == [run_trace]
+                assert links == [(anchor.trace_id, anchor.span_id)]
         testing.reset()
 
 
-@documents("spans.md", "A trace belongs to a family, `run` or `segment/{s}`")
 @documents("spans.md", "With the group `job` off there are no run or segment spans")
-def test_without_the_job_group_phases_start_under_the_shared_parents():
-    """With the group job off: no run or segment span; saves start under the job trace's
-    shared parent, iterations in the step trace under a parent of its own, linked to the job
-    trace's shared parent."""
+def test_without_the_job_group_a_phase_without_parent_roots_a_trace_of_its_own():
+    """With the group job off: no run or segment span; each iteration and save is the root of
+    a trace of its own, its children in it."""
     pipeline = _pipeline(1000, "step,checkpoint")
     for it in (1, 2):
         with ot.training_iteration(iteration=it):
@@ -206,15 +251,8 @@ def test_without_the_job_group_phases_start_under_the_shared_parents():
     assert sorted(s.name for s in spans) == sorted(
         [names.MEGATRON_TRAIN_ITERATION] * 2 + [names.MEGATRON_CHECKPOINT_SAVE]
     )
-    job = member_ids(RUN_ID, "segment/0", "shard/0")
-    step = member_ids(RUN_ID, "segment/0", "rank/0/part/0")
-    (save,) = [s for s in spans if s.name == names.MEGATRON_CHECKPOINT_SAVE]
-    assert (save.parent.trace_id, save.parent.span_id) == job
-    first, second = [s for s in spans if s.name == names.MEGATRON_TRAIN_ITERATION]
-    assert (first.parent.trace_id, first.parent.span_id) == step
-    assert second.parent.span_id == step[1]
-    assert [(k.context.trace_id, k.context.span_id) for k in first.links] == [job]
-    assert list(second.links) == []
+    assert all(s.parent is None and not s.links for s in spans)
+    assert len(_by_trace(spans)) == 3
 
 
 @documents(
@@ -317,8 +355,10 @@ def test_the_run_trace_is_counted_however_many_traces_came_before():
             with ot.phase("myproject.report", k=k):
                 pass
     spans = pipeline.spans.get_finished_spans()
-    assert sum(1 for s in spans if s.name == names.MEGATRON_TRAIN_SEGMENT) == 300
+    segments = [s for s in spans if s.name == SEGMENT]
+    assert len({s.attributes["otel_training.trace.segment"] for s in segments}) == 300
     assert max(len(m) for m in _by_trace(spans).values()) <= 8
+    _whole(spans)
     run_trace = member_ids(RUN_ID, "run", "shard/0")[0]
     assert len(_by_trace(spans)[run_trace]) == 8
 
@@ -341,24 +381,22 @@ def test_a_segment_opened_again_goes_on_counting():
                     pass
     spans = pipeline.spans.get_finished_spans()
     assert max(len(m) for m in _by_trace(spans).values()) <= 12
-    zero = [
-        s
-        for s in spans
-        if s.name == names.MEGATRON_TRAIN_SEGMENT
-        and s.attributes["otel_training.trace.segment"] == 0
-    ]
-    assert len(zero) == 2 and zero[0].context.trace_id == zero[1].context.trace_id
+    zero = [s for s in spans if s.name == SEGMENT and s.context.trace_id == _job_trace(0)]
+    assert len(zero) == 2  # opened twice, in the same job trace
+    _whole([s for s in spans if s not in zero[1:]])  # rank 0 keeps it: a root each time
 
 
 def test_a_rank_beyond_shard_0_starts_under_its_shards_parent_and_links_to_shard_0():
     """Rank 7 of 8 at a budget of 25, every group on (the run trace in 2 shards of 4 ranks, 6
     spans a rank; the job trace in 3 shards of 3, 7 a rank): its run span starts under the run
-    trace's shard 1 shared parent and links to shard 0's; its segment span starts under the
-    segment's shard 2 parent, linked to shard 0's and to the run span."""
+    trace's shard 1 shared parent (exported by rank 4, the shard's keeper) and links to shard
+    0's; its segment span starts under the segment's shard 2 parent (rank 6's), linked to
+    shard 0's and to the run span."""
     pipeline = _pipeline(25, RANK="7", WORLD_SIZE="8", LOCAL_RANK="7")
     with ot.training_run():
         _iteration(1)
-    spans = {s.name: s for s in pipeline.spans.get_finished_spans()}
+    finished = pipeline.spans.get_finished_spans()
+    spans = {s.name: s for s in finished if s.context.trace_id != _step_trace(finished)}
     run, segment = spans[names.MEGATRON_TRAIN], spans[names.MEGATRON_TRAIN_SEGMENT]
     for span, family, shard in ((run, "run", 1), (segment, "segment/0", 2)):
         trace_id, span_id = member_ids(RUN_ID, family, f"shard/{shard}")
@@ -374,8 +412,10 @@ def test_a_rank_beyond_shard_0_starts_under_its_shards_parent_and_links_to_shard
     ]
 
 
-def _segments(budget: int, segment_limit: int, groups=("job",), world: int = 1, **kwargs):
-    """A TraceSegments of rank 0 of ``world`` over an in-memory exporter (the pipeline's
+def _segments(
+    budget: int, segment_limit: int, groups=("job",), world: int = 1, rank: int = 0, **kwargs
+):
+    """A TraceSegments of ``rank`` of ``world`` over an in-memory exporter (the pipeline's
     parts, direct)."""
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
@@ -386,29 +426,35 @@ def _segments(budget: int, segment_limit: int, groups=("job",), world: int = 1, 
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     shape = TraceShape.derive(groups, world, budget, segment_limit)
-    segments = TraceSegments(provider.get_tracer("test"), RUN_ID, shape, 0, ALWAYS_ON, **kwargs)
+    tracer = provider.get_tracer("test")
+    segments = TraceSegments(tracer, RUN_ID, shape, rank, ALWAYS_ON, **kwargs)
     return segments, exporter
 
 
 def test_a_segment_span_lasts_from_its_first_phase_to_the_next_segment_or_the_runs_end():
     """A segment span starts at the time given with its first phase, is an open span while it
     lasts, ends when the next segment opens (which links to it) or at the run's end (after
-    which the next one links to nothing of it); it names its segment."""
+    which the next one links to nothing of it); it names its segment. Rank 0 keeps the job
+    trace: its segment span is the root, with the shared ids; rank 1's names it as parent."""
     from otel_training.trace_shape import member_ids as ids
 
-    open_spans: dict = {}
-    segments, exporter = _segments(25, 2, open_spans=open_spans)
-    segments.routed(1, True, now_ns=1_000)
-    segments.routed(2, False, now_ns=2_000)  # the same segment: nothing opens
-    (first,) = open_spans
-    assert exporter.get_finished_spans() == ()
-    segments.routed(3, True, now_ns=5_000)
-    (second,) = open_spans
-    segments.end_run(9_000)
-    assert open_spans == {}
-    segments.routed(5, False, now_ns=10_000)
-    segments.close()
-    spans = exporter.get_finished_spans()
+    for rank in (0, 1):
+        open_spans: dict = {}
+        segments, exporter = _segments(25, 2, world=2, rank=rank, open_spans=open_spans)
+        segments.routed(1, True, now_ns=1_000)
+        segments.routed(2, True, now_ns=2_000)  # the same segment: nothing opens
+        (first,) = open_spans
+        assert exporter.get_finished_spans() == ()
+        segments.routed(3, True, now_ns=5_000)
+        (second,) = open_spans
+        segments.end_run(9_000)
+        assert open_spans == {}
+        segments.routed(5, True, now_ns=10_000)
+        segments.close()
+        _check_segment_spans(exporter.get_finished_spans(), first, rank, ids)
+
+
+def _check_segment_spans(spans, first, rank, ids) -> None:
     assert [s.name for s in spans] == [names.MEGATRON_TRAIN_SEGMENT] * 3
     assert [(s.start_time, s.end_time) for s in spans[:2]] == [(1_000, 5_000), (5_000, 9_000)]
     assert spans[2].start_time == 10_000
@@ -420,50 +466,52 @@ def test_a_segment_span_lasts_from_its_first_phase_to_the_next_segment_or_the_ru
     ]
     for segment, span in enumerate(spans):
         trace_id, span_id = ids(RUN_ID, f"segment/{segment}", "shard/0")
-        assert (span.context.trace_id, span.parent.span_id) == (trace_id, span_id)
-        assert span.parent.is_remote  # a shared parent: no rank exports it
+        if rank == 0:  # the keeper: the job trace's root
+            assert (span.context.trace_id, span.context.span_id) == (trace_id, span_id)
+            assert span.parent is None
+        else:
+            assert (span.context.trace_id, span.parent.span_id) == (trace_id, span_id)
 
 
 def test_a_step_trace_is_filled_to_the_budget_exactly_then_the_next_begins():
     """Spans of iterations routed to step traces at a budget of 5: each step trace holds
-    exactly 5 (none left empty, none over), the first span of each linking to the segment
-    span and naming it as parent."""
+    exactly 5 (none left empty, none over): its root, a segment span with the part's own ids
+    linked to the rank's segment span, and 4 spans under it."""
     segments, exporter = _segments(5, 1000)
     placed = [segments.routed(1, False, now_ns=1) for _ in range(17)]
-    (segment,) = segments._open_spans
+    segment, *roots = segments._open_spans
     anchor = segment.get_span_context()
     counts = collections.Counter()
     for context, links in placed:
-        parent = trace_api.get_current_span(context).get_span_context()
-        assert parent.span_id == anchor.span_id and parent.trace_id != anchor.trace_id
-        assert parent.is_remote
-        counts[parent.trace_id] += 1
-        first = counts[parent.trace_id] == 1
-        assert (links and [link.context for link in links]) == ([anchor] if first else None)
-    assert sorted(counts.values()) == [2, 5, 5, 5]
-    parts = [member_ids(RUN_ID, "segment/0", f"rank/0/part/{k}")[0] for k in range(4)]
-    assert list(counts) == parts  # the rank's own traces, numbered from 0
+        parent = trace_api.get_current_span(context)
+        assert parent in roots and links is None
+        counts[parent.get_span_context().trace_id] += 1
+    assert sorted(counts.values()) == [1, 4, 4, 4, 4]
+    parts = [member_ids(RUN_ID, "segment/0", f"rank/0/part/{k}") for k in range(5)]
+    assert list(counts) == [trace for trace, _ in parts]  # the rank's own, numbered from 0
+    for root, ids in zip(roots, parts, strict=True):
+        assert (root.context.trace_id, root.context.span_id) == ids and root.parent is None
+        assert root.name == SEGMENT and [k.context for k in root.links] == [anchor]
 
 
 def test_children_beyond_their_parents_room_start_in_the_ranks_own_trace_naming_it():
-    """A parent in a step trace with room for 5: 4 children nest in its trace as they are;
-    the next ones start in this rank's next own trace, all under one context naming the real
-    parent, the first of them linked to the segment span; a parent of another tracer's trace
-    is joined uncounted."""
+    """A parent in a step trace with room for 5 (its root, the parent, 3 more): 3 children nest
+    in its trace as they are; the next ones start in this rank's next own traces, under their
+    root span, each linked to its real parent; a parent of another tracer's trace is joined
+    uncounted."""
     segments, exporter = _segments(5, 1000)
     context, _ = segments.routed(1, False, now_ns=1)
     tracer = TracerProvider().get_tracer("test")
     parent = tracer.start_span("parent", context=context)
-    (segment,) = segments._open_spans
+    segment, first_root = segments._open_spans
     placed = [segments.nested(parent, context) for _ in range(9)]
-    assert placed[:4] == [(context, None)] * 4
-    overflow = {id(c) for c, _ in placed[4:]}
-    assert len(overflow) == 1
-    moved = trace_api.get_current_span(placed[4][0]).get_span_context()
-    assert moved.span_id == parent.get_span_context().span_id and moved.is_remote
-    assert moved.trace_id not in (parent.get_span_context().trace_id, segment.context.trace_id)
-    assert [link.context for link in placed[4][1]] == [segment.get_span_context()]
-    assert [links for _, links in placed[5:]] == [None] * 4
+    assert placed[:3] == [(context, None)] * 3
+    _, *roots = segments._open_spans
+    assert roots[0] is first_root and len(roots) == 3  # 4 more in the next, 2 in the last
+    for k, (moved, links) in enumerate(placed[3:]):
+        root = trace_api.get_current_span(moved)
+        assert root is roots[1 + k // 4] and root.name == SEGMENT
+        assert [link.context for link in links] == [parent.get_span_context()]
     user = TracerProvider().get_tracer("user").start_span("user.root")
     assert segments.nested(user, "ctx") == ("ctx", None)
 
@@ -475,9 +523,9 @@ def test_the_kth_run_of_a_process_has_families_of_its_own(monkeypatch):
     from otel_training import segments as module
 
     monkeypatch.setattr(module, "_runs", 1)
-    first, _ = _segments(25, 2)
+    first, _ = _segments(25, 2, world=2, rank=1)
     monkeypatch.setattr(module, "_runs", 2)
-    second, exporter = _segments(25, 2)
+    second, exporter = _segments(25, 2, world=2, rank=1)
     for router in (first, second):  # the first follows the process to its second run
         context, _ = router.run_start()
         parent = trace_api.get_current_span(context).get_span_context()
@@ -489,7 +537,7 @@ def test_the_kth_run_of_a_process_has_families_of_its_own(monkeypatch):
         segment_id
     ]
     monkeypatch.setattr(module, "_runs", 1)
-    third, _ = _segments(25, 2)
+    third, _ = _segments(25, 2, world=2, rank=1)
     parent = trace_api.get_current_span(third.run_start()[0]).get_span_context()
     assert (parent.trace_id, parent.span_id) == member_ids(RUN_ID, "run", "shard/0")
 
@@ -501,9 +549,9 @@ def test_a_segments_job_trace_holds_its_share_of_the_job_shard_not_of_the_run_sh
     trace; 6 run-level spans fit in the run trace."""
     from otel_training import config
 
-    segments, _ = _segments(25, 1000, config.SPAN_GROUP_PRESETS["all"], world=8)
+    segments, _ = _segments(25, 1000, config.SPAN_GROUP_PRESETS["all"], world=8, rank=1)
     placed = [segments.routed(1, True, now_ns=1)[0] for _ in range(9)]
-    (segment,) = segments._open_spans
+    segment = next(iter(segments._open_spans))
     job_trace = segment.get_span_context().trace_id
     traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
     assert traces[:7] == [job_trace] * 7 and job_trace not in traces[7:]
@@ -517,16 +565,16 @@ def test_a_rank_keeps_counting_256_traces_the_run_and_the_open_segment_among_the
     """After 300 segments, a rank counts the newest 256 traces, never forgetting the run's
     and the open segment's: their spans go on counting where they were."""
     segments, _ = _segments(4, 1)
-    segments.run_start()
+    assert segments.run_start()[0] is KEPT  # rank 0 keeps the run trace: its run span is root
     for iteration in range(1, 301):
         segments.routed(iteration, True, now_ns=iteration)
         segments.routed(iteration, False, now_ns=iteration)
     assert len(segments._traces) == 256
     run_trace = member_ids(RUN_ID, "run", "shard/0")[0]
     placed = [segments.run_start()[0] for _ in range(4)]
-    traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
-    assert traces[:3] == [run_trace] * 3 and traces[3] != run_trace  # 1 + 3 = the budget of 4
-    (segment,) = segments._open_spans
+    assert placed[:3] == [KEPT] * 3 and placed[3] is not KEPT  # 1 + 3 = the budget of 4
+    assert trace_api.get_current_span(placed[3]).get_span_context().trace_id != run_trace
+    segment = next(iter(segments._open_spans))
     job_trace = segment.get_span_context().trace_id
     placed = [segments.routed(300, True)[0] for _ in range(4)]
     traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
@@ -534,10 +582,10 @@ def test_a_rank_keeps_counting_256_traces_the_run_and_the_open_segment_among_the
 
 
 def test_an_iteration_that_fits_exactly_stays_in_the_step_trace_it_fills():
-    """Iterations of 4 spans at a budget of 8 (no first-iteration wrapper): a segment is 2
-    iterations, and its step trace holds both, filled to the budget exactly (8 spans), not
-    one iteration per trace."""
-    pipeline = _pipeline(8, "step,data_loading,forward_backward,optimizer")
+    """Iterations of 4 spans at a budget of 9 (no first-iteration wrapper): a segment is 2
+    iterations, and its step trace holds both and its root, filled to the budget exactly (9
+    spans), not one iteration per trace."""
+    pipeline = _pipeline(9, "job,step,data_loading,forward_backward,optimizer")
     with ot.training_run():
         for it in range(1, 11):
             _iteration(it)
@@ -547,7 +595,7 @@ def test_an_iteration_that_fits_exactly_stays_in_the_step_trace_it_fills():
         for members in _by_trace(spans).values()
         if any(s.name == names.MEGATRON_TRAIN_ITERATION for s in members)
     ]
-    assert [len(members) for members in step_traces] == [8] * 5
+    assert [len(members) for members in step_traces] == [9] * 5
 
 
 def test_segment_spans_take_their_times_from_the_process_clock(monkeypatch):
@@ -595,7 +643,7 @@ def test_a_rank_keeps_the_last_64_segments_it_opened():
 def test_a_run_span_of_another_trace_does_not_become_the_runs_anchor():
     """run_started with a span of the run trace makes it the anchor the run's own traces link
     to; a span of another trace, or an invalid one, leaves the anchor as it was."""
-    segments, _ = _segments(25, 2)
+    segments, _ = _segments(25, 2, world=2, rank=1)
     family = segments._run_family
     before = family.anchor
     segments.run_started(TracerProvider().get_tracer("other").start_span("elsewhere"))
@@ -616,7 +664,7 @@ def test_the_first_run_of_a_router_made_before_it_has_the_plain_names(monkeypatc
     from otel_training import segments as module
 
     monkeypatch.setattr(module, "_runs", 0)
-    segments, _ = _segments(25, 1000, config.SPAN_GROUP_PRESETS["all"], world=8)
+    segments, _ = _segments(25, 1000, config.SPAN_GROUP_PRESETS["all"], world=8, rank=1)
     monkeypatch.setattr(module, "_runs", 1)
     parent = trace_api.get_current_span(segments.run_start()[0]).get_span_context()
     assert (parent.trace_id, parent.span_id) == member_ids(RUN_ID, "run", "shard/0")
@@ -625,3 +673,23 @@ def test_the_first_run_of_a_router_made_before_it_has_the_plain_names(monkeypatc
     traces = [trace_api.get_current_span(c).get_span_context().trace_id for c in placed]
     second = member_ids(RUN_ID, "run2/run", "shard/0")[0]
     assert traces[:6] == [second] * 6 and second not in traces[6:]
+
+
+@documents("spans.md", "When the keeper does not end its span (it was killed, or hangs)")
+def test_without_its_keeper_a_shared_trace_has_no_root_and_the_step_traces_stay_whole():
+    """Rank 1 of 2 alone (rank 0, the keeper, killed before it exported anything): its run and
+    segment spans name the shared ids, which nothing exports, as their parents; each of its
+    step traces is still whole."""
+    pipeline = _pipeline(25, "per_step", RANK="1", WORLD_SIZE="2", LOCAL_RANK="1")
+    with ot.training_run():
+        for it in range(1, 9):
+            _iteration(it)
+    spans = pipeline.spans.get_finished_spans()
+    shared = {member_ids(RUN_ID, "run", "shard/0"), member_ids(RUN_ID, "segment/0", "shard/0")}
+    shared.add(member_ids(RUN_ID, "segment/1", "shard/0"))
+    waiting = [s for s in spans if s.parent is not None and s.parent.is_remote]
+    assert {s.name for s in waiting} == {names.MEGATRON_TRAIN, SEGMENT}
+    assert {(s.context.trace_id, s.parent.span_id) for s in waiting} == shared
+    own = [s for s in spans if s.context.trace_id not in {t for t, _ in shared}]
+    assert len(_by_trace(own)) >= 2
+    _whole(own)

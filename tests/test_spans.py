@@ -78,7 +78,9 @@ def test_nested_phases_are_spans_named_after_megatron_with_their_parents():
         names.MEGATRON_CHECKPOINT_SAVE,
         names.MEGATRON_CHECKPOINT_SAVE_IO_WRITE,
     }
-    assert all(len(spans_) == 1 for spans_ in found.values())  # one span of each
+    # One span of each; two segment spans: the rank's in the job trace, and its step trace's root
+    assert all(len(spans_) == 1 for name, spans_ in found.items() if name != SEGMENT)
+    assert len(found[SEGMENT]) == 2
 
     def parent_of(name: str) -> str:
         span = found[name][0]
@@ -87,8 +89,11 @@ def test_nested_phases_are_spans_named_after_megatron_with_their_parents():
         return parent.name
 
     run = found[names.MEGATRON_TRAIN][0]
-    segment = found[names.MEGATRON_TRAIN_SEGMENT][0]
-    assert run.parent.is_remote and segment.parent.is_remote  # the shared parents
+    step = found[names.MEGATRON_TRAIN_FIRST_ITERATION][0].context.trace_id
+    (segment,) = [s for s in found[SEGMENT] if s.context.trace_id != step]
+    (root,) = [s for s in found[SEGMENT] if s.context.trace_id == step]
+    assert run.parent is None and segment.parent is None  # rank 0 keeps the shared traces
+    assert root.parent is None and [k.context for k in root.links] == [segment.context]
     assert run.context.trace_id != segment.context.trace_id  # the run trace, a segment trace
     assert parent_of(names.MEGATRON_STARTUP) == names.MEGATRON_TRAIN
     assert parent_of(names.MEGATRON_STARTUP_MODEL_INIT) == names.MEGATRON_STARTUP

@@ -69,15 +69,16 @@ def test_the_span_tables_split_the_registry():
 
 
 def _longest(budget: int, per_iteration: int, once: int, limit: int) -> int:
-    """The most iterations (at most ``limit``, at least 1) whose spans fit ``budget``, by
-    counting up."""
+    """The most iterations (at most ``limit``, at least 1) whose spans (and ``once`` more)
+    fit ``budget``, by counting up."""
     n = 1
     while n < limit and once + per_iteration * (n + 1) <= budget:
         n += 1
     return n
 
 
-@documents("spans.md", "N = min(L, max(1, ⌊(B − c) / s⌋)), N = L when s = 0")
+@documents("spans.md", "N = min(L, max(1, ⌊(B − c − r) / s⌋)), N = L when s = 0")
+@documents("spans.md", "r = 1 for the step trace's root span when the group `job` records")
 @documents("spans.md", "s = the once-per-iteration spans recorded")
 @given(
     st.sets(st.sampled_from(GROUPS)),
@@ -86,15 +87,17 @@ def _longest(budget: int, per_iteration: int, once: int, limit: int) -> int:
 )
 def test_the_segment_length_is_the_longest_that_fits_the_budget(groups, budget, limit):
     """N: the most iterations, up to the limit, whose once-per-iteration spans (and the first
-    iteration's wrapper) fit the budget; at least 1; the limit when no such span records."""
+    iteration's wrapper, and the step trace's root span with the group job) fit the budget; at
+    least 1; the limit when no such span records."""
     shape = TraceShape.derive(groups, 8, budget, limit)
     per_iteration = sum(1 for n in ONCE_PER_ITERATION if SPANS[n].group in groups)
     once = 1 if "first_iteration" in groups else 0
+    root = 1 if "job" in groups else 0
     assert (shape.step_spans, shape.step_once) == (per_iteration, once)
     if per_iteration == 0:
         assert shape.segment_iterations == limit
     else:
-        assert shape.segment_iterations == _longest(budget, per_iteration, once, limit)
+        assert shape.segment_iterations == _longest(budget, per_iteration, once + root, limit)
 
 
 def _fewest_shards(budget: int, world: int, per_rank: int) -> int:

@@ -4,33 +4,36 @@ routed to run, job and step traces (shape, formulas and ids: :mod:`otel_training
 Where a span starts:
 
 - **the run span** (``megatron.train``) of each rank: in the run trace, under its shard's shared
-  parent (a span id every rank computes and none exports). Its children outside iterations
-  (startup, model and data-loader building, checkpoint loads) nest under it; a phase with no
-  parent at all starts under the shared parent too.
+  span id, which every rank computes and the shard's keeper (its first rank that exports) takes
+  as its own run span's: the trace's root. Its children outside iterations (startup, model and
+  data-loader building, checkpoint loads) nest under it; so does a phase with no parent.
 - **a job-level phase with an iteration number** (a checkpoint save, an evaluation) whose
   parent would be the run span or nothing: under this rank's ``megatron.train.segment`` span of
-  the iteration's segment, in the segment's job trace (its shard). The segment span starts with
-  the first phase of its segment, links to the rank's previous segment span, to its run span
-  and, in shard q > 0, to shard 0's shared parent; it ends when the next segment starts, when
-  the run ends, or at shutdown.
+  the iteration's segment, in the segment's job trace (its shard), whose root is the keeper's
+  segment span (with the shard's shared span id). The segment span starts with the first phase
+  of its segment, links to the rank's previous segment span, to its run span and, in shard
+  q > 0, to shard 0's root; it ends when the next segment starts, when the run ends, or at
+  shutdown.
 - **any other phase with an iteration number** (an iteration, the first-iteration wrapper, a
   forward-backward called outside an iteration) whose parent would be the run span or nothing:
-  in this rank's step trace of the segment, whose spans name the segment span as their parent
-  (so a rank's timeline nests as before) and whose first span links to it.
+  in this rank's step trace of the segment, rooted by a ``megatron.train.segment`` span of the
+  rank's own (the trace's derived span id) that links to the rank's segment span and ends with
+  the segment.
 - **everything else** nests under its parent, in its parent's trace.
 
 Every span started in one of these traces is counted against this rank's room there (one
 atomic ``next()`` of a counter: no lock on the training thread): its share of a shared trace,
 or the budget for its own step trace. An iteration that would not fit its step trace whole
 starts the rank's next step trace; a span with no room in its parent's trace starts in this
-rank's current step trace (of the run, when the parent is in the run trace), naming its real
-parent. So no trace exceeds the budget.
+rank's current step trace (of the open segment, or segment 0, when the parent is in the run
+trace) under its root, linked to its real parent. So no trace exceeds the budget, every trace
+has one root, and no span names a parent in another trace.
 
 Sampling is decided once per family (the run, a segment): every trace of a family has the
 family's low 64 trace-id bits and its shared parents carry the family's ``sampled`` flag, so
 ``traceidratio``, its parent-based form and the always samplers keep or drop a segment's job
 and step traces together, on every rank. With the group ``job`` off there are no run or
-segment spans: phases start under the shared parents, step traces name their own.
+segment spans and no routing: a phase with no parent roots a trace of its own (SDK ids).
 
 A process that runs more than once under one run id (a second ``fit`` in a notebook, a second
 ``training_run()``) gives its k-th run (k >= 2) the families ``run{k}/run`` and
@@ -45,10 +48,12 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
+from opentelemetry.sdk import trace as trace_sdk
 from opentelemetry.sdk.trace import sampling as sampling_sdk
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
 
@@ -88,6 +93,9 @@ _KEPT_TRACES = 256
 _KEPT_SEGMENTS = 64
 
 _ROOT = context_api.Context()
+#: The context :meth:`TraceSegments.run_start` gives the keeper of a run trace shard: start the
+#: run span with :meth:`TraceSegments.start_kept`.
+KEPT = context_api.Context()
 _set_span_in_context = trace_api.set_span_in_context
 _get_current_span = trace_api.get_current_span
 
@@ -96,7 +104,7 @@ class _Trace:
     """One derived trace as this rank fills it: ``take()`` counts a span (atomic under the
     GIL), which fits while the count is at most ``allowance``."""
 
-    __slots__ = ("trace_id", "allowance", "family", "context", "used", "count", "under")
+    __slots__ = ("trace_id", "allowance", "family", "context", "used", "count", "root")
 
     def __init__(self, trace_id: int, allowance: int, family: _Family) -> None:
         self.trace_id = trace_id
@@ -105,9 +113,8 @@ class _Trace:
         self.context: context_api.Context | None = None  # where a routed span starts in it
         self.used = 0  # the last count taken (read without a lock: an estimate)
         self.count = itertools.count(1)
-        # (parent span id, context) of the last span that started here for want of room in
-        # its parent's trace: its siblings reuse the context.
-        self.under: tuple[int, context_api.Context] | None = None
+        # The root span of a rank's own trace, which this rank exports: its spans' parent.
+        self.root: trace_api.Span | None = None
 
     def take(self) -> int:
         used = self.used = next(self.count)
@@ -168,6 +175,7 @@ class TraceSegments:
         *,
         segment_spans: bool = True,
         open_spans: dict | None = None,
+        exports: Callable[[int], bool] | None = None,
     ) -> None:
         self._tracer = tracer
         self._segment_spans = segment_spans
@@ -186,6 +194,12 @@ class TraceSegments:
         self._span: trace_api.Span | None = None  # its segment span
         self._previous: SpanContext | None = None
         self.run_span: trace_api.Span | None = None
+        self._roots: dict[trace_api.Span, None] = {}  # open root spans of own traces
+        self._run_context: context_api.Context | None = None  # the run span's, once started
+        # Whether this rank keeps its shard of the run and job traces: it starts its run and
+        # segment spans with the shard's shared ids, the root the other ranks' spans name.
+        self._keeps_run = _keeper(shape.run, shape.world_size, self._rank, exports)
+        self._keeps_job = _keeper(shape.job, shape.world_size, self._rank, exports)
         self._run = _runs  # the run of this process the state below belongs to
         self._scope = "" if _runs <= 1 else f"run{_runs}/"  # the prefix of the k-th run's parts
         self._run_family = self._family(f"{self._scope}run", -1, shape.run.shard_of(self._rank))
@@ -223,32 +237,102 @@ class TraceSegments:
             del traces[oldest]
         return trace
 
-    def _new_part(self, family: _Family) -> _Trace:
+    def _new_part(self, family: _Family, now_ns: int | None = None) -> _Trace:
         """This rank's next own trace of ``family`` (under the lock); its routed spans name the
         family's anchor (the segment span) as their parent, or a span id of its own."""
         member = f"rank/{self._rank}/part/{family.parts}"
         family.parts += 1
         trace_id, span_id = member_ids(self._run_id, family.name, member)
-        anchor = family.anchor
-        if anchor is not family.parent:
-            span_id = anchor.span_id  # a rank's timeline nests as before
         part = self._register(trace_id, self.shape.budget, family)
-        parent = SpanContext(trace_id, span_id, True, family.flags)
-        part.context = _set_span_in_context(NonRecordingSpan(parent))
+        root = None
+        if self._segment_spans and family.index >= 0:
+            # Its root: a megatron.train.segment span of this rank with the part's own span
+            # id, linked to the rank's segment span (the step trace's way to the job trace).
+            root = self._start_root(
+                MEGATRON_TRAIN_SEGMENT,
+                SpanContext(trace_id, span_id, False, family.flags),
+                [Link(family.anchor)],
+                {OTEL_TRAINING_TRACE_SEGMENT: family.index},
+                clock.now_ns() if now_ns is None else now_ns,
+            )
+        if root is not None:
+            part.take()
+            part.root = root
+            part.context = _set_span_in_context(root)
+        else:  # no span of its own to start (another tracer): the anchor, as a parent id
+            anchor = family.anchor
+            if anchor is not family.parent:
+                span_id = anchor.span_id
+            parent = SpanContext(trace_id, span_id, True, family.flags)
+            part.context = _set_span_in_context(NonRecordingSpan(parent))
         family.part = part
         return part
 
+    def _start_root(
+        self,
+        name: str,
+        context: SpanContext,
+        links: list[Link],
+        attributes: dict[str, Any],
+        start_ns: int,
+        own: bool = True,
+    ) -> trace_api.Span | None:
+        """A root span with the derived ids of ``context`` (a shard's shared parent, a part's
+        own span id), which no tracer call can give: made as the SDK's tracer makes a span,
+        recorded when the family is sampled; the root of a rank's own trace (``own``) is
+        registered as open and ends with its segment. None when the tracer is not the SDK's."""
+        tracer = self._tracer
+        if not isinstance(tracer, trace_sdk.Tracer):
+            return None
+        try:
+            if not context.trace_flags.sampled:
+                span = NonRecordingSpan(context)
+            else:
+                span = trace_sdk._Span(
+                    name=name,
+                    context=context,
+                    parent=None,
+                    sampler=tracer.sampler,
+                    resource=tracer.resource,
+                    attributes=attributes,
+                    span_processor=tracer.span_processor,
+                    links=links,
+                    instrumentation_info=tracer.instrumentation_info,
+                    limits=tracer._span_limits,
+                    instrumentation_scope=tracer._instrumentation_scope,
+                )
+                span.start(start_time=start_ns)
+        except Exception:
+            return None
+        if own:
+            self._roots[span] = None
+            self._open_spans[span] = True
+        return span
+
     def _links(self, trace: _Trace, taken: int) -> list[Link] | None:
-        """The link of the first span of a rank's own trace: to its span in the shared one."""
-        if taken != 1 or trace is trace.family.shard:
+        """The link of the first span of a rank's own trace that has no root span of its own
+        (another tracer's): to its span in the shared one."""
+        if taken != 1 or trace is trace.family.shard or trace.root is not None:
             return None
         return [Link(trace.family.anchor)]
 
     def _overflow(
-        self, family: _Family, parent_id: int
+        self, family: _Family, parent: SpanContext, now_ns: int | None = None
     ) -> tuple[context_api.Context, list[Link] | None]:
         """A span for which its trace has no room: in this rank's current own trace of
-        ``family`` (the next one when that is full), naming ``parent_id`` as its parent."""
+        ``family`` (the next one when that is full), under that trace's root span, linked to
+        its real ``parent``. The run's family has no own traces: its overflow goes to the open
+        segment's (segment 0's when none is open yet)."""
+        if family.index < 0 and self._segment_spans:
+            segment = self._segment
+            if segment is None or self._run != _runs:
+                with self._lock:
+                    self._follow_run()
+                    segment = self._segment
+                    if segment is None:
+                        segment = self._open(0, now_ns)
+            if segment is not None:
+                family = segment
         part = family.part
         taken = 0 if part is None else part.take()
         if not 0 < taken <= part.allowance:
@@ -256,40 +340,74 @@ class TraceSegments:
                 while True:
                     part = family.part
                     if part is None or part.used >= part.allowance:
-                        part = self._new_part(family)
+                        part = self._new_part(family, now_ns)
                     taken = part.take()
                     if taken <= part.allowance:
                         break
-        under = part.under
-        if under is not None and under[0] == parent_id:
-            return under[1], self._links(part, taken)
-        parent = SpanContext(part.trace_id, parent_id, True, family.flags)
-        context = _set_span_in_context(NonRecordingSpan(parent))
-        part.under = (parent_id, context)
+        if part.root is not None:
+            return part.context, [Link(parent)]
+        context = _set_span_in_context(
+            NonRecordingSpan(SpanContext(part.trace_id, parent.span_id, True, family.flags))
+        )
         return context, self._links(part, taken)
 
     def _place(
-        self, trace: _Trace, context: context_api.Context | None, parent_id: int
+        self,
+        trace: _Trace,
+        context: context_api.Context | None,
+        parent: SpanContext,
+        now_ns: int | None = None,
     ) -> tuple[context_api.Context | None, list[Link] | None]:
         taken = trace.take()
         if taken <= trace.allowance:
             return context, self._links(trace, taken)
-        return self._overflow(trace.family, parent_id)
+        return self._overflow(trace.family, parent, now_ns)
 
     # the run ----------------------------------------------------------------------------------
 
-    def run_start(self) -> tuple[context_api.Context | None, list[Link] | None]:
+    def run_start(
+        self, now_ns: int | None = None
+    ) -> tuple[context_api.Context | None, list[Link] | None]:
         """Where a rank's run span starts (counted): its run trace shard, under the shared
         parent (of this process's k-th run, every rank's k-th run alike), linked to shard 0
-        when it is in another shard."""
+        when it is in another shard. For the shard's keeper the context is :data:`KEPT`:
+        start the span with :meth:`start_kept`, the shard's root."""
         if self._run != _runs:
             with self._lock:
                 self._follow_run()
         family = self._run_family
-        context, links = self._place(family.shard, family.shard.context, family.parent.span_id)
-        if context is family.shard.context and self.shape.run.shard_of(self._rank):
-            links = [Link(self._shard0(family))]
+        context, links = self._place(family.shard, family.shard.context, family.parent, now_ns)
+        if context is family.shard.context:
+            if self.shape.run.shard_of(self._rank):
+                links = [Link(self._shard0(family))]
+            if self._keeps_run:
+                context = KEPT
         return context, links
+
+    def start_kept(
+        self,
+        name: str,
+        links: list[Link] | None,
+        attributes: dict[str, Any] | None,
+        start_ns: int | None,
+    ) -> trace_api.Span:
+        """The keeper's run span: the root of its run trace shard, with the shard's shared
+        ids (the parent every other rank's run span names). Falls back to a span under the
+        shared parent when it cannot be made so."""
+        family = self._run_family
+        span = self._start_root(
+            name,
+            SpanContext(family.parent.trace_id, family.parent.span_id, False, family.flags),
+            links or [],
+            dict(attributes or {}),
+            clock.now_ns() if start_ns is None else start_ns,
+            own=False,
+        )
+        if span is None:
+            span = self._tracer.start_span(
+                name, family.shard.context, links=links, attributes=attributes, start_time=start_ns
+            )
+        return span
 
     def _shard0(self, family: _Family) -> SpanContext:
         trace_id, span_id = member_ids(self._run_id, family.name, "shard/0")
@@ -305,6 +423,7 @@ class TraceSegments:
             return
         if context.is_valid and context.trace_id == family.parent.trace_id:
             family.anchor = context
+            self._run_context = _set_span_in_context(span)
 
     def _follow_run(self) -> None:
         """A new run began: end what the run before it left open and forget its segments."""
@@ -312,7 +431,7 @@ class TraceSegments:
             return
         self._end_open()
         self._previous = None
-        self.run_span = None
+        self.run_span = self._run_context = None
         self._families.clear()
         self._run = runs = _runs
         self._scope = "" if runs <= 1 else f"run{runs}/"
@@ -326,7 +445,7 @@ class TraceSegments:
         with self._lock:
             self._end_open(end_ns)
             self._previous = None
-            self.run_span = None
+            self.run_span = self._run_context = None
 
     def is_run_level(self, parent: trace_api.Span) -> bool:
         """True when a phase under ``parent`` belongs to the run itself (its parent is this
@@ -343,7 +462,10 @@ class TraceSegments:
         """(context, links) of a run-level phase of ``iteration``: under this rank's segment
         span in the job trace (``job_level``), else in its step trace (the next one when the
         iteration would not fit whole). Opens the segment (its span starting at ``now_ns``, ns
-        on the process clock, default now) if it is new; ``(None, None)`` when it cannot."""
+        on the process clock, default now) if it is new; ``(None, None)`` when it cannot, or
+        when there are no segment spans (the group ``job`` off: no routing)."""
+        if not self._segment_spans:
+            return None, None
         segment = self.segment_of(iteration)
         family = self._segment
         if family is None or family.index != segment or self._run != _runs:
@@ -355,15 +477,14 @@ class TraceSegments:
             if family is None:
                 return None, None
         if job_level:
-            context = family.shard.context
-            return self._place(family.shard, context, family.anchor.span_id)
+            return self._place(family.shard, family.shard.context, family.anchor, now_ns)
         part = family.part
         if not self._room_for_iteration(part):
             with self._lock:
                 part = family.part
                 if not self._room_for_iteration(part):
-                    part = self._new_part(family)
-        return self._place(part, part.context, family.anchor.span_id)
+                    part = self._new_part(family, now_ns)
+        return self._place(part, part.context, family.anchor, now_ns)
 
     def _room_for_iteration(self, part: _Trace | None) -> bool:
         """Whether the step trace ``part`` takes one more whole iteration (an empty one always
@@ -373,25 +494,33 @@ class TraceSegments:
         )
 
     def nested(
-        self, parent_span: trace_api.Span, context: context_api.Context | None
+        self,
+        parent_span: trace_api.Span,
+        context: context_api.Context | None,
+        now_ns: int | None = None,
     ) -> tuple[context_api.Context | None, list[Link] | None]:
         """(context, links) of a phase that nests under ``parent_span``, the current span of
         ``context``: its parent's trace while this rank has room there, else its own trace; a
-        phase with no parent starts in the run trace."""
+        phase with no parent nests under this rank's run span, or without one is the root of
+        a trace of its own (the SDK's ids, not counted). A root span this opens starts at
+        ``now_ns`` (the phase's start; default now)."""
         parent = parent_span.get_span_context()
         if not parent.is_valid:
             if self._run != _runs:
                 with self._lock:
                     self._follow_run()
+            run = self._run_context
+            if run is None:
+                return context, None
             family = self._run_family
-            return self._place(family.shard, family.shard.context, family.parent.span_id)
+            return self._place(family.shard, run, family.anchor, now_ns)
         trace = self._traces.get(parent.trace_id)
         if trace is None:
             return context, None  # another tracer's trace, or one too old to count
         used = trace.used = next(trace.count)  # take(), inline: once per span
         if used <= trace.allowance:
             return context, None
-        return self._overflow(trace.family, parent.span_id)
+        return self._overflow(trace.family, parent, now_ns)
 
     # the segments -------------------------------------------------------------------------------
 
@@ -416,14 +545,21 @@ class TraceSegments:
         if shard:
             links.append(Link(self._shard0(family)))
         family.shard.take()
+        attributes = {OTEL_TRAINING_TRACE_SEGMENT: segment}
+        span = None
+        if self._keeps_job:  # the job trace shard's root, with its shared ids
+            parent = family.parent
+            root = SpanContext(parent.trace_id, parent.span_id, False, family.flags)
+            span = self._start_root(MEGATRON_TRAIN_SEGMENT, root, links, attributes, now, False)
         try:
-            span = self._tracer.start_span(
-                MEGATRON_TRAIN_SEGMENT,
-                context=family.shard.context,
-                links=links,
-                attributes={OTEL_TRAINING_TRACE_SEGMENT: segment},
-                start_time=now,
-            )
+            if span is None:
+                span = self._tracer.start_span(
+                    MEGATRON_TRAIN_SEGMENT,
+                    context=family.shard.context,
+                    links=links,
+                    attributes=attributes,
+                    start_time=now,
+                )
         except Exception:
             self._segment = self._span = None
             return None
@@ -435,19 +571,44 @@ class TraceSegments:
         return family
 
     def _end_open(self, now: int | None = None) -> None:
+        """Ends the open segment span and the root spans of this rank's own traces (at
+        ``now``, default now)."""
         span = self._span
         self._segment = self._span = None
-        if span is None:
-            return
-        self._previous = span.get_span_context()
-        self._open_spans.pop(span, None)
-        try:
-            if getattr(span, "end_time", None) is None:
-                span.end(end_time=clock.now_ns() if now is None else now)
-        except Exception:
-            pass
+        if now is None and (span is not None or self._roots):
+            now = clock.now_ns()
+        if span is not None:
+            self._previous = span.get_span_context()
+            _end(span, now, self._open_spans)
+        roots, self._roots = self._roots, {}
+        for root in roots:
+            _end(root, now, self._open_spans)
 
     def close(self, *_: Any) -> None:
         """Ends the open segment span (at the end of the run, and before shutdown)."""
         with self._lock:
             self._end_open()
+
+
+def _end(span: trace_api.Span, now: int, open_spans: dict) -> None:
+    open_spans.pop(span, None)
+    try:
+        if getattr(span, "end_time", None) is None:
+            span.end(end_time=now)
+    except Exception:
+        pass
+
+
+def _keeper(shards: Any, world_size: int, rank: int, exports: Callable[[int], bool] | None) -> bool:
+    """Whether ``rank`` keeps its shard of ``shards``: it is the shard's first rank that
+    exports (every rank computes the same from the export policy, without communication)."""
+    first = shards.shard_of(rank) * shards.ranks
+    if exports is None:
+        return rank == first
+    for candidate in range(first, min(world_size, first + shards.ranks)):
+        try:
+            if exports(candidate):
+                return rank == candidate
+        except Exception:
+            return rank == first
+    return rank == first

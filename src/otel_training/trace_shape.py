@@ -20,9 +20,10 @@ record spans:
 - ``s = |ONCE_PER_ITERATION ∩ G|`` spans one iteration puts in its step trace at most (the
   iteration, data loading, forward-backward, optimizer: 0 to 4), and ``c`` = 1 when the
   first iteration's wrapper records (once per run) else 0;
-- ``N = min(L, max(1, floor((B - c) / s)))`` iterations per segment (``N = L`` when s = 0), L
-  = ``OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS``: one step trace holds a rank's segment
-  when its phases stay within these bounds;
+- ``N = min(L, max(1, floor((B - c - r) / s)))`` iterations per segment (``N = L`` when
+  s = 0), r = 1 for the step trace's root span (a ``megatron.train.segment`` span, when the
+  group ``job`` records) else 0, L = ``OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS``: one
+  step trace holds a rank's segment when its phases stay within these bounds;
 - ``j`` = spans per rank a job trace is sized for: its segment span and one of each span of
   the job-level groups (a save and its three stages, an evaluation and one step: at most 7);
   ``j_run`` the same for a run trace (:data:`ONCE_PER_RUN`: at most 6);
@@ -40,7 +41,8 @@ inside a phase join its trace without being counted.
 family, ``run`` or ``segment/{s}`` (``run{k}/`` before both for a process's k-th run, k >= 2);
 its members are ``shard/{q}`` and ``rank/{r}/part/{p}``. A member's trace id is the first 8
 bytes of ``H(family/member)`` followed by the last 8 bytes of the first 16 of ``H(family)``;
-a shard's shared parent span id (exported by no rank) is bytes 16-24 of ``H(family/member)``.
+a shard's shared span id (its keeper's run or segment span: the trace's root) and a step
+trace's root span id are bytes 16-24 of ``H(family/member)``.
 Every trace of a family thus has the same low 64 bits, the bits that a ``traceidratio``
 sampler (the Python SDK's, and the collector's probabilistic sampler in proportional mode)
 decides on: it keeps or drops a segment's job traces and step traces together, on every rank.
@@ -214,7 +216,8 @@ class TraceShape:
         limit = max(1, int(segment_limit))
         step = _spans_of(ONCE_PER_ITERATION, groups)
         once = _spans_of(STEP_TRACE_ONCE, groups)
-        iterations = limit if step == 0 else min(limit, max(1, (budget - once) // step))
+        root = 1 if "job" in groups else 0  # the step trace's root span
+        iterations = limit if step == 0 else min(limit, max(1, (budget - once - root) // step))
         job = max(1, _spans_of(JOB_LEVEL_SPANS, groups))
         run = max(1, _spans_of(ONCE_PER_RUN, groups))
         return cls(

@@ -141,7 +141,8 @@ def test_two_ranks_share_traces_by_segment_and_logs_carry_span_ids(tmp_path, otl
 
     runs = [s for s in spans if s.name == names.MEGATRON_TRAIN]
     assert len(runs) == 2 and len({s.trace_id for s in runs}) == 1
-    assert len({s.parent_span_id for s in runs}) == 1  # one shared parent, exported by none
+    keeper, other = sorted(runs, key=lambda s: rank_of[s.span_id])
+    assert not keeper.parent_span_id and other.parent_span_id == keeper.span_id  # rank 0's root
     iterations = [s for s in spans if s.name == names.MEGATRON_TRAIN_ITERATION]
     by_segment = collections.defaultdict(set)
     for span in iterations:
@@ -151,7 +152,12 @@ def test_two_ranks_share_traces_by_segment_and_logs_carry_span_ids(tmp_path, otl
         (segment, rank): 1 for segment in (0, 1) for rank in (0, 1)
     }
     assert len(set().union(*by_segment.values())) == 4  # a step trace per rank and segment
-    segments = [s for s in spans if s.name == names.MEGATRON_TRAIN_SEGMENT]
+    steps = set().union(*by_segment.values())
+    roots = [s for s in spans if s.name == names.MEGATRON_TRAIN_SEGMENT and s.trace_id in steps]
+    assert len(roots) == 4 and {s.trace_id for s in roots} == steps  # each step trace's root
+    segments = [
+        s for s in spans if s.name == names.MEGATRON_TRAIN_SEGMENT and s.trace_id not in steps
+    ]
     assert len(segments) == 4
     job = {}
     for segment in segments:
@@ -170,7 +176,7 @@ def test_two_ranks_share_traces_by_segment_and_logs_carry_span_ids(tmp_path, otl
             if rank_of[s.span_id] == rank and s.attributes["otel_training.trace.segment"] == number
         ]
         links = [link[:2] for s in spans if s.trace_id == trace for link in s.links]
-        assert links == [(segment.trace_id, segment.span_id)]
+        assert links == [(segment.trace_id, segment.span_id)]  # the step trace's root's
     for rank in (0, 1):
         first, second = sorted(
             (s for s in segments if rank_of[s.span_id] == rank),

@@ -21,7 +21,7 @@ DEMO = [
 EXPECTED_COUNTS = {
     "megatron.train": 1,
     "megatron.startup": 1,
-    "megatron.train.segment": 1,
+    "megatron.train.segment": 2,  # in the job trace, and the root of the rank's step trace
     "megatron.train.first_iteration": 1,
     "megatron.train.iteration": 6,
     "megatron.train.iteration.data_loading": 6,
@@ -61,14 +61,15 @@ def test_demo_spans_reach_otlp_nvtx_and_json_lines_alike(
     assert collections.Counter(s.name for s in spans) == EXPECTED_COUNTS
     by_id = {s.span_id: s for s in spans}
     (run,) = [s for s in spans if s.name == "megatron.train"]
-    (segment,) = [s for s in spans if s.name == "megatron.train.segment"]
-    assert run.parent_span_id not in by_id and segment.parent_span_id not in by_id  # shared
+    (first,) = [s for s in spans if s.name == "megatron.train.first_iteration"]
+    step_trace = first.trace_id  # the rank's step trace: its iterations, their phases
+    (segment,) = [
+        s for s in spans if s.name == "megatron.train.segment" and s.trace_id != step_trace
+    ]
+    (root,) = [s for s in spans if s.name == "megatron.train.segment" and s.trace_id == step_trace]
+    assert not run.parent_span_id and not segment.parent_span_id  # the keeper's: the roots
+    assert not root.parent_span_id and [link[1] for link in root.links] == [segment.span_id]
     assert run.status_code == "unset"
-    iteration_traces = {s.trace_id for s in spans if s.name.startswith("megatron.train.")} - {
-        run.trace_id,
-        segment.trace_id,
-    }
-    (step_trace,) = iteration_traces  # the rank's step trace: its iterations, their phases
     assert {s.trace_id for s in spans} == {run.trace_id, segment.trace_id, step_trace}
     assert run.resource_attributes["dl.rank"] == 0
     assert {s.scope_name for s in spans} == {"otel_training"}
@@ -88,9 +89,9 @@ def test_demo_spans_reach_otlp_nvtx_and_json_lines_alike(
         elif span.name == "megatron.train.iteration" and span.attributes["megatron.iteration"] == 1:
             assert parent.name == "megatron.train.first_iteration"
         elif span.name in ("megatron.train.iteration", "megatron.train.first_iteration"):
-            assert parent is segment, span.name  # its parent in the job trace
+            assert parent is root, span.name  # the step trace's root, linked to the segment
             assert span.trace_id == step_trace
-        elif span.name not in ("megatron.train", "megatron.train.segment"):
+        elif span.name not in ("megatron.train", "megatron.train.segment"):  # saves, evaluations
             assert parent is segment, span.name
             assert span.trace_id == segment.trace_id
     iterations = sorted(

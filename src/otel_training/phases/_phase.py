@@ -58,7 +58,7 @@ from otel_training.phases._exceptions import is_error, record_exception
 from otel_training.phases._state import PhaseState, bound_state, configured, reset_first_iteration
 from otel_training.phases._warnings import warn_once
 from otel_training.processors.nvtx import end_ranges_now
-from otel_training.segments import TraceSegments, run_begins
+from otel_training.segments import KEPT, TraceSegments, run_begins
 from otel_training.semconv.attributes import MEGATRON_ITERATION
 from otel_training.span_values import DEFERRED, PRIMITIVES, attribute_value, text
 from otel_training.trace_shape import JOB_LEVEL_GROUPS
@@ -464,9 +464,16 @@ class SpanPhase(Phase):
             role = self._role
             if segments is not None:
                 context, links = self._place(segments, context)
-            span = state.tracer.start_span(
-                self._name, context, links=links, attributes=attributes, start_time=self._started_ns
-            )
+            if context is KEPT:  # the run span of its shard's keeper: the run trace's root
+                span = segments.start_kept(self._name, links, attributes, self._started_ns)
+            else:
+                span = state.tracer.start_span(
+                    self._name,
+                    context,
+                    links=links,
+                    attributes=attributes,
+                    start_time=self._started_ns,
+                )
             self._span = span
             state.open[span] = True
             if role == RUN and segments is not None:
@@ -487,12 +494,12 @@ class SpanPhase(Phase):
         role, iteration = self._role, self._iteration
         if (role is not None or iteration is not None) and segments.is_run_level(parent):
             if role == RUN:
-                return segments.run_start()
+                return segments.run_start(self._started_ns)
             job_level = self._group in JOB_LEVEL_GROUPS
             placed = segments.routed(iteration, job_level, self._started_ns)
             if placed[0] is not None:
                 return placed
-        return segments.nested(parent, context)
+        return segments.nested(parent, context, self._started_ns)
 
     def _close(self, end_ns: int) -> bool:
         if self._token is not None:

@@ -14,8 +14,10 @@ run), which Megatron-LM wraps in ``megatron.train.first_iteration``.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace as trace_api
@@ -179,6 +181,7 @@ def _refresh(telemetry: setup.Telemetry) -> PhaseState:
                     sampler,
                     segment_spans="job" in state.spans,
                     open_spans=state.open,
+                    exports=_exports(settings.export_ranks, identity),
                 )
                 telemetry.before_shutdown.append(state.segments.close)
         _current = state
@@ -257,3 +260,15 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _exports(policy: Any, identity: Any) -> Callable[[int], bool]:
+    """Whether rank ``k`` of this job exports under ``policy`` (its local rank taken as
+    ``k`` mod the local world size, as torchrun and SLURM place ranks): every rank computes
+    the same, so the keepers of the shared traces agree without communication."""
+
+    def exports(rank: int) -> bool:
+        local = rank % max(1, identity.local_world_size)
+        return policy.exports(dataclasses.replace(identity, rank=rank, local_rank=local))
+
+    return exports
