@@ -5,6 +5,12 @@ thread's slices must form a proper stack. Spans may overlap without nesting (an 
 checkpoint on another thread, a span that outlives its parent), so each span goes to the track
 of its parent when it sits inside it on top of that track's stack, else to the first track that
 is idle at its start, else to a new track. The nesting depth on its track is its row.
+
+A rank's step trace is rooted by a ``megatron.train.segment`` span of its own, linked to the
+rank's segment span in the job trace (``docs/spans.md``): it nests under the rank's segment
+span of the same number (``otel_training.trace.segment``) placed last (the job trace's, or the
+root of the step trace before), so the iterations nest under their segment on one timeline;
+the segment span's own children nest through it.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from otel_training.report.run import Run, Span
+from otel_training.semconv.attributes import OTEL_TRAINING_TRACE_SEGMENT
+from otel_training.semconv.spans import MEGATRON_TRAIN_SEGMENT
 
 __all__ = ["Placement", "place_spans"]
 
@@ -47,6 +55,8 @@ def place_spans(run: Run, spans: Iterable[Span]) -> list[Placement]:
     items.sort(key=lambda item: (item[0], -item[1], item[2]))
     stacks: list[list[tuple[int, str]]] = []  # per track: (end_ns, span_id) of open slices
     track_of: dict[str, int] = {}
+    segments: dict[object, str] = {}  # segment number: the last segment span placed
+    under: dict[str, str] = {}  # a step trace's root: the segment span it nests under
     placements = []
     for start_ns, end_ns, _, span in items:
         for stack in stacks:
@@ -59,10 +69,20 @@ def place_spans(run: Run, spans: Iterable[Span]) -> list[Placement]:
             ):
                 stack.pop()
         track = None
-        parent_track = track_of.get(span.parent_span_id) if span.parent_span_id else None
+        parent_id = span.parent_span_id
+        if span.name == MEGATRON_TRAIN_SEGMENT:
+            number = span.attributes.get(OTEL_TRAINING_TRACE_SEGMENT)
+            last = segments.get(number)
+            segments[number] = span.span_id
+            if last is not None and parent_id not in track_of:
+                parent_id = under[span.span_id] = last  # under the segment's previous one
+        parent_track = track_of.get(parent_id) if parent_id else None
         if parent_track is not None:
             stack = stacks[parent_track]
-            if stack and stack[-1][1] == span.parent_span_id and stack[-1][0] >= end_ns:
+            top = stack[-1][1] if stack else None
+            while top != parent_id and top in under:  # a step trace's root: see through it
+                top = under[top]
+            if stack and top == parent_id and stack[-1][0] >= end_ns:
                 track = parent_track
         if track is None:
             track = next((t for t, stack in enumerate(stacks) if not stack), None)
