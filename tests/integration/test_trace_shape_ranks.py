@@ -152,6 +152,23 @@ def _spans(directory: Path) -> list[_Span]:
     return spans
 
 
+def _step_roots(segments: list[_Span]) -> list[_Span]:
+    """The segment spans that root a rank's step trace: linked to the rank's segment span of
+    the same segment (a segment span in the job trace links to the previous segment's)."""
+    ids = {(s.trace_id, s.span_id): s for s in segments}
+    return [
+        s
+        for s in segments
+        if any(
+            (target := ids.get(link)) is not None
+            and target.rank == s.rank
+            and target.attributes["otel_training.trace.segment"]
+            == s.attributes["otel_training.trace.segment"]
+            for link in s.links
+        )
+    ]
+
+
 def _shards(budget: int, world: int, spans_per_rank: int) -> tuple[int, int]:
     """(K, R) by search, independently of trace_shape: the fewest shards whose ranks per shard
     times the spans a rank is planned for fits the budget."""
@@ -175,7 +192,7 @@ JOB_LEVEL = {
 
 @documents("spans.md", "K = ⌈W / max(1, ⌊B / j⌋)⌉ shards of R = ⌈W / K⌉ consecutive ranks")
 @documents("spans.md", "bounds every trace whatever the world size W and the span groups")
-@documents("spans.md", "beyond, shard q > 0's segment spans link to shard 0's shared parent")
+@documents("spans.md", "beyond, shard q > 0's segment spans link to shard 0's root")
 @pytest.mark.parametrize(
     ("budget", "env"),
     [(400, {"OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS": "14"}), (60, {})],
@@ -198,8 +215,13 @@ def test_sixteen_ranks_make_traces_within_the_budget(run_python, tmp_path, budge
         by_trace[s.trace_id].append(s)
     assert max(len(members) for members in by_trace.values()) <= budget
     assert max(len(members) for members in by_trace.values()) > budget // 2  # filled, not idle
-    shared = {s.trace_id for s in spans if s.name in ("megatron.train", "megatron.train.segment")}
+    segments = [s for s in spans if s.name == "megatron.train.segment"]
+    roots = _step_roots(segments)
+    segments = [s for s in segments if s not in roots]  # each rank's in the job trace
+    shared = {s.trace_id for s in spans if s.name == "megatron.train"}
+    shared |= {s.trace_id for s in segments}
     step_traces = set(by_trace) - shared  # each rank's own: its iterations, what had no room
+    assert {s.trace_id for s in roots} == step_traces  # each rooted by a segment span
     for trace in step_traces:
         assert len({s.rank for s in by_trace[trace]}) == 1, trace
     for trace in shared:
@@ -207,7 +229,6 @@ def test_sixteen_ranks_make_traces_within_the_budget(run_python, tmp_path, budge
     own = collections.Counter(by_trace[t][0].rank for t in step_traces)
     assert own[CHATTY_RANK] >= own[0] + 2  # the loop's 3 x budget spans made more step traces
 
-    segments = [s for s in spans if s.name == "megatron.train.segment"]
     per_segment = collections.defaultdict(dict)
     for s in segments:
         per_segment[s.attributes["otel_training.trace.segment"]][s.rank] = s
@@ -237,7 +258,7 @@ def test_sixteen_ranks_make_traces_within_the_budget(run_python, tmp_path, budge
     anchors = {(g.trace_id, g.span_id) for g in segments}
     for trace in step_traces:
         linked = [link for s in by_trace[trace] for link in s.links if link in anchors]
-        assert len(linked) == 1, trace  # its first span links to the rank's segment span
+        assert len(linked) == 1, trace  # its root links to the rank's segment span
         (link,) = linked
         rank = by_trace[trace][0].rank
         assert (rank, link[1]) in segment_of_span
@@ -338,3 +359,57 @@ def test_a_ratio_sampler_decides_alike_in_two_processes(run_python, tmp_path):
             assert int(trace_id[16:], 16) == family_low(family), key
     step_traces = [{t for k, t, _ in seen if k.startswith("step")} for seen in ranks]
     assert not step_traces[0] & step_traces[1]  # per rank, yet decided alike
+
+
+@documents(
+    "spans.md",
+    "Every exported trace has exactly one root span, and no span names a parent in another trace",
+)
+@documents("spans.md", "a relation across traces is a span link")
+@documents("spans.md", "A shared trace's root is the span of the shard's keeper")
+@documents("spans.md", "every other rank's run or segment span names that id as its parent")
+@documents("spans.md", "A step trace's root is the rank's own `megatron.train.segment` span")
+@documents("spans.md", "a span that starts in a step trace for want of room in its parent's links")
+@pytest.mark.parametrize(
+    ("budget", "env"),
+    [(400, {"OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS": "14"}), (60, {})],
+    ids=["one job trace", "sharded"],
+)
+def test_every_trace_has_one_root_and_no_parent_in_another_trace(run_python, tmp_path, budget, env):
+    """Over the 16 ranks' exported spans (a small budget: shards, many step traces, the chatty
+    rank's overflow): every trace id has exactly one root span; no span's parent lies in
+    another trace or is exported by no one; a shared trace's root is its keeper's (the shard's
+    first rank) run or segment span; a probe that started in a step trace for want of room
+    links to its real parent, the chatty rank's forward-backward."""
+    directory = _run_ranks(run_python, tmp_path, budget, **env)
+    spans = _spans(directory)
+    by_id = {(s.trace_id, s.span_id): s for s in spans}
+    roots = collections.defaultdict(list)
+    for s in spans:
+        if not s.parent_span_id:
+            roots[s.trace_id].append(s)
+    traces = {s.trace_id for s in spans}
+    assert len(traces) > 20
+    assert {t: len(roots[t]) for t in traces} == {t: 1 for t in traces}
+    astray = [s for s in spans if s.parent_span_id and (s.trace_id, s.parent_span_id) not in by_id]
+    assert astray == []
+
+    count, ranks = _shards(budget, WORLD, JOB_SPANS)
+    run_count, run_ranks = _shards(budget, WORLD, RUN_SPANS)
+    for trace, (root,) in roots.items():
+        members = [s for s in spans if s.trace_id == trace]
+        if root.name == "megatron.train":  # a run trace shard: its first rank keeps it
+            assert root.rank % run_ranks == 0
+        elif len({s.rank for s in members}) > 1:  # a job trace shard
+            assert root.name == "megatron.train.segment" and root.rank % ranks == 0
+        else:  # a step trace: the rank's own root, linked to its segment span
+            assert root.name == "megatron.train.segment"
+            (link,) = root.links
+            assert by_id[link].name == "megatron.train.segment" and by_id[link].rank == root.rank
+    moved = [s for s in spans if s.name == "myproject.probe" and s.links]
+    assert moved  # the loop overflowed its iteration's step trace
+    for probe in moved:
+        (link,) = probe.links
+        parent = by_id[link]
+        assert parent.trace_id != probe.trace_id and parent.rank == CHATTY_RANK
+        assert parent.name == "megatron.train.iteration.forward_backward"
