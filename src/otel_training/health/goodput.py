@@ -95,6 +95,7 @@ __all__ = [
     "longest_phase_s",
     "median_step_s",
     "phase_at_end",
+    "progress_events",
     "reference_process",
     "restore_points",
 ]
@@ -501,35 +502,40 @@ def completion_s(process: Process, iteration: int) -> float | None:
     return None
 
 
-def last_progress(
-    process: Process, before_s: float | None = None
-) -> tuple[int | None, float | None]:
-    """The last completed step of ``process`` (the highest iteration seen) and when it last
-    progressed (Unix seconds; up to ``before_s`` when given), from its samples, its iteration
-    spans and warm-up span (their ends), its checkpoint saves and evaluations (their starts:
-    the step they hold had completed); after a load and before any step, the load."""
-    iteration: int | None = None
-    when: float | None = None
-
-    def see(i: int | None, t: float | None) -> None:
-        nonlocal iteration, when
-        if before_s is not None and t is not None and t > before_s:
-            return
-        if i is not None and (iteration is None or i > iteration):
-            iteration = i
-        if t is not None and (when is None or t > when):
-            when = t
-
-    for sample in process.samples:
-        if sample.progress_s is not None:
-            see(sample.iteration, sample.progress_s)
+def progress_events(process: Process) -> list[tuple[float, int | None]]:
+    """Every moment the files show ``process`` progressed, ``(Unix seconds, the step then)``,
+    unordered: each sample's progress timestamp (with its iteration), the ends of its
+    iteration spans and warm-up span that completed (neither raised nor truncated), and the
+    starts of its checkpoint saves and evaluations (the step they hold had completed). After
+    a load and before any step, the sample's timestamp is the load's."""
+    events: list[tuple[float, int | None]] = [
+        (s.progress_s, s.iteration) for s in process.samples if s.progress_s is not None
+    ]
     for span in process.spans:
         if span.failed or span.truncated:
             continue
         if span.phase in (_ledger.ITERATION, WARMUP) and span.end_s is not None:
-            see(span.iteration, span.end_s)
+            events.append((span.end_s, span.iteration))
         elif span.phase in (SAVE, EVALUATE) and span.iteration is not None:
-            see(span.iteration, span.start_s)
+            events.append((span.start_s, span.iteration))
+    return events
+
+
+def last_progress(
+    process: Process, before_s: float | None = None
+) -> tuple[int | None, float | None]:
+    """The last completed step of ``process`` (the highest iteration seen) and when it last
+    progressed (Unix seconds; up to ``before_s`` when given), from its
+    :func:`progress_events`."""
+    iteration: int | None = None
+    when: float | None = None
+    for t, i in progress_events(process):
+        if before_s is not None and t > before_s:
+            continue
+        if i is not None and (iteration is None or i > iteration):
+            iteration = i
+        if when is None or t > when:
+            when = t
     return iteration, when
 
 
