@@ -50,6 +50,7 @@ LINE_LENGTH = 100
 OUTPUTS = {
     "__init__.py.j2": "__init__.py",
     "attributes.py.j2": "attributes.py",
+    "events.py.j2": "events.py",
     "metrics.py.j2": "metrics.py",
     "spans.py.j2": "spans.py",
 }
@@ -175,6 +176,17 @@ class Metric:
     heartbeat: bool = False
 
 
+@dataclass(frozen=True)
+class Event:
+    """An event (a log record with an event name) defined in this registry."""
+
+    name: str
+    brief: str
+    note: str
+    stability: str
+    attributes: tuple[str, ...]
+
+
 @dataclass
 class Registry:
     """Everything read from the registry files, in file order."""
@@ -185,6 +197,7 @@ class Registry:
     entities: list[dict[str, Any]] = field(default_factory=list)
     attribute_groups: list[dict[str, Any]] = field(default_factory=list)
     spans: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 class RegistryError(Exception):
@@ -212,7 +225,7 @@ def load_registry(registry_dir: Path = REGISTRY_DIR) -> Registry:
         registry.documents[path] = document
         if not isinstance(document, dict):
             continue
-        for section in ("attributes", "metrics", "entities", "attribute_groups", "spans"):
+        for section in ("attributes", "metrics", "entities", "attribute_groups", "spans", "events"):
             entries = document.get(section) or []
             if isinstance(entries, list):
                 getattr(registry, section).extend(e for e in entries if isinstance(e, dict))
@@ -255,6 +268,9 @@ def _all_attribute_refs(registry: Registry) -> Iterator[tuple[str, Mapping[str, 
     for span in registry.spans:
         for ref in _refs(span.get("attributes")):
             yield str(span.get("type")), ref
+    for event in registry.events:
+        for ref in _refs(event.get("attributes")):
+            yield str(event.get("name")), ref
     for entity in registry.entities:
         for ref in (*_refs(entity.get("identity")), *_refs(entity.get("description"))):
             yield str(entity.get("type")), ref
@@ -322,7 +338,7 @@ def rule_violations(registry: Registry) -> list[Violation]:
     ``value_type``, ``export_flag`` (``replicated`` and ``heartbeat`` are booleans),
     ``unresolved_ref``, ``span_group`` (every span names a group of
     ``semconv/span_groups.yaml``) and ``constant_collision``
-    (no two metrics, attributes or spans share a Python constant).
+    (no two metrics, attributes, spans or events share a Python constant).
     """
     violations: list[Violation] = []
 
@@ -350,11 +366,12 @@ def rule_violations(registry: Registry) -> list[Violation]:
     entity_types = named("entity", registry.entities, "type")
     group_ids = named("attribute group", registry.attribute_groups, "id")
     span_names = named("span", registry.spans, "type")
+    event_names = named("event", registry.events, "name")
     violations += _namespace_collisions("metric", metric_names)
     violations += _namespace_collisions("attribute", attribute_keys)
     violations += _span_group_violations(registry, semconv_spans.load_span_groups())
     constants: dict[str, str] = {}
-    for name in (*metric_names, *attribute_keys, *span_names):
+    for name in (*metric_names, *attribute_keys, *span_names, *event_names):
         other = constants.setdefault(constant_name(name), name)
         if other != name:
             violations.append(
@@ -493,6 +510,21 @@ def build_model(registry: Registry) -> tuple[list[Attribute], list[Metric]]:
     return sorted(attributes, key=lambda a: a.key), sorted(metrics, key=lambda m: m.name)
 
 
+def build_events(registry: Registry) -> list[Event]:
+    """The events to generate, sorted by name. The registry must be valid."""
+    events = [
+        Event(
+            name=e["name"],
+            brief=_clean(e["brief"]),
+            note=_clean(e.get("note", "")),
+            stability=e["stability"],
+            attributes=tuple(r["ref"] for r in _refs(e.get("attributes")) if "ref" in r),
+        )
+        for e in registry.events
+    ]
+    return sorted(events, key=lambda e: e.name)
+
+
 def build_spans(registry: Registry, groups: SpanGroups) -> list[Span]:
     """The spans to generate, sorted by name. The registry must be valid."""
     return semconv_spans.build_spans(registry.spans, groups, _clean, _requirement)
@@ -609,6 +641,14 @@ def _attribute_doc(attribute: Attribute) -> str:
     return "\n\n".join(p for p in (attribute.brief, facts, attribute.note) if p)
 
 
+def _event_doc(event: Event) -> str:
+    """The docstring text of an event constant: brief; attributes; note."""
+    facts = f"A log record with this event name. Stability: {event.stability}."
+    if event.attributes:
+        facts += " Attributes: " + ", ".join(_literal(a) for a in event.attributes) + "."
+    return "\n\n".join(p for p in (event.brief, facts, event.note) if p)
+
+
 def _import_sort_key(name: str) -> tuple[int, str]:
     # isort's order-by-type, as ruff applies it: CONSTANTS, then Classes, then functions,
     # each compared case-insensitively (so SPAN_LEVELS sorts before SPANS).
@@ -640,6 +680,7 @@ def render(
     spans: Sequence[Span] = (),
     groups: SpanGroups | None = None,
     external: Mapping[str, str] | None = None,
+    events: Sequence[Event] = (),
 ) -> dict[str, str]:
     """The generated modules: file name -> source text. ``external`` maps OpenTelemetry
     attribute keys that metrics reference to the Python constants that hold them."""
@@ -661,6 +702,7 @@ def render(
         pytuple=_py_tuple,
         metric_doc=_metric_doc,
         attribute_doc=_attribute_doc,
+        event_doc=_event_doc,
         span_doc=lambda span: semconv_spans.span_doc(span, groups),
         kwarg_strings=_kwarg_strings,
     )
@@ -693,6 +735,11 @@ def render(
             [constant_name(m.name) for m in metrics]
             + ["METRICS", "MetricSpec"]
             + [f"create_{constant_name(m.name).lower()}" for m in metrics],
+            key=_import_sort_key,
+        ),
+        "events": events,
+        "event_exports": sorted(
+            [constant_name(e.name) for e in events] + ["EVENTS", "EventSpec"],
             key=_import_sort_key,
         ),
         "spans": spans,
@@ -739,6 +786,7 @@ def generate(
         build_spans(registry, groups),
         groups,
         external_attributes(registry),
+        build_events(registry),
     )
 
 

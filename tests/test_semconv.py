@@ -182,8 +182,8 @@ def test_rank_identity_attributes_are_resource_attributes(registry):
 
 
 def test_external_references_resolve_to_opentelemetry_semconv(registry):
-    """Referenced OTel attributes (host, service, process, error.type, hw.id) resolve to
-    semconv constants."""
+    """Referenced OTel attributes (host, service, process, error.type, hw.id, and the thread
+    and stack of the hang event) resolve to semconv constants."""
     external = gen.external_attributes(registry)
     assert set(external) == {
         "host.name",
@@ -192,6 +192,9 @@ def test_external_references_resolve_to_opentelemetry_semconv(registry):
         "process.creation.time",
         "error.type",
         "hw.id",
+        "thread.id",
+        "thread.name",
+        "code.stacktrace",
     }
     for key, path in external.items():
         module, _, constant = path.rpartition(".")
@@ -362,6 +365,21 @@ def test_generated_constants_equal_the_registry_names(registry):
     assert attributes.DL_RANK == "dl.rank"
     assert attributes.DL_WORLD_SIZE == "dl.world_size"
     assert metrics.MEGATRON_TRAINING_METRIC == attributes.MEGATRON_TRAINING_METRIC
+
+
+def test_generated_events_are_the_registry_events(registry):
+    """Each event name is a constant, and EVENTS holds exactly the registry's events with
+    their attributes, each of which resolves (defined here or in OpenTelemetry)."""
+    from otel_training.semconv import events
+
+    names = {e["name"] for e in registry.events}
+    assert names == set(events.EVENTS) == {"otel_training.hang.stalled"}
+    for entry in registry.events:
+        spec = events.EVENTS[entry["name"]]
+        assert getattr(events, gen.constant_name(entry["name"])) == entry["name"]
+        assert spec.attributes == tuple(r["ref"] for r in entry["attributes"])
+        local = {a["key"] for a in registry.attributes} | set(gen.external_attributes(registry))
+        assert set(spec.attributes) <= local
 
 
 def test_metric_table_matches_the_registry(registry):

@@ -46,8 +46,10 @@ __all__ = [
     "MEGATRON_TRAINING_ROUTER_STATISTIC",
     "MEGATRON_UPDATE_SUCCESSFUL",
     "NUM_MICROBATCHES",
+    "OTEL_TRAINING_HANG_BEGAN",
     "OTEL_TRAINING_HANG_PROGRESS_AGE",
     "OTEL_TRAINING_HANG_THRESHOLD",
+    "OTEL_TRAINING_HANG_TIME_TO_DETECT",
     "OTEL_TRAINING_LOG_ARGUMENTS",
     "OTEL_TRAINING_LOG_FORMAT_ERROR",
     "OTEL_TRAINING_SPAN_TRUNCATED",
@@ -399,6 +401,17 @@ Megatron-LM's name, without a namespace.
 """
 
 
+OTEL_TRAINING_HANG_BEGAN: Final = "otel_training.hang.began"
+"""Unix time, in seconds, from which the rank's hang age counts, when its watchdog found it stalled.
+
+Type: double. Point attribute. Stability: development. Examples: ``1796156589.0``.
+
+Its last completed step, or the end of the last pause of its attempt that its watchdog can see (a
+checkpoint save or load, an evaluation, startup or warm-up), whichever is later: the moment the
+incident began, as docs/health.md ("Incidents") defines it for one rank.
+"""
+
+
 OTEL_TRAINING_HANG_PROGRESS_AGE: Final = "otel_training.hang.progress_age"
 """Seconds since the rank's last completed optimizer step, when it suspected a hang.
 
@@ -417,6 +430,16 @@ Type: double. Point attribute. Stability: development. Examples: ``60.0``, ``600
 
 max(5 x median step, OTEL_PYTHON_TRAINING_HANG_FLOOR_S) in a step phase; the phase budgets of
 docs/health.md in checkpoint saves and loads, evaluations, startup and warm-up.
+"""
+
+
+OTEL_TRAINING_HANG_TIME_TO_DETECT: Final = "otel_training.hang.time_to_detect"
+"""Seconds from otel_training.hang.began to the moment the rank's watchdog found it stalled.
+
+Type: double. Point attribute. Stability: development. Examples: ``61.2``.
+
+The hang age that crossed the threshold: at least otel_training.hang.threshold, more by the
+watchdog's period (about a second) and by the time its peers' pauses excused it.
 """
 
 
@@ -730,6 +753,16 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             stability="development",
             resource=False,
         ),
+        OTEL_TRAINING_HANG_BEGAN: AttributeSpec(
+            name=OTEL_TRAINING_HANG_BEGAN,
+            type="double",
+            brief=(
+                "Unix time, in seconds, from which the rank's hang age counts, when its watchdog "
+                "found it stalled."
+            ),
+            stability="development",
+            resource=False,
+        ),
         OTEL_TRAINING_HANG_PROGRESS_AGE: AttributeSpec(
             name=OTEL_TRAINING_HANG_PROGRESS_AGE,
             type="double",
@@ -745,6 +778,16 @@ ATTRIBUTES: Final[Mapping[str, AttributeSpec]] = MappingProxyType(
             brief=(
                 "The hang threshold H, in seconds, for the phase the rank was in when it suspected "
                 "a hang."
+            ),
+            stability="development",
+            resource=False,
+        ),
+        OTEL_TRAINING_HANG_TIME_TO_DETECT: AttributeSpec(
+            name=OTEL_TRAINING_HANG_TIME_TO_DETECT,
+            type="double",
+            brief=(
+                "Seconds from otel_training.hang.began to the moment the rank's watchdog found it "
+                "stalled."
             ),
             stability="development",
             resource=False,
