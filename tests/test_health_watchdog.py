@@ -117,6 +117,7 @@ def stuck_in_forward(seconds: float) -> None:
         time.sleep(seconds)
 
 
+@documents("health.md", "The log record is the event `otel_training.hang.stalled`")
 @documents("health.md", "one `logging` warning on stderr naming where")
 @documents("health.md", "a `stacks` record in the span JSON lines")
 @documents(
@@ -158,6 +159,12 @@ def test_a_configured_rank_writes_a_log_record_and_a_span_line(tmp_path, monkeyp
     assert log.attributes["otel_training.hang.progress_age"] > 0.3
     assert "stuck_in_forward" in log.attributes["code.stacktrace"]
     assert "stuck_in_forward" in log.body
+    assert log.event_name == "otel_training.hang.stalled"
+    detect = log.attributes["otel_training.hang.time_to_detect"]
+    assert 0.3 < detect < 1.5
+    assert log.attributes["otel_training.hang.began"] == pytest.approx(
+        log.timestamp / 1e9 - detect, abs=0.01
+    )
     span_context = iteration_phase._span.get_span_context()
     assert log.trace_id == span_context.trace_id
     lines = [
@@ -285,6 +292,42 @@ def test_after_its_own_long_save_a_rank_is_not_stalled_in_its_next_step():
     assert dog.check() is None
     clock.t += 6.0
     assert dog.check()["progress_age_s"] == pytest.approx(111.0)
+
+
+@documents(
+    "health.md", "its watchdog's stacks record and log record say when that rank's stall began"
+)
+def test_the_stacks_record_says_when_the_stall_began_and_how_long_until_it_was_found():
+    """Step 20 ends at T0 + 2 (floor 10 s): the check at T0 + 13 finds the stall, which began
+    at T0 + 2 (its last progress): time to detect 11 s."""
+    clock, ledger, dog, records = scripted()
+    steps(clock, ledger, dog, 20)
+    began = clock.t
+    ledger.enter(L.ITERATION)
+    clock.t += 11.0
+    record = dog.check()
+    assert record["began_s"] == pytest.approx(began)
+    assert record["time_to_detect_s"] == pytest.approx(11.0)
+
+
+@documents(
+    "health.md", "its watchdog's stacks record and log record say when that rank's stall began"
+)
+def test_after_a_long_save_the_stall_began_when_the_save_ended():
+    """A 100 s save, then a stuck step: the stall began when the save ended (the hang age
+    counts from it), not at the last step; found 11 s later."""
+    clock, ledger, dog, records = scripted(floor_s=10.0, budget_s=600.0)
+    steps(clock, ledger, dog, 10)
+    save = ledger.enter(L.CHECKPOINT_SAVE)
+    clock.t += 100.0
+    ledger.exit(save, L.CHECKPOINT_SAVE, 10)
+    save_end = clock.t
+    ledger.enter(L.ITERATION)
+    clock.t += 11.0
+    record = dog.check()
+    assert record["began_s"] == pytest.approx(save_end)
+    assert record["time_to_detect_s"] == pytest.approx(11.0)
+    assert record["progress_age_s"] == pytest.approx(111.0)
 
 
 def two_ranks(tmp_path, *, attempt_of_peer=0, run_of_peer="run", floor_s=10.0, budget_s=60.0):

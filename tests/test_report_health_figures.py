@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from doc_rules import documents
 from health_sim import SimRank
 from support import child_env, import_or_unavailable
 
@@ -108,6 +109,20 @@ def test_a_rank_killed_while_hung_shows_its_culprit_and_stack(tmp_path, monkeypa
     assert "waits_for_a_peer_that_never_comes" in page
     assert "&lt;module&gt;" in page  # the stack's text is escaped
     assert 'id="plot-health-goodput"' in page
+    assert 'id="health-incidents"' in page  # the hang as an incident
+
+
+@documents("health.md", 'The report\'s "Run health" section has the same incidents as a table.')
+def test_the_incidents_are_a_table_of_the_section():
+    """A job with a straggler: one row, its rank, cause and moments from when it began."""
+    health = assess(straggling_job(), now_s=T0 + 10_000)
+    assert [x.kind for x in health.incidents] == ["straggler"]
+    (row,) = health_tables(health)["incidents"]
+    (incident,) = health.incidents
+    assert row["kind"] == "straggler" and row["culprits"] == "rank 1"
+    assert row["why"].startswith("compute, score 1.33")
+    assert row["detect"] == f"{incident.time_to_detect_s:,.1f} s"
+    assert row["recover"] == "–" and "still flagged" in row["recovery"]
 
 
 @pytest.mark.parametrize("damage", ["no ledger", "no files"])

@@ -17,10 +17,13 @@ have changed (:func:`otel_training.health.hang.unchanged_for_s`). When the rank 
 writes every thread's Python stack once per stall (until the rank progresses again; 8 stalls at
 most per process):
 
-- as an OpenTelemetry log record (severity WARN) on the pipeline's logger, with the trace
-  context of the newest span still open, ``dl.training.phase``, ``megatron.iteration``,
-  ``otel_training.hang.progress_age``, ``otel_training.hang.threshold``, ``thread.id``,
-  ``thread.name`` and ``code.stacktrace`` of the training thread, every stack in its body;
+- as an OpenTelemetry log record (severity WARN), the event ``otel_training.hang.stalled``, on
+  the pipeline's logger, with the trace context of the newest span still open,
+  ``dl.training.phase``, ``megatron.iteration``, ``otel_training.hang.progress_age``,
+  ``otel_training.hang.threshold``, when the stall began and how long until this check found
+  it (``otel_training.hang.began``, ``otel_training.hang.time_to_detect``: the incident as
+  this rank sees it, :mod:`otel_training.health.incidents`), ``thread.id``, ``thread.name``
+  and ``code.stacktrace`` of the training thread, every stack in its body;
 - as a ``stacks`` record in the span JSON lines (``docs/health.md``);
 - and one ``logging`` warning naming where.
 
@@ -276,6 +279,9 @@ class Watchdog:
         self._quiet = None
         self._dumped_for = stall
         self.dumps += 1
+        # the incident as this rank sees it (docs/health.md, "Incidents"): its hang age counts
+        # from its last progress or the end of its attempt's last pause it can see
+        hang_age = _hang.hang_age_s(own, _hang.pause_age_s([own, *peers]))
         record = {
             "record": "stacks",
             "time_ns": clock.now_ns(),
@@ -284,6 +290,8 @@ class Watchdog:
             "open_s": reading.open_s,
             "progress_age_s": reading.age_s,
             "threshold_s": threshold,
+            "began_s": now - hang_age,
+            "time_to_detect_s": hang_age,
             "iteration": reading.iteration,
             "threads": thread_stacks(self.ledger._thread, skip=self._own_ident()),
         }
@@ -406,9 +414,12 @@ def _emit_log(telemetry: Any, record: dict[str, Any], span: Any) -> bool:
     from otel_training.semconv.attributes import (
         DL_TRAINING_PHASE,
         MEGATRON_ITERATION,
+        OTEL_TRAINING_HANG_BEGAN,
         OTEL_TRAINING_HANG_PROGRESS_AGE,
         OTEL_TRAINING_HANG_THRESHOLD,
+        OTEL_TRAINING_HANG_TIME_TO_DETECT,
     )
+    from otel_training.semconv.events import OTEL_TRAINING_HANG_STALLED
 
     provider = telemetry.logger_provider
     if isinstance(provider, logs_api.NoOpLoggerProvider):
@@ -425,6 +436,8 @@ def _emit_log(telemetry: Any, record: dict[str, Any], span: Any) -> bool:
         DL_TRAINING_PHASE: record["phase"],
         OTEL_TRAINING_HANG_PROGRESS_AGE: float(record["progress_age_s"]),
         OTEL_TRAINING_HANG_THRESHOLD: float(record["threshold_s"]),
+        OTEL_TRAINING_HANG_BEGAN: float(record["began_s"]),
+        OTEL_TRAINING_HANG_TIME_TO_DETECT: float(record["time_to_detect_s"]),
     }
     if record.get("iteration") is not None:
         attributes[MEGATRON_ITERATION] = int(record["iteration"])
@@ -439,6 +452,7 @@ def _emit_log(telemetry: Any, record: dict[str, Any], span: Any) -> bool:
         severity_number=SeverityNumber.WARN,
         body="".join(body),
         attributes=attributes,
+        event_name=OTEL_TRAINING_HANG_STALLED,
     )
     context = span.get_span_context() if span is not None else None
     provider.get_logger("otel_training.health").emit(link_to_span(log_record, context))

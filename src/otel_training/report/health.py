@@ -12,6 +12,8 @@ running or hung: ``now`` is the moment judged. Nothing here raises on a file.
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import math
 import os
 import time
@@ -23,8 +25,10 @@ from typing import Any
 from otel_training import config
 from otel_training.health import goodput as _goodput
 from otel_training.health import hang as _hang
+from otel_training.health import incidents as _incidents
+from otel_training.health import ledger as _ledger
 from otel_training.health import straggler as _straggler
-from otel_training.health.evidence import Attempt, Job, Process, attempts
+from otel_training.health.evidence import Attempt, Job, PhaseSpan, Process, attempts
 from otel_training.health.ledger import PHASES
 from otel_training.report import run as _run
 from otel_training.report.notes import file_notes, other_jobs_note
@@ -61,6 +65,8 @@ class JobHealth:
         window_steps: Steps per straggler window asked for.
         notes: What was odd about the files, or limited the figures.
         processes: Every process read.
+        incidents: Its hangs and stragglers with their moments
+            (:mod:`otel_training.health.incidents`), by when they began.
     """
 
     job: str | None
@@ -72,6 +78,7 @@ class JobHealth:
     window_steps: int
     notes: list[str] = field(default_factory=list)
     processes: list[Process] = field(default_factory=list)
+    incidents: list[_incidents.Incident] = field(default_factory=list)
 
     @property
     def hang(self) -> AttemptHealth | None:
@@ -112,6 +119,7 @@ class JobHealth:
             "attempts": [_attempt_json(item) for item in self.attempts],
             "hang": None if hang is None else _hang_json(hang),
             "stragglers": stragglers,
+            "incidents": [_incidents.to_json(x) for x in self.incidents],
             "start": account.start_s,
             "end": account.end_s,
             "judged_at": self.judged_s,
@@ -269,6 +277,16 @@ def assess(
         following = ordered[i + 1] if i + 1 < len(ordered) else None
         item.estimated = estimates(attempt, attempt_account, following)
         items.append(item)
+    found = []
+    for i, item in enumerate(items):
+        live = item.attempt is ordered[-1] and _goodput.is_live(item.attempt, now_s)
+        later = [
+            _incidents.Restart(x.account.attempt, x.account.cohort, x.account.first_step_end_s)
+            for x in items[i + 1 :]
+        ]
+        found += hang_incidents(item, now_s if live else item.attempt.end_s, policy, later, live)
+        found += straggler_incidents(item)
+    found.sort(key=lambda x: (x.began_s, x.kind, x.culprits))
     notes = list(job.notes) + list(account.notes)
     for item in items:
         report = item.stragglers
@@ -282,7 +300,7 @@ def assess(
             )
     return JobHealth(
         job.job_id, job.directories, now_s, account, items, policy, window_steps, notes,
-        job.processes,
+        job.processes, found,
     )  # fmt: skip
 
 
@@ -372,6 +390,234 @@ def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _h
 
 
 _PAUSE_CODES = frozenset(PHASES.index(p) for p in _hang.PAUSE_PHASES)
+
+
+# -- incidents --------------------------------------------------------------------------------
+
+
+def hang_incidents(
+    item: AttemptHealth,
+    judged_s: float,
+    policy: _hang.HangPolicy,
+    later: Sequence[_incidents.Restart] = (),
+    live: bool = False,
+) -> list[_incidents.Incident]:
+    """The hangs of one attempt (:mod:`otel_training.health.incidents`): each stretch without
+    progress of any of its ranks, longer than the hang floor and ended by progress, whose
+    verdict judged at the last export inside it is hung; and the hang at ``judged_s`` (its end,
+    or now while it runs) when ``item.hang`` is hung, recovered by the first of ``later`` (the
+    attempts after it) that completed a step. Each verdict is :func:`judge_attempt` of the
+    files as they stood at that moment (:func:`as_of`). Never raises on what the files held."""
+    attempt = item.attempt
+    processes = [p for p in attempt.processes if p.samples]
+    if not processes:
+        return []
+    cache: dict[float, _hang.HangVerdict] = {}
+    if item.hang is not None:
+        cache[judged_s] = item.hang
+
+    def verdict_at(t: float) -> _hang.HangVerdict:
+        verdict = cache.get(t)
+        if verdict is None:
+            view = Attempt(attempt.number, attempt.numbered,
+                           [as_of(p, t) for p in attempt.processes], attempt.cohort)  # fmt: skip
+            verdict = cache[t] = judge_attempt(view, t, policy)
+        return verdict
+
+    # the moments any rank progressed, and its start (before any step its age runs from it)
+    events = sorted(
+        [(p.start_s, None, False) for p in processes if p.start_s is not None]
+        + [(t, i, True) for p in processes for t, i in _goodput.progress_events(p)],
+        key=lambda e: e[0],
+    )
+    events = [e for e in events if e[0] <= judged_s]
+    if not events:
+        return []
+    exports = sorted(s.time_s for p in processes for s in p.samples)
+    stacks = sorted(t for p in processes for r in p.stacks if (t := _stack_time(r)) is not None)
+    quiet = _Quiet(processes, policy)
+    step_threshold = policy.step_threshold_s(item.account.median_step_s)
+    found = []
+    iteration = None
+    for (a, i_a, _), (b, i_b, progress) in zip(events, events[1:]):
+        if i_a is not None and (iteration is None or i_a > iteration):
+            iteration = i_a
+        if not progress or b - a <= policy.floor_s:
+            continue
+        inside = exports[bisect.bisect_right(exports, a) : bisect.bisect_left(exports, b)]
+        if not inside or inside[-1] - a <= policy.floor_s or not quiet.could_hang(a, inside[-1]):
+            continue
+        last_seen = inside[-1]
+        # judged at the last export inside it; before that, where a rank's silence ended (a
+        # stopped rank that went on can end the verdict before progress comes)
+        moments = [*quiet.silence_ends(a, last_seen), last_seen]
+        estimated = []
+        recovered = b
+        if not _spans_date(processes, b) and i_b is not None and iteration is not None:
+            steps, median = i_b - iteration, item.account.median_step_s
+            if steps > 1 and median:
+                recovered = max(b - (steps - 1) * median, last_seen)
+                estimated.append(
+                    f"the first step after it is placed {steps - 1} median steps before the "
+                    "step the next export dated (no per-step spans)"
+                )
+        for moment in moments:
+            incident = _incidents.hang_incident(
+                verdict_at, _began(processes, a, moment), moment,
+                attempt=attempt.number, cohort=attempt.cohort,
+                watchdog_s=_first_between(stacks, a, b), recovered_s=recovered,
+                recovered_in=(attempt.number, attempt.cohort), estimated=estimated,
+                threshold_s=step_threshold,
+            )  # fmt: skip
+            if incident is not None:
+                found.append(incident)
+                break
+    a = events[-1][0]
+    if item.hang is not None and item.hang.hung and judged_s > a:
+        if live:
+            recovered, into, restarts, why = None, None, 0, "running"
+        else:
+            recovered, into, restarts, why = _incidents.recovery(later)
+        incident = _incidents.hang_incident(
+            verdict_at, _began(processes, a, judged_s), judged_s,
+            attempt=attempt.number, cohort=attempt.cohort,
+            watchdog_s=_first_between(stacks, a, judged_s), recovered_s=recovered,
+            recovered_in=into, restarts=restarts, unrecovered=why, threshold_s=step_threshold,
+        )  # fmt: skip
+        if incident is not None:
+            found.append(incident)
+    return found
+
+
+class _Quiet:
+    """Where an attempt's verdict cannot be hung, from its ranks' pause spans and exports: a
+    necessary condition only (:meth:`could_hang`), so that a long job's many evaluations and
+    saves cost no verdict each."""
+
+    def __init__(self, processes: Sequence[Process], policy: _hang.HangPolicy) -> None:
+        self.policy = policy
+        #: ``(start, end)`` of every pause span, by start (an unfinished one ends never).
+        self.pauses = sorted(
+            (s.start_s, s.end_s if s.end_s is not None else math.inf)
+            for p in processes
+            for s in p.spans
+            if s.phase in _PAUSE_CODES
+        )
+        #: When a rank was silent (no export for longer than its silence, from then until its
+        #: next export), by start.
+        silences = []
+        for process in processes:
+            times = [s.time_s for s in process.samples]
+            quiet = _hang.silence_s(process.export_interval_s)
+            silences += [(x + quiet, y) for x, y in zip(times, times[1:]) if y - x > quiet]
+            silences.append((times[-1] + quiet, math.inf))
+        self.silences = sorted(silences)
+
+    def silence_ends(self, low_s: float, high_s: float) -> list[float]:
+        """Just before each silence that overlaps ``(low_s, high_s)`` ended (the rank's next
+        export not yet written), in that stretch, ascending."""
+        return sorted(
+            end - _BEFORE_S
+            for start, end in self.silences
+            if start < high_s and low_s < end - _BEFORE_S < high_s
+        )
+
+    def could_hang(self, low_s: float, high_s: float) -> bool:
+        """Whether the verdict could be hung somewhere in ``(low_s, high_s]``, a stretch
+        without progress: not when no rank was silent in it, every pause in it lasted less than
+        the least H of a pause, and no part of it outside the pauses is longer than the floor
+        (a rank paused within its H excuses every peer, and a waiting peer's hang age counts
+        from the end of the last pause)."""
+        policy = self.policy
+        if any(start < high_s and end > low_s for start, end in self.silences):
+            return True
+        least = min(policy.phase_budget_s, policy.startup_s)
+        covered_to = low_s
+        for start, end in self.pauses:
+            if end <= low_s or start >= high_s:
+                continue
+            if end - start >= least or start - covered_to > policy.floor_s:
+                return True
+            covered_to = max(covered_to, end)
+        return high_s - covered_to > policy.floor_s
+
+
+#: How long before a moment "just before" it is, seconds.
+_BEFORE_S = 1e-6
+
+
+def _stack_time(record: Mapping[str, Any]) -> float | None:
+    """When a ``stacks`` record was written, Unix seconds, or ``None``."""
+    value = record.get("time_ns")
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return value / 1e9 if ok else None
+
+
+def _began(processes: Sequence[Process], last_progress_s: float, at_s: float) -> float:
+    """When the job's time without progress began: ``last_progress_s`` (any rank's last
+    progress), or the end of a pause span (a checkpoint save or load, an evaluation, a warm-up
+    step) of any rank after it and by ``at_s``, whichever is later."""
+    ends = [
+        s.end_s
+        for p in processes
+        for s in p.spans
+        if s.phase in _PAUSE_CODES and s.end_s is not None and last_progress_s < s.end_s <= at_s
+    ]
+    return max([last_progress_s, *ends])
+
+
+def _spans_date(processes: Sequence[Process], t: float) -> bool:
+    """A completed iteration or warm-up span of ``processes`` ended at ``t`` (the files date
+    that step exactly)."""
+    codes = (_ledger.WARMUP, _ledger.ITERATION)
+    return any(s.end_s == t and s.phase in codes for p in processes for s in p.spans)
+
+
+def _first_between(times: Sequence[float], low: float, high: float) -> float | None:
+    """The first of ``times`` (ascending) in ``(low, high]``, or ``None``."""
+    i = bisect.bisect_right(times, low)
+    return times[i] if i < len(times) and times[i] <= high else None
+
+
+def as_of(process: Process, at_s: float) -> Process:
+    """``process`` as its files stood at ``at_s`` (Unix seconds): its samples, stacks records
+    and evidence of life up to then, its spans that had started (those that ended later as
+    still open). ``process`` itself when nothing of it is later. Never raises."""
+    if (process.alive_s or process.last_s or 0.0) <= at_s:
+        return process
+    spans = []
+    for span in process.spans:
+        if span.start_s > at_s:
+            continue
+        if span.end_s is not None and span.end_s > at_s:
+            span = PhaseSpan(span.name, span.phase, span.start_s, None, span.iteration)
+        spans.append(span)
+    return dataclasses.replace(
+        process,
+        samples=[s for s in process.samples if s.time_s <= at_s],
+        spans=spans,
+        stacks=[r for r in process.stacks if (_stack_time(r) or 0.0) <= at_s],
+        last_s=None if process.last_s is None else min(process.last_s, at_s),
+        alive_s=None if process.alive_s is None else min(process.alive_s, at_s),
+    )
+
+
+def straggler_incidents(item: AttemptHealth) -> list[_incidents.Incident]:
+    """The straggler incidents of one attempt (:func:`otel_training.health.incidents.
+    straggler_incidents`), its windows dated by each rank's own steps
+    (:func:`otel_training.health.goodput.completion_s`)."""
+    report = item.stragglers
+    if report is None or not report.stragglers:
+        return []
+    by_rank = {p.rank: p for p in item.attempt.processes}
+
+    def time_of(rank: int, iteration: float) -> float | None:
+        process = by_rank.get(rank)
+        return None if process is None else _goodput.completion_s(process, int(round(iteration)))
+
+    return _incidents.straggler_incidents(
+        report, time_of, attempt=item.attempt.number, cohort=item.attempt.cohort
+    )
 
 
 def pause_end_s(process: Process, at_s: float) -> float | None:
@@ -552,6 +798,70 @@ def format_text(health: JobHealth) -> str:
             )
     else:
         lines.append("stragglers: none")
+    lines += incident_lines(health)
     for note in health.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+#: What an incident without a recovery says (:data:`otel_training.health.incidents.UNRECOVERED`).
+UNRECOVERED_TEXT = {
+    "running": "still hung now",
+    "not_restarted": "the job was not restarted after it",
+    "no_step_after": "no later attempt completed a step",
+    "still_flagged": "still flagged in the last window of its attempt",
+}
+
+
+def incident_text(incident: _incidents.Incident, job_start_s: float) -> str:
+    """One incident in a sentence: what, where, and its moments as durations from when it
+    began (which is given from the job's start)."""
+    x = incident
+    if x.kind == "hang":
+        what = f"hang in attempt {x.label}"
+        if x.culprits:
+            who = (
+                f"culprit{'s' if len(x.culprits) != 1 else ''} {ranks_phrase(x.culprits)}"
+                f" ({(x.rule or '').replace('_', ' ')})"
+            )
+        else:
+            who = "no culprit named"
+    else:
+        what = f"straggler in attempt {x.label}"
+        score = "" if x.score is None else f", score {x.score:.2f}"
+        who = f"{ranks_phrase(x.culprits)} (cause {x.cause}{score})"
+    parts = [
+        f"{what}: began {_duration(x.began_s - job_start_s)} into the job",
+        f"detected after {_duration(x.time_to_detect_s)}",
+    ]
+    if x.time_to_localise_s is not None:
+        parts.append(f"localised after {_duration(x.time_to_localise_s)}: {who}")
+    else:
+        parts.append(who)
+    if x.time_to_recover_s is not None:
+        where = ""
+        if x.recovered_in is not None and x.recovered_in != (x.attempt, x.cohort):
+            attempt, cohort = x.recovered_in
+            label = f"{attempt}.{cohort}" if cohort else str(attempt)
+            where = (
+                f" (in attempt {label}, after {x.restarts} restart{'s' if x.restarts != 1 else ''})"
+            )
+        verb = "stopped being flagged" if x.kind == "straggler" else "recovered"
+        parts.append(f"{verb} after {_duration(x.time_to_recover_s)}{where}")
+    else:
+        why = UNRECOVERED_TEXT.get(x.unrecovered or "", "not recovered")
+        if x.unrecovered == "no_step_after":
+            why += f" ({x.restarts} restart{'s' if x.restarts != 1 else ''})"
+        parts.append(f"not recovered: {why}")
+    text = "; ".join(parts)
+    if x.estimated:
+        text += " (estimated: " + "; ".join(x.estimated) + ")"
+    return text
+
+
+def incident_lines(health: JobHealth) -> list[str]:
+    """The terminal summary's incidents: one line each, or ``incidents: none``."""
+    if not health.incidents:
+        return ["incidents: none"]
+    start = health.account.start_s
+    return ["incidents:"] + ["  " + incident_text(x, start) for x in health.incidents]

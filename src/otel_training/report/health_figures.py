@@ -17,7 +17,7 @@ from otel_training.health import goodput as _goodput
 from otel_training.health import straggler as _straggler
 from otel_training.health.ledger import PHASES
 from otel_training.health.risk import progress_at_risk_s
-from otel_training.report.health import JobHealth
+from otel_training.report.health import UNRECOVERED_TEXT, JobHealth
 from otel_training.report.plot import Plot
 from otel_training.report.series import round_significant
 from otel_training.report.style import BUCKET_COLORS, PALETTE, PHASE_COLORS, layout
@@ -251,8 +251,52 @@ def health_plots(health: JobHealth) -> list[Plot]:
     ]
 
 
+def incident_rows(health: JobHealth) -> list[dict[str, str]]:
+    """The section's incidents table (:mod:`otel_training.health.incidents`): one row per
+    incident, its moments as durations from when it began (which is given from the job's
+    start)."""
+    rows = []
+    start = health.account.start_s
+
+    def seconds(value: float | None) -> str:
+        return "–" if value is None else f"{value:,.1f} s"
+
+    for x in health.incidents:
+        if x.recovered_s is not None:
+            recovery = "stopped being flagged" if x.kind == "straggler" else "recovered"
+            if x.recovered_in is not None and x.recovered_in != (x.attempt, x.cohort):
+                attempt, cohort = x.recovered_in
+                label = f"{attempt}.{cohort}" if cohort else str(attempt)
+                recovery += (
+                    f" in attempt {label} ({x.restarts} restart{'s' if x.restarts != 1 else ''})"
+                )
+        else:
+            recovery = "not recovered: " + UNRECOVERED_TEXT.get(x.unrecovered or "", "–")
+        if x.estimated:
+            recovery += " (estimated: " + "; ".join(x.estimated) + ")"
+        if x.kind == "hang":
+            why = (x.rule or "no culprit named").replace("_", " ")
+        else:
+            why = f"{x.cause}" + ("" if x.score is None else f", score {x.score:.2f}")
+        rows.append(
+            {
+                "kind": x.kind,
+                "attempt": x.label,
+                "culprits": cut(ranks_phrase(x.culprits), 240) if x.culprits else "–",
+                "why": why,
+                "began": seconds(x.began_s - start),
+                "detect": seconds(x.time_to_detect_s),
+                "localise": seconds(x.time_to_localise_s),
+                "recover": seconds(x.time_to_recover_s),
+                "recovery": recovery,
+            }
+        )
+    return rows
+
+
 def health_tables(health: JobHealth) -> dict[str, Any]:
-    """The section's tables: buckets by attempt, the attempts, the hang and its stacks."""
+    """The section's tables: buckets by attempt, the attempts, the incidents, the hang and its
+    stacks."""
     a = health.account
     headers = ["total", *[f"attempt {x.account.label}" for x in health.attempts]]
     rows = []
@@ -328,6 +372,7 @@ def health_tables(health: JobHealth) -> dict[str, Any]:
         "headers": headers,
         "rows": rows,
         "attempts": attempts,
+        "incidents": incident_rows(health),
         "hang": hang,
         "job": cut(health.job or "–", 120),
         "directories": [str(d) for d in health.directories],
