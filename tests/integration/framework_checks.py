@@ -148,11 +148,18 @@ def iteration_spans(spans: Sequence) -> list:
 
 
 def classify(spans: Sequence) -> dict[str, list]:
-    """One rank's spans by role, checking their places: the run; its trace segment (shared
-    parent, not exported); the first iteration wrapping iteration 1; iterations, evaluations
-    and saves in the segment; optimizer updates in their iterations. Every span has a role."""
+    """One rank's spans by role, checking their places: the run (the run trace's root); its
+    segment span in the job trace (the root there: a lone rank keeps it), linked to the run;
+    the step trace's root segment span, linked to that one; the first iteration wrapping
+    iteration 1; iterations in the step trace, evaluations and saves in the job trace;
+    optimizer updates in their iterations. Every span has a role."""
     (run,) = runs(spans)
-    (segment,) = named(spans, MEGATRON_TRAIN_SEGMENT)
+    segments = named(spans, MEGATRON_TRAIN_SEGMENT)
+    (segment,) = [s for s in segments if [link[1] for link in s.links] == [run.span_id]]
+    (step_root,) = [s for s in segments if s is not segment]
+    assert [link[1] for link in step_root.links] == [segment.span_id]
+    assert not run.parent_span_id and not segment.parent_span_id
+    assert not step_root.parent_span_id
     (first,) = named(spans, MEGATRON_TRAIN_FIRST_ITERATION)
     roles = {
         "iterations": iteration_spans(spans),
@@ -160,14 +167,14 @@ def classify(spans: Sequence) -> dict[str, list]:
         "saves": named(spans, MEGATRON_CHECKPOINT_SAVE),
         "evaluations": named(spans, MEGATRON_EVALUATE),
     }
-    assert len(spans) == 3 + sum(len(v) for v in roles.values())
+    assert len(spans) == 4 + sum(len(v) for v in roles.values())
     ids = {s.span_id for s in roles["iterations"]}
     assert all(s.parent_span_id in ids for s in roles["updates"])
-    in_segment = [first, *roles["saves"], *roles["evaluations"]]
-    in_segment += [s for s in roles["iterations"] if s.parent_span_id != first.span_id]
+    in_segment = [*roles["saves"], *roles["evaluations"]]
     assert all(s.parent_span_id == segment.span_id for s in in_segment)
-    assert [link[1] for link in segment.links] == [run.span_id]
-    return {"run": run, "segment": segment, "first": first, **roles}
+    in_step = [first, *(s for s in roles["iterations"] if s.parent_span_id != first.span_id)]
+    assert all(s.parent_span_id == step_root.span_id for s in in_step)
+    return {"run": run, "segment": segment, "step_root": step_root, "first": first, **roles}
 
 
 def step_windows(events: Sequence) -> dict[int, tuple[tuple[float, float], tuple[float, float]]]:

@@ -135,8 +135,14 @@ def child_env(repo_root) -> dict[str, str]:
 
 
 def _iterations(run_dir: Path) -> list[int]:
-    lines = (run_dir / "spans-rank0.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines if line.strip()]
+    """The iterations whose span_end line is whole (a line cut where the disk filled stays
+    cut, and the report's reader skips it)."""
+    records = []
+    for line in (run_dir / "spans-rank0.jsonl").read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            pass
     return sorted(
         r["attributes"]["megatron.iteration"]
         for r in records
