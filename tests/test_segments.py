@@ -363,10 +363,13 @@ def test_the_run_trace_is_counted_however_many_traces_came_before():
     assert len(_by_trace(spans)[run_trace]) == 8
 
 
+@documents("spans.md", "A process starts each derived root once")
 def test_a_segment_opened_again_goes_on_counting():
     """A save of segment 0 after segment 1 began (an asynchronous save that ends late) opens
     segment 0 again: its job and step traces go on counting from where they were, so neither
-    exceeds the budget, and new step traces link to the new segment span."""
+    exceeds the budget, and new step traces link to the new segment span. The keeper's second
+    segment span of segment 0 starts under its first (the job trace's root), not as a second
+    root with the same ids: every trace stays whole."""
     pipeline = _pipeline(12, "per_step")  # N = (12 - 1) // 4 = 2
     with ot.training_run():
         for it in range(1, 5):
@@ -383,7 +386,10 @@ def test_a_segment_opened_again_goes_on_counting():
     assert max(len(m) for m in _by_trace(spans).values()) <= 12
     zero = [s for s in spans if s.name == SEGMENT and s.context.trace_id == _job_trace(0)]
     assert len(zero) == 2  # opened twice, in the same job trace
-    _whole([s for s in spans if s not in zero[1:]])  # rank 0 keeps it: a root each time
+    first, again = sorted(zero, key=lambda s: s.start_time)
+    assert first.parent is None and again.parent.span_id == first.context.span_id
+    _whole(spans)
+    assert len({(s.context.trace_id, s.context.span_id) for s in spans}) == len(spans)
 
 
 def test_a_rank_beyond_shard_0_starts_under_its_shards_parent_and_links_to_shard_0():

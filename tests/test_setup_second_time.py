@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from doc_rules import documents
 
 import otel_training as ot
 from otel_training import setup, testing
@@ -64,7 +65,9 @@ def test_a_second_pipeline_records_exactly_as_the_first(how):
     _program(1)
     registered = _process_wide()
     recorded = _recorded(first)
-    assert len(recorded["spans"]) == 8 and recorded["logs"] == ["saved 2"]
+    # The run, its segment span in the job trace and the save under it, the step trace's root
+    # segment span, the first iteration's wrapper, two iterations, two forward-backwards.
+    assert len(recorded["spans"]) == 9 and recorded["logs"] == ["saved 2"]
     if how == "shutdown, then configure":
         assert ot.shutdown(5_000)
     elif how == "flush, then configure":
@@ -86,7 +89,8 @@ def test_a_second_pipeline_records_exactly_as_the_first(how):
 
 def test_a_span_open_at_a_second_configure_ends_with_the_first_pipeline():
     """A run open when configure() is called again ends, truncated, in the pipeline it started
-    in; the new pipeline's phases start fresh (no parent from the old one)."""
+    in; the new pipeline's phases start fresh (no parent from the old one: the new run span
+    is the root of a run trace of its own, this process's second run)."""
     first = testing.configure_in_memory({"OTEL_PYTHON_TRAINING_SPAN_GROUPS": "all"})
     run = ot.SpanRecorder().start_phase(ot.training_run)
     second = testing.configure_in_memory({"OTEL_PYTHON_TRAINING_SPAN_GROUPS": "all"})
@@ -99,8 +103,43 @@ def test_a_span_open_at_a_second_configure_ends_with_the_first_pipeline():
         pass
     run.stop()  # its span ended already: nothing more anywhere
     (fresh,) = second.spans.get_finished_spans()
-    assert fresh.name == names.MEGATRON_TRAIN and fresh.parent.is_remote
+    assert fresh.name == names.MEGATRON_TRAIN and fresh.parent is None
+    assert fresh.context.trace_id != truncated.context.trace_id
     assert len(first.spans.get_finished_spans()) == 1
+
+
+@documents("spans.md", "or a pipeline built again by a second `configure()` within a run")
+def test_a_second_configure_within_a_run_keeps_every_trace_whole():
+    """configure() again in the middle of segment 0, its iterations going on in the new
+    pipeline: over both pipelines' spans every trace has one root, no span id is exported
+    twice in a trace (the new pipeline's segment span starts under the job trace's root the
+    first one exported, its iterations in a step trace of a new part), no parent is missing."""
+    environ = {"OTEL_PYTHON_TRAINING_SPAN_GROUPS": "all"}
+    first = testing.configure_in_memory(environ)
+    run = ot.SpanRecorder().start_phase(ot.training_run)
+    with ot.training_iteration(iteration=1):
+        pass
+    second = testing.configure_in_memory(environ)
+    for thread in setup._retiring:
+        thread.join(10)
+    for iteration in (2, 3):
+        with ot.training_iteration(iteration=iteration):
+            pass
+    run.stop()
+    second.telemetry.shutdown()
+    spans = [*first.spans.get_finished_spans(), *second.spans.get_finished_spans()]
+    ids = [(s.context.trace_id, s.context.span_id) for s in spans]
+    assert len(set(ids)) == len(ids)
+    roots = {}
+    for span in spans:
+        if span.parent is None:
+            roots.setdefault(span.context.trace_id, []).append(span.name)
+        else:
+            assert (span.context.trace_id, span.parent.span_id) in ids, span.name
+    assert set(roots) == {s.context.trace_id for s in spans}
+    assert all(len(names_) == 1 for names_ in roots.values()), roots
+    # The run, the job and two step traces (the second pipeline's in a part of its own).
+    assert len(roots) == 4
 
 
 def test_logging_handlers_of_either_pipeline_record_into_the_current_one():

@@ -40,7 +40,9 @@ A process that runs more than once under one run id (a second ``fit`` in a noteb
 ``run{k}/segment/{s}``: each run has traces of its own, and ranks that run in step agree. Each
 run starts with no segment open and links to nothing of the run before it. Span ids of the
 spans themselves still come from each process's own generator, so ranks that seed ``random``
-alike never collide.
+alike never collide. A process starts each derived root once, over all its pipelines: a
+segment opened again, or a second ``configure()`` within a run, starts the segment span under
+the root already started and its steps in a step trace of a new part.
 """
 
 from __future__ import annotations
@@ -77,9 +79,35 @@ def run_begins() -> None:
 
 
 def _reset_runs() -> None:
-    """Forgets the runs begun in this process (a forked child; tests)."""
+    """Forgets the runs begun in this process and the roots it started (a forked child;
+    tests)."""
     global _runs
     _runs = 0
+    with _rooted_lock:
+        _rooted.clear()
+
+
+# The derived traces whose root this process started (trace ids, the newest
+# :data:`_KEPT_ROOTS`), over all its pipelines: a second root with the same ids (a segment
+# opened again, a second configure() within a run) would be a duplicate span in its trace.
+_rooted: dict[int, None] = {}
+_rooted_lock = threading.Lock()
+_KEPT_ROOTS = 4096
+
+
+def _claim_root(trace_id: int) -> bool:
+    """Whether this process may start the root of ``trace_id`` (it has not yet); claims it."""
+    with _rooted_lock:
+        if trace_id in _rooted:
+            return False
+        _rooted[trace_id] = None
+        while len(_rooted) > _KEPT_ROOTS:
+            del _rooted[next(iter(_rooted))]
+        return True
+
+
+def _root_started(trace_id: int) -> bool:
+    return trace_id in _rooted
 
 
 if hasattr(os, "register_at_fork"):
@@ -240,9 +268,12 @@ class TraceSegments:
     def _new_part(self, family: _Family, now_ns: int | None = None) -> _Trace:
         """This rank's next own trace of ``family`` (under the lock); its routed spans name the
         family's anchor (the segment span) as their parent, or a span id of its own."""
-        member = f"rank/{self._rank}/part/{family.parts}"
-        family.parts += 1
-        trace_id, span_id = member_ids(self._run_id, family.name, member)
+        while True:  # a part whose root this process started already is taken
+            member = f"rank/{self._rank}/part/{family.parts}"
+            family.parts += 1
+            trace_id, span_id = member_ids(self._run_id, family.name, member)
+            if not _root_started(trace_id):
+                break
         part = self._register(trace_id, self.shape.budget, family)
         root = None
         if self._segment_spans and family.index >= 0:
@@ -280,9 +311,19 @@ class TraceSegments:
         """A root span with the derived ids of ``context`` (a shard's shared parent, a part's
         own span id), which no tracer call can give: made as the SDK's tracer makes a span,
         recorded when the family is sampled; the root of a rank's own trace (``own``) is
-        registered as open and ends with its segment. None when the tracer is not the SDK's."""
+        registered as open and ends with its segment. None when the tracer is not the SDK's or
+        is disabled, or when this process started that trace's root already (in this or an
+        earlier pipeline): the caller then starts a span under the root instead."""
         tracer = self._tracer
         if not isinstance(tracer, trace_sdk.Tracer):
+            return None
+        enabled = getattr(tracer, "_is_enabled", None)
+        try:
+            if enabled is not None and not enabled():
+                return None
+        except Exception:
+            return None
+        if not _claim_root(context.trace_id):
             return None
         try:
             if not context.trace_flags.sampled:
