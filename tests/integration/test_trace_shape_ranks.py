@@ -29,10 +29,13 @@ CHATTY_RANK = 5  # runs an unbounded user loop of phase() in iteration 5
 
 # Forks WORLD ranks; each configures from its own RANK/WORLD_SIZE and runs the same program.
 RANKS = """
-import os, sys, traceback
+import os, signal, sys, traceback
 import otel_training as ot
 
 world, iterations, every, chatty, probes = (int(a) for a in sys.argv[1:6])
+# What becomes of rank 0 (the keeper of every shared trace of one shard): "killed:IT" (SIGKILL
+# after iteration IT, its spans flushed) or "left:IT" (its run ends after iteration IT).
+fate, _, fate_at = (sys.argv[6] if len(sys.argv) > 6 else "").partition(":")
 
 def program(rank):
     with ot.training_run():
@@ -68,6 +71,11 @@ def program(rank):
                     for stage in ("state_dict", "io_write", "finalize"):
                         with ot.checkpoint_save_stage(stage):
                             pass
+            if rank == 0 and fate and it == int(fate_at):
+                if fate == "killed":
+                    ot.force_flush()
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return
 
 children = []
 for rank in range(world):
@@ -84,7 +92,8 @@ for rank in range(world):
             code = 1
         os._exit(code)
     children.append(pid)
-failed = [pid for pid in children if os.waitpid(pid, 0)[1] != 0]
+killed = children[:1] if fate == "killed" else []
+failed = [pid for pid in children if (os.waitpid(pid, 0)[1] != 0) != (pid in killed)]
 sys.exit(1 if failed else 0)
 """
 
@@ -100,12 +109,13 @@ class _Span:
     links: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _run_ranks(run_python, tmp_path: Path, budget: int, **env: str) -> Path:
-    """Runs the WORLD ranks with span budget ``budget``; returns the run directory."""
+def _run_ranks(run_python, tmp_path: Path, budget: int, fate: str = "", **env: str) -> Path:
+    """Runs the WORLD ranks with span budget ``budget`` (rank 0 meeting ``fate``, see RANKS);
+    returns the run directory."""
     out = tmp_path / f"budget-{budget}"
     result = run_python(
         RANKS,
-        args=[str(WORLD), str(ITERATIONS), str(EVERY), str(CHATTY_RANK), str(3 * budget)],
+        args=[str(WORLD), str(ITERATIONS), str(EVERY), str(CHATTY_RANK), str(3 * budget), fate],
         env={
             "OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(out),
             "OTEL_PYTHON_TRAINING_RUN_ID": "ranks-of-one-run",
@@ -413,3 +423,48 @@ def test_every_trace_has_one_root_and_no_parent_in_another_trace(run_python, tmp
         parent = by_id[link]
         assert parent.trace_id != probe.trace_id and parent.rank == CHATTY_RANK
         assert parent.name == "megatron.train.iteration.forward_backward"
+
+
+def _member_ids(run_id: str, family: str, member: str) -> tuple[str, str]:
+    """(trace id, span id) in hex of a derived trace's root, independently of trace_shape: the
+    first 8 bytes of H(family/member) then bytes 8-16 of H(family); bytes 16-24 of
+    H(family/member)."""
+
+    def digest(part: str) -> bytes:
+        return hashlib.sha256(f"otel-training/{run_id}/{part}".encode()).digest()
+
+    member_digest = digest(f"{family}/{member}")
+    return (member_digest[:8] + digest(family)[8:16]).hex(), member_digest[16:24].hex()
+
+
+@documents("spans.md", "When the keeper does not end its span (it was killed, or hangs)")
+@documents("spans.md", "a job trace of a segment that the keeper never opened")
+@documents("spans.md", "the step trace it was filling has no root either")
+@pytest.mark.parametrize("fate", ["killed:20", "left:14"])
+def test_what_the_keeper_s_fate_leaves_without_a_root(run_python, tmp_path, fate):
+    """Rank 0, the keeper of the run trace and of each segment's job trace (one shard each),
+    SIGKILLed after iteration 20 (segment 1; its spans flushed first), or gone after iteration
+    14 (its run ended): the traces left without a root are exactly those whose root it never
+    exported: segment 1's job trace, and when it was killed, the run trace and its own step
+    trace of segment 1. No trace has two roots; every other parent is exported in its trace."""
+    directory = _run_ranks(
+        run_python, tmp_path, 400, fate, OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS="14"
+    )
+    spans = _spans(directory)
+    assert {s.rank for s in spans} == set(range(WORLD))
+    ids = {(s.trace_id, s.span_id) for s in spans}
+    missing = {
+        (s.trace_id, s.parent_span_id)
+        for s in spans
+        if s.parent_span_id and (s.trace_id, s.parent_span_id) not in ids
+    }
+    run_id = "ranks-of-one-run"
+    expected = {_member_ids(run_id, "segment/1", "shard/0")}
+    if fate.startswith("killed"):
+        expected.add(_member_ids(run_id, "run", "shard/0"))
+        expected.add(_member_ids(run_id, "segment/1", "rank/0/part/0"))
+    assert missing == expected
+    roots = collections.Counter(s.trace_id for s in spans if not s.parent_span_id)
+    traces = {s.trace_id for s in spans}
+    assert {t for t in traces if roots[t] == 0} == {trace for trace, _ in expected}
+    assert max(roots.values()) == 1
