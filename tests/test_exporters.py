@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 
 import pytest
 from doc_rules import documents
@@ -636,3 +637,72 @@ def test_the_grpc_exporters_retry_codes_lose_resource_exhausted():
         exporter.force_flush()
         exporter.shutdown()
         assert wrapped.calls == calls, safe
+
+
+# -- PeriodicMetricReader: a collection that times out ------------------------------------------
+
+
+def _slow_reader(slow_calls: int, sleep_s: float):
+    """A PeriodicMetricReader (interval 60 s) on a provider with a counter at 3, an observable
+    gauge whose first ``slow_calls`` callbacks take ``sleep_s`` seconds, and a fast one."""
+    from opentelemetry.metrics import Observation
+
+    from otel_training.testing import RecordingMetricExporter
+
+    exporter = RecordingMetricExporter()
+    reader = exporters.PeriodicMetricReader(exporter, export_interval_millis=60_000)
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    meter = provider.get_meter("test")
+    calls = []
+
+    def slow(options):
+        calls.append(1)
+        if len(calls) <= slow_calls:
+            time.sleep(sleep_s)
+        yield Observation(1.0)
+
+    meter.create_observable_gauge("slow", callbacks=[slow])
+    # The SDK checks the deadline before each callback: the slow one's time shows at the next.
+    meter.create_observable_gauge("fast", callbacks=[lambda options: [Observation(2.0)]])
+    meter.create_counter("steps").add(3)
+    return provider, reader, exporter
+
+
+@documents("limits.md", "is tried once more within the bound")
+def test_a_final_collection_that_times_out_is_tried_again_within_the_bound(caplog):
+    """The first try of the final collection has half the shutdown's timeout; a callback
+    slower than that fails it, the second try exports the values, and nothing is logged."""
+    provider, _, exporter = _slow_reader(slow_calls=1, sleep_s=0.6)
+    with caplog.at_level(logging.WARNING):
+        provider.shutdown(timeout_millis=1000)
+    assert [e["steps"][0].value for e in exporter.exports] == [3]
+    assert not caplog.records
+
+
+@documents("limits.md", "one that fails twice is said")
+def test_a_final_collection_that_times_out_twice_is_said_without_a_traceback(caplog):
+    """Both tries time out: one warning says what was not exported; no exception, no SDK
+    traceback. (A callback cannot be interrupted: the second try ends after the shutdown's
+    bound, on the reader's thread, which is waited for here.)"""
+    provider, reader, exporter = _slow_reader(slow_calls=2, sleep_s=0.3)
+    with caplog.at_level(logging.WARNING):
+        provider.shutdown(timeout_millis=400)
+        reader._daemon_thread.join(10)
+    assert exporter.exports == []
+    (record,) = caplog.records
+    assert "timed out twice" in record.getMessage() and not record.exc_info
+
+
+def test_a_periodic_collection_that_times_out_is_said_once_and_loses_nothing(caplog):
+    """A periodic collection past its timeout: one warning line per process, no traceback;
+    the next collection exports what the first one held."""
+    provider, reader, exporter = _slow_reader(slow_calls=2, sleep_s=0.1)
+    with caplog.at_level(logging.WARNING):
+        reader.collect(timeout_millis=10)
+        reader.collect(timeout_millis=10)
+    assert exporter.exports == []
+    (record,) = caplog.records
+    assert "timed out" in record.getMessage() and not record.exc_info
+    reader.collect(timeout_millis=10_000)
+    assert [e["steps"][0].value for e in exporter.exports] == [3]
+    provider.shutdown(timeout_millis=1000)

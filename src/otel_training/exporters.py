@@ -1,5 +1,6 @@
 """Exporters that guard what they hand on: ``SafeSpanExporter``, ``SafeMetricExporter`` and
-``SafeLogRecordExporter``, and the Prometheus reader's equivalent (``safe_prometheus_reader``).
+``SafeLogRecordExporter``, and the Prometheus reader's equivalent (``safe_prometheus_reader``);
+``PeriodicMetricReader``, whose final collection is not lost to a timeout.
 
 ``configure()`` wraps every exporter it builds (OTLP, console, the embedded OTLP-JSON files) in
 one of these. Each one, on the exporting thread (the batch processor's or the metric reader's,
@@ -32,11 +33,13 @@ from typing import Any, Final, TypeVar
 
 from opentelemetry.sdk._logs import ReadableLogRecord
 from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
+from opentelemetry.sdk.metrics import MetricsTimeoutError
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
     MetricExportResult,
     MetricReader,
     MetricsData,
+    PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -46,6 +49,7 @@ from otel_training._log_once import LogOnce
 
 __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
+    "PeriodicMetricReader",
     "SafeLogRecordExporter",
     "SafeMetricExporter",
     "SafeSpanExporter",
@@ -462,3 +466,55 @@ def safe_prometheus_reader(limits: _limits.Limits = _limits.DEFAULT_LIMITS) -> M
             super()._receive_metrics(metrics_data, *args, **kwargs)
 
     return SafePrometheusMetricReader()
+
+
+class PeriodicMetricReader(PeriodicExportingMetricReader):
+    """The SDK's ``PeriodicExportingMetricReader``, whose collections that time out (an
+    observable callback still running at the collection's deadline) are said in one warning
+    line instead of the SDK's traceback, and whose final collection is not lost to one.
+
+    A periodic collection that times out is said once per process; what it held is exported
+    with the next one (the synchronous instruments' values stay in the SDK's storage). The
+    final collection, at ``shutdown(timeout_millis)``, is bounded by that timeout, not by the
+    export interval: the first try has half of it, and a try that times out is tried once more
+    with the rest; when that one times out too, a warning says that the values recorded since
+    the last export were not exported. Arguments are ``PeriodicExportingMetricReader``'s.
+    Collections run on the reader's thread (``force_flush`` on the caller's); never raises
+    ``MetricsTimeoutError``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._final_deadline: float | None = None  # time.monotonic(), set by shutdown()
+        self._said = LogOnce(_logger)
+        super().__init__(*args, **kwargs)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._final_deadline = time.monotonic() + timeout_millis / 1000
+        super().shutdown(timeout_millis=timeout_millis, **kwargs)
+
+    def collect(self, timeout_millis: float = 10_000) -> None:
+        deadline = self._final_deadline
+        if deadline is None:
+            try:
+                super().collect(timeout_millis=timeout_millis)
+            except MetricsTimeoutError:
+                self._said(
+                    "timeout",
+                    "otel-training: a metric collection timed out after %.3g s (an observable "
+                    "callback was slow); what it held is exported with the next one.",
+                    timeout_millis / 1000,
+                )
+            return
+        for share in (0.5, 1.0):  # the final collection: tried again once within the bound
+            budget_ms = (deadline - time.monotonic()) * 1000 * share
+            if budget_ms <= 0:
+                break
+            try:
+                super().collect(timeout_millis=budget_ms)
+                return
+            except MetricsTimeoutError:
+                continue
+        _logger.warning(
+            "otel-training: the final metric collection timed out twice (an observable callback "
+            "was slow); the values recorded since the last export were not exported."
+        )

@@ -29,10 +29,10 @@ from opentelemetry.sdk.metrics.export import (
     MetricExporter,
     MetricExportResult,
     MetricsData,
-    PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import Resource
 
+from otel_training.exporters import PeriodicMetricReader
 from otel_training.semconv.metrics import METRICS
 
 __all__ = [
@@ -101,7 +101,7 @@ def heartbeat_provider(
     (export timeout ``timeout_ms``, cut to the interval); its instruments are created by the
     caller (:func:`otel_training.health.metrics.observe_ledger` with
     :data:`HEARTBEAT_METRICS`). Raises nothing beyond what the SDK raises for bad values."""
-    reader = PeriodicExportingMetricReader(
+    reader = PeriodicMetricReader(
         exporter,
         export_interval_millis=interval_ms,
         export_timeout_millis=min(timeout_ms, interval_ms),

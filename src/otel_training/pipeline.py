@@ -40,7 +40,6 @@ from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
     MetricExporter,
     MetricReader,
-    PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import (
@@ -61,6 +60,7 @@ from otel_training import views as _views
 from otel_training._log_once import LogOnce
 from otel_training.exporters import (
     DEFAULT_MAX_REQUEST_BYTES,
+    PeriodicMetricReader,
     SafeLogRecordExporter,
     SafeMetricExporter,
     SafeSpanExporter,
@@ -594,7 +594,7 @@ def _metric_reader(
     if name == "otlp" and _heartbeats(settings):
         # The heartbeat's provider is the one writer of the hang signals over OTLP.
         safe = heartbeat.WithoutMetricsExporter(safe, heartbeat.HEARTBEAT_METRICS)
-    reader = PeriodicExportingMetricReader(
+    reader = PeriodicMetricReader(
         safe,
         export_interval_millis=interval_ms,
         export_timeout_millis=min(settings.metric_export_timeout_ms, interval_ms),
