@@ -89,6 +89,9 @@ DEFAULT_PROMETHEUS_PORT: Final = 9464
 DEFAULT_NVTX_DOMAIN: Final = "otel_training"
 #: Upper bound of shutdown, in seconds, when no signal exports by OTLP.
 LOCAL_SHUTDOWN_TIMEOUT_S: Final = 15.0
+#: Seconds from a SIGTERM that nobody else handles to the end of the process when no signal
+#: exports by OTLP (the default disposition ends it at once; telemetry takes this long).
+LOCAL_SIGTERM_BOUND_S: Final = 2.0
 
 #: The span group of phases whose name is not in the registry (``phase(name)``); it is on in
 #: every preset but ``none``.
@@ -459,6 +462,16 @@ class Settings:
         if "otlp" in self.logs.exporters:
             timeouts.append(self.logs.otlp.timeout_s)
         return max(timeouts) if timeouts else LOCAL_SHUTDOWN_TIMEOUT_S
+
+    @property
+    def sigterm_bound_s(self) -> float:
+        """Seconds from a SIGTERM that nobody else handles to the end of the process: the
+        longest OTLP timeout of the signals that export by OTLP + 1 s, else 2 s
+        (:data:`LOCAL_SIGTERM_BOUND_S`)."""
+        exporters = (self.metrics_exporters, self.traces_exporters, self.logs.exporters)
+        if any("otlp" in names for names in exporters):
+            return self.shutdown_timeout_s + 1.0
+        return LOCAL_SIGTERM_BOUND_S
 
     def prometheus_port_of_rank(self) -> int:
         """The port this process serves Prometheus metrics on: the base port plus the local

@@ -151,6 +151,10 @@ class Telemetry:
                 _logger.warning("otel-training: a shutdown hook failed", exc_info=True)
         if reason is None and self.open_spans is not None:
             self.open_spans.truncate(reason)
+        if reason is not None:
+            # The process ends at the signal: the final collection holds what was recorded
+            # before it, not what threads of the program's record while telemetry flushes.
+            _stop_measurements(self.meter_provider)
         # Side by side, so that three dead endpoints cost one timeout, not three.
         threads = [
             threading.Thread(target=_call, args=(provider, "shutdown"), daemon=True)
@@ -188,6 +192,20 @@ class Telemetry:
             )
             return False
         return True
+
+
+def _stop_measurements(provider: metrics_api.MeterProvider) -> None:
+    """Drops every synchronous measurement that reaches ``provider`` from now on (observable
+    instruments are still read at the final collection). Through the SDK's measurement consumer,
+    which every synchronous instrument of ``provider`` calls; a provider without one (not the
+    SDK's) records on. Never raises."""
+    consumer = getattr(provider, "_measurement_consumer", None)
+    if consumer is not None and hasattr(consumer, "consume_measurement"):
+        consumer.consume_measurement = _drop_measurement
+
+
+def _drop_measurement(measurement: object) -> None:
+    return None
 
 
 _flush_hooks: list[Callable[[float], object]] = [instruments.flush_deferred]
@@ -315,7 +333,10 @@ def configure(
         if telemetry.recording:
             _live.append(telemetry)
             lifecycle.install(
-                _shutdown_all, _flush_all, on_sigterm=telemetry.settings.shutdown_on_sigterm
+                _shutdown_all,
+                _flush_all,
+                on_sigterm=telemetry.settings.shutdown_on_sigterm,
+                sigterm_bound_s=_sigterm_bound_s,
             )
             # The ledger's progress record outlives a kill (docs/health.md).
             if built.output_dir is not None:
@@ -468,13 +489,28 @@ def _retire(previous: Telemetry) -> None:
     thread.start()
 
 
-def _shutdown_all(reason: str | None = None) -> None:
+def _shutdown_all(reason: str | None = None, timeout_s: float | None = None) -> None:
     """Shuts down every live pipeline side by side, and waits for replaced ones still
-    stopping; bounded by the longest export timeout + 1 s (the exit and SIGTERM path)."""
+    stopping; bounded by ``timeout_s`` (default: the longest export timeout) + 1 s (the exit
+    and SIGTERM path)."""
     with _lock:
         live = list(reversed(_live))
         retiring = list(_retiring)
-    _side_by_side(live, lambda t: t.shutdown(reason=reason), "exit", retiring)
+    timeout_millis = None if timeout_s is None else timeout_s * 1000
+    _side_by_side(
+        live,
+        lambda t: t.shutdown(timeout_millis, reason=reason),
+        "exit",
+        retiring,
+        bound_s=timeout_s,
+    )
+
+
+def _sigterm_bound_s() -> float:
+    """Seconds from a SIGTERM that nobody else handles to the end of the process: the longest
+    bound of the live pipelines (:attr:`config.Settings.sigterm_bound_s`). Takes no lock: the
+    SIGTERM handler calls it on the main thread, which may hold ``_lock``."""
+    return max([t.settings.sigterm_bound_s for t in list(_live)] or [config.LOCAL_SIGTERM_BOUND_S])
 
 
 def _flush_all() -> None:
@@ -491,6 +527,7 @@ def _side_by_side(
     work: Callable[[Telemetry], object],
     what: str,
     also_join: list[threading.Thread],
+    bound_s: float | None = None,
 ) -> None:
     threads = [
         threading.Thread(target=work, args=(t,), name=f"otel-training-{what}", daemon=True)
@@ -498,7 +535,11 @@ def _side_by_side(
     ]
     for thread in threads:
         thread.start()
-    bound = max([t.settings.shutdown_timeout_s for t in live] or [config.LOCAL_SHUTDOWN_TIMEOUT_S])
+    bound = bound_s
+    if bound is None:
+        bound = max(
+            [t.settings.shutdown_timeout_s for t in live] or [config.LOCAL_SHUTDOWN_TIMEOUT_S]
+        )
     deadline = time.monotonic() + bound + 2 * _SHUTDOWN_SLACK_S
     for thread in threads + also_join:
         thread.join(max(0.0, deadline - time.monotonic()))
