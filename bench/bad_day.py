@@ -8,6 +8,12 @@ Prints, from one run:
 - ``sigterm``: SIGTERM delivered at a random moment into a tight ``record_training_metrics``
   loop, N times (default 200): how many children hung (did not end within timeout + 5 s) and
   how many delivered their last interval (the only export: the interval is 60 s);
+- ``unhandled``: SIGTERM at a random moment into a busy program with no handler of its own
+  (``tests/integration/sigterm_trials.py``), N times (default 30) for the embedded default and
+  for OTLP/gRPC to a loopback receiver (timeout 1 s), on this machine as it is and again with
+  one busy process per core beside it: how many ended by SIGTERM within the bound (2 s; the
+  OTLP timeout + 1 s), exported every step recorded before the signal, recorded none after it,
+  printed no traceback; the median and worst time from the signal to the end;
 - ``handled``: SIGTERM at a random moment into a program that handles it itself (its handler
   set after ``configure()``, before it, or chaining ours, in turn), N times (default 100): how
   many telemetry ended (status 143 or death by SIGTERM), how many completed their graceful
@@ -19,8 +25,8 @@ Prints, from one run:
 - ``a11``: case A11 (a 5 MB attribute, a 3 MB exception message) over gRPC: the largest export
   request in bytes and the longest span JSON line in bytes, against 4 MiB and 1 MiB.
 
-Usage: python bench/bad_day.py [--sigterm-trials N] [--handled-trials N]
-[--skip shutdown,sigterm,handled,burst,a11]
+Usage: python bench/bad_day.py [--sigterm-trials N] [--unhandled-trials N] [--handled-trials N]
+[--skip shutdown,sigterm,unhandled,handled,burst,a11]
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import signal
 import subprocess
@@ -43,6 +50,7 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 sys.path.insert(0, str(ROOT / "tests"))  # what the integration tests import (support, doc_rules)
 
 from otlp_receiver import BlackHole, OtlpReceiver, free_port  # noqa: E402
+from sigterm_trials import DELIVERY_STEPS, trial  # noqa: E402
 from support import child_env  # noqa: E402
 
 # The children of the tests that hold these cases, run here as the tests run them.
@@ -174,15 +182,55 @@ def sigterm_figures(trials: int) -> None:
           f"{kept}/{trials} (goal {trials}/{trials})")  # fmt: skip
 
 
+@contextlib.contextmanager
+def _busy_cores(count: int) -> Iterator[None]:
+    """``count`` processes that spin on a core each while the block runs."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def unhandled_figures(trials: int) -> None:
+    print(f"unhandled: SIGTERM into a busy program with no handler of its own, {trials} trials "
+          "each (goal: every trial ends by SIGTERM within the bound, exports every step "
+          "before the signal, none after, no traceback)")  # fmt: skip
+    cores = os.cpu_count() or 1
+    with OtlpReceiver() as receiver:
+        for load, busy in (("quiet", 0), (f"{cores} busy cores", cores)):
+            with _busy_cores(busy):
+                for exporter, name in (("file", "embedded default"), ("otlp", "OTLP/gRPC")):
+                    rng = random.Random(f"{exporter}-{busy}")
+                    results = [trial(exporter, rng, receiver) for _ in range(trials)]
+                    seconds = sorted(r.seconds for r in results)
+                    print(f"  {load:<13} {name:<16} bound {results[0].bound_s:.0f} s: "
+                          f"within {sum(r.within_bound for r in results)}/{trials}, "
+                          f"kept {sum(r.kept_all for r in results)}/{trials}, "
+                          f"stood still {sum(r.stood_still for r in results)}/{trials} "
+                          f"(ran on at most {max(r.ran_on for r in results)} steps; "
+                          f"{DELIVERY_STEPS} allowed for the delivery), "
+                          f"tracebacks {sum(r.traceback for r in results)}; "
+                          f"seconds median {seconds[len(seconds) // 2]:.2f}, "
+                          f"worst {seconds[-1]:.2f}")  # fmt: skip
+                    for failed in [r for r in results if not r.ok][:3]:
+                        print(f"    failed: status {failed.status}, {failed.seconds:.2f} s, "
+                              f"steps at the signal {failed.steps_at_signal}, at the end "
+                              f"{failed.steps_at_end}, exported {failed.exported}; stderr: "
+                              f"{failed.stderr.strip().splitlines()[-1:]}")  # fmt: skip
+
+
 def handled_figures(trials: int, graceful_s: float = 1.5) -> None:
     ended = completed = exported = hangs = 0
     rng = random.Random(1)
     modes = ("after", "before", "chained")
-    for trial in range(trials):
+    for number in range(trials):
         checkpoint = Path(tempfile.mkdtemp(prefix="bad-day-handled-")) / "checkpoint"
         with OtlpReceiver() as receiver:
             env = _env({**receiver.env("grpc"), "OTEL_METRIC_EXPORT_INTERVAL": "60000"})
-            with _program(PROGRAM_HANDLES, env, modes[trial % 3], str(checkpoint)) as child:
+            with _program(PROGRAM_HANDLES, env, modes[number % 3], str(checkpoint)) as child:
                 child.stdout.readline()  # "ready"
                 time.sleep(rng.uniform(0, 0.05))
                 child.send_signal(signal.SIGTERM)
@@ -246,6 +294,7 @@ def a11_figures() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sigterm-trials", type=int, default=200)
+    parser.add_argument("--unhandled-trials", type=int, default=30)
     parser.add_argument("--handled-trials", type=int, default=100)
     parser.add_argument("--skip", default="", help="comma-separated parts to skip")
     args = parser.parse_args()
@@ -254,6 +303,8 @@ def main() -> None:
         shutdown_figures()
     if "sigterm" not in skip:
         sigterm_figures(args.sigterm_trials)
+    if "unhandled" not in skip:
+        unhandled_figures(args.unhandled_trials)
     if "handled" not in skip:
         handled_figures(args.handled_trials)
     if "burst" not in skip:
