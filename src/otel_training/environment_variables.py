@@ -92,12 +92,13 @@ TORCHELASTIC_RESTART_COUNT``, distinct and in order), else absent.
 
 OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM: Final = "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM"
 """Boolean, default ``true``: telemetry watches for SIGTERM. When nobody else handles it (the
-disposition was the default at ``configure()``, which installs a handler), telemetry flushes and
-shuts down (bounded by the export timeout) and then terminates the process with SIGTERM as before,
-so the last interval survives a launcher's termination. When the program handles SIGTERM itself
-(a handler set before or after ``configure()``), telemetry only flushes and leaves the process's
-fate to the program. ``false``: no handler, no watcher, the interpreter's wakeup fd untouched;
-telemetry is still shut down at exit. See ``docs/limits.md``, "A guest in the process".
+disposition was the default at ``configure()``, which installs a handler), the program stops at
+once, telemetry flushes and shuts down, and the process ends by SIGTERM within 2 s (the OTLP
+timeout + 1 s with a network exporter), so the last interval survives a launcher's
+termination. When the program handles SIGTERM itself (a handler set before or after
+``configure()``), telemetry only flushes and leaves the process's fate to the program.
+``false``: no handler, no watcher, the interpreter's wakeup fd untouched; telemetry is still
+shut down at exit. See ``docs/limits.md``, "A guest in the process".
 """
 
 OTEL_PYTHON_TRAINING_SPAN_GROUPS: Final = "OTEL_PYTHON_TRAINING_SPAN_GROUPS"
