@@ -31,7 +31,6 @@ Usage: python bench/bad_day.py [--sigterm-trials N] [--unhandled-trials N] [--ha
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -49,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 sys.path.insert(0, str(ROOT / "tests"))  # what the integration tests import (support, doc_rules)
 
+import _verdict  # noqa: E402
 from otlp_receiver import BlackHole, OtlpReceiver, free_port  # noqa: E402
 from sigterm_trials import DELIVERY_STEPS, trial  # noqa: E402
 from support import child_env  # noqa: E402
@@ -57,6 +57,9 @@ from support import child_env  # noqa: E402
 from test_burst import BURST  # noqa: E402
 from test_limits_end_to_end import CASE_A11  # noqa: E402
 from test_signals import PROGRAM_HANDLES  # noqa: E402
+
+#: The goals of this run, judged as each part ends.
+VERDICT = _verdict.Verdict("bench-bad-day")
 
 SHUTDOWN_CHILD = textwrap.dedent(
     """
@@ -158,6 +161,7 @@ def shutdown_figures() -> None:
                     cells.append(f"{seconds:7.2f}")
                 print(f"  {name:<11} {protocol:<14} " + " ".join(cells))
     print(f"  worst shutdown - timeout: {worst:.2f} s (goal <= 1 s)")
+    VERDICT.check("shutdown", worst <= 1.0, f"worst shutdown - timeout {worst:.2f} s (<= 1 s)")
 
 
 def sigterm_figures(trials: int) -> None:
@@ -180,6 +184,7 @@ def sigterm_figures(trials: int) -> None:
             )
     print(f"sigterm: {hangs} hangs in {trials} trials (goal 0); last interval kept "
           f"{kept}/{trials} (goal {trials}/{trials})")  # fmt: skip
+    VERDICT.check("sigterm", hangs == 0 and kept == trials, f"{hangs} hangs, kept {kept}/{trials}")
 
 
 @contextlib.contextmanager
@@ -215,7 +220,13 @@ def unhandled_figures(trials: int) -> None:
                           f"tracebacks {sum(r.traceback for r in results)}; "
                           f"seconds median {seconds[len(seconds) // 2]:.2f}, "
                           f"worst {seconds[-1]:.2f}")  # fmt: skip
-                    for failed in [r for r in results if not r.ok][:3]:
+                    failures = [r for r in results if not r.ok]
+                    VERDICT.check(
+                        f"unhandled, {load}, {name}",
+                        not failures,
+                        f"{trials - len(failures)}/{trials} trials within every goal",
+                    )
+                    for failed in failures[:3]:
                         print(f"    failed: status {failed.status}, {failed.seconds:.2f} s, "
                               f"steps at the signal {failed.steps_at_signal}, at the end "
                               f"{failed.steps_at_end}, exported {failed.exported}; stderr: "
@@ -253,6 +264,12 @@ def handled_figures(trials: int, graceful_s: float = 1.5) -> None:
           f"by telemetry (goal 0), graceful path completed {completed}/{trials}, last interval "
           f"exported {exported}/{trials} (goal {trials}/{trials} each), "
           f"{hangs} hangs (goal 0)")  # fmt: skip
+    VERDICT.check(
+        "handled",
+        ended == 0 and hangs == 0 and completed == trials and exported == trials,
+        f"{ended} ended by telemetry, {hangs} hangs, completed {completed}/{trials}, "
+        f"exported {exported}/{trials}",
+    )
 
 
 def burst_figures() -> None:
@@ -270,6 +287,8 @@ def burst_figures() -> None:
     )
     print(f"burst: 80000 spans from 8 threads: OTLP-JSON traces file lost {80_000 - exported}, "
           f"span JSON lines lost {80_000 - ends} (goal 0 and 0)")  # fmt: skip
+    VERDICT.check("burst", exported == ends == 80_000, f"lost {80_000 - exported} and "
+                  f"{80_000 - ends} spans")  # fmt: skip
 
 
 def a11_figures() -> None:
@@ -289,15 +308,21 @@ def a11_figures() -> None:
     )
     print(f"a11: {spans} of 24 spans arrived; largest export request {largest:,} bytes "
           f"(limit 4,194,304); longest JSON line {longest:,} bytes (limit 1,048,576)")  # fmt: skip
+    VERDICT.check("a11", largest <= 4_194_304 and longest <= 1_048_576,
+                  f"request {largest:,} bytes, JSON line {longest:,} bytes")  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = _verdict.parser(
+        __doc__,
+        "about 20-30 min on 2 cores (460 trials, each a process of its own); "
+        "--skip sigterm,handled,unhandled: about 1 min",
+    )
     parser.add_argument("--sigterm-trials", type=int, default=200)
     parser.add_argument("--unhandled-trials", type=int, default=30)
     parser.add_argument("--handled-trials", type=int, default=100)
     parser.add_argument("--skip", default="", help="comma-separated parts to skip")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     skip = set(args.skip.split(","))
     if "shutdown" not in skip:
         shutdown_figures()
@@ -311,7 +336,8 @@ def main() -> None:
         burst_figures()
     if "a11" not in skip:
         a11_figures()
+    return VERDICT.exit_status()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

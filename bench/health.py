@@ -20,14 +20,13 @@ later as attempt 1 (it loads step 40 and runs to 100), and compares ``otel-train
 
 Prints, per variant, each bucket's error in seconds against the tolerance max(1 % of W, 2 step
 times), the goodput error in points (target 0.5), and the lost steps; exits 1 when any variant
-misses a target. About 40 s a variant on a shared 2-core machine.
+misses a target (``bench/_verdict.py``). About 40 s a variant on a shared 2-core machine.
 
 Run: ``make bench-health`` or ``.venv/bin/python bench/health.py [VARIANT ...]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -36,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 sys.path.insert(0, str(ROOT / "tests"))  # what health_truth imports (support)
 
+import _verdict  # noqa: E402
 from health_truth import BUCKETS, VARIANTS, errors, run_variant  # noqa: E402
 from kill_trials import errors as kill_errors  # noqa: E402
 from kill_trials import trial  # noqa: E402
@@ -45,7 +45,10 @@ KILLS = 20
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _verdict.parser(
+        __doc__,
+        "about 40 s a variant on a shared 2-core machine, 10 min for all; kills: about 2 min",
+    )
     parser.add_argument(
         "variants", nargs="*", metavar="VARIANT", help=", ".join((*VARIANTS, "kills"))
     )
@@ -54,22 +57,20 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown variants: {', '.join(unknown)} (choose from {', '.join(VARIANTS)})")
     names = args.variants or [*VARIANTS, "kills"]
-    failed = []
+    verdict = _verdict.Verdict("bench-health")
     if "kills" in names:
         names.remove("kills")
-        if not _kills():
-            failed.append("kills")
+        _kills(verdict)
     header = " ".join(f"{b[:9]:>9s}" for b in (*BUCKETS, "productive"))
     print(f"{'variant':15s} {'W s':>6s} {'tol s':>6s} {header} {'goodput':>8s}  lost steps  s")
+    judged: dict[str, list[str]] = {}
     for name in names:
         with tempfile.TemporaryDirectory(prefix=f"otel-training-health-{name}-") as base:
             outcome = run_variant(Path(base), name)
         found = errors(outcome)
         tolerance = outcome.truth["tolerance_s"]
         lost = outcome.health["attempts"][0]["lost_iterations"]
-        missed = [b for b in (*BUCKETS, "productive") if abs(found[b]) > tolerance]
-        if abs(found["goodput_points"]) > 0.5:
-            missed.append("goodput")
+        missed = missed_buckets(found, tolerance)
         cells = " ".join(f"{found[b]:+9.3f}" for b in (*BUCKETS, "productive"))
         print(
             f"{name:15s} {outcome.truth['wall_s']:6.1f} {tolerance:6.3f} {cells} "
@@ -77,17 +78,33 @@ def main(argv: list[str] | None = None) -> int:
             + (f"  MISSED: {', '.join(missed)}" if missed else ""),
             flush=True,
         )
-        if missed:
-            failed.append(name)
+        judged[name] = missed
     print(
         "errors: health minus truth, seconds per bucket (goodput in points); tolerance "
         "max(1 % of W, 2 step times); a killed attempt ends at its progress record's last "
         "transition (docs/health.md, Precision)"
     )
-    return 1 if failed else 0
+    for name, missed in judged.items():
+        verdict.check(
+            name,
+            not missed,
+            "every bucket within tolerance, goodput within 0.5 points"
+            if not missed
+            else f"outside: {', '.join(missed)}",
+        )
+    return verdict.exit_status()
 
 
-def _kills() -> bool:
+def missed_buckets(found: dict[str, float], tolerance_s: float) -> list[str]:
+    """The buckets of one variant whose error is outside ``tolerance_s`` (seconds), and
+    ``goodput`` when its error is over 0.5 points."""
+    missed = [b for b in (*BUCKETS, "productive") if abs(found[b]) > tolerance_s]
+    if abs(found["goodput_points"]) > 0.5:
+        missed.append("goodput")
+    return missed
+
+
+def _kills(verdict: _verdict.Verdict) -> None:
     """``KILLS`` SIGKILLs at random moments with the default span groups, each restarted at
     once from its last save (``tests/integration/kill_trials.py``): each figure's error against
     the longest step of its run. True when every one is within it."""
@@ -123,7 +140,7 @@ def _kills() -> bool:
         f"{worst['end_s']:.3f} s, last step {worst['last_step']:.0f}, lost progress "
         f"{worst['lost_s']:.3f} s, downtime {worst['downtime_s']:.3f} s"
     )
-    return within == KILLS
+    verdict.check("kills", within == KILLS, f"{within}/{KILLS} within one step time")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ the ranks sleep, so it runs on two shared cores.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import signal
@@ -43,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
+import _verdict  # noqa: E402
 from alerts_job import (  # noqa: E402
     E2E_PARAMETERS,
     HANG_WAYS,
@@ -280,7 +280,9 @@ def run_control(binary: str, min_steps: int, min_windows: int) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _verdict.parser(
+        __doc__, "about half an hour, mostly waiting (4 gloo ranks, Prometheus)", targets=False
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--stragglers", type=int, default=10)
     parser.add_argument("--control-steps", type=int, default=2000)

@@ -28,7 +28,6 @@ Run: ``.venv/bin/python bench/integrations.py`` (about a minute on 2 CPU cores);
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -37,6 +36,7 @@ import time
 import warnings
 from pathlib import Path
 
+import _verdict
 import torch
 
 WARMUP_STEPS = 3
@@ -225,7 +225,7 @@ def compare(name: str, run, rounds: int, steps: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _verdict.parser(__doc__, "about a minute on 2 CPU cores", targets=False)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=33, help="optimizer steps per run")
     args = parser.parse_args(argv)

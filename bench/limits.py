@@ -20,10 +20,10 @@ Usage: python bench/limits.py [--spans N] [--rounds R]
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
+import _verdict
 from opentelemetry import trace as trace_api
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
@@ -56,7 +56,7 @@ def _per_call_us(call, count: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _verdict.parser(__doc__, "about 5 s", targets=False)
     parser.add_argument("--spans", type=int, default=5_000, help="spans per round")
     parser.add_argument("--rounds", type=int, default=7)
     options = parser.parse_args()

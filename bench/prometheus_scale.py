@@ -20,7 +20,6 @@ about 2 minutes. Needs the ``prometheus`` binary (PROMETHEUS_BINARY, PATH or /us
 
 from __future__ import annotations
 
-import argparse
 import http.server
 import importlib.util
 import json
@@ -38,6 +37,7 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
+import _verdict
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -295,7 +295,7 @@ def _ranks_in(series: list[tuple[str, str]]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _verdict.parser(__doc__, "about 2 min", targets=False)
     parser.add_argument("--series", type=int, default=65_536)
     parser.add_argument("--scrapes", type=int, default=12, help="scrapes of the target")
     parser.add_argument("--interval", type=float, default=5.0, help="scrape interval, s")

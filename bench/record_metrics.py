@@ -10,18 +10,18 @@ Prints, from one run, the cost per call of:
 
 and the ratios otel_training/direct (target <= 1.2) and otel_training/megatron_ref
 (target <= 1.1). Rounds alternate between the variants so drift hits all alike; the figure
-per variant is the median over rounds.
+per variant is the median over rounds, in wall and CPU time; the targets are judged on CPU time.
 
 Usage: python bench/record_metrics.py [--calls N] [--rounds R]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
+import sys
 import weakref
 
+import _verdict
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -117,11 +117,14 @@ def run_direct(found: dict, calls: int) -> None:
         # skipped_iters is 0 in VALUES: every variant skips the counter.
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = _verdict.parser(__doc__, "about 10 s on 2 cores; --quick: about 1 s")
     parser.add_argument("--calls", type=int, default=2000, help="calls per round and variant")
     parser.add_argument("--rounds", type=int, default=31)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="200 calls, 5 rounds (a smoke run)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.calls, args.rounds = 200, 5
 
     _p1, ours_meter = new_meter()
     _p2, ref_meter = new_meter()
@@ -134,20 +137,30 @@ def main() -> None:
     }
     for run in variants.values():  # warm-up: caches, instruments, aggregations
         run()
-    samples: dict[str, list[float]] = {name: [] for name in variants}
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, run in variants.items():
-            start = time.perf_counter()
-            run()
-            samples[name].append((time.perf_counter() - start) / args.calls)
-    per_call = {name: statistics.median(times) for name, times in samples.items()}
-    for name, seconds in per_call.items():
-        print(f"{name:>14}: {seconds * 1e6:7.2f} us per call (8 values)")
-    vs_direct = per_call["otel_training"] / per_call["direct"]
-    vs_reference = per_call["otel_training"] / per_call["megatron_ref"]
-    print(f"ratio otel_training / direct       = {vs_direct:.3f}  (target <= 1.2)")
-    print(f"ratio otel_training / megatron_ref = {vs_reference:.3f}  (target <= 1.1)")
+            wall, cpu = _verdict.timed(run)
+            samples[name].append((wall / args.calls, cpu / args.calls))
+    print(f"load: {_verdict.machine_load()}; {args.rounds} rounds interleaved (medians)")
+    for name, times in samples.items():
+        wall = statistics.median(t[0] for t in times)
+        cpu = statistics.median(t[1] for t in times)
+        print(f"{name:>14}: {wall * 1e6:7.2f} us wall, {cpu * 1e6:7.2f} us CPU per call (8 values)")
+
+    def paired(a: str, b: str) -> dict[str, list[float]]:
+        return {
+            clock: _verdict.ratios([t[i] for t in samples[a]], [t[i] for t in samples[b]])
+            for i, clock in enumerate(("wall", "cpu"))
+        }
+
+    verdict = _verdict.Verdict("bench")
+    verdict.at_most("otel_training / direct", 1.2, unit="x", judge="cpu",
+                    **paired("otel_training", "direct"))  # fmt: skip
+    verdict.at_most("otel_training / megatron_ref", 1.1, unit="x", judge="cpu",
+                    **paired("otel_training", "megatron_ref"))  # fmt: skip
+    return verdict.exit_status()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -27,7 +27,6 @@ Usage: python bench/scale_model.py [--interval S] [--step-time S] [--heartbeat S
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import math
 import random
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
+import _verdict
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
@@ -1256,7 +1256,7 @@ def report(scales: Iterable[Workload]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _verdict.parser(__doc__, "a few seconds", targets=False)
     parser.add_argument("--interval", type=float, default=15.0, help="export interval, s")
     parser.add_argument("--step-time", type=float, default=5.0, help="seconds per step")
     args = parser.parse_args(argv)

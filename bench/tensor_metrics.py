@@ -30,13 +30,13 @@ Run: ``.venv/bin/python bench/tensor_metrics.py`` (about 30 s on 2 CPU cores).
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
 import time
 from collections.abc import Callable
 
+import _verdict
 import torch
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -134,20 +134,28 @@ class _Setup:
         torch._foreach_norm(tensors)
 
 
-def _rounds(functions: dict[str, Callable[[], None]], rounds: int, reps: int, sync) -> dict:
+def _rounds(
+    functions: dict[str, Callable[[], None]], rounds: int, reps: int, sync, cpu: dict | None = None
+) -> dict:
+    """Wall seconds per call of each function, per round (interleaved); CPU seconds of the
+    process per call into ``cpu`` when given."""
     times: dict[str, list[float]] = {name: [] for name in functions}
+    if cpu is not None:
+        cpu.update({name: [] for name in functions})
     for _ in range(rounds):
         for name, function in functions.items():
             sync()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(reps):
                 function()
             sync()
             times[name].append((time.perf_counter() - start) / reps)
+            if cpu is not None:
+                cpu[name].append((time.process_time() - start_cpu) / reps)
     return times
 
 
-def run_cpu(rounds: int, reps: int) -> bool:
+def run_cpu(rounds: int, reps: int, verdict: _verdict.Verdict) -> None:
     setup = _Setup(torch.device("cpu"), batch=16, seq_len=128)
     functions = {
         "executor": setup.executor,
@@ -160,14 +168,17 @@ def run_cpu(rounds: int, reps: int) -> bool:
             function()
     stats = setup.observer.executor.stats
     copies_before, steps_before = stats.host_copies, stats.due_steps
-    times = _rounds(functions, rounds, reps, lambda: None)
+    cpu_times: dict[str, list[float]] = {}
+    times = _rounds(functions, rounds, reps, lambda: None, cpu_times)
     copies = (stats.host_copies - copies_before) / max(1, stats.due_steps - steps_before)
 
-    def ratio(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+    def paired(a: str, b: str) -> dict[str, list[float]]:
+        return {
+            "wall": _verdict.ratios(times[a], times[b]),
+            "cpu": _verdict.ratios(cpu_times[a], cpu_times[b]),
+        }
 
-    naive_ratio, cached_ratio = ratio("naive", "executor"), ratio("naive_cached", "executor")
-    bare_ratio = ratio("executor", "bare")
+    cached_ratio = statistics.median(paired("naive_cached", "executor")["wall"])
     published = setup.observer.executor.published
     start = time.perf_counter()
     for _ in range(200):  # what the reader thread does per collection: finish + read
@@ -178,6 +189,7 @@ def run_cpu(rounds: int, reps: int) -> bool:
     median_us = {name: statistics.median(values) * 1e6 for name, values in times.items()}
     tensors = len(setup.activations) + 2 * len(setup.params)
     print(f"device: cpu ({torch.get_num_threads()} threads), torch {torch.__version__}")
+    print(f"load: {_verdict.machine_load()}; {rounds} rounds x {reps} reps interleaved")
     print(
         f"demo model: {sum(p.numel() for p in setup.params):,} parameters in "
         f"{len(setup.params)} tensors, {len(setup.activations)} activation sites; "
@@ -188,22 +200,23 @@ def run_cpu(rounds: int, reps: int) -> bool:
         + ", ".join(f"{name} {value:.0f} us" for name, value in median_us.items())
     )
     print(
-        f"naive / executor = {naive_ratio:.2f}x (target >= 1.3)   "
-        f"executor / bare = {bare_ratio:.2f}x (target <= 1.25)"
-    )
-    print(
         f"naive_cached / executor = {cached_ratio:.2f}x (the naive loop over a parameter list "
         "built once, not model.named_parameters() each step)"
     )
-    print(
-        f"device-to-host copies per due step: executor {copies:g} (target 1), "
-        f"naive {tensors} (.item() per tensor)"
-    )
     print(f"(executor step + reading every family as a collection would: {finish_us:.0f} us)")
-    return naive_ratio >= 1.3 and bare_ratio <= 1.25 and copies == 1
+    print("ratios: medians of the per-round ratios; CPU time counts every thread (torch's)")
+    verdict.at_least("naive / executor", 1.3, unit="x", judge="wall",
+                     **paired("naive", "executor"))  # fmt: skip
+    verdict.at_most("executor / bare", 1.25, unit="x", judge="wall",
+                    **paired("executor", "bare"))  # fmt: skip
+    verdict.check(
+        "device-to-host copies per due step",
+        copies == 1,
+        f"executor {copies:g} (target 1), naive {tensors} (.item() per tensor)",
+    )
 
 
-def run_cuda(rounds: int, reps: int) -> bool:  # pragma: no cover - needs a GPU
+def run_cuda(rounds: int, reps: int, verdict: _verdict.Verdict) -> None:  # pragma: no cover
     device = torch.device("cuda")
     setup = _Setup(device, batch=16, seq_len=128)
     model, observer = setup.model, setup.observer
@@ -233,8 +246,7 @@ def run_cuda(rounds: int, reps: int) -> bool:  # pragma: no cover - needs a GPU
         torch.cuda.synchronize,
     )
     dropped = observer.executor.stats.dropped - dropped  # skipped work is not saved time
-    naive_ratio = statistics.median(n / e for n, e in zip(times["naive"], times["executor"]))
-    bare_ratio = statistics.median(e / b for e, b in zip(times["executor"], times["bare"]))
+    bare_ratio = statistics.median(_verdict.ratios(times["executor"], times["bare"]))
     median_us = {name: statistics.median(values) * 1e6 for name, values in times.items()}
     print(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
     print("training steps under set_sync_debug_mode('error'): 20, no synchronisation")
@@ -242,26 +254,29 @@ def run_cuda(rounds: int, reps: int) -> bool:  # pragma: no cover - needs a GPU
         "time per due step (median of rounds, synchronised): "
         + ", ".join(f"{name} {value:.0f} us" for name, value in median_us.items())
     )
-    print(
-        f"naive / executor = {naive_ratio:.1f}x (target >= 20)   "
-        f"executor / bare = {bare_ratio:.2f}x   due steps dropped (copies in flight): {dropped}"
-    )
-    return naive_ratio >= 20 and dropped == 0
+    print(f"executor / bare = {bare_ratio:.2f}x (synchronised, wall)")
+    verdict.at_least("cuda: naive / executor", 20, unit="x",
+                     wall=_verdict.ratios(times["naive"], times["executor"]))  # fmt: skip
+    verdict.check("cuda: due steps dropped", dropped == 0, f"{dropped} (copies in flight)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _verdict.parser(__doc__, "about 30 s on 2 CPU cores; --quick: about 5 s")
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="5 rounds of 3 reps (a smoke run)")
     args = parser.parse_args(argv)
-    ok = run_cpu(args.rounds, args.reps)
+    if args.quick:
+        args.rounds, args.reps = 5, 3
+    verdict = _verdict.Verdict("bench-tensor")
+    run_cpu(args.rounds, args.reps, verdict)
     if torch.cuda.is_available():
-        ok = run_cuda(args.rounds, args.reps) and ok
+        run_cuda(args.rounds, args.reps, verdict)
     else:
         print(
             "no CUDA device here: the GPU benchmark (sync-free training step, >= 20x) did not run"
         )
-    return 0 if ok else 1
+    return verdict.exit_status()
 
 
 if __name__ == "__main__":

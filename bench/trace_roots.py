@@ -9,7 +9,6 @@ spans whose parent is in another trace or exported by nobody, and the traces wit
 
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import subprocess
@@ -17,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import _verdict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_training.testing import parse_otlp_json
@@ -59,7 +59,7 @@ def counts(spans: list[tuple[str, str, str]]) -> dict[str, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _verdict.parser(__doc__, "a few seconds", targets=False)
     parser.add_argument("--budget", type=int, default=60)
     parser.add_argument("--world", type=int, default=16)
     args = parser.parse_args()
