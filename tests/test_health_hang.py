@@ -383,3 +383,76 @@ def test_a_verdict_holds_until_the_hang_age_or_the_peers_budget_runs_out():
     assert hang.unchanged_for_s(waiting(300.0), [saving(300.0)]) == 60.0
     assert hang.unchanged_for_s(waiting(580.0), [saving(580.0)]) == 20.0
     assert hang.unchanged_for_s(waiting(700.0), [saving(700.0)]) == 0.0
+
+
+def _frame(path, function):
+    return f'  File "{path}", line 12, in {function}\n    code()\n'
+
+
+@documents("health.md", "`outside_collective`: when the watchdogs' stacks of the stall show")
+@pytest.mark.parametrize(
+    ("frames", "expected"),
+    [
+        ([("/venv/torch/distributed/distributed_c10d.py", "all_reduce")], True),
+        ([("/venv/torch/distributed/c10d_logger.py", "wrapper")], True),
+        (
+            [
+                ("/venv/torch/_tensor.py", "backward"),
+                ("/venv/torch/autograd/graph.py", "_engine_run_backward"),
+            ],
+            True,
+        ),  # fmt: skip
+        ([("/venv/torch/autograd/__init__.py", "backward")], True),
+        ([("C:\\venv\\torch\\distributed\\distributed_c10d.py", "barrier")], True),
+        ([("/venv/torch/autograd/grad_mode.py", "__enter__")], False),
+        ([("/venv/torch/nn/modules/module.py", "_call_impl")], False),
+        ([("/job/train.py", "backward")], False),
+        ([("/job/distributed/loader.py", "next")], False),
+        ([], False),
+    ],
+)
+def test_a_stack_at_a_collective_is_in_torch_distributed_or_autograds_backward(frames, expected):
+    """Frames as ``traceback.format_stack`` writes them, outermost first, under the training
+    loop's own frame."""
+    stack = _frame("/job/train.py", "main") + "".join(_frame(p, f) for p, f in frames)
+    assert hang.at_collective(stack) is expected
+    assert hang.at_collective("(the stack could not be formatted)") is False
+
+
+def test_a_real_backward_pass_stands_at_a_collective():
+    """The stack formatted inside a real autograd backward pass (a gradient hook, where DDP's
+    reducer starts its all-reduce) of this torch: at a collective; the same code's stack
+    outside backward: not."""
+    import traceback
+
+    torch = pytest.importorskip("torch")
+    seen = []
+    weight = torch.ones(3, requires_grad=True)
+    weight.register_hook(lambda grad: seen.append("".join(traceback.format_stack())))
+    (weight * 2).sum().backward()
+    assert seen and hang.at_collective(seen[0]), seen
+    assert not hang.at_collective("".join(traceback.format_stack()))
+
+
+def test_rule_six_the_ranks_whose_stacks_are_not_at_a_collective():
+    """Plain DDP, every rank in forward_backward at iteration 10: ranks 0 and 2 stand in
+    backward's all-reduce, rank 1 in its forward pass: rank 1. Every stack at a collective, or
+    none known: no culprit; a rank without a stack is named by nothing; an earlier rule wins."""
+
+    def ranks(*collective):
+        return [
+            RankState(r, "forward_backward", 100.0, 60.0, 10, at_collective=c)
+            for r, c in enumerate(collective)
+        ]
+
+    verdict = judge(ranks(True, False, True))
+    assert verdict.hung and (verdict.rule, verdict.culprits) == ("outside_collective", (1,))
+    assert (judge(ranks(True, None, False)).rule, judge(ranks(True, None, False)).culprits) == (
+        "outside_collective",
+        (2,),
+    )
+    for same in (ranks(True, True, True), ranks(None, None, None), ranks(None, False, False)):
+        assert judge(same).hung and judge(same).rule is None and judge(same).culprits == ()
+    behind = [*ranks(True, True), RankState(2, "data_loading", 100.0, 60.0, 10)]
+    assert (judge(behind).rule, judge(behind).culprits) == ("behind_in_step", (2,))
+    assert hang.STACK_CULPRIT_RULES == ("outside_collective",)

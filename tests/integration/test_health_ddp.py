@@ -5,6 +5,9 @@ embedded files alone. DDP runs its all-reduce inside ``loss.backward()``: no ran
 - in its data loading, plain DDP: rank 0 waits in forward_backward, rank 1 in data_loading at
   the same iteration: culprit rank 1 by ``behind_in_step``; no straggler can be seen (rank 0
   waits inside backward as long as rank 1 works longer), and the health notes say so;
+- in its forward pass, plain DDP: both ranks are in forward_backward at the same iteration,
+  and only the watchdogs' stacks tell them apart: rank 0's stands in autograd's backward
+  (DDP's all-reduce), rank 1's does not: culprit rank 1 by ``outside_collective``;
 - in its forward pass, with ``otel_training.integrations.ddp.register_comm_hook``: rank 0 waits
   in ``communication`` (from the last bucket's all-reduce on), so rank 1 is the culprit by
   ``outside_communication``, and the straggler's cause is ``compute``.
@@ -78,20 +81,23 @@ def _health(env: dict[str, str], directory: str) -> dict:
 @documents("health.md", "Busy time is then work alone (stragglers and their causes are seen)")
 @documents("health.md", "Without the hook, `behind_in_step` still names a rank stuck in data")
 @documents("health.md", "`outside_communication`: while at least half of the ranks are in")
+@documents("health.md", "`outside_collective`: when the watchdogs' stacks of the stall show")
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("hook", "where", "rule", "waiting", "cause"),
     [
         ("0", "data", "behind_in_step", "forward_backward", None),
+        ("0", "forward", "outside_collective", "forward_backward", None),
         ("1", "forward", "outside_communication", "communication", "compute"),
     ],
 )
 def test_a_ddp_hang_has_its_culprit_and_the_straggler_its_cause(
     tmp_path, hook, where, rule, waiting, cause
 ):
-    """Rank 1 stuck at step 200 (data loading, plain DDP; or its forward pass, with the comm
-    hook): hung, culprit rank 1 by the rule of its case, rank 0 waiting where the case says;
-    with the hook, rank 1 the straggler with cause compute; without, none and a note why."""
+    """Rank 1 stuck at step 200 (data loading or its forward pass, plain DDP; or its forward
+    pass, with the comm hook): hung, culprit rank 1 by the rule of its case, rank 0 waiting
+    where the case says; with the hook, rank 1 the straggler with cause compute; without, none
+    and a note why."""
     gloo_or_unavailable()
     env = child_env(
         WORLD_SIZE="2",

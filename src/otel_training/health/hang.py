@@ -50,10 +50,19 @@ the first of these rules that names any (:data:`CULPRIT_RULES`):
    differ. Under DistributedDataParallel or FSDP the collectives run inside
    ``forward_backward``: the ranks wait there for the rank still loading its data (or
    between steps), which never reached the collective.
+6. ``outside_collective`` (:data:`STACK_CULPRIT_RULES`; ``otel-training health`` and the
+   report only: a Python stack is no metric the rules can read): when the watchdogs' stacks
+   of this stall show some ranks' training threads at a collective (:func:`at_collective`: a
+   ``torch.distributed`` call, or autograd's backward pass, inside which DDP's and FSDP's
+   collectives run) and others' not, the others. Under DistributedDataParallel without
+   :func:`otel_training.integrations.ddp.register_comm_hook`, a rank that blocks in its
+   forward pass has the same phase and iteration as its peers waiting in the backward pass's
+   all-reduce: only the stacks tell it.
 
-Rules 2-5 name the ranks that are not where the others wait; a job whose ranks all wait at
-the same place (same iteration, same phase: a collective that never completes everywhere)
-has no culprit (``rule`` ``None``): nothing in the ranks' phases tells them apart.
+Rules 2-6 name the ranks that are not where the others wait; a job whose ranks all wait at
+the same place (same iteration, same phase, every stack at a collective or none known: a
+collective that never completes everywhere) has no culprit (``rule`` ``None``): nothing
+tells them apart.
 """
 
 from __future__ import annotations
@@ -71,11 +80,13 @@ __all__ = [
     "INITIAL_PHASES",
     "LONG_PHASES",
     "PAUSE_PHASES",
+    "STACK_CULPRIT_RULES",
     "STEP_ORDER",
     "STEP_PHASES",
     "HangPolicy",
     "HangVerdict",
     "RankState",
+    "at_collective",
     "hang_age_s",
     "judge",
     "median_step_s",
@@ -121,6 +132,15 @@ CULPRIT_RULES: Final = (
     "lowest_progress",
     "behind_in_step",
 )
+#: The culprit rules after :data:`CULPRIT_RULES` that read the watchdogs' Python stacks
+#: (``otel-training health`` and the report; not the Prometheus rules).
+STACK_CULPRIT_RULES: Final = ("outside_collective",)
+#: A frame of a formatted stack in one of these files stands at a collective
+#: (:func:`at_collective`): torch.distributed's calls.
+COLLECTIVE_FILES: Final = ("/torch/distributed/",)
+#: ... or in one of these functions of autograd's files: the backward pass, inside which
+#: DistributedDataParallel's and FSDP's collectives run (their hooks fire from the engine).
+BACKWARD_FUNCTIONS: Final = ("backward", "_engine_run_backward", "run_backward")
 #: Where a rank is within one step (same progress iteration), earliest first: ``other``
 #: (between steps, after the last completed one), then the phases of a step in the order
 #: they run. A rank earlier in this order has not reached the collective its peers wait in.
@@ -214,6 +234,9 @@ class RankState:
         pause_age_s: Seconds from the end of its last pause (:data:`PAUSE_PHASES`) to the
             moment judged; in a pause, from its latest evidence of life (an export, a record's
             transition or heartbeat: about 0 while it is alive); ``None`` when not known.
+        at_collective: Its training thread's stack in this stall (the watchdog's ``stacks``
+            record) is at a collective (:func:`at_collective`); ``None`` when no stack of
+            this stall is known.
     """
 
     rank: int
@@ -223,6 +246,7 @@ class RankState:
     iteration: int | None = None
     silent: bool = False
     pause_age_s: float | None = None
+    at_collective: bool | None = None
 
     @property
     def stalled(self) -> bool:
@@ -235,6 +259,25 @@ class RankState:
         """It is in a pause (:data:`PAUSE_PHASES`) within that pause's H: it excuses the
         peers that wait for it. Never raises."""
         return self.phase in PAUSE_PHASES and not self.stalled
+
+
+def at_collective(stack: str) -> bool:
+    """Whether a stack formatted by :func:`traceback.format_stack` (outermost frame first)
+    stands at a collective: one of its frames is in a file under :data:`COLLECTIVE_FILES`,
+    or in a function of :data:`BACKWARD_FUNCTIONS` in a file under ``/torch/autograd/``.
+    Paths are compared with ``/`` separators. Any thread; never raises."""
+    for line in str(stack).splitlines():
+        line = line.strip()
+        if not line.startswith('File "'):
+            continue
+        path, _, rest = line[6:].partition('"')
+        path = path.replace("\\", "/")
+        if any(part in path for part in COLLECTIVE_FILES):
+            return True
+        function = rest.rpartition(" in ")[2].strip()
+        if "/torch/autograd/" in path and function in BACKWARD_FUNCTIONS:
+            return True
+    return False
 
 
 def pause_age_s(states: Iterable[RankState]) -> float | None:
@@ -291,8 +334,8 @@ class HangVerdict:
         stalled_ranks: Ranks whose progress age exceeds H for their phase, ascending.
         silent_ranks: Ranks whose exports stopped while others' go on, ascending.
         hung: Every exporting rank (every rank, when none exports) is stalled.
-        culprits: The ranks named by the first rule of :data:`CULPRIT_RULES` that names any
-            (empty when the job is not hung).
+        culprits: The ranks named by the first rule of :data:`CULPRIT_RULES` and then
+            :data:`STACK_CULPRIT_RULES` that names any (empty when the job is not hung).
         rule: That rule, or ``None``.
         since_s: Seconds since the last progress of any rank (the smallest progress age).
         phases: Each rank's innermost phase.
@@ -353,4 +396,9 @@ def _culprits(ranks: Sequence[RankState]) -> tuple[str | None, tuple[int, ...]]:
     if len(set(positions.values())) > 1:
         first = min(positions.values())
         return "behind_in_step", tuple(r for r, at in positions.items() if at == first)
+    known = [s for s in ranks if s.at_collective is not None]
+    if any(s.at_collective for s in known):
+        outside = tuple(s.rank for s in known if not s.at_collective)
+        if outside:
+            return "outside_collective", outside
     return None, ()

@@ -384,9 +384,28 @@ def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _h
                 iteration=iteration,
                 silent=quiet[id(process)] and anyone_exports,
                 pause_age_s=pause_age,
+                at_collective=_at_collective(process, progress, at_s),
             )
         )
     return _hang.judge(states)
+
+
+def _at_collective(process: Process, since_s: float, at_s: float) -> bool | None:
+    """Whether the training thread of ``process``'s latest ``stacks`` record written in
+    [``since_s``, ``at_s``] (this stall) stands at a collective
+    (:func:`otel_training.health.hang.at_collective`); ``None`` without one."""
+    for record in reversed(process.stacks):
+        written = _stack_time(record)
+        if written is None or not since_s <= written <= at_s:
+            continue
+        threads = record.get("threads")
+        training = [
+            t for t in threads if isinstance(t, Mapping) and t.get("training") is True
+        ] if isinstance(threads, list) else []  # fmt: skip
+        if training and isinstance(training[0].get("stack"), str):
+            return _hang.at_collective(training[0]["stack"])
+        return None
+    return None
 
 
 _PAUSE_CODES = frozenset(PHASES.index(p) for p in _hang.PAUSE_PHASES)
