@@ -25,6 +25,10 @@ What it adds, without changing what Megatron-LM's own tests see:
   the step those values describe (``dl.training.progress.logged_iteration``, exported beside
   them), so that a report places each value at its step
   (:meth:`otel_training.health.ledger.Ledger.training_logged`).
+- Where the embedded default writes span JSON lines, each call with a value of a log interval
+  also queues one ``training_values`` line there (its step, time and values: every logged
+  value, not only the last one of each export; ``docs/spans.md``). The training thread only
+  appends to the writer's bounded queue; a call with device values queues it behind them.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ import logging
 import math
 import os
 import threading
+import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from otel_training._log_once import LogOnce
@@ -73,8 +79,10 @@ __all__ = [
     "MEGATRON_TRAINING_STEP_DURATION_MS",
     "MEGATRON_TRAINING_THROUGHPUT_TFLOPS",
     "MEGATRON_TRAINING_TOKENS_PER_SEC",
+    "TRAINING_VALUES",
     "flush_deferred",
     "record_training_metrics",
+    "write_values_to",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -98,6 +106,12 @@ _FAILED_METERS: weakref.WeakSet = weakref.WeakSet()
 _said = LogOnce(_logger)
 #: Calls given a step duration in this process: the step count when no phase reports one.
 _steps_recorded = 0
+
+#: The ``record`` of a span JSON line that holds one call's values of a log interval.
+TRAINING_VALUES = "training_values"
+# Where each call's values go as a ``training_values`` record (configure() sets it where the
+# embedded default writes span JSON lines), or None: then no record is made at all.
+_values_sink: Callable[[dict[str, Any]], None] | None = None
 
 # argument name -> (metric name, factory); the counter is the only "add" instrument.
 _SPECS = {
@@ -187,6 +201,8 @@ def record_training_metrics(
     # for the histogram, a non-negative int for the counter) while nothing is queued.
     # `v - v == 0.0` is False exactly for NaN and +-inf. Everything else goes through _emit.
     fast = not _deferred.pending
+    # The numbers of the values that take the slow path, for this call's record (if any).
+    values: dict[str, Any] | None = {} if _values_sink is not None else None
     v = step_duration_ms
     if v is not None:
         if fast and type(v) is float and v >= 0.0 and v - v == 0.0:
@@ -198,19 +214,19 @@ def record_training_metrics(
         if fast and type(v) is float and v - v == 0.0:
             instruments["loss"].set(v)
         else:
-            _emit(meter, "loss", instruments["loss"].set, v)
+            _emit(meter, "loss", instruments["loss"].set, v, values)
     v = throughput_tflops
     if v is not None:
         if fast and type(v) is float and v - v == 0.0:
             instruments["throughput_tflops"].set(v)
         else:
-            _emit(meter, "throughput_tflops", instruments["throughput_tflops"].set, v)
+            _emit(meter, "throughput_tflops", instruments["throughput_tflops"].set, v, values)
     v = grad_norm
     if v is not None:
         if fast and type(v) is float and v - v == 0.0:
             instruments["grad_norm"].set(v)
         else:
-            _emit(meter, "grad_norm", instruments["grad_norm"].set, v)
+            _emit(meter, "grad_norm", instruments["grad_norm"].set, v, values)
     v = skipped_iters
     if v is not None and not (type(v) is int and v == 0):  # > 0 is rare: kept within int64
         _emit(meter, "skipped_iters", instruments["skipped_iters"].add, v)
@@ -219,19 +235,19 @@ def record_training_metrics(
         if fast and type(v) is float and v - v == 0.0:
             instruments["learning_rate"].set(v)
         else:
-            _emit(meter, "learning_rate", instruments["learning_rate"].set, v)
+            _emit(meter, "learning_rate", instruments["learning_rate"].set, v, values)
     v = tokens_per_sec
     if v is not None:
         if fast and type(v) is float and v - v == 0.0:
             instruments["tokens_per_sec"].set(v)
         else:
-            _emit(meter, "tokens_per_sec", instruments["tokens_per_sec"].set, v)
+            _emit(meter, "tokens_per_sec", instruments["tokens_per_sec"].set, v, values)
     v = memory_allocated_gb
     if v is not None:
         if fast and type(v) is float and v - v == 0.0:
             instruments["memory_allocated_gb"].set(v)
         else:
-            _emit(meter, "memory_allocated_gb", instruments["memory_allocated_gb"].set, v)
+            _emit(meter, "memory_allocated_gb", instruments["memory_allocated_gb"].set, v, values)
     if step_duration_ms is not None:
         _steps_recorded += 1
     if (
@@ -243,14 +259,60 @@ def record_training_metrics(
         or memory_allocated_gb is not None
         or skipped_iters is not None
     ):
-        LEDGER.training_logged(steps_recorded=_steps_recorded or None)
+        step = LEDGER.training_logged(steps_recorded=_steps_recorded or None)
+        sink = _values_sink
+        if sink is not None and values is not None:
+            _keep_values(sink, step, values, loss, learning_rate, grad_norm, tokens_per_sec,
+                         throughput_tflops, memory_allocated_gb)  # fmt: skip
 
 
-def _emit(meter, key: str, write, value) -> None:
-    """Validates one value off the fast path and writes it, now or through the deferred
-    queue. Never raises."""
+def _keep_values(
+    sink: Callable[[dict[str, Any]], None],
+    step: int | None,
+    values: dict[str, Any],
+    *gauges: Any,
+) -> None:
+    """Hands one call's record of values to ``sink``: now, or behind the call's values in the
+    deferred queue when some are still being read. ``gauges``: the six gauge arguments in the
+    order of :data:`_LOGGED`. Never raises."""
     try:
-        _emit_slow(meter, key, write, value)
+        for key, value in zip(_LOGGED, gauges):
+            if type(value) is float:  # the fast path's values (NaN too: it stays visible)
+                values[_SPECS[key][0]] = value
+        record = {"record": TRAINING_VALUES, "time_ns": time.time_ns(), "step": step,
+                  "values": values}  # fmt: skip
+        if _deferred.pending:
+            _deferred.submit(None, _VALUES, sink, record)
+        elif values:
+            sink(record)
+    except Exception:
+        _warn_once("values", "record", "a record of training values was lost", exc=True)
+
+
+#: The gauge arguments whose every value a ``training_values`` record keeps.
+_LOGGED = (
+    "loss", "learning_rate", "grad_norm", "tokens_per_sec", "throughput_tflops",
+    "memory_allocated_gb",
+)  # fmt: skip
+#: The key of a deferred item that is a call's record of values, handed to its sink.
+_VALUES = "values"
+
+
+def write_values_to(sink: Callable[[dict[str, Any]], None] | None) -> None:
+    """Hands each later call's values of a log interval to ``sink`` as one
+    ``training_values`` record (``{"record", "time_ns", "step", "values"}``, ``values`` by
+    metric name; ``None`` stops). Called by ``configure()`` with the span JSON lines' writer
+    (``docs/spans.md``). ``sink`` runs on the calling thread, or on the deferred reader's
+    thread for a call with device values, and must only queue (no I/O) and never raise."""
+    global _values_sink
+    _values_sink = sink
+
+
+def _emit(meter, key: str, write, value, values: dict[str, Any] | None = None) -> None:
+    """Validates one value off the fast path and writes it, now or through the deferred
+    queue; its number goes into ``values`` (a call's record) once known. Never raises."""
+    try:
+        _emit_slow(meter, key, write, value, values)
     except Exception:  # never raise on the hot path
         _warn_once(key, "error", "dropping a value of %s: it could not be recorded", key, exc=True)
 
@@ -271,15 +333,17 @@ def _write(meter, key: str, write, value) -> None:
     write(value)
 
 
-def _emit_slow(meter, key: str, write, value) -> None:
+def _emit_slow(meter, key: str, write, value, values: dict[str, Any] | None = None) -> None:
     recording = not isinstance(meter, _NoOpMeter)  # a no-op meter: checked, never read
     if device_type(value) not in (None, "cpu"):
         if recording:
-            _deferred.submit(meter, key, write, start_device_read(value))
+            _deferred.submit(meter, key, write, start_device_read(value), values)
         return
     number = _to_number(key, value)
     if number is None:
         return
+    if values is not None:
+        values[_SPECS[key][0]] = number
     if _deferred.pending and recording:
         _deferred.submit(meter, key, write, number)
         return
@@ -413,9 +477,14 @@ class _DeferredRecorder:
         self._thread: threading.Thread | None = None
         self.pending = 0
 
-    def submit(self, meter, key: str, write, value: Any) -> None:
+    def submit(
+        self, meter, key: str, write, value: Any, values: dict[str, Any] | None = None
+    ) -> None:
+        """Queues ``value`` of ``key`` to be written by ``write`` on the meter (its number
+        also into ``values``, a call's record); key :data:`_VALUES`: ``write(value)``, a
+        call's record handed to its sink after the values queued before it."""
         with self._lock:
-            self._queue.append((meter, key, write, value))
+            self._queue.append((meter, key, write, value, values))
             self.pending += 1
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -429,13 +498,19 @@ class _DeferredRecorder:
             with self._lock:
                 while not self._queue:
                     self._ready.wait()
-                meter, key, write, value = self._queue[0]
+                meter, key, write, value, values = self._queue[0]
             try:
-                if isinstance(value, PendingDeviceRead):
-                    value = value.result()
-                number = _to_number(key, value)
-                if number is not None:
-                    _finish(meter, key, write, number)
+                if key is _VALUES:
+                    if value["values"]:
+                        write(value)
+                else:
+                    if isinstance(value, PendingDeviceRead):
+                        value = value.result()
+                    number = _to_number(key, value)
+                    if number is not None:
+                        if values is not None:
+                            values[_SPECS[key][0]] = number
+                        _finish(meter, key, write, number)
             except Exception:
                 _warn_once(key, "deferred", "a deferred value of %s was lost", key, exc=True)
             with self._lock:

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TextIO
+from typing import Any, TextIO
 
 from opentelemetry import _logs as logs_api
 from opentelemetry import metrics as metrics_api
@@ -194,6 +194,22 @@ class Telemetry:
         return True
 
 
+def _values_sink(
+    span_lines: JsonLogSpanProcessor | None, tracer_provider: trace_api.TracerProvider
+) -> Callable[[dict[str, Any]], None] | None:
+    """Where ``record_training_metrics`` queues each call's ``training_values`` record: the
+    span JSON lines' writer (no wake-up: it writes them with its next round), or None where
+    the embedded default writes no span lines (OTLP only)."""
+    if span_lines is None:
+        return None
+    resource = getattr(tracer_provider, "resource", None)
+
+    def sink(record: dict[str, Any]) -> None:
+        span_lines.write_record(record, resource, wake=False)
+
+    return sink
+
+
 def _stop_measurements(provider: metrics_api.MeterProvider) -> None:
     """Drops every synchronous measurement that reaches ``provider`` from now on (observable
     instruments are still read at the final collection). Through the SDK's measurement consumer,
@@ -330,6 +346,8 @@ def configure(
         if set_global:
             _install_globals()
         instruments.record_in_this_process()
+        # Every logged value, one training_values line per call, beside the span lines.
+        instruments.write_values_to(_values_sink(built.span_lines, built.tracer_provider))
         if telemetry.recording:
             _live.append(telemetry)
             lifecycle.install(

@@ -176,6 +176,7 @@ def reset() -> None:
     setup._current = None
     setup._globals_installed = False
     instruments.record_in_this_process()
+    instruments.write_values_to(None)
     instruments._TRAINING_INSTRUMENTS.clear()
     instruments._NONFINITE_COUNTERS.clear()
     instruments._COUNTER_TOTALS.clear()

@@ -541,16 +541,18 @@ class Ledger:
 
     def training_logged(
         self, iteration: int | None = None, steps_recorded: int | None = None
-    ) -> None:
+    ) -> int | None:
         """Notes that the training metrics of a log interval were recorded now: they describe
         ``iteration`` when the caller knows it (an open iteration's own number), else the last
         completed iteration, else ``steps_recorded`` (the step durations recorded so far in
-        this process: the step count when no phase reports one). Any thread; never raises."""
+        this process: the step count when no phase reports one). Returns that step (``None``:
+        none known). Any thread; never raises."""
         if iteration is None:
             iteration = self.iteration if self.iteration is not None else steps_recorded
         if iteration is not None:
             self.logged_iteration = iteration
             self._rec[_record.LOGGED] = iteration
+        return iteration
 
     # -- the reader's thread ---------------------------------------------------------------
 

@@ -212,18 +212,23 @@ class JsonLogSpanProcessor(SpanProcessor):
         if size >= _WAKE_AT and not self._wake.is_set():  # a batch is ready: write it now
             self._wake.set()
 
-    def write_record(self, record: Mapping[str, Any], resource: Any = None) -> None:
+    def write_record(
+        self, record: Mapping[str, Any], resource: Any = None, *, wake: bool = True
+    ) -> None:
         """Queues one line that is not a span (``record`` names its kind, such as
-        ``stacks``), written like the span lines with ``rank`` and ``resource`` (the rank
-        identity of ``resource``, an SDK ``Resource``). Any thread; never raises (a full queue
-        drops it, counted)."""
+        ``stacks`` or ``training_values``), written like the span lines with ``rank`` and
+        ``resource`` (the rank identity of ``resource``, an SDK ``Resource``). With
+        ``wake=False`` the line waits for the writer's next round (within
+        ``flush_interval_s``) instead of waking it: the cheap way for a record of every log
+        interval. Any thread; never raises (a full queue drops it, counted)."""
         if self._closed:
             return
         if len(self._queue) >= self._max_queue_size:
             self._drop()
             return
         self._queue.append((_RECORD, dict(record), resource))
-        self._wake.set()
+        if wake:
+            self._wake.set()
 
     def _drop(self) -> None:
         with self._drop_lock:
