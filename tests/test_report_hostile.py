@@ -82,7 +82,8 @@ def test_a_hostile_job_adds_no_element(pages):
     assert hostile.tags == plain.tags
     assert hostile.handlers == plain.handlers == []
     plots = len(re.findall(r"Plotly\.newPlot", pages["plain"][0]))
-    assert hostile.tags["script"] == 2 + plots  # the error box's, plotly.js, one per plot
+    # the error box's, plotly.js, the smoothing control's, one per plot
+    assert hostile.tags["script"] == 3 + plots
 
 
 def test_a_hostile_job_shows_every_section_and_its_strings_as_text(pages):

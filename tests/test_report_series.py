@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from otel_training.report.series import (
     drop_repeats,
@@ -61,3 +63,30 @@ def test_round_significant():
     assert round_significant(0.000123456789, 3) == 0.000123
     assert round_significant(0.0) == 0.0
     assert round_significant(math.inf) is None and round_significant(None) is None
+
+
+def test_ema_smooth_matches_numbers_worked_by_hand():
+    """w = 0.5 over 4, 2, 1: sums 2, 2, 1.5 over debias 0.5, 0.75, 0.875 give 4, 8/3, 12/7."""
+    assert ema_smooth([4.0, 2.0, 1.0], 0.5) == pytest.approx([4.0, 8 / 3, 12 / 7])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    value=st.floats(-1e6, 1e6, allow_nan=False),
+    count=st.integers(1, 50),
+    weight=st.floats(0.0, 0.99),
+)
+def test_ema_smooth_of_a_constant_is_that_constant(value, count, weight):
+    """A constant series smooths to itself at any weight (the debiasing removes the pull
+    towards the zero it starts from)."""
+    assert ema_smooth([value] * count, weight) == pytest.approx([value] * count, abs=1e-6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ys=st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=30),
+    weight=st.floats(0.0, 0.99),
+)
+def test_ema_smooth_starts_at_the_first_raw_value(ys, weight):
+    """The first smoothed value is the first raw value, at any weight."""
+    assert ema_smooth(ys, weight)[0] == pytest.approx(ys[0], abs=1e-6)

@@ -18,6 +18,7 @@ from opentelemetry.semconv._incubating.metrics.hw_metrics import HW_TEMPERATURE
 
 from otel_training.health import ledger as _ledger
 from otel_training.health.evidence import KEPT_PHASES, Sample
+from otel_training.instruments import TRAINING_VALUES
 from otel_training.report import otlp
 from otel_training.report.attempts import ProcessIdentity, identity_of
 from otel_training.report.run import (
@@ -418,6 +419,10 @@ class _FileReader:
         telemetry = part.telemetry
         if not telemetry.resource and resource:
             telemetry.resource = dict(resource)
+        if kind == TRAINING_VALUES:  # every value of record_training_metrics (docs/spans.md)
+            if self.series:
+                _logged_values(telemetry, record)
+            return
         if kind == "stacks":  # a rank's thread stacks (docs/health.md)
             time_ns = record.get("time_ns")
             if time_ns:
@@ -449,6 +454,35 @@ class _FileReader:
             span.attributes = dict(record.get("attributes") or {})
             span.events = list(record.get("events") or ())
             telemetry.see(span.end_ns)
+
+
+def _logged_values(telemetry: RankTelemetry, record: dict[str, Any]) -> None:
+    """Adds a ``training_values`` record's values to ``telemetry.logged``: numbers, and the
+    strings strict JSON writes for NaN and the infinities; anything else is skipped.
+
+    Raises:
+        ValueError, TypeError: a record of the wrong shape (counted as a bad line).
+    """
+    time_ns = int(record["time_ns"])
+    step = record.get("step")
+    if step is not None and (type(step) is not int):
+        raise ValueError(f"a step of training values is not a whole number: {step!r}")
+    telemetry.see(time_ns)
+    logged = telemetry.logged
+    for name, value in dict(record["values"]).items():
+        if type(value) is int or type(value) is float:
+            number = float(value)
+        elif value in _NONFINITE:
+            number = float(value)
+        else:
+            continue
+        points = logged.get(name)
+        if points is None:
+            points = logged[name] = []
+        points.append((step, time_ns, number))
+
+
+_NONFINITE = frozenset({"NaN", "Infinity", "-Infinity"})
 
 
 def _health_reads(raw: bytes) -> bool:
@@ -591,6 +625,8 @@ def _merge_span(spans: dict[tuple[str, str], Span], span: Span) -> None:
 
 def merge_rank(target: RankTelemetry, source: RankTelemetry, signal: str) -> None:
     target.gauges.update(source.gauges)
+    for name, points in source.logged.items():
+        target.logged.setdefault(name, []).extend(points)
     target.counters.update(source.counters)
     target.histograms.update(source.histograms)
     if source.resource and (signal == "metrics" or not target.resource):

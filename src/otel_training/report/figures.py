@@ -60,7 +60,11 @@ MAX_RANK_LINES = 8
 """Up to this many ranks, one line per rank; beyond, the median and the min-max band."""
 
 SMOOTHING = 0.6
-"""TensorBoard's default smoothing weight, applied to the noisy curves."""
+"""TensorBoard's default smoothing weight, applied to the noisy curves (the page's control
+changes it: :data:`otel_training.report.series.SMOOTH_JS`)."""
+
+MARKED_POINTS = 300
+"""Up to this many points a raw series is drawn with a marker at each point."""
 
 CURVES: tuple[tuple[str, str, str, bool], ...] = (
     (MEGATRON_TRAINING_LOSS, "Loss", "loss", True),
@@ -134,8 +138,18 @@ class XAxis:
         xs, ys = drop_repeats(self.xs(rank, list(times_ns)), list(values))
         return xs, ys, False
 
-    def lead(self, exact: bool) -> str:
-        """The sentence that says what the x axis of the curves is."""
+    def lead(self, exact: bool, every: bool = False) -> str:
+        """The sentences that say what the x axis of the curves is and, with ``every``, that
+        each logged value is drawn."""
+        told = self._lead(exact)
+        if every:
+            told += (
+                " Every value logged is drawn (the <code>training_values</code> lines of "
+                "<code>spans-rank*.jsonl</code>)."
+            )
+        return told
+
+    def _lead(self, exact: bool) -> str:
         if not self.is_steps:
             return (
                 f"x axis: {TIME_AXIS} (no step count was recorded: record "
@@ -160,17 +174,54 @@ def _rounded(values: Sequence[float | None], digits: int = 6) -> list[float | No
 
 
 def _rank_points(run: Run, axis: XAxis, name: str) -> tuple[dict[int, tuple[list, list]], bool]:
-    """Per rank the points of gauge ``name``, and whether all were placed at their step."""
+    """Per rank the points of gauge ``name``, and whether all were placed at their step: every
+    logged value where the rank wrote ``training_values`` records (:func:`_logged_points`),
+    else the exported points."""
     per_rank = {}
     exact = True
     for rank, telemetry in run.ranks.items():
         points = sorted((t, v) for s in telemetry.gauge(name) for t, v in zip(s.times_ns, s.values))
-        if not points:
+        logged = telemetry.logged.get(name)
+        if logged:
+            xs, ys, placed = _logged_points(axis, rank, logged, points)
+        elif points:
+            xs, ys, placed = axis.value_points(rank, [t for t, _ in points], [v for _, v in points])
+        else:
             continue
-        xs, ys, placed = axis.value_points(rank, [t for t, _ in points], [v for _, v in points])
         exact = exact and placed
         per_rank[rank] = (xs, ys)
     return per_rank, exact and bool(per_rank)
+
+
+def _logged_points(
+    axis: XAxis,
+    rank: int,
+    logged: Sequence[tuple[int | None, int, float]],
+    exported: Sequence[tuple[int, float]],
+) -> tuple[list, list, bool]:
+    """Where a rank's logged values (``(step, time_ns, value)`` per call) are drawn: each at
+    the step it describes on a step axis (the later of two values of one step wins), else at
+    the second it was logged. Exported points fill the steps that no record holds (lines lost
+    to a full disk or a full queue) where they are placed at their step too.
+
+    Returns:
+        ``(xs, ys, exact)``, ``exact`` when every point is at the step it describes.
+    """
+    if axis.is_steps and all(step is not None for step, _, _ in logged):
+        by_step: dict[float, float] = {}
+        if exported:
+            xs, ys, placed = axis.value_points(
+                rank, [t for t, _ in exported], [v for _, v in exported]
+            )
+            if placed:
+                by_step.update(zip(xs, ys))
+        for step, _, value in logged:
+            by_step[step] = value
+        steps = sorted(by_step)
+        return steps, [by_step[s] for s in steps], True
+    ordered = sorted(logged, key=lambda point: point[1])
+    xs = axis.xs(rank, [t for _, t, _ in ordered])
+    return xs, [v for _, _, v in ordered], False
 
 
 def _equal(a: float, b: float) -> bool:
@@ -270,11 +321,12 @@ def _rank_traces(
         name = f"ranks {rank_list(per_rank)}" if identical else f"rank {rank}"
         xs_raw, ys_raw, cut = minmax_downsample(xs, ys, per_trace)
         downsampled |= cut
-        mode = "lines+markers" if len(xs_raw) <= 30 else "lines"
+        ys_raw = _rounded(ys_raw)
+        mode = "lines+markers" if len(xs_raw) <= MARKED_POINTS else "lines"
         traces.append(
             go.Scatter(
                 x=xs_raw,
-                y=_rounded(ys_raw),
+                y=ys_raw,
                 mode=mode,
                 name=name + (" (raw)" if smooth else ""),
                 legendgroup=name,
@@ -286,24 +338,27 @@ def _rank_traces(
         )
         points += len(xs_raw)
         if smooth:
-            xs_s, ys_s, _ = minmax_downsample(xs, ema_smooth(ys, SMOOTHING), per_trace)
+            # Smoothed over the points drawn, as TensorBoard smooths its sampled points: the
+            # page's weight control smooths the raw trace again (SMOOTH_JS, the same formula).
             traces.append(
                 go.Scatter(
-                    x=xs_s,
-                    y=_rounded(ys_s),
+                    x=xs_raw,
+                    y=_rounded(ema_smooth(ys_raw, SMOOTHING)),
                     mode="lines",
                     name=name,
                     legendgroup=name,
                     showlegend=legend,
                     line={"color": color, "width": 2},
+                    meta={"smooth_of": len(traces) - 1},
                 )
             )
-            points += len(xs_s)
+            points += len(xs_raw)
     caption = "One line per rank"
     if identical:
         caption = f"Ranks {rank_list(per_rank)} recorded the same values: one line"
     caption += (
-        f"; faint: raw values, solid: smoothed (TensorBoard's EMA, weight {SMOOTHING})."
+        "; faint: raw values, solid: smoothed (TensorBoard's debiased exponential moving "
+        f"average, weight {SMOOTHING} unless set above)."
         if smooth
         else "."
     )
@@ -366,10 +421,17 @@ def curve_plots(run: Run, axis: XAxis, *, max_points: int = 8_000) -> tuple[list
         plots.append(
             Plot(
                 f"plot-curve-{name}", title, f"{caption} <code>{name}</code>", figure, points,
-                downsampled,
+                downsampled, smoothed=any(t.meta for t in traces),
             )
         )  # fmt: skip
     return plots, missing
+
+
+def curves_every_value(run: Run) -> bool:
+    """Whether the curves of ``run`` draw every logged value: some rank wrote
+    ``training_values`` records (files of older versions, or of OTLP-only runs, have none:
+    their curves have the last value of each export)."""
+    return any(telemetry.logged for telemetry in run.ranks.values())
 
 
 def curves_exact(run: Run, axis: XAxis) -> bool:
@@ -380,7 +442,12 @@ def curves_exact(run: Run, axis: XAxis) -> bool:
         for rank, telemetry in run.ranks.items()
         if any(telemetry.gauge(name) for name, *_ in CURVES)
     }
-    return bool(ranks) and axis.is_steps and ranks <= set(axis.logged)
+    stepped = {
+        rank
+        for rank, telemetry in run.ranks.items()
+        if telemetry.logged and all(s is not None for p in telemetry.logged.values() for s, *_ in p)
+    }
+    return bool(ranks) and axis.is_steps and ranks <= set(axis.logged) | stepped
 
 
 def _bucket_label(bounds: Sequence[float], i: int) -> str:

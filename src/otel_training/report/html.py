@@ -21,6 +21,7 @@ from typing import Any
 
 from otel_training.report._nogc import no_gc
 from otel_training.report.run import Job, Run
+from otel_training.report.series import SMOOTH_JS
 from otel_training.report.summary import Summary, summarize
 from otel_training.report.wording import cut, plural, rank_list
 
@@ -55,6 +56,8 @@ class _Section:
     plots: list[dict[str, Any]] = field(default_factory=list)
     empty: str = ""
     wide: bool = False
+    #: The smoothing weight of the section's curves, shown and adjustable in the page.
+    smoothing: float | None = None
 
 
 def _require_libraries():
@@ -321,6 +324,7 @@ def _build(job: Job, jinja2, plotly) -> str:
         health=health,
         plots=plots,
         plotly_js=markupsafe.Markup(plotly.offline.get_plotlyjs()) if plots else "",
+        smooth_js=markupsafe.Markup(SMOOTH_JS),
         built_at=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
     )
 
@@ -350,7 +354,7 @@ def _attempt(
     curves, missing_curves = figures.curve_plots(run, axis)
     step_plots = figures.step_duration_plots(run, axis)
     timeline, _ = figures.timeline_plot(run)
-    axis_lead = axis.lead(figures.curves_exact(run, axis))
+    axis_lead = axis.lead(figures.curves_exact(run, axis), figures.curves_every_value(run))
     heatmap_lead = (
         f"x axis: {figures.STEP_AXIS}, the step reached when the values were exported (from "
         f"{axis.source})."
@@ -375,6 +379,7 @@ def _attempt(
             )
             if missing_curves
             else "",
+            smoothing=figures.SMOOTHING if any(p.smoothed for p in curves) else None,
         ),
         _Section(
             prefix + "step-duration",

@@ -20,6 +20,8 @@ class Plot:
         figure: The plotly figure (``plotly.graph_objects.Figure``).
         points: Data points given to plotly (after downsampling).
         downsampled: Whether some series were cut to the point budget.
+        smoothed: Whether it has smoothed traces (``meta.smooth_of``: the index of the raw
+            trace each smooths), which the page's smoothing control redraws.
     """
 
     id: str
@@ -28,3 +30,4 @@ class Plot:
     figure: Any
     points: int
     downsampled: bool = False
+    smoothed: bool = False

@@ -2,13 +2,14 @@
 the processes that run health judges.
 
 A run directory of the embedded default holds, per rank R, ``metrics-rank{R}.jsonl`` and
-``traces-rank{R}.jsonl`` (OTLP-JSON lines), ``spans-rank{R}.jsonl`` (span and ``stacks``
-records, ``docs/spans.md``), ``logs-rank{R}.jsonl`` and, after a write failed,
-``gaps-rank{R}.jsonl``. Each file is opened and decoded once (:mod:`otel_training.report.decode`
-a file, :mod:`otel_training.report.otlp` a line; :mod:`otel_training.report.notes` words what
-was odd); what one pass finds per process serves every command: the report's series,
-spans and gaps (:class:`~otel_training.report.run.Run`) and run health's ledger samples, phase
-spans and stacks (:class:`otel_training.health.evidence.Process`, in ``Run.processes``).
+``traces-rank{R}.jsonl`` (OTLP-JSON lines), ``spans-rank{R}.jsonl`` (span, ``stacks`` and
+``training_values`` records, ``docs/spans.md``), ``logs-rank{R}.jsonl`` and, after a write
+failed, ``gaps-rank{R}.jsonl``. Each file is opened and decoded once
+(:mod:`otel_training.report.decode` a file, :mod:`otel_training.report.otlp` a line;
+:mod:`otel_training.report.notes` words what was odd); what one pass finds per process
+serves every command: the report's series, spans and gaps
+(:class:`~otel_training.report.run.Run`) and run health's ledger samples, phase spans and
+stacks (:class:`otel_training.health.evidence.Process`, in ``Run.processes``).
 
 **A process** is one rank of one attempt, told by its resource
 (:func:`otel_training.report.attempts.identity_of`: run id, attempt counters,

@@ -244,6 +244,10 @@ class RankTelemetry:
         histograms: Histogram series by ``(name, attributes, bounds)``.
         first_ns: Earliest time in its metrics and spans (``None``: nothing).
         last_ns: Latest time in its metrics and spans (``None``: nothing).
+        logged: Every value given to ``record_training_metrics``, by metric name: ``(step,
+            time_ns, value)`` per call in the order of the lines, from the ``training_values``
+            records of the span lines (``step`` ``None`` where no step was known); empty for
+            files written without them (older versions, OTLP only).
     """
 
     rank: int
@@ -255,6 +259,7 @@ class RankTelemetry:
     )
     first_ns: int | None = None
     last_ns: int | None = None
+    logged: dict[str, list[tuple[int | None, int, float]]] = field(default_factory=dict)
 
     def see(self, time_ns: int) -> None:
         """Widens ``first_ns``/``last_ns`` to include ``time_ns``."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["drop_repeats", "ema_smooth", "minmax_downsample", "round_significant"]
+__all__ = ["SMOOTH_JS", "drop_repeats", "ema_smooth", "minmax_downsample", "round_significant"]
 
 
 def drop_repeats(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
@@ -61,6 +61,24 @@ def ema_smooth(ys: Sequence[float | None], weight: float = 0.6) -> list[float | 
         debias = 1.0 - weight**count if weight < 1.0 else 1.0
         smoothed.append(last / debias if debias else y)
     return smoothed
+
+
+SMOOTH_JS = """\
+function otelTrainingSmooth(ys, weight) {
+  var smoothed = [], last = 0, count = 0;
+  for (var i = 0; i < ys.length; i++) {
+    var y = ys[i];
+    if (y === null || y === undefined || !isFinite(y)) { smoothed.push(y); continue; }
+    last = last * weight + (1 - weight) * y;
+    count += 1;
+    var debias = weight < 1 ? 1 - Math.pow(weight, count) : 1;
+    smoothed.push(debias ? last / debias : y);
+  }
+  return smoothed;
+}
+"""
+""":func:`ema_smooth` in JavaScript, for the report's smoothing control (the page smooths the
+raw trace again when the weight changes); a test in headless Chromium holds the two equal."""
 
 
 def minmax_downsample(
