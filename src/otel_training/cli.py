@@ -222,8 +222,23 @@ def _run_health(directory: str | None, as_json: bool) -> int:
     if as_json:
         print(json.dumps(health.to_json(), indent=1, allow_nan=False, default=str), flush=True)
     else:
-        _say(format_text(health))
+        _say(format_text(health, width=terminal_width()))
     return 0
+
+
+def terminal_width(stream=None) -> int:
+    """The columns a summary may fill on ``stream`` (default stdout): the terminal's width
+    when it is a terminal (``COLUMNS`` first, as :func:`shutil.get_terminal_size` reads it;
+    40 at least), else 80 (a pipe, a file, a log). Never raises."""
+    import shutil
+
+    stream = sys.stdout if stream is None else stream
+    try:
+        if not stream.isatty():
+            return 80
+        return max(40, shutil.get_terminal_size((80, 24)).columns)
+    except (AttributeError, OSError, ValueError):
+        return 80
 
 
 def _run_demo(argv: Sequence[str]) -> int:

@@ -39,6 +39,7 @@ import contextlib
 import math
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -510,10 +511,6 @@ def _train(
         else:
             print(line, flush=True)
 
-    progress = None
-    if tqdm is not None and not quiet and sys.stderr.isatty():
-        progress = tqdm(total=config.steps, file=sys.stderr, unit="step", leave=False)
-
     result = TrainResult(
         steps=0,
         skipped_iters=0,
@@ -534,6 +531,7 @@ def _train(
         resumed_from=resumed_from,
     )
     first_step = 1 if resumed_from is None else resumed_from + 1
+    progress = None if quiet else _progress_bar(first_step - 1, config.steps, sys.stderr)
     ranks = ""
     if data_parallel.is_distributed:
         ranks = (
@@ -640,6 +638,36 @@ def _train(
     )
     result.wall_time_s = time.perf_counter() - started
     return result
+
+
+def _progress_bar(done: int, total: int, stream: Any) -> Any:
+    """A tqdm bar of steps on ``stream`` when it is a terminal, else ``None`` (a pipe, a file,
+    a log: no bar, the per-interval lines only).
+
+    A pseudo-terminal that reports no size (0 x 0: one opened by a program, ``script``, a
+    container's or CI's terminal) made tqdm print nothing at all; the bar then takes 80
+    columns (``COLUMNS`` when set), and follows the terminal's width when it has one.
+    """
+    if tqdm is None:
+        return None
+    try:
+        if not stream.isatty():
+            return None
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        return None
+    sized = size.columns > 0 and size.lines > 0
+    fallback = shutil.get_terminal_size((80, 24))  # COLUMNS, LINES, else 80 x 24
+    return tqdm(
+        total=total,
+        initial=done,
+        file=stream,
+        unit="step",
+        leave=False,
+        dynamic_ncols=sized,
+        ncols=None if sized else fallback.columns,
+        nrows=None if sized else fallback.lines,
+    )
 
 
 def _tensor_observer(

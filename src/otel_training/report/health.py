@@ -730,8 +730,70 @@ def _table(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
     return lines
 
 
-def format_text(health: JobHealth) -> str:
-    """The terminal summary of ``otel-training health`` (plain text)."""
+def _records(records: Sequence[tuple[str, Sequence[tuple[str, str]]]], width: int) -> list[str]:
+    """Each record as its title, then its ``key: value`` pairs wrapped to ``width`` columns:
+    what a table too wide for the terminal becomes (one record per attempt, a few lines)."""
+    lines = []
+    for title, pairs in records:
+        lines += _wrapped("  " + title, width)
+        line = ""
+        for pair in (f"{k}: {v}" for k, v in pairs):
+            if line and len(line) + 2 + len(pair) > width:
+                lines += _wrapped(line, width, "      ")
+                line = ""
+            line = f"{line}  {pair}" if line else "    " + pair
+        lines += _wrapped(line, width, "      ")
+    return lines
+
+
+def _fitted(
+    rows: Sequence[Sequence[str]], right: Sequence[bool], width: int | None, *, by_column: bool
+) -> list[str]:
+    """``rows`` (a header row first) as a table when it fits in ``width`` columns (``None``:
+    any width), else as records: one per row, or one per column (``by_column``: the columns
+    are the attempts), titled by the first column's header and the row's first cell, or by
+    the column's header."""
+    table = _table(rows, right)
+    if width is None or max(map(len, table)) <= width:
+        return table
+    header, body = rows[0], rows[1:]
+    if by_column:
+        records = [(header[j], [(row[0], row[j]) for row in body]) for j in range(1, len(header))]
+    else:
+        records = [(f"{header[0]} {row[0]}", list(zip(header[1:], row[1:]))) for row in body]
+    return _records(records, width)
+
+
+def _wrapped(line: str, width: int | None, indent: str | None = None) -> list[str]:
+    """``line`` cut into lines of at most ``width`` columns at spaces (a word longer than a
+    line, a path or a run id, is cut too); the lines after the first are indented like it
+    plus two spaces, or by ``indent``."""
+    if width is None or len(line) <= width:
+        return [line]
+    import textwrap
+
+    lead = line[: len(line) - len(line.lstrip(" "))]
+    rest = lead + "  " if indent is None else indent
+    if len(rest) >= width // 2:  # a deep stack line: cut it, keep its place
+        rest = lead[: width // 4] + "  "
+    return textwrap.wrap(
+        line.strip(),
+        width,
+        initial_indent=lead[: width // 2],
+        subsequent_indent=rest,
+        break_on_hyphens=False,
+    ) or [line[:width]]
+
+
+def format_text(health: JobHealth, width: int | None = None) -> str:
+    """The terminal summary of ``otel-training health`` (plain text).
+
+    Args:
+        health: The job's health.
+        width: The most columns (characters) of a line, or ``None`` for lines of any length.
+            A table wider than that becomes records (``key: value``, a few lines per attempt),
+            and a longer line continues on the next, indented by two more spaces.
+    """
     a = health.account
     lines = [
         f"job {health.job or '(unnamed)'}: {len(health.attempts)} attempt"
@@ -747,7 +809,7 @@ def format_text(health: JobHealth) -> str:
             [name, _duration(a.buckets[name]),
              *[_duration(x.account.buckets[name]) for x in health.attempts]]
         )  # fmt: skip
-    lines += _table(rows, [False] + [True] * (len(header) - 1))
+    lines += _fitted(rows, [False] + [True] * (len(header) - 1), width, by_column=True)
     lines.append("")
     rows = [["attempt", "run", "ranks", "resumed from", "last step", "lost steps", "ended",
              "time to start", "time to recover"]]  # fmt: skip
@@ -767,7 +829,9 @@ def format_text(health: JobHealth) -> str:
                 _duration(acc.time_to_recover_s),
             ]
         )
-    lines += _table(rows, [False, False, True, True, True, True, False, True, True])
+    lines += _fitted(
+        rows, [False, False, True, True, True, True, False, True, True], width, by_column=False
+    )
     for x in health.attempts:
         for why in x.estimated:
             lines.append(f"  estimated, attempt {x.account.label}: {why}")
@@ -820,7 +884,7 @@ def format_text(health: JobHealth) -> str:
     lines += incident_lines(health)
     for note in health.notes:
         lines.append(f"note: {note}")
-    return "\n".join(lines)
+    return "\n".join(part for line in lines for part in _wrapped(line, width))
 
 
 #: What an incident without a recovery says (:data:`otel_training.health.incidents.UNRECOVERED`).
