@@ -429,6 +429,9 @@ class Settings:
     #: OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM: explicit or exponential.
     step_duration_histogram: str = "explicit"
     shutdown_on_sigterm: bool = True
+    #: OTEL_PYTHON_TRAINING_PRINT_ALL_RANKS: every rank writes its telemetry line, not rank 0
+    #: alone.
+    print_all_ranks: bool = False
     service_name: str | None = None
     resource_attributes: Mapping[str, str] = field(default_factory=dict)
     span_groups: frozenset[str] = SPAN_GROUP_PRESETS["default"]
@@ -1261,6 +1264,7 @@ class _Parser(EnvReader):
             step_duration_buckets_ms=self._buckets(),
             step_duration_histogram=self._step_duration_histogram(metrics_exporters),
             shutdown_on_sigterm=self.boolean(ev.OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM, True),
+            print_all_ranks=self.boolean(ev.OTEL_PYTHON_TRAINING_PRINT_ALL_RANKS, False),
             span_groups=self._span_groups(),
             nvtx_only_groups=self._nvtx_only_groups(),
             trace_segment_iterations=self.positive_int(

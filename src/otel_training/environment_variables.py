@@ -152,6 +152,15 @@ ids. Records still need to pass their logger's level (``logging.basicConfig(leve
 ``false`` removes the bridge that an earlier ``configure()`` added. See ``docs/logs.md``.
 """
 
+OTEL_PYTHON_TRAINING_PRINT_ALL_RANKS: Final = "OTEL_PYTHON_TRAINING_PRINT_ALL_RANKS"
+"""Boolean, default ``false``: every rank writes its telemetry line (where its telemetry goes,
+``otel-training telemetry: metrics to ...``) to stderr at ``configure()``, or logs it when
+logging is set up. By default only global rank 0 (``dl.rank``: ``RANK``, ``SLURM_PROCID``, ...)
+writes it (and the lowest rank that exports when ``OTEL_PYTHON_TRAINING_EXPORT_RANKS`` leaves
+rank 0 out), so that ``torchrun --nproc_per_node=8`` prints one line, not eight; the other
+ranks' destinations differ only in their rank. Warnings are written on every rank either way.
+"""
+
 OTEL_PYTHON_TRAINING_HANG_FLOOR_S: Final = "OTEL_PYTHON_TRAINING_HANG_FLOOR_S"
 """The floor of the hang threshold, in seconds, default 60: a rank whose progress age (seconds
 since its last completed optimizer step) exceeds H = max(5 x median step, this floor) in a step
@@ -190,6 +199,7 @@ __all__ = [
     "OTEL_PYTHON_TRAINING_NVTX",
     "OTEL_PYTHON_TRAINING_NVTX_DOMAIN",
     "OTEL_PYTHON_TRAINING_OUTPUT_DIR",
+    "OTEL_PYTHON_TRAINING_PRINT_ALL_RANKS",
     "OTEL_PYTHON_TRAINING_RUN_ATTEMPT",
     "OTEL_PYTHON_TRAINING_RUN_ID",
     "OTEL_PYTHON_TRAINING_SHUTDOWN_ON_SIGTERM",

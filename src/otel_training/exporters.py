@@ -44,6 +44,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from otel_training import _export_outage
 from otel_training import limits as _limits
 from otel_training._log_once import LogOnce
 
@@ -140,6 +141,16 @@ class _Splitter:
         return first and second
 
 
+def _is_otlp(exporter: Any) -> bool:
+    """Whether ``exporter`` is one of the SDK's OTLP exporters (gRPC or HTTP): its failures
+    are said once per outage (:mod:`otel_training._export_outage`), and the filter that
+    collapses the SDK's lines is installed."""
+    otlp = type(exporter).__module__.startswith("opentelemetry.exporter.otlp.proto.")
+    if otlp:
+        _export_outage.install()
+    return otlp
+
+
 def _relax_grpc_retries(exporter: Any) -> None:
     """Makes a gRPC exporter give up at once on RESOURCE_EXHAUSTED without retry information:
     the collector answers an oversized request so, and the SDK would retry it unchanged until
@@ -162,6 +173,7 @@ class _BatchBounded:
     ``timeout_s`` lasts."""
 
     _what = ""
+    _signal = ""
     _bound: Callable[[Any, _limits.Limits], Any]
     _cost: Callable[[Any], int]
     _groups: Callable[[Any], tuple[Any, Any]]
@@ -181,6 +193,7 @@ class _BatchBounded:
         self._max_request_bytes = max_request_bytes
         self._timeout_s = timeout_s
         self._pid = os.getpid()
+        self._otlp = _is_otlp(exporter)
         _relax_grpc_retries(exporter)
 
     @property
@@ -201,6 +214,8 @@ class _BatchBounded:
         except Exception:
             _logger.warning("otel-training: a %s export failed", self._what, exc_info=True)
             return self._failure
+        if self._otlp:
+            _export_outage.exported(self._signal, ok)
         return self._success if ok else self._failure
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
@@ -220,6 +235,7 @@ class SafeSpanExporter(_BatchBounded, SpanExporter):
     """
 
     _what = "span"
+    _signal = "traces"
     _bound = staticmethod(_limits.bounded_span)
     _cost = staticmethod(_limits.span_cost)
     _groups = staticmethod(_groups)
@@ -253,6 +269,7 @@ class SafeLogRecordExporter(_BatchBounded, LogRecordExporter):
     """
 
     _what = "log"
+    _signal = "logs"
     _bound = staticmethod(_limits.bounded_log_record)
     _cost = staticmethod(_limits.log_record_cost)
     _groups = staticmethod(_groups)
@@ -316,6 +333,7 @@ class SafeMetricExporter(MetricExporter):
         self._max_request_bytes = max_request_bytes
         self._pid = os.getpid()
         self._said = LogOnce(_logger)
+        self._otlp = _is_otlp(exporter)
         _relax_grpc_retries(exporter)
 
     @property
@@ -334,6 +352,8 @@ class SafeMetricExporter(MetricExporter):
             for part in split_metrics(metrics_data, self._max_request_bytes):
                 result = self._exporter.export(part, timeout_millis=timeout_millis, **kwargs)
                 ok = result is MetricExportResult.SUCCESS and ok
+            if self._otlp:
+                _export_outage.exported("metrics", ok)
             return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
         except Exception:
             _logger.warning("otel-training: a metrics export failed", exc_info=True)

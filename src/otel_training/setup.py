@@ -368,7 +368,8 @@ def configure(
             _retire(previous)
         log_bridge.bridge_root_logger(settings.logs.bridge_root_logger)
     proxy.follow_all()
-    _announce(telemetry.destination)
+    if _prints_its_line(telemetry.settings):
+        _announce(telemetry.destination)  # one line per job, not one per rank
     return telemetry
 
 
@@ -563,8 +564,28 @@ def _side_by_side(
         thread.join(max(0.0, deadline - time.monotonic()))
 
 
+def _prints_its_line(settings: config.Settings) -> bool:
+    """Whether this rank writes its telemetry line: rank 0, and the lowest rank that exports
+    when rank 0 does not (``OTEL_PYTHON_TRAINING_EXPORT_RANKS=last``); every rank with
+    ``OTEL_PYTHON_TRAINING_PRINT_ALL_RANKS``. Every rank computes the same answer."""
+    identity, ranks = settings.identity, settings.export_ranks
+    if settings.print_all_ranks or identity.rank == 0:
+        return True
+    if ranks.policy in ("all", "first_per_node") or not ranks.exports(identity):
+        return False  # rank 0 exports, or this rank does not
+    world = max(1, identity.world_size)
+    if ranks.policy == "list":
+        chosen = [r for r in ranks.ranks if 0 <= r < world]
+    elif ranks.policy == "sampled":
+        chosen = list(config.sampled_ranks(ranks.rate, world))
+    else:  # last, single: one rank exports, this one
+        return True
+    return identity.rank == min(chosen, default=identity.rank)
+
+
 def _announce(destination: str) -> None:
-    """The one log line at configure; written to stderr when logging is not set up (the
+    """The one log line at configure (on rank 0 alone unless
+    ``OTEL_PYTHON_TRAINING_PRINT_ALL_RANKS``); written to stderr when logging is not set up (the
     logging bridge does not count: it drops otel-training's own records)."""
     if log_bridge.has_handlers_besides_bridge(_logger):
         _logger.info("otel-training %s", destination)

@@ -357,3 +357,56 @@ def test_a_counter_at_the_int64_maximum_saturates_and_exports_go_on(run_python, 
     assert all(isinstance(p.value, int) for p in counters)
     assert [p.value for p in otlp_receiver.metrics("megatron.training.loss")] == [0.25]
     assert result.stderr.count("int64 maximum") == 1
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_an_unreachable_collector_is_one_line_over_several_export_intervals(
+    run_python, refused_endpoint, protocol
+):
+    """A closed loopback port, metrics every 0.5 s and spans every 0.2 s for 4 s, then the
+    shutdown: one line on stderr about it (besides the destination line), not the SDK's
+    retry and error lines."""
+    result = run_python(
+        textwrap.dedent(
+            """
+            import time, otel_training
+            telemetry = otel_training.configure()
+            for step in range(40):
+                with telemetry.tracer.start_as_current_span("step"):
+                    otel_training.record_training_metrics(telemetry.meter, loss=2.0)
+                time.sleep(0.1)
+            telemetry.shutdown()
+            """
+        ),
+        env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": refused_endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+            "OTEL_METRIC_EXPORT_INTERVAL": "500",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        },
+        timeout_s=60,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[0].startswith("otel-training telemetry: metrics to OTLP"), lines
+    assert len(lines) == 2, result.stderr
+    assert lines[1].startswith("otel-training: OTLP export failed (") and "Said once" in lines[1]
+
+
+def test_rank_1_under_torchrun_prints_nothing_unless_asked(run_python, tmp_path):
+    """RANK=1 of 2 (a torchrun worker): configure() and shutdown() write nothing to stderr or
+    stdout; with OTEL_PYTHON_TRAINING_PRINT_ALL_RANKS=true it writes its telemetry line, and
+    so does it when it alone exports (EXPORT_RANKS=last); rank 0 writes it either way."""
+    code = "import otel_training; otel_training.configure(); otel_training.shutdown()"
+    torchrun = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                "OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path)}  # fmt: skip
+    quiet = run_python(code, env=torchrun)
+    assert quiet.returncode == 0 and (quiet.stdout, quiet.stderr) == ("", "")
+    asked = run_python(code, env={**torchrun, "OTEL_PYTHON_TRAINING_PRINT_ALL_RANKS": "true"})
+    assert asked.stderr.count("otel-training telemetry: metrics to") == 1
+    assert "metrics-rank1.jsonl" in asked.stderr
+    rank0 = run_python(code, env={**torchrun, "RANK": "0", "LOCAL_RANK": "0"})
+    assert rank0.stderr.count("otel-training telemetry: metrics to") == 1
+    last = run_python(code, env={**torchrun, "OTEL_PYTHON_TRAINING_EXPORT_RANKS": "last"})
+    assert last.stderr.count("otel-training telemetry: metrics to") == 1  # rank 0 exports not
