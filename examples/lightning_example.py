@@ -1,8 +1,12 @@
-"""Train a small byte-level language model with PyTorch Lightning, recorded by otel-training.
+r"""Train a small byte-level language model with PyTorch Lightning, recorded by otel-training.
 
-    pip install -e '.[lightning]'                   # in the checkout (make setup does)
-    python examples/lightning_example.py            # telemetry to ./otel-training-telemetry
-    OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 python examples/lightning_example.py
+    make setup                                      # .venv with both frameworks (minutes)
+    .venv/bin/python examples/lightning_example.py   # telemetry to ./otel-training-telemetry
+    OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 \
+        .venv/bin/python examples/lightning_example.py
+
+In another environment, install the extra from the checkout first (the package is on no
+index): ``pip install -e '.[lightning]'``, then run it with that environment's ``python``.
 
 The one line that matters is ``callbacks=[OtelTrainingCallback(tokens_per_sample=...)]``. The
 data are the bytes of the Python standard library's sources; nothing is downloaded.

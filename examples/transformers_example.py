@@ -1,8 +1,12 @@
-"""Train a tiny GPT-2 with the Hugging Face Trainer, recorded by otel-training.
+r"""Train a tiny GPT-2 with the Hugging Face Trainer, recorded by otel-training.
 
-    pip install -e '.[transformers]'                # in the checkout (make setup does)
-    python examples/transformers_example.py         # telemetry to ./otel-training-telemetry
-    OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 python examples/transformers_example.py
+    make setup                                      # .venv with both frameworks (minutes)
+    .venv/bin/python examples/transformers_example.py   # telemetry to ./otel-training-telemetry
+    OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 \
+        .venv/bin/python examples/transformers_example.py
+
+In another environment, install the extra from the checkout first (the package is on no
+index): ``pip install -e '.[transformers]'``, then run it with that environment's ``python``.
 
 The one line that matters is ``callbacks=[OtelTrainingCallback()]``. The model is built from a
 ``GPT2Config`` (byte-level: token ids are bytes) and the data are the bytes of the Python
