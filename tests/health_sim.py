@@ -7,6 +7,7 @@ OTLP-JSON metrics, span lines as docs/spans.md writes them)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -185,9 +186,18 @@ def simulated(created: float, steps: int = 5) -> SimRank:
     return sim
 
 
-def write_process(directory: Path, sim: SimRank, attrs: dict, *, exports: int = 3) -> None:
+def write_process(
+    directory: Path,
+    sim: SimRank,
+    attrs: dict,
+    *,
+    exports: int = 3,
+    before_export: Callable[[int], None] | None = None,
+) -> None:
     """The sim's ledger exported ``exports`` times by the real SDK into metrics-rank{R}.jsonl,
-    its phase spans as span lines into spans-rank{R}.jsonl (both appended)."""
+    its phase spans as span lines into spans-rank{R}.jsonl (both appended).
+    ``before_export(i)`` runs before export ``i`` (to move the sim on between exports: the
+    samples then differ, as a straggler's windows need)."""
     from opentelemetry.exporter.otlp.json.file import FileMetricExporter
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -202,7 +212,9 @@ def write_process(directory: Path, sim: SimRank, attrs: dict, *, exports: int = 
     provider = MeterProvider(metric_readers=[reader], resource=Resource.create(attrs))
     observe_ledger(provider.get_meter("otel_training"), source=lambda: sim.ledger)
     try:
-        for _ in range(exports):
+        for i in range(exports):
+            if before_export is not None:
+                before_export(i)
             provider.force_flush()
     finally:
         provider.shutdown()

@@ -169,6 +169,31 @@ def chromium_or_unavailable() -> str:
     )
 
 
+def chromium_dump_dom(url: str, profile: Path, *extra: str, timeout_s: float = 180) -> str:
+    """The DOM a headless Chromium (:func:`chromium_or_unavailable`) has after loading ``url``
+    (scripts run), with its profile in ``profile``; ``extra`` flags (``--screenshot=PATH``,
+    ``--window-size=W,H``) replace ``--dump-dom`` when given.
+
+    Raises:
+        AssertionError: when Chromium exits non-zero.
+    """
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--disable-background-networking",
+        f"--user-data-dir={profile}",
+    ]
+    result = subprocess.run(
+        [chromium_or_unavailable(), *flags, *(extra or ["--dump-dom"]), url],
+        capture_output=True, text=True, timeout=timeout_s,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
 def gloo_or_unavailable() -> None:
     """Returns when ``torch.distributed`` has its gloo backend; else :func:`unavailable`."""
     torch = import_or_unavailable("torch")

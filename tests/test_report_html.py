@@ -467,7 +467,8 @@ def test_the_tiles_at_a_glance_say_each_figure_and_where_it_comes_from(tmp_path)
         "steps", "duration", "ranks", "last loss", "tokens/s", "TFLOP/s per GPU",
         "step time p50", "non-finite values", "skipped iterations",
     ]  # fmt: skip
-    assert (tiles["steps"].value, tiles["steps"].detail) == ("10", f"from {summary.steps_source}")
+    assert tiles["steps"].value == "10 steps (1–10)"  # the wording of every "steps"
+    assert tiles["steps"].detail == f"from {summary.steps_source}"
     assert tiles["duration"].value == _duration(summary.duration_s) != "–"
     assert tiles["duration"].detail == f"from {_iso(summary.start_ns)}"
     assert tiles["ranks"].value == "2 of 2"
@@ -608,7 +609,7 @@ def test_the_summary_tiles_say_each_figure_with_its_source():
     bad when there are any)."""
     tiles = [(t.label, t.value, t.detail, t.bad) for t in page_html._tiles(_summary())]
     assert tiles == [
-        ("steps", "12,345", "from iteration spans", False),
+        ("steps", "steps up to 12,345", "from iteration spans", False),  # first unknown
         ("duration", "2 min 30 s", "from 1970-01-01 00:00:00 UTC", False),
         ("ranks", "2 of 8", "4 hosts: h1, h2, h3 …", False),
         ("last loss", "2.25", "rank 2", False),
@@ -708,10 +709,12 @@ def test_a_health_assessment_that_fails_is_a_sentence_with_the_error_escaped(mon
         raise ValueError("<b>bad</b>")
 
     monkeypatch.setattr(health, "assess_read", broken)
-    assert page_html._health(object()) == (
-        None,
-        [],
-        "Run health could not be assessed (ValueError: &lt;b&gt;bad&lt;/b&gt;).",
+    tables, plots, empty, verdict = page_html._health(object())
+    assert (tables, plots) == (None, [])
+    assert empty == "Run health could not be assessed (ValueError: &lt;b&gt;bad&lt;/b&gt;)."
+    assert verdict.word == "Unknown"  # the template escapes the verdict's text
+    assert verdict.headline == (
+        "run health unknown: it could not be assessed (ValueError: <b>bad</b>)"
     )
 
 
@@ -786,7 +789,7 @@ def test_an_attempts_context_has_its_facts_files_row_and_sections(tmp_path):
         "started": "2026-11-30 00:53:20 UTC",
         "duration": page_html._duration(summary.duration_s),
         "ranks": "2",
-        "steps": "10",
+        "steps": "10 steps (1–10)",
         "failed": str(failed),
         "open": "0",
         "directory": str(tmp_path),
@@ -795,7 +798,7 @@ def test_an_attempts_context_has_its_facts_files_row_and_sections(tmp_path):
         [
             "report-test",
             "2 ranks",
-            "10 steps",
+            "10 steps (1–10)",
             page_html._duration(summary.duration_s),
             page_html._iso(summary.start_ns),
         ]

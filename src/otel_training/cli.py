@@ -156,11 +156,11 @@ def _say(text: str) -> None:
 
 
 def _what(job) -> str:
-    """``run ID`` for one run, ``job ID (N attempts)`` for several."""
+    """``run ID`` for one run, ``job ID, N attempts`` for several: the start of a sentence."""
     latest = job.latest
     if len(job.runs) == 1:
         return f"run {latest.run_id or latest.directory.name}"
-    return f"job {job.job_id or latest.run_id} ({len(job.runs)} attempts)"
+    return f"job {job.job_id or latest.run_id}, {len(job.runs)} attempts"
 
 
 def _run_report(directory: str | None, output: str) -> int:
@@ -178,9 +178,10 @@ def _run_report(directory: str | None, output: str) -> int:
         print(f"{_PROG} report: error: cannot write {output}: {error}", file=sys.stderr)
         return 1
     ranks = len(job.latest.ranks)
+    last = "" if len(job.runs) == 1 else ", the last"
     _say(
-        f"report of {_what(job)} ({ranks} rank"
-        f"{'s' if ranks != 1 else ''}, {job.latest.directory}): {path}\n"
+        f"report of {_what(job)}{last} with {ranks} rank{'s' if ranks != 1 else ''} in "
+        f"{job.latest.directory}: {path}\n"
         f"open it in a browser: {path.as_uri()}"
     )
     return 0
@@ -200,8 +201,8 @@ def _run_trace(directory: str | None, output: str) -> int:
     spans = sum(len(run.spans) for run in job.runs)
     ranks = len({s.rank for run in job.runs for s in run.spans})
     _say(
-        f"trace of {_what(job)} ({spans:,} spans, {ranks} "
-        f"rank{'s' if ranks != 1 else ''}): {path}\n"
+        f"trace of {_what(job)}, {spans:,} spans of {ranks} "
+        f"rank{'s' if ranks != 1 else ''}: {path}\n"
         "open it at https://ui.perfetto.dev ('Open trace file') or in chrome://tracing ('Load')"
     )
     return 0

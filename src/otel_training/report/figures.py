@@ -30,7 +30,7 @@ from otel_training.report.series import (
 from otel_training.report.steps import logged_steps, step_clocks
 from otel_training.report.style import ERROR_COLOR, PALETTE, layout
 from otel_training.report.timeline import timeline_plot
-from otel_training.report.wording import rank_list
+from otel_training.report.wording import plural, rank_list, ranks_phrase
 from otel_training.semconv.metrics import (
     DL_TRAINING_PROGRESS_LOGGED_ITERATION,
     MEGATRON_TRAINING_GRAD_NORM,
@@ -523,7 +523,8 @@ def step_duration_plots(run: Run, axis: XAxis) -> list[Plot]:
         Plot(
             "plot-step-duration-histogram",
             "Step duration histogram",
-            f"All {total:,} steps of all ranks by bucket (ms). Over the run: {quantiles}.",
+            f"{plural(total, 'step duration')} of {ranks_phrase(run.ranks)} by bucket (ms), "
+            f"each rank's steps once. Over the run: {quantiles}.",
             go.Figure(
                 [
                     go.Bar(

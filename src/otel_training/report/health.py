@@ -31,10 +31,11 @@ from otel_training.health import straggler as _straggler
 from otel_training.health.evidence import Attempt, Job, PhaseSpan, Process, attempts
 from otel_training.health.ledger import PHASES
 from otel_training.report import run as _run
+from otel_training.report import verdict as _verdict
 from otel_training.report.notes import file_notes, other_jobs_note
 from otel_training.report.reader import load_job
 from otel_training.report.rundir import find_run_directory
-from otel_training.report.wording import ranks_phrase
+from otel_training.report.wording import duration, ranks_phrase
 
 __all__ = ["JobHealth", "assess_job", "format_text"]
 
@@ -709,14 +710,7 @@ def _counters(attempt: Attempt) -> list[_straggler.RankCounters]:
 # -- the terminal summary ---------------------------------------------------------------------
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    if abs(seconds) < 120:
-        return f"{seconds:.1f} s"
-    minutes, s = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {s:02d} s"
+_duration = duration
 
 
 def _table(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
@@ -795,10 +789,9 @@ def format_text(health: JobHealth, width: int | None = None) -> str:
             and a longer line continues on the next, indented by two more spaces.
     """
     a = health.account
-    lines = [
+    lines = _verdict.judge(health).lines() + [
         f"job {health.job or '(unnamed)'}: {len(health.attempts)} attempt"
-        f"{'s' if len(health.attempts) != 1 else ''}, wall {_duration(a.wall_s)}, "
-        f"goodput {100 * a.goodput:.1f} % ({_duration(a.productive_s)} productive)",
+        f"{'s' if len(health.attempts) != 1 else ''}, " + _verdict.goodput_text(a),
         "",
     ]
     header = ["", "total", *[f"attempt {x.account.label}" for x in health.attempts]]
@@ -842,21 +835,7 @@ def format_text(health: JobHealth, width: int | None = None) -> str:
     else:
         v = hang.hang
         assert v is not None
-        head = (
-            f"hang: attempt {hang.account.label} has made no progress for "
-            f"{_duration(v.since_s)}; stalled: {ranks_phrase(v.stalled_ranks)}; "
-        )
-        if v.culprits:
-            head += (
-                f"culprit{'s' if len(v.culprits) != 1 else ''}: {ranks_phrase(v.culprits)}"
-                f" ({(v.rule or '').replace('_', ' ')})"
-            )
-        else:
-            head += (
-                "no culprit: every rank waits at the same place (iteration and phase), so "
-                "nothing they export tells them apart; their stacks are the evidence"
-            )
-        lines.append(head)
+        lines.append(_verdict.hang_text(hang))
         for rank, phase in sorted(v.phases.items()):
             lines.append(
                 f"  rank {rank}: in {phase}" + ("  <- culprit" if rank in v.culprits else "")
@@ -875,10 +854,7 @@ def format_text(health: JobHealth, width: int | None = None) -> str:
     if flagged:
         lines.append("stragglers:")
         for attempt, s in flagged:
-            lines.append(
-                f"  attempt {attempt}, rank {s.rank}: score {s.score:.2f} in {s.windows} windows, "
-                f"cause {s.cause}"
-            )
+            lines.append("  " + _verdict.straggler_text(attempt, s))
     else:
         lines.append("stragglers: none")
     lines += incident_lines(health)

@@ -21,6 +21,7 @@ from otel_training.report.health import UNRECOVERED_TEXT, JobHealth
 from otel_training.report.plot import Plot
 from otel_training.report.series import round_significant
 from otel_training.report.style import BUCKET_COLORS, PALETTE, PHASE_COLORS, layout
+from otel_training.report.verdict import goodput_text
 from otel_training.report.wording import cut, ranks_phrase
 
 __all__ = ["health_plots", "health_tables"]
@@ -30,14 +31,28 @@ def _r(value: float) -> float:
     return round_significant(value, 6)  # type: ignore[return-value]
 
 
+#: The goodput bars' blocks in the order they happen in an attempt: its startup, loads and
+#: first step; then its steps and what interrupts them (data waits, saves, evaluations, the
+#: rest); then what its end costs (progress a later attempt redid, a hang); the downtime after.
+TIME_ORDER: tuple[str, ...] = (
+    "startup", "checkpoint_load", "warmup_excess", "productive", "data_wait", "checkpoint_save",
+    "evaluate", "other", "lost_progress", "hang", "downtime",
+)  # fmt: skip
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def goodput_plot(health: JobHealth) -> Plot | None:
-    """Each attempt's wall time from the job's start, cut into productive time and the
-    badput buckets (in that order, each as long as its share), the downtime after it last."""
+    """Each attempt's wall time as one bar from 0, cut into productive time and the badput
+    buckets in the order they happen in an attempt (:data:`TIME_ORDER`, each block as long as
+    its total, seconds), the downtime after it last. Not a timeline: the blocks of steps and
+    of what interrupts them are totals."""
     account = health.account
     if not account.attempts or account.wall_s <= 0:
         return None
-    t0 = account.start_s
-    names = ["productive", *[b for b in _goodput.BUCKETS if b != "downtime"], "downtime"]
+    names = list(TIME_ORDER)
     bars: dict[str, dict[str, list]] = {
         n: {"base": [], "x": [], "y": [], "text": []} for n in names
     }
@@ -45,7 +60,7 @@ def goodput_plot(health: JobHealth) -> Plot | None:
     for item in account.attempts:
         row = f"attempt {item.label}"
         rows.append(row)
-        at = item.start_s - t0
+        at = 0.0
         total = item.end_s - item.start_s
         for name in names:
             seconds = item.productive_s if name == "productive" else item.buckets[name]
@@ -72,7 +87,7 @@ def goodput_plot(health: JobHealth) -> Plot | None:
     ]  # fmt: skip
     height = min(600, 170 + 40 * len(rows))
     figure_layout = layout(
-        "seconds since the job's first process started",
+        "seconds of the attempt, each bucket's total (not a timeline)",
         "attempt",
         height=height,
         barmode="overlay",
@@ -82,10 +97,12 @@ def goodput_plot(health: JobHealth) -> Plot | None:
     )
     points = sum(len(b["x"]) for b in bars.values())
     caption = (
-        f"Goodput {100 * account.goodput:.1f} % of {account.wall_s:.1f} s. Each attempt's bar "
-        "starts at its first process and is cut into its productive time and badput buckets "
-        "(lengths in seconds, not in the order they happened); grey at the end: downtime "
-        "before the next attempt. Definitions: docs/health.md."
+        f"{_sentence(goodput_text(account))}. Each attempt is one bar of its wall time, its "
+        "buckets in the order they happen in an attempt: startup, checkpoint load, the first "
+        "step's excess, then the steps (productive) with the data waits, saves, evaluations "
+        "and other time between them added up, then progress lost and a hang at its end; "
+        "grey at the end: downtime before the next attempt. Lengths are totals in seconds, "
+        "not a timeline. Definitions: docs/health.md."
     )
     return Plot("plot-health-goodput", "Goodput and badput by attempt", caption,
                 go.Figure(traces, figure_layout), points)  # fmt: skip
@@ -367,7 +384,7 @@ def health_tables(health: JobHealth) -> dict[str, Any]:
             "stacks": stacks,
         }
     return {
-        "goodput": f"{100 * a.goodput:.1f} %",
+        "goodput": goodput_text(a),
         "wall": f"{a.wall_s:,.1f} s",
         "headers": headers,
         "rows": rows,

@@ -23,6 +23,7 @@ from otel_training.report._nogc import no_gc
 from otel_training.report.run import Job, Run
 from otel_training.report.series import SMOOTH_JS
 from otel_training.report.summary import Summary, summarize
+from otel_training.report.verdict import Verdict
 from otel_training.report.wording import cut, plural, rank_list
 
 __all__ = ["REPORT_HINT", "build_report", "dom_id", "format_value", "utf8", "write_report"]
@@ -139,7 +140,7 @@ def _tiles(summary: Summary) -> list[_Tile]:
     tiles = [
         _Tile(
             "steps",
-            format_value(summary.steps) if summary.steps is not None else "–",
+            summary.steps_text if summary.steps is not None else "–",
             f"from {summary.steps_source}" if summary.steps_source else "",
         ),
         _Tile("duration", _duration(summary.duration_s), f"from {_iso(summary.start_ns)}"),
@@ -285,7 +286,7 @@ def _build(job: Job, jinja2, plotly) -> str:
             "lowest and highest point, heatmaps the last value per column, the timeline merges "
             "runs of one span name (captions say which). The files have every point."
         )
-    health, health_plots, health_empty = _health(job)
+    health, health_plots, health_empty, verdict = _health(job)
     health_section = _Section(
         "health",
         "Run health",
@@ -322,6 +323,7 @@ def _build(job: Job, jinja2, plotly) -> str:
         attempt_rows=[a["row"] for a in attempts],
         health_section=health_section,
         health=health,
+        verdict=verdict,
         plots=plots,
         plotly_js=markupsafe.Markup(plotly.offline.get_plotlyjs()) if plots else "",
         smooth_js=markupsafe.Markup(SMOOTH_JS),
@@ -457,7 +459,7 @@ def _attempt(
         for part in (
             _short(summary.service_name) if summary.service_name else None,
             plural(len(summary.ranks), "rank"),
-            f"{format_value(summary.steps)} steps" if summary.steps is not None else None,
+            summary.steps_text if summary.steps is not None else None,
             _duration(summary.duration_s) if summary.duration_s is not None else None,
             _iso(summary.start_ns) if summary.start_ns is not None else None,
         )
@@ -475,7 +477,7 @@ def _attempt(
         else _iso(summary.start_ns),
         "duration": _duration(summary.duration_s),
         "ranks": str(len(summary.ranks)),
-        "steps": format_value(summary.steps) if summary.steps is not None else "–",
+        "steps": summary.steps_text if summary.steps is not None else "–",
         "failed": str(sum(1 for s in run.spans if s.failed)),
         "open": str(sum(1 for s in run.spans if s.truncated)),
         "directory": _short(str(run.directory), _VALUE_LENGTH),
@@ -540,10 +542,12 @@ def utf8(text: str) -> bytes:
         return safe_text(text, None).encode()
 
 
-def _health(job: Job) -> tuple[dict[str, Any] | None, list, str]:
+def _health(job: Job) -> tuple[dict[str, Any] | None, list, str, Verdict]:
     """The job-level "Run health" section (every attempt of the job, once): its tables, plots,
-    and what to say when there is none. Never raises: a job that cannot be assessed is a
-    sentence."""
+    what to say when there is none, and the verdict the page opens with
+    (:mod:`otel_training.report.verdict`, the words of ``otel-training health``). Never
+    raises: a job that cannot be assessed is a sentence."""
+    from otel_training.report import verdict as _verdict
     from otel_training.report.health import assess_read
     from otel_training.report.health_figures import health_plots, health_tables
 
@@ -555,6 +559,7 @@ def _health(job: Job) -> tuple[dict[str, Any] | None, list, str]:
             [],
             f"Run health could not be assessed ({type(error).__name__}: "
             f"{html.escape(str(error))}).",
+            _verdict.unknown(f"it could not be assessed ({type(error).__name__}: {error})"),
         )
     if not any(p.ledger for p in health.processes):
         return (
@@ -562,5 +567,10 @@ def _health(job: Job) -> tuple[dict[str, Any] | None, list, str]:
             [],
             "No health ledger in these files (<code>dl.training.phase.time</code>): they were "
             "written by a version without it, or with metrics off.",
+            _verdict.unknown(
+                "no health ledger in these files (dl.training.phase.time): they were written "
+                "by a version without it, with metrics off, or with metrics sent only to "
+                "Prometheus or a collector"
+            ),
         )
-    return health_tables(health), health_plots(health), ""
+    return health_tables(health), health_plots(health), "", _verdict.judge(health)

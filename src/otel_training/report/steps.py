@@ -49,6 +49,8 @@ __all__ = [
 
 #: The span group of the iteration span (Megatron-LM's ``step``).
 ITERATION_GROUP = SPANS[MEGATRON_TRAIN_ITERATION].group
+#: The spans of :data:`ITERATION_GROUP` (an iteration, the first one): each is one step.
+ITERATION_SPANS = frozenset(name for name, spec in SPANS.items() if spec.group == ITERATION_GROUP)
 """The span group whose spans are optimizer steps."""
 
 SOURCE_SPANS = f"iteration spans ({MEGATRON_ITERATION})"
@@ -106,7 +108,7 @@ def _monotone(pairs: list[tuple[int, int]], source: str) -> StepClock:
 
 def _iteration_ends(run: Run) -> dict[int, list[tuple[int, int]]]:
     """(end, iteration) of the ended iteration spans, by rank."""
-    names = {name for name, spec in SPANS.items() if spec.group == ITERATION_GROUP}
+    names = ITERATION_SPANS
     ends: dict[int, list[tuple[int, int]]] = {}
     for span in run.spans:
         if span.name not in names or span.end_ns is None:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from otel_training.report.quantiles import histogram_quantile
 from otel_training.report.run import Run
-from otel_training.report.steps import StepClock, step_clocks
+from otel_training.report.steps import ITERATION_SPANS, StepClock, step_clocks
+from otel_training.report.wording import steps_phrase
 from otel_training.semconv.attributes import MEGATRON_ITERATION, MEGATRON_TRAINING_METRIC
 from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_GRAD_NORM,
@@ -26,6 +27,7 @@ from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_THROUGHPUT_TFLOPS,
     MEGATRON_TRAINING_TOKENS_PER_SEC,
 )
+from otel_training.semconv.spans import MEGATRON_TRAIN_FIRST_ITERATION
 
 __all__ = ["MEGATRON_METRICS", "MetricRow", "Summary", "summarize"]
 
@@ -76,6 +78,9 @@ class Summary:
         hosts: ``host.name`` of the ranks, sorted, unique.
         steps: The last optimizer step reached (``None``: unknown), and where it comes from.
         steps_source: Where ``steps`` comes from.
+        first_step: The first optimizer step this run ran (the smallest ``megatron.iteration``
+            of its iteration and first-iteration spans; a resumed run starts after step 0),
+            ``None``: unknown.
         start_ns: First time in the run.
         duration_s: From the first to the last time in the run, seconds.
         metrics: The eight Megatron-LM metrics, those recorded.
@@ -97,6 +102,23 @@ class Summary:
     nonfinite: dict[str, float]
     skipped_iters: float
     step_duration_quantiles_ms: dict[float, float]
+    first_step: int | None = None
+
+    @property
+    def steps_text(self) -> str:
+        """The steps it ran, said one way everywhere (:func:`~otel_training.report.wording.
+        steps_phrase`): ``400 steps (201–600)``, or ``steps up to 600``."""
+        return steps_phrase(self.first_step, self.steps)
+
+
+def _first_step(run: Run) -> int | None:
+    iterations = [
+        s.attributes.get(MEGATRON_ITERATION)
+        for s in run.spans
+        if s.name in ITERATION_SPANS or s.name == MEGATRON_TRAIN_FIRST_ITERATION
+    ]
+    found = [i for i in iterations if isinstance(i, int) and not isinstance(i, bool) and i > 0]
+    return min(found, default=None)
 
 
 def _steps(run: Run, clocks) -> tuple[int | None, str | None]:
@@ -194,4 +216,5 @@ def summarize(run: Run, clocks: dict[int, StepClock] | None | bool = False) -> S
         nonfinite=nonfinite,
         skipped_iters=skipped,
         step_duration_quantiles_ms=quantiles,
+        first_step=_first_step(run) if steps is not None else None,
     )

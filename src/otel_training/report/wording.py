@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["cut", "plural", "rank_list", "ranks_phrase"]
+__all__ = ["cut", "duration", "plural", "rank_list", "ranks_phrase", "steps_phrase"]
 
 
 def plural(n: int, word: str, words: str | None = None) -> str:
@@ -50,3 +50,28 @@ def cut(text: str, limit: int) -> str:
         return text
     keep = max(1, limit - len(f"…[{len(text) - limit:,} more characters]"))
     return text[:keep] + f"…[{len(text) - keep:,} more characters]"
+
+
+def duration(seconds: float | None) -> str:
+    """A duration in seconds for a person: ``4.5 s`` under two minutes, ``3 min 07 s``,
+    ``2 h 05 min``; ``–`` when unknown (``None``)."""
+    if seconds is None:
+        return "–"
+    if abs(seconds) < 120:
+        return f"{seconds:.1f} s"
+    minutes, s = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {s:02d} s"
+
+
+def steps_phrase(first: int | None, last: int | None) -> str:
+    """The optimizer steps an attempt ran, counted one way everywhere: ``400 steps (201–600)``,
+    ``1 step (7)``; ``steps up to 600`` when its first step is not known; ``steps unknown``.
+    ``first`` and ``last`` are step numbers (inclusive)."""
+    if last is None:
+        return "steps unknown"
+    if first is None or first > last:
+        return f"steps up to {last:,}"
+    if first == last:
+        return f"1 step ({last:,})"
+    return f"{plural(last - first + 1, 'step')} ({first:,}–{last:,})"
