@@ -434,6 +434,7 @@ def test_a_real_backward_pass_stands_at_a_collective():
     assert not hang.at_collective("".join(traceback.format_stack()))
 
 
+@documents("health.md", "and the report only: a Python stack is no metric, so the rules name")
 def test_rule_six_the_ranks_whose_stacks_are_not_at_a_collective():
     """Plain DDP, every rank in forward_backward at iteration 10: ranks 0 and 2 stand in
     backward's all-reduce, rank 1 in its forward pass: rank 1. Every stack at a collective, or
@@ -456,3 +457,9 @@ def test_rule_six_the_ranks_whose_stacks_are_not_at_a_collective():
     behind = [*ranks(True, True), RankState(2, "data_loading", 100.0, 60.0, 10)]
     assert (judge(behind).rule, judge(behind).culprits) == ("behind_in_step", (2,))
     assert hang.STACK_CULPRIT_RULES == ("outside_collective",)
+    from pathlib import Path
+
+    rules = (
+        Path(__file__).resolve().parents[1] / "collector-config/rules/training.yaml"
+    ).read_text()
+    assert "outside_collective" not in rules and "behind_in_step" in rules

@@ -82,6 +82,8 @@ def _health(env: dict[str, str], directory: str) -> dict:
 @documents("health.md", "Without the hook, `behind_in_step` still names a rank stuck in data")
 @documents("health.md", "`outside_communication`: while at least half of the ranks are in")
 @documents("health.md", "`outside_collective`: when the watchdogs' stacks of the stall show")
+@documents("health.md", "It names a rank stuck in its forward pass under plain DDP, whose phase")
+@documents("health.md", "and `outside_collective` one stuck in its forward pass (from")
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("hook", "where", "rule", "waiting", "cause"),
