@@ -334,7 +334,7 @@ def test_a_peer_waiting_for_a_save_within_its_budget_is_not_stalled():
 
 @documents(
     "health.md",
-    "Hang age of a rank: in a pause, its progress age; in a step phase, the lesser of its",
+    "in a step phase, the lesser of its progress age and the",
 )
 def test_after_the_peers_save_its_progress_age_counts_from_the_saves_end():
     """Rank 0's 300 s save ended 50 s ago (both now in communication, no step since): hang
@@ -344,18 +344,25 @@ def test_after_the_peers_save_its_progress_age_counts_from_the_saves_end():
     assert judge([ended, waiting(350.0)]).stalled_ranks == ()
     ended = RankState(0, "communication", 361.0, 60.0, 10, pause_age_s=61.0)
     assert judge([ended, waiting(361.0)]).stalled_ranks == (0, 1)
-    # in a pause, the hang age is the progress age, whatever the peers
+    # in a pause, the hang age is the progress age (no open time known), whatever the peers
     assert hang.hang_age_s(saving(300.0), 0.0) == 300.0
 
 
 @documents(
     "health.md",
-    "A rank is paused while it is in one of those phases and its progress age is within H",
+    "A rank is paused while it is in one of those phases and the time that phase has been open",
 )
 def test_paused_means_in_a_pause_within_its_h():
     """A save at 600 s of 600 is paused, at 600.001 s not; communication never is; startup
-    and warm-up and the long phases are pauses."""
+    and warm-up and the long phases are pauses. The time the pause has been open counts, not
+    the progress age: a load open 30 s of its 600, 730 s after the last progress (a long
+    start-up before it), is paused; its hang age is 30 s."""
     assert saving(600.0).paused and not saving(600.001).paused
+    loading = RankState(0, "checkpoint_load", 730.0, 600.0, None, open_s=30.0)
+    assert loading.paused and hang.hang_age_s(loading, 0.0) == 30.0
+    assert not judge([loading, RankState(1, "checkpoint_load", 730.0, 600.0, None)]).hung
+    assert not RankState(0, "checkpoint_load", 730.0, 600.0, None, open_s=601.0).paused
+    assert RankState(0, "communication", 70.0, 60.0, 3, open_s=1.0).stalled  # step: progress
     assert not waiting(1.0).paused
     assert hang.PAUSE_PHASES == {"startup", "warmup", "checkpoint_save", "checkpoint_load",
                                  "evaluate"}  # fmt: skip

@@ -235,3 +235,32 @@ def test_the_report_counts_the_wait_from_the_end_of_the_peers_save():
     assert judge_attempt(attempt, at, HangPolicy()).stalled_ranks == ()
     attempt, at, _ = save_while_peer_waits(302.5, after_s=61.0)
     assert judge_attempt(attempt, at, HangPolicy()).stalled_ranks == (0, 1)
+
+
+@documents("health.md", "in a pause, how long that pause has been open")
+def test_a_load_after_a_long_startup_is_judged_on_the_load_alone():
+    """A restart: 700 s of start-up (H 1,800 s), then a checkpoint load open for 30 s (H
+    600 s) on both ranks: not hung, though neither rank has progressed for 730 s. The same
+    load open for 650 s (past its 600 s) is a hang, and so is a start-up of 1,900 s."""
+
+    def restarted(startup_s: float, load_s: float) -> tuple[Job, float]:
+        ranks = [SimRank(T0, rank=r, attempt=1) for r in (0, 1)]
+        for sim in ranks:
+            sim.advance(startup_s)
+            sim.ledger.enter(L.CHECKPOINT_LOAD)
+            sim.advance(load_s)
+        processes = [sim.process for sim in ranks]
+        for process in processes:
+            process.alive_s = process.last_s
+        return Job("job", [], processes), ranks[0].now + 1.0
+
+    job, now = restarted(700.0, 30.0)
+    verdict = assess(job, now_s=now).attempts[-1].hang
+    assert not verdict.hung and verdict.stalled_ranks == (), verdict
+    job, now = restarted(700.0, 650.0)
+    assert assess(job, now_s=now).attempts[-1].hang.hung
+    ranks = [SimRank(T0, rank=r, attempt=1) for r in (0, 1)]
+    for sim in ranks:
+        sim.advance(1900.0)
+    processes = [sim.process for sim in ranks]
+    assert assess(Job("job", [], processes), now_s=ranks[0].now + 1.0).attempts[-1].hang.hung

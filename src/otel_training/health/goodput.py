@@ -94,6 +94,7 @@ __all__ = [
     "last_progress",
     "longest_phase_s",
     "median_step_s",
+    "open_at_end",
     "phase_at_end",
     "progress_events",
     "reference_process",
@@ -617,10 +618,21 @@ def longest_phase_s(process: Process, phase: str, before_s: float) -> float | No
 
 
 def phase_at_end(process: Process, timeline: Timeline, end_s: float) -> str:
+    """The innermost phase of ``process`` at ``end_s`` (:func:`open_at_end`). Never raises."""
+    return open_at_end(process, timeline, end_s)[0]
+
+
+def open_at_end(process: Process, timeline: Timeline, end_s: float) -> tuple[str, float | None]:
+    """The innermost phase of ``process`` at ``end_s`` and when it opened (Unix seconds,
+    ``None`` when not known): its last export's open phase (opened ``open_s`` before that
+    export), or a phase span that started after that export and had not ended by ``end_s``
+    (opened at its start); before any export and any iteration, ``startup`` (opened at the
+    process's creation). Never raises."""
     last = timeline.samples[-1] if timeline.samples else None
     phase = last.open_phase if last is not None and last.open_phase else "other"
+    opened = last.time_s - last.open_s if last is not None and last.open_phase else None
     if last is None and (timeline.first_iteration_s is None or timeline.first_iteration_s > end_s):
-        phase = "startup"  # no export: before its first iteration a process is in startup
+        phase, opened = "startup", timeline.created  # before its first iteration: startup
     after = last.time_s if last is not None else timeline.created
     for span in process.spans:
         if span.start_s > after and (span.end_s is None or span.end_s >= end_s):
@@ -628,8 +640,8 @@ def phase_at_end(process: Process, timeline: Timeline, end_s: float) -> str:
                 _ledger.ITERATION: "forward_backward",
             }.get(span.phase)
             phase = name or _ledger.PHASES[span.phase]
-            after = span.start_s
-    return phase
+            after = opened = span.start_s
+    return phase, opened
 
 
 # -- the account ------------------------------------------------------------------------------

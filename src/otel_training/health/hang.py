@@ -27,10 +27,12 @@ in a pause is *paused* when its own progress age is within H for that pause, and
 ends, for its peers, at its latest evidence of life (0 while it is alive). The *attempt's
 pause age* (:func:`pause_age_s`) is the least pause age over its ranks, leaving out a rank in
 a pause past its H: a rank paused within its budget excuses the peers that wait for it, one
-past it does not. A rank's *hang age* (:func:`hang_age_s`) is its progress age in a pause,
-and in a step phase the lesser of its progress age and the attempt's pause age: its steps'
-time counts from the end of the job's last pause. This is what the Prometheus rules do
-(``run:dl_training_pause_end:timestamp``, ``rank:dl_training_hang_age:seconds``).
+past it does not. A rank's *hang age* (:func:`hang_age_s`) is, in a pause, how long that
+pause has been open (each pause has its own budget: a checkpoint load after a long start-up
+is judged on the load alone), and in a step phase the lesser of its progress age and the
+attempt's pause age: its steps' time counts from the end of the job's last pause. This is
+what the Prometheus rules do (``run:dl_training_pause_end:timestamp``,
+``rank:dl_training_hang_age:seconds``).
 
 **Stalled, hung, culprits.** A rank is *stalled* when its hang age exceeds H for its phase
 (:func:`stalled`); *silent* when its exports stopped (:func:`silence_s`) while another rank of
@@ -234,6 +236,9 @@ class RankState:
         pause_age_s: Seconds from the end of its last pause (:data:`PAUSE_PHASES`) to the
             moment judged; in a pause, from its latest evidence of life (an export, a record's
             transition or heartbeat: about 0 while it is alive); ``None`` when not known.
+        open_s: Seconds its innermost phase has been open at the moment judged; in a pause
+            its age compared with H (:func:`hang_age_s`). ``None`` when not known: its
+            progress age stands in.
         at_collective: Its training thread's stack in this stall (the watchdog's ``stacks``
             record) is at a collective (:func:`at_collective`); ``None`` when no stack of
             this stall is known.
@@ -247,12 +252,22 @@ class RankState:
     silent: bool = False
     pause_age_s: float | None = None
     at_collective: bool | None = None
+    open_s: float | None = None
+
+    @property
+    def own_age_s(self) -> float:
+        """Its age without its peers' pauses: in a pause, how long the pause has been open
+        (:attr:`open_s`, else its progress age); in a step phase, its progress age. Never
+        raises."""
+        if self.phase in PAUSE_PHASES and self.open_s is not None:
+            return self.open_s
+        return self.progress_age_s
 
     @property
     def stalled(self) -> bool:
-        """Its progress age exceeds H for its phase, the pauses of its peers aside (what
+        """Its :attr:`own_age_s` exceeds H for its phase, the pauses of its peers aside (what
         :func:`stalled` says of a rank alone). Never raises."""
-        return self.progress_age_s > self.threshold_s
+        return self.own_age_s > self.threshold_s
 
     @property
     def paused(self) -> bool:
@@ -293,11 +308,12 @@ def pause_age_s(states: Iterable[RankState]) -> float | None:
 
 
 def hang_age_s(state: RankState, attempt_pause_age_s: float | None) -> float:
-    """The age compared with H, seconds: in a pause, the rank's progress age; in a step
-    phase, the lesser of its progress age and ``attempt_pause_age_s`` (:func:`pause_age_s`
-    of its attempt; ``None``: its progress age). Any thread; never raises."""
+    """The age compared with H, seconds: in a pause, how long it has been open
+    (:attr:`RankState.own_age_s`); in a step phase, the lesser of its progress age and
+    ``attempt_pause_age_s`` (:func:`pause_age_s` of its attempt; ``None``: its progress age).
+    Any thread; never raises."""
     if state.phase in PAUSE_PHASES or attempt_pause_age_s is None:
-        return state.progress_age_s
+        return state.own_age_s
     return min(state.progress_age_s, attempt_pause_age_s)
 
 
@@ -322,7 +338,7 @@ def unchanged_for_s(state: RankState, states: Sequence[RankState] = ()) -> float
     if state.phase not in PAUSE_PHASES:
         for other in everyone:
             if other.paused:
-                left = min(left, other.threshold_s - other.progress_age_s)
+                left = min(left, other.threshold_s - other.own_age_s)
     return max(left, 0.0)
 
 

@@ -190,6 +190,7 @@ class Watchdog:
                     ),
                     record.iteration,
                     pause_age_s=pause_age,
+                    open_s=record.open_s + max(0.0, now_s - record.time_s),
                 )
             )
         return found
@@ -261,7 +262,13 @@ class Watchdog:
         median = self.median_step_s()
         threshold = self.policy.threshold_s(phase, median, reading.longest_s.get(phase))
         own = _hang.RankState(
-            -1, phase, reading.age_s, threshold, reading.iteration, pause_age_s=reading.pause_age_s
+            -1,
+            phase,
+            reading.age_s,
+            threshold,
+            reading.iteration,
+            pause_age_s=reading.pause_age_s,
+            open_s=reading.open_s,
         )
         if not _hang.stalled(own):
             return None

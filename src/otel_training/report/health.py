@@ -365,7 +365,7 @@ def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _h
         if progress is None:
             progress = process.start_s or process.samples[0].time_s
         timeline = _goodput.Timeline(process)
-        phase = _goodput.phase_at_end(process, timeline, min(at_s, timeline.end))
+        phase, opened = _goodput.open_at_end(process, timeline, min(at_s, timeline.end))
         if phase in _hang.PAUSE_PHASES:
             seen = last_export[id(process)]
             pause_age = None if seen is None else max(at_s - seen, 0.0)
@@ -386,6 +386,7 @@ def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _h
                 silent=quiet[id(process)] and anyone_exports,
                 pause_age_s=pause_age,
                 at_collective=_at_collective(process, progress, at_s),
+                open_s=None if opened is None else max(at_s - opened, 0.0),
             )
         )
     return _hang.judge(states)
