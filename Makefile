@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup demo test lint bench bench-spans bench-limits bench-tensor bench-overhead gpu-check bench-bad-day \
 	bench-report bench-integrations bench-scale bench-prometheus bench-health \
-	bench-health-alerts semconv rules mutation clean
+	bench-health-alerts bench-faults semconv rules mutation clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,17 @@ bench-prometheus: setup
 # with 4 gloo ranks and Debian's Prometheus (about half an hour, mostly waiting).
 bench-health-alerts: setup
 	$(PY) bench/health_alerts.py
+
+# The fault-injection campaign of issue 24: at least 300 incidents (hangs in data loading, in
+# DDP's all-reduce, a GIL-held call, SIGSTOP, SIGKILL, unfinished saves; stragglers, spikes,
+# restarts, shrinks) and a healthy gauntlet on 2-8 gloo ranks, judged by `otel-training health` and by the rules in Debian's Prometheus:
+# detection latency over the threshold, culprit accuracy, false alarms per kind (about two
+# hours, mostly waiting). BENCH_FAULTS_ARGS: e.g. --quick (about a quarter of an hour),
+# --kinds gil,sigstop --repeats 5, --json PATH.
+BENCH_FAULTS_ARGS ?=
+bench-faults: setup
+	$(PY) bench/faults.py $(BENCH_FAULTS_ARGS)
+
 # Mutation testing (mutmut) of the modules that hold definitions and rules, each with its own
 # fast tests ([tool.otel_training.mutation] in pyproject.toml): the kill rate per module and
 # every survivor (docs/testing.md, with the time each module takes). Not part of `make test`.
