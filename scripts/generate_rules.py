@@ -574,14 +574,27 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
     ]
 
     window = duration(p.straggler_window_s)
+    # the cause over the windows that flag a rank (as otel-training health takes it over its
+    # flagged windows), not over the last one alone
+    flagging = duration(p.straggler_window_s * (straggler.CONSECUTIVE_WINDOWS - 1))
     cause_rules = []
-    for cause, phases in CAUSE_OF_PHASES.items():
+    for cause in CAUSE_OF_PHASES:
         share = (
-            f"sum by ({RANK}) (rank:dl_training_phase_excess:seconds"
-            f'{{dl_training_phase=~"{_alternatives(phases)}"}})\n'
-            f"/ on ({RANK}) rank:dl_training_busy_excess:seconds"
+            f'avg_over_time(rank:dl_training_part_excess:seconds{{cause="{cause}"}}[{flagging}])\n'
+            f"/ on ({RANK}) sum by ({RANK}) "
+            f"(avg_over_time(rank:dl_training_part_excess:seconds[{flagging}]))"
         )
         cause_rules.append((cause, share))
+    parts = [
+        Rule(
+            f"Seconds per step of each rank in the phases of the {cause} cause.",
+            f"sum by ({RANK}) (rank:dl_training_phase_per_step:seconds"
+            f'{{dl_training_phase=~"{_alternatives(phases)}"}})',
+            record="rank:dl_training_part_per_step:seconds",
+            labels=(("cause", cause),),
+        )
+        for cause, phases in CAUSE_OF_PHASES.items()
+    ]
     throttled = (
         f'(\n  min by ({RANK}) (dl_gpu_clock_speed_hertz{{dl_gpu_clock_domain="sm"}})\n'
         f"  < {number(p.throttle_clock_ratio)} * "
@@ -646,13 +659,17 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
             + _peer_reference("rank:dl_training_busy_per_step:seconds", PEERS),
             record="rank:dl_training_straggler_score:ratio",
         ),
+        *parts,
         Rule(
-            "Each phase's excess per step over the peers' reference.",
-            "rank:dl_training_phase_per_step:seconds\n-\n"
-            + _peer_reference(
-                "rank:dl_training_phase_per_step:seconds", f"{PEERS}, dl_training_phase"
-            ),
-            record="rank:dl_training_phase_excess:seconds",
+            "Each cause's excess per step over the peers' reference of its phases together, "
+            "0 when below it (what otel-training health divides the cause by).",
+            "clamp_min(\n"
+            + _indent(
+                "rank:dl_training_part_per_step:seconds\n-\n"
+                + _peer_reference("rank:dl_training_part_per_step:seconds", f"{PEERS}, cause")
+            )
+            + ",\n  0\n)",
+            record="rank:dl_training_part_excess:seconds",
         ),
         Rule(
             "The busy excess per step over the peers' reference.",
@@ -676,11 +693,10 @@ def _rules(p: Parameters) -> dict[str, tuple[str, list[Rule]]]:
         ),
         cause_info(
             "gpu_throttle",
-            "... gpu_throttle, when compute explains it and the rank's GPU runs a lower SM clock "
-            f"than {number(p.throttle_clock_ratio)} x its peers' or is "
+            "... gpu_throttle, when data loading does not explain it and the rank's GPU runs a "
+            f"lower SM clock than {number(p.throttle_clock_ratio)} x its peers' or is "
             f"{number(p.throttle_temperature_c)} °C hotter ...",
-            f"and {flagged}\nand on ({RANK}) (\n{_indent(compute_share)}\n  >= {share}\n)\n"
-            f"and on ({RANK}) {throttled}\n"
+            f"and {flagged}\nand on ({RANK}) {throttled}\n"
             f"unless on ({RANK}) rank:dl_training_straggler_cause:info"
             '{cause=~"unattributed|data"}',
         ),

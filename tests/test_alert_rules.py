@@ -879,6 +879,37 @@ def test_two_slow_ranks_of_four_are_both_flagged(promtool, tmp_path):
     run_promtool(promtool, tmp_path, job, start + 1000, checks)
 
 
+@documents("health.md", "over the windows that flagged it, from each part's excess over the")
+@documents("health.md", "The rules average each part's excess over the two windows")
+def test_the_cause_is_taken_over_the_flagging_windows_as_the_cli_takes_it(promtool, tmp_path):
+    """Rank 1 of 4 loads data twice as slowly (+1 s a step, score 1.22) for 140 steps, then
+    for its last 15 steps also computes 40 % longer: the last window alone would read mixed
+    (data 1 s, compute about 0.4 s of excess), but over the windows that flagged it data
+    explains it, and `otel-training health` (the median over its flagged windows) says data:
+    cause data. Each part's excess against the peers' reference of the part, 0 when below."""
+    job = Job(4).steps(120)
+    job.steps(140, slower={1: {"data": 2.0}})
+    job.steps(15, slower={1: {"data": 2.0, "fb": 1.4}})
+    end = job.t
+    job.hang({})
+    score = "rank:dl_training_straggler_score:ratio"
+    run_promtool(
+        promtool,
+        tmp_path,
+        job,
+        end + 60,
+        [
+            Check(end - INTERVAL_S, firing("TrainingStraggler"), ranks(1)),
+            Check(
+                end - INTERVAL_S,
+                "count by (dl_rank, cause) (rank:dl_training_straggler_cause:info "
+                f"and on (dl_rank) ({score} > 1.15))",
+                ranks(1, cause="data"),
+            ),
+        ],
+    )
+
+
 @documents("health.md", "a spike stays in the sliding window for one window and cannot fire")
 def test_a_single_spike_fires_no_straggler(promtool, tmp_path):
     """One step of rank 2's forward/backward takes twenty times as long (60 s, a quarter of a
