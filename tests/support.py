@@ -222,15 +222,16 @@ def build_shared_library(source: Path, library: Path, *flags: str) -> Path:
     return library
 
 
-def load_script(name: str) -> ModuleType:
-    """The module ``scripts/<name>.py`` of the repository, imported once (scripts are not a
-    package)."""
-    import sys
-
+def load_script(name: str, directory: str = "scripts") -> ModuleType:
+    """The module ``<directory>/<name>.py`` of the repository (``scripts`` or ``bench``),
+    imported once, as the script sees itself when run: its own directory first on
+    ``sys.path`` (the benches import ``_verdict`` from beside them). Scripts are not a package."""
     if name in sys.modules:
         return sys.modules[name]
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    folder = REPO_ROOT / directory
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while it executes
     spec.loader.exec_module(module)

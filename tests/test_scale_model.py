@@ -4,11 +4,9 @@ and exponential savings. About 3 s (the model imports torch for the tensor sched
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
 import re
-import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +16,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from support import load_script
 
 import otel_training
 from otel_training import testing, trace_shape, views
@@ -28,15 +27,7 @@ from otel_training.semconv.spans import SPANS
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_model():
-    spec = importlib.util.spec_from_file_location("scale_model", ROOT / "bench" / "scale_model.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["scale_model"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-model = _load_model()
+model = load_script("scale_model", "bench")
 
 #: The workload of the real rank below: 4 layers on its stage, the observer's default schedule,
 #: one GPU, a checkpoint loaded and saved, the default span groups.

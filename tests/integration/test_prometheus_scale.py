@@ -4,23 +4,11 @@ counts, under the names the stack gives them. About 10 s (Prometheus start, a fe
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-from support import prometheus_or_unavailable
-
-ROOT = Path(__file__).resolve().parents[2]
+from support import load_script, prometheus_or_unavailable
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "prometheus_scale", ROOT / "bench" / "prometheus_scale.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("prometheus_scale", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("prometheus_scale", "bench")
 
 
 def test_prometheus_stores_the_series_the_model_counts(tmp_path):
