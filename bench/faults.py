@@ -52,7 +52,9 @@ raw results (every incident, every false alarm with what the surface said) go to
 Usage: ``python bench/faults.py [--quick] [--kinds K,...] [--repeats N] [--json PATH]
 [--seed S] [--keep DIR]``. ``make bench-faults`` runs the full campaign: at least 300
 incidents, about two hours on a shared 2-core machine (the ranks mostly sleep); ``--quick``
-(one or two incidents a kind, a short gauntlet) about a quarter of an hour.
+(one or two incidents a kind, a short gauntlet) about a quarter of an hour. On two cores the
+campaign can run as two processes side by side with disjoint ``--kinds``, each with its own
+``--json``; ``--results A.json,B.json`` prints their table and misses together.
 """
 
 from __future__ import annotations
@@ -1590,6 +1592,31 @@ def misses(
     return missed
 
 
+def report_saved(paths: list[Path]) -> int:
+    """The table and misses of the ``--json`` files of earlier runs taken together (their
+    incidents and jobs concatenated; every run at the same thresholds); exit status as a run's."""
+    docs = [json.loads(path.read_text()) for path in paths]
+    if any(doc["thresholds"] != THRESHOLD_ENV for doc in docs):
+        print("the runs were taken at other thresholds than this campaign's", file=sys.stderr)
+        return 2
+    results = [r for doc in docs for r in doc["incidents"]]
+    jobs = [j for doc in docs for j in doc["jobs"]]
+    present = {r["kind"] for r in results} | {a["kind"] for j in jobs for a in j["alarms"]}
+    kinds = [k for k in KINDS if k in present or any(k in j["healthy_rank_s"] for j in jobs)]
+    minutes = sum(doc["seconds"] for doc in docs) / 60
+    print(
+        f"{len(results)} incidents in {len(jobs)} jobs of {len(docs)} runs, {minutes:.1f} "
+        f"process-min"
+    )
+    print(table(results, jobs, kinds))
+    missed = misses(results, jobs, kinds)
+    for line in missed:
+        print(f"MISSED: {line}")
+    if not missed:
+        print("every target met")
+    return 1 if missed else 0
+
+
 def _counts(spec: str) -> dict[str, int]:
     """``kind=N,kind=N`` as a mapping (``--counts``)."""
     counts = {}
@@ -1612,7 +1639,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=24)
     parser.add_argument("--json", type=Path, help="write the raw results here")
     parser.add_argument("--keep", type=Path, help="keep every job's directory under this one")
+    parser.add_argument(
+        "--results",
+        help="comma-separated --json files of earlier runs (e.g. two halves run side by side): "
+        "print their table and misses together, run nothing",
+    )
     args = parser.parse_args(argv)
+    if args.results:
+        return report_saved([Path(p) for p in args.results.split(",") if p])
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = [k for k in kinds if k not in KINDS]
