@@ -111,11 +111,13 @@ class JobHealth:
             if item.stragglers is not None
             for s in item.stragglers.stragglers
         ]
+        unknown = _verdict.goodput_unknown(account)
         return {
             "job": self.job,
             "wall_s": account.wall_s,
-            "goodput": account.goodput,
-            "productive_s": account.productive_s,
+            "goodput": None if unknown else account.goodput,
+            "productive_s": None if unknown else account.productive_s,
+            "goodput_unknown": unknown,
             "badput_s": dict(account.buckets),
             "attempts": [_attempt_json(item) for item in self.attempts],
             "hang": None if hang is None else _hang_json(hang),
@@ -161,8 +163,9 @@ def _attempt_json(item: AttemptHealth) -> dict[str, Any]:
         "world_size": a.world_size,
         "ranks": a.ranks,
         "reference_rank": a.reference_rank,
-        "productive_s": a.productive_s,
-        "goodput": a.productive_s / a.wall_s if a.wall_s > 0 else 0.0,
+        # unknown (null) when no rank's time could be split: all of it would read ``other``
+        "productive_s": None if a.reference_rank is None else a.productive_s,
+        "goodput": None if a.reference_rank is None or a.wall_s <= 0 else a.productive_s / a.wall_s,
         "badput_s": dict(a.buckets),
         "lost_iterations": list(a.lost_iterations) if a.lost_iterations else None,
         "median_step_s": a.median_step_s,

@@ -31,6 +31,7 @@ __all__ = [
     "Finding",
     "Verdict",
     "goodput_text",
+    "goodput_unknown",
     "hang_text",
     "judge",
     "straggler_text",
@@ -113,18 +114,29 @@ def unknown(reason: str) -> Verdict:
     return Verdict("unknown", text, [Finding("state", "unknown", text, "health")])
 
 
-def goodput_text(account: _goodput.JobAccount) -> str:
-    """``goodput 87.3 % of 10 min 00 s (8 min 44 s productive)``; unknown, with the reason,
-    when no attempt's time could be split (no rank exported the health ledger and none wrote
-    a phase span: all of it would read ``other``)."""
+def goodput_unknown(account: _goodput.JobAccount) -> str | None:
+    """Why the goodput of ``account`` cannot be known (a clause: ``goodput unknown: <it>``),
+    or ``None`` when it can: no attempt was seen, or none could have its time split (no rank
+    exported the health ledger and none wrote a phase span: all of it would read ``other``).
+    ``otel-training health --json`` then gives ``null`` for it, with this reason."""
     if not account.attempts or account.wall_s <= 0:
-        return "goodput unknown: no attempt of this job was seen"
+        return "no attempt of this job was seen"
     if all(a.reference_rank is None for a in account.attempts):
         return (
-            f"goodput unknown over {duration(account.wall_s)}: no rank exported the health "
-            "ledger (dl.training.phase.time) to these files nor wrote a phase span (metrics "
-            "sent only to Prometheus or a collector are not in them)"
+            f"no rank exported the health ledger (dl.training.phase.time) to these files nor "
+            f"wrote a phase span in {duration(account.wall_s)} (metrics sent only to "
+            "Prometheus or a collector are not in them)"
         )
+    return None
+
+
+def goodput_text(account: _goodput.JobAccount) -> str:
+    """``goodput 87.3 % of 10 min 00 s (8 min 44 s productive)``; unknown, with the reason
+    (:func:`goodput_unknown`); a lower bound, said, when some attempt's time could not be
+    split."""
+    why = goodput_unknown(account)
+    if why is not None:
+        return f"goodput unknown: {why}"
     text = (
         f"goodput {100 * account.goodput:.1f} % of {duration(account.wall_s)} "
         f"({duration(account.productive_s)} productive)"
