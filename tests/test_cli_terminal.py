@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from health_sim import SimRank, job_resource, simulated, write_process
-from support import child_env
+from support import child_env, import_or_unavailable
 
 from otel_training import cli
 from otel_training.health import ledger as L
@@ -133,8 +133,8 @@ DEMO = ["demo", "--steps", "30", "--log-interval", "10", "--tensor-metrics", "no
 def test_the_demo_shows_its_progress_bar_in_a_pseudo_terminal(tmp_path, columns):
     """Under a pseudo-terminal (with no size, as a program opens one, and with one) the demo
     draws a progress bar of its steps (tqdm's ``n/total`` and ``step/s``), redrawn in place."""
-    pytest.importorskip("torch")
-    pytest.importorskip("tqdm")
+    import_or_unavailable("torch")
+    import_or_unavailable("tqdm")
     env = child_env(OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(tmp_path / "out"), COLUMNS=None)
     status, output = _pty_run([str(BIN / "otel-training"), *DEMO], columns=columns, env=env)
     assert status == 0, output[-3000:]
@@ -146,8 +146,8 @@ def test_the_demo_shows_its_progress_bar_in_a_pseudo_terminal(tmp_path, columns)
 @pytest.mark.timeout(300)
 def test_the_demo_shows_no_progress_bar_in_a_pipe(tmp_path):
     """stdout and stderr to pipes: the per-interval lines, and no bar on either."""
-    pytest.importorskip("torch")
-    pytest.importorskip("tqdm")
+    import_or_unavailable("torch")
+    import_or_unavailable("tqdm")
     done = subprocess.run(
         [str(BIN / "otel-training"), *DEMO], capture_output=True, text=True, timeout=240,
         env=child_env(OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(tmp_path / "out")),

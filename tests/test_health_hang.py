@@ -7,6 +7,7 @@ import pytest
 from doc_rules import documents
 from hypothesis import given
 from hypothesis import strategies as st
+from support import import_or_unavailable
 
 from otel_training import config
 from otel_training.health import hang
@@ -432,7 +433,7 @@ def test_a_real_backward_pass_stands_at_a_collective():
     outside backward: not."""
     import traceback
 
-    torch = pytest.importorskip("torch")
+    torch = import_or_unavailable("torch")
     seen = []
     weight = torch.ones(3, requires_grad=True)
     weight.register_hook(lambda grad: seen.append("".join(traceback.format_stack())))

@@ -79,6 +79,7 @@ def test_one_rank_per_stage_sends_replicated_values_and_every_rank_its_own(tmp_p
                 "WORLD_SIZE": str(WORLD),
                 "OTEL_PYTHON_TRAINING_RUN_ID": "replicated",
                 "OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path),
+                "OTEL_PYTHON_TRAINING_PRINT_ALL_RANKS": "true",  # each silent rank's line
                 "OTEL_RESOURCE_ATTRIBUTES": (
                     f"dl.pipeline_parallel.rank={pp},dl.tensor_parallel.rank={tp},"
                     f"dl.data_parallel.rank={dp}"
