@@ -1510,23 +1510,22 @@ def _job(campaign: Campaign, body: Callable[[], None]) -> None:
 # -- the table -------------------------------------------------------------------------------------
 
 
-def table(results: list[dict[str, Any]], jobs: list[dict[str, Any]], kinds: list[str]) -> str:
-    lines = [
-        f"{'kind':14s} {'surface':7s} {'n':>4s} {'detected':>9s} {'over H p50':>10s} "
-        f"{'p95':>6s} {'culprit/verdict':>16s} {'<=3 win':>8s} {'false':>6s} "
-        f"{'rank-win':>9s} {'per 10k':>8s}"
-    ]
+def rows(
+    results: list[dict[str, Any]], jobs: list[dict[str, Any]], kinds: list[str]
+) -> list[dict[str, Any]]:
+    """Per kind and surface: incidents, detected, latency over H (p50, p95), right verdicts,
+    stragglers flagged within :data:`STRAGGLER_TARGET_WINDOWS` windows, false alarms and the
+    healthy rank-windows they are counted over (the one computation of :func:`table` and
+    :func:`markdown`)."""
+    found = []
     for kind in kinds:
         incidents = [r for r in results if r["kind"] == kind]
         for surface in ("cli", "rules"):
-            n = len(incidents)
             detected = [r for r in incidents if r.get(surface, {}).get("detected_s") is not None]
             over = [
                 r[surface]["over_threshold_s"] for r in detected if "over_threshold_s" in r[surface]
             ]
-            right = sum(bool(r.get(surface, {}).get("right")) for r in incidents)
             windows = [r[surface].get("windows") for r in detected if r[surface].get("windows")]
-            in_time = sum(w <= STRAGGLER_TARGET_WINDOWS for w in windows)
             alarms = sum(
                 1
                 for j in jobs
@@ -1537,18 +1536,76 @@ def table(results: list[dict[str, Any]], jobs: list[dict[str, Any]], kinds: list
             rank_windows = sum(
                 j["healthy_rank_s"].get(kind, 0.0) / j[window_s] for j in jobs if j[window_s]
             )
-            per_10k = alarms * 10_000 / rank_windows if rank_windows else float("nan")
-            p50, p95 = _percentile(over, 0.5), _percentile(over, 0.95)
-            hangish = KINDS[kind].scenario in ("hang",) or kind == "sigkill"
-            straggler = KINDS[kind].scenario == "straggler"
-            lines.append(
-                f"{kind:14s} {surface:7s} {n:4d} "
-                + (f"{len(detected):4d}/{n:<4d}" if (hangish or straggler) else f"{'-':>9s}")
-                + (f" {p50:+10.2f} {p95:+6.2f}" if p50 is not None else f" {'-':>10s} {'-':>6s}")
-                + f" {right:>7d}/{n:<4d} {f'{right / n:.0%}' if n else '-':>4s}"
-                + (f" {in_time:>4d}/{n:<3d}" if straggler else f" {'-':>8s}")
-                + f" {alarms:6d} {rank_windows:9.0f} {per_10k:8.1f}"
+            found.append(
+                {
+                    "kind": kind,
+                    "surface": surface,
+                    "n": len(incidents),
+                    "detected": len(detected),
+                    "p50": _percentile(over, 0.5),
+                    "p95": _percentile(over, 0.95),
+                    "right": sum(bool(r.get(surface, {}).get("right")) for r in incidents),
+                    "in_time": sum(w <= STRAGGLER_TARGET_WINDOWS for w in windows),
+                    "windows_p50": _percentile(windows, 0.5),
+                    "windows_p95": _percentile(windows, 0.95),
+                    "alarms": alarms,
+                    "rank_windows": rank_windows,
+                    "per_10k": alarms * 10_000 / rank_windows if rank_windows else float("nan"),
+                    "detects": KINDS[kind].scenario in ("hang", "straggler") or kind == "sigkill",
+                    "straggler": KINDS[kind].scenario == "straggler",
+                }
             )
+    return found
+
+
+def table(results: list[dict[str, Any]], jobs: list[dict[str, Any]], kinds: list[str]) -> str:
+    """:func:`rows` as the terminal's table."""
+    lines = [
+        f"{'kind':14s} {'surface':7s} {'n':>4s} {'detected':>9s} {'over H p50':>10s} "
+        f"{'p95':>6s} {'culprit/verdict':>16s} {'<=3 win':>8s} {'false':>6s} "
+        f"{'rank-win':>9s} {'per 10k':>8s}"
+    ]
+    for row in rows(results, jobs, kinds):
+        n, p50, p95, right = row["n"], row["p50"], row["p95"], row["right"]
+        lines.append(
+            f"{row['kind']:14s} {row['surface']:7s} {n:4d} "
+            + (f"{row['detected']:4d}/{n:<4d}" if row["detects"] else f"{'-':>9s}")
+            + (f" {p50:+10.2f} {p95:+6.2f}" if p50 is not None else f" {'-':>10s} {'-':>6s}")
+            + f" {right:>7d}/{n:<4d} {f'{right / n:.0%}' if n else '-':>4s}"
+            + (f" {row['in_time']:>4d}/{n:<3d}" if row["straggler"] else f" {'-':>8s}")
+            + f" {row['alarms']:6d} {row['rank_windows']:9.0f} {row['per_10k']:8.1f}"
+        )
+    return "\n".join(lines)
+
+
+def markdown(results: list[dict[str, Any]], jobs: list[dict[str, Any]], kinds: list[str]) -> str:
+    """:func:`rows` as the Markdown table of docs/health.md: per kind, the CLI's and the
+    rules' figures side by side (``--results ... --markdown``)."""
+    by = {(r["kind"], r["surface"]): r for r in rows(results, jobs, kinds)}
+
+    def cells(row: dict[str, Any]) -> list[str]:
+        n = row["n"]
+        detected = f"{row['detected']}/{n}" if row["detects"] and n else "–"
+        if row["straggler"] and row["windows_p50"] is not None:
+            latency = f"{row['windows_p50']:.1f} / {row['windows_p95']:.1f} windows"
+        elif row["p50"] is not None:
+            latency = f"{row['p50']:+.2f} / {row['p95']:+.2f} s"
+        else:
+            latency = "–"
+        right = f"{row['right']}/{n}" if n else "–"
+        rate = row["per_10k"]
+        alarms = f"{row['alarms']} ({rate:.1f})" if rate == rate else f"{row['alarms']}"
+        return [detected, latency, right, alarms]
+
+    lines = [
+        "| kind | n | CLI detected | CLI latency, p50 / p95 | CLI right | CLI false alarms "
+        "(per 10k) | rules detected | rules latency, p50 / p95 | rules right | rules false "
+        "alarms (per 10k) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind in kinds:
+        cli, rules = by[kind, "cli"], by[kind, "rules"]
+        lines.append("| " + " | ".join([kind, str(cli["n"]), *cells(cli), *cells(rules)]) + " |")
     return "\n".join(lines)
 
 
@@ -1592,7 +1649,7 @@ def misses(
     return missed
 
 
-def report_saved(paths: list[Path]) -> int:
+def report_saved(paths: list[Path], as_markdown: bool = False) -> int:
     """The table and misses of the ``--json`` files of earlier runs taken together (their
     incidents and jobs concatenated; every run at the same thresholds); exit status as a run's."""
     docs = [json.loads(path.read_text()) for path in paths]
@@ -1609,6 +1666,10 @@ def report_saved(paths: list[Path]) -> int:
         f"process-min"
     )
     print(table(results, jobs, kinds))
+    if as_markdown:
+        print()
+        print(markdown(results, jobs, kinds))
+        print()
     missed = misses(results, jobs, kinds)
     for line in missed:
         print(f"MISSED: {line}")
@@ -1640,13 +1701,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the raw results here")
     parser.add_argument("--keep", type=Path, help="keep every job's directory under this one")
     parser.add_argument(
+        "--markdown", action="store_true", help="with --results: the docs' Markdown table too"
+    )
+    parser.add_argument(
         "--results",
         help="comma-separated --json files of earlier runs (e.g. two halves run side by side): "
         "print their table and misses together, run nothing",
     )
     args = parser.parse_args(argv)
     if args.results:
-        return report_saved([Path(p) for p in args.results.split(",") if p])
+        return report_saved([Path(p) for p in args.results.split(",") if p], args.markdown)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = [k for k in kinds if k not in KINDS]
