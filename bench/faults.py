@@ -1223,10 +1223,26 @@ def scenario_gauntlet(campaign: Campaign, seconds: float) -> None:
 # -- false alarms -----------------------------------------------------------------------------
 
 
+def flag_excused(
+    faults: Iterable[Fault], t: float, rank: int, windows: int, window_s: float
+) -> bool:
+    """A straggler flag seen at ``t`` judges the ``windows`` windows before it (and the export
+    that closed them): excused when a fault of the whole job or of its rank overlaps them (an
+    injected hang of that very rank is its slowest moment, not a false alarm)."""
+    since = t - (max(windows, 1) + 1) * window_s - 2 * EXPORT_S
+    return any(
+        f.start <= t and f.end >= since and (f.ranks is None or rank in f.ranks) for f in faults
+    )
+
+
 def false_alarms(job: Job) -> dict[str, Any]:
     """Every alarm of either surface outside the job's faults, and the healthy rank-windows,
     attributed to the kind of the segment they fall in."""
     whole = [(f.start, f.end) for f in job.faults if f.ranks is None]
+    step = statistics.median(
+        [job.median_step_s(i["ranks"][0], math.inf) for i in job.incarnations] or [0.2]
+    )
+    cli_window = max(WINDOW_STEPS, EXPORT_S / step) * step
     end = job.ended or time.time()
     segments = job.segments + [(end, "")]
 
@@ -1276,7 +1292,7 @@ def false_alarms(job: Job) -> dict[str, Any]:
                 if key in flagged:
                     continue
                 flagged.add(key)
-                if not excused(t, s["rank"], True):
+                if not flag_excused(job.faults, t, s["rank"], s["windows"], cli_window):
                     found.append(
                         {
                             "surface": "cli",
@@ -1290,11 +1306,15 @@ def false_alarms(job: Job) -> dict[str, Any]:
                         }
                     )
     if job.alerts is not None:
+        straggler_windows = STRAGGLER_TARGET_WINDOWS  # the rules' window and its for:
         for a in job.alerts.fired(ALARMS, 0):
             t = a.firing_seen
             if t is None:
                 continue
             faults = excusing(t, a.rank, a.name == "TrainingStraggler")
+            if a.name == "TrainingStraggler" and a.rank is not None:
+                if flag_excused(job.faults, t, a.rank, straggler_windows, RULES_WINDOW_S):
+                    continue
             if faults:
                 # excused, unless it still fires GRACE_S after the faults that excuse it end
                 lasts = a.resolved_seen or end
@@ -1326,10 +1346,6 @@ def false_alarms(job: Job) -> dict[str, Any]:
             for a, b in zip(bounds, bounds[1:]):
                 kind = kind_at(a)
                 healthy[kind] = healthy.get(kind, 0.0) + (b - a) - _overlap(a, b, spans)
-    step = statistics.median(
-        [job.median_step_s(i["ranks"][0], math.inf) for i in job.incarnations] or [0.2]
-    )
-    cli_window = max(WINDOW_STEPS, EXPORT_S / step) * step
     return {
         "alarms": found,
         "healthy_rank_s": healthy,
@@ -1649,6 +1665,22 @@ def misses(
     return missed
 
 
+def _rejudged(job: dict[str, Any]) -> dict[str, Any]:
+    """A saved job's alarms judged again with this version's excuses (:func:`flag_excused`:
+    runs before it counted a straggler flag of a rank over its own injected hang)."""
+    faults = [Fault(**f) for f in job["faults"]]
+    kept = []
+    for a in job["alarms"]:
+        straggler = a["what"] in ("straggler", "TrainingStraggler")
+        window_s = job["cli_window_s"] if a["surface"] == "cli" else job["rules_window_s"]
+        windows = a.get("windows") or STRAGGLER_TARGET_WINDOWS
+        if straggler and a.get("rank") is not None:
+            if flag_excused(faults, a["at"], a["rank"], windows, window_s):
+                continue
+        kept.append(a)
+    return {**job, "alarms": kept}
+
+
 def report_saved(paths: list[Path], as_markdown: bool = False) -> int:
     """The table and misses of the ``--json`` files of earlier runs taken together (their
     incidents and jobs concatenated; every run at the same thresholds); exit status as a run's."""
@@ -1657,7 +1689,7 @@ def report_saved(paths: list[Path], as_markdown: bool = False) -> int:
         print("the runs were taken at other thresholds than this campaign's", file=sys.stderr)
         return 2
     results = [r for doc in docs for r in doc["incidents"]]
-    jobs = [j for doc in docs for j in doc["jobs"]]
+    jobs = [_rejudged(j) for doc in docs for j in doc["jobs"]]
     present = {r["kind"] for r in results} | {a["kind"] for j in jobs for a in j["alarms"]}
     kinds = [k for k in KINDS if k in present or any(k in j["healthy_rank_s"] for j in jobs)]
     minutes = sum(doc["seconds"] for doc in docs) / 60
