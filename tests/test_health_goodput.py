@@ -361,15 +361,24 @@ def test_the_restored_step_is_dated_by_the_best_evidence_in_order():
 
 
 @documents("health.md", "A running attempt is judged at now, as the hang verdict is")
-def test_a_running_attempt_is_judged_at_now():
-    """Stuck 55 s in a step and still exporting, 60 s floor: at its last evidence it is not
-    hung; judged at now, 8 s later (within two export intervals), it is."""
+def test_a_running_attempt_is_judged_at_now_as_far_as_its_files_show():
+    """Stuck 55 s in a step, 60 s floor: at its last evidence it is not hung; still exporting
+    8 s later (within two export intervals of now) it is, and the hang is counted to then.
+    Judged 8 s after its last evidence with nothing newer, it runs but is not hung: the files
+    never make a stall longer than they show it (every rank killed inside a long step)."""
+    policy = hang.HangPolicy(floor_s=60.0)
+    r = run_attempt(T0, 0, load=None, last=30, cut_s=55.0)
+    r.advance(8.0)  # still stuck, still exporting (every 5 s)
+    process = r.end()
+    running = goodput.account([Attempt(0, True, [process])], policy, now_s=r.now + 1.0)
+    assert running.attempts[0].ended == "hung"
+    assert running.attempts[0].buckets["hang"] == pytest.approx(GAP + 63.0, abs=1e-3)
+
     r = run_attempt(T0, 0, load=None, last=30, cut_s=55.0)
     process = r.end()
-    policy = hang.HangPolicy(floor_s=60.0)
-    running = goodput.account([Attempt(0, True, [process])], policy, now_s=r.now + 8.0)
-    assert running.attempts[0].ended == "hung"
-    assert running.attempts[0].buckets["hang"] == pytest.approx(GAP + 55.0, abs=1e-3)
+    silent = goodput.account([Attempt(0, True, [process])], policy, now_s=r.now + 8.0)
+    assert silent.attempts[0].ended == "running"
+    assert silent.attempts[0].buckets["hang"] == 0.0
     ended = goodput.account([Attempt(0, True, [process])], policy)
     assert ended.attempts[0].ended == "killed" and ended.attempts[0].buckets["hang"] == 0.0
 

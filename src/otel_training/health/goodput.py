@@ -762,7 +762,7 @@ def _attempt(
     progress_at = last_progress_s if last_progress_s is not None else timeline.created
     # judged at its end, or now while it runs (as hang.judge judges it)
     live = last and is_live(attempt, now_s, live_s)
-    judged = now_s if live and now_s is not None else end
+    judged = judged_at(attempt, now_s, live) if live else end
     hung = judged - progress_at > threshold
     if hung and hung_at is not None:  # the job's verdict: a rank waiting for a peer is excused
         hung = hung_at(attempt, judged)
@@ -907,6 +907,22 @@ def is_live(attempt: Attempt, now_s: float | None, live_s: float | None = None) 
         for p in attempt.processes
     )
     return now_s - attempt.end_s <= window and not closed
+
+
+def judged_at(attempt: Attempt, now_s: float | None, live: bool) -> float:
+    """The moment ``attempt``'s hang is judged: its end (:attr:`Attempt.end_s`) when it ended;
+    while it runs (``live``), ``now_s``, but never later than its latest evidence of life (an
+    export, a line, a progress record's transition or its watchdog's note, any rank): the files
+    never make a stall longer than they show it. A job whose every rank died in a long step
+    reads as it stood when last seen, not hung for the seconds before it stops counting as
+    running; a hung job's ranks (their exports, their watchdogs) keep the moment at now."""
+    if not live or now_s is None:
+        return attempt.end_s
+    seen = attempt.end_s
+    for process in attempt.processes:
+        if process.record is not None:
+            seen = max(seen, process.record.last_evidence_s)
+    return min(now_s, seen)
 
 
 def _ending(attempt: Attempt, reference: Process | None, hung: bool, last: bool, live: bool) -> str:

@@ -273,8 +273,7 @@ def assess(
     for i, (attempt, attempt_account) in enumerate(zip(ordered, account.attempts)):
         item = AttemptHealth(attempt_account, attempt)
         live = attempt is ordered[-1] and _goodput.is_live(attempt, now_s)
-        at = now_s if live else attempt.end_s
-        item.hang = judge_attempt(attempt, at, policy)
+        item.hang = judge_attempt(attempt, _goodput.judged_at(attempt, now_s, live), policy)
         if item.hang.hung:
             item.stacks = _stacks(attempt)
         item.stragglers = _straggler.assess(_counters(attempt), window_steps)
@@ -288,7 +287,8 @@ def assess(
             _incidents.Restart(x.account.attempt, x.account.cohort, x.account.first_step_end_s)
             for x in items[i + 1 :]
         ]
-        found += hang_incidents(item, now_s if live else item.attempt.end_s, policy, later, live)
+        at = _goodput.judged_at(item.attempt, now_s, live)
+        found += hang_incidents(item, at, policy, later, live)
         found += straggler_incidents(item)
     found.sort(key=lambda x: (x.began_s, x.kind, x.culprits))
     notes = list(job.notes) + list(account.notes)
