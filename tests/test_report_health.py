@@ -299,3 +299,39 @@ def test_a_load_after_a_long_startup_is_judged_on_the_load_alone():
         sim.advance(1900.0)
     processes = [sim.process for sim in ranks]
     assert assess(Job("job", [], processes), now_s=ranks[0].now + 1.0).attempts[-1].hang.hung
+
+
+@documents("health.md", "max(2 × the longest of that phase seen in the attempt (any rank)")
+def test_a_pause_budget_is_the_attempts_longest_as_the_rules_take_it():
+    """Rank 1 once saved for 8 s, rank 0 never longer than 1 s; rank 0 now saves for 12 s
+    (budget 6 s) while rank 1 waits: within 2 x the attempt's longest (16 s), not hung, as
+    the rules judge it; past it (17 s), hung, rank 0 the culprit over its budget."""
+
+    def job(save_s: float) -> tuple[Job, float]:
+        ranks = [SimRank(T0, rank=r, export_s=1.0) for r in (0, 1)]
+        for sim in ranks:
+            sim.advance(2.0)
+            for _ in range(20):
+                sim.step()
+            sim.phase(L.CHECKPOINT_SAVE, 8.0 if sim.process.rank == 1 else 1.0, sim.iteration)
+            if sim.process.rank == 0:
+                sim.phase(L.COMMUNICATION, 7.0)  # waits for rank 1's save
+            for _ in range(20):
+                sim.step()
+        ranks[0].ledger.enter(L.CHECKPOINT_SAVE)
+        ranks[1].ledger.enter(L.ITERATION)
+        ranks[1].ledger.enter(L.COMMUNICATION)
+        for sim in ranks:
+            sim.advance(save_s)
+        processes = [sim.end() for sim in ranks]
+        for process in processes:
+            process.open_spans = 1
+        return Job("job", [], processes), max(p.alive_s for p in processes) + 0.1
+
+    policy = HangPolicy(floor_s=2.0, phase_budget_s=6.0)
+    within, now = job(12.0)
+    verdict = assess(within, now_s=now, policy=policy).attempts[-1].hang
+    assert not verdict.hung, verdict
+    over, now = job(17.0)
+    verdict = assess(over, now_s=now, policy=policy).attempts[-1].hang
+    assert verdict.hung and verdict.culprits == (0,) and verdict.rule == "pause_over_budget"

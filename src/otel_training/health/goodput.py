@@ -92,6 +92,7 @@ __all__ = [
     "completion_s",
     "is_live",
     "last_progress",
+    "attempt_longest_phase_s",
     "longest_phase_s",
     "median_step_s",
     "open_at_end",
@@ -609,12 +610,23 @@ def longest_phase_s(process: Process, phase: str, before_s: float) -> float | No
         return max(spans)
     runs, current = [], 0.0
     for sample in process.samples:
+        if sample.time_s >= before_s:
+            break
         if sample.open_phase == phase:
             current = max(current, sample.open_s)
         elif current:
             runs.append(current)
             current = 0.0
     return max(runs) if runs else None
+
+
+def attempt_longest_phase_s(attempt: Attempt, phase: str, before_s: float) -> float | None:
+    """The longest completed occurrence of ``phase`` on any rank of ``attempt`` that ended
+    before ``before_s``, seconds (:func:`longest_phase_s` of each): a pause's budget is
+    the attempt's, as the Prometheus rules take it (``docs/health.md``, "Hangs")."""
+    found = [longest_phase_s(p, phase, before_s) for p in attempt.processes]
+    known = [x for x in found if x is not None]
+    return max(known) if known else None
 
 
 def phase_at_end(process: Process, timeline: Timeline, end_s: float) -> str:
@@ -757,7 +769,7 @@ def _attempt(
     gap = max(end - own_end, 0.0)
     # the hang at the end: no progress for longer than H in the phase open then
     phase = phase_at_end(reference, timeline, own_end)
-    threshold = policy.threshold_s(phase, median, longest_phase_s(reference, phase, own_end))
+    threshold = policy.threshold_s(phase, median, attempt_longest_phase_s(attempt, phase, own_end))
     item.hang_threshold_s = threshold
     progress_at = last_progress_s if last_progress_s is not None else timeline.created
     # judged at its end, or now while it runs (as hang.judge judges it)

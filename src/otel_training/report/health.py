@@ -383,7 +383,7 @@ def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _h
                 threshold_s=policy.threshold_s(
                     phase,
                     _goodput.median_step_s(process, timeline),
-                    _goodput.longest_phase_s(process, phase, at_s),
+                    _goodput.attempt_longest_phase_s(attempt, phase, at_s),
                 ),
                 iteration=iteration,
                 silent=quiet[id(process)] and anyone_exports,
