@@ -772,7 +772,7 @@ def _attempt(
     threshold = policy.threshold_s(phase, median, attempt_longest_phase_s(attempt, phase, own_end))
     item.hang_threshold_s = threshold
     progress_at = last_progress_s if last_progress_s is not None else timeline.created
-    # judged at its end, or now while it runs (as hang.judge judges it)
+    # judged at its end, or while it runs at now as far as its files show (judged_at)
     live = last and is_live(attempt, now_s, live_s)
     judged = judged_at(attempt, now_s, live) if live else end
     hung = judged - progress_at > threshold

@@ -362,6 +362,7 @@ def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _h
         for p in processes
     }
     anyone_exports = not all(quiet.values())
+    longest: dict[str, float | None] = {}  # the attempt's, per phase: once, not once a rank
     states = []
     for process in processes:
         iteration, progress = _goodput.last_progress(process, at_s)
@@ -369,6 +370,8 @@ def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _h
             progress = process.start_s or process.samples[0].time_s
         timeline = _goodput.Timeline(process)
         phase, opened = _goodput.open_at_end(process, timeline, min(at_s, timeline.end))
+        if phase not in longest:
+            longest[phase] = _goodput.attempt_longest_phase_s(attempt, phase, at_s)
         if phase in _hang.PAUSE_PHASES:
             seen = last_export[id(process)]
             pause_age = None if seen is None else max(at_s - seen, 0.0)
@@ -383,7 +386,7 @@ def judge_attempt(attempt: Attempt, at_s: float, policy: _hang.HangPolicy) -> _h
                 threshold_s=policy.threshold_s(
                     phase,
                     _goodput.median_step_s(process, timeline),
-                    _goodput.attempt_longest_phase_s(attempt, phase, at_s),
+                    longest[phase],
                 ),
                 iteration=iteration,
                 silent=quiet[id(process)] and anyone_exports,
