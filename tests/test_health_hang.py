@@ -24,7 +24,7 @@ def test_h_in_a_step_phase_is_five_median_steps_at_least_the_floor():
     assert HangPolicy(floor_s=1.0).threshold_s("data_loading", 0.05) == 1.0
 
 
-@documents("health.md", "max(2 × the longest of that phase seen in the attempt (any rank), budget, the step H)")
+@documents("health.md", "max(2 × the longest of that phase seen in the attempt (any rank)")
 def test_long_phases_get_twice_the_longest_seen_at_least_ten_minutes():
     """A checkpoint save: max(2 x longest save seen, 600 s, the step threshold)."""
     policy = HangPolicy()

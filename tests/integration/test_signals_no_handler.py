@@ -135,16 +135,19 @@ RETURNS_FROM_C = textwrap.dedent(
     spin = ctypes.CDLL(sys.argv[1]).spin
     meter = ot.get_meter()
     ot.record_training_metrics(meter, loss=1.0)
-    spin(1)   # a torch op, a collective: C code that returns after a while
+    # a torch op, a collective: C code that returns after a while, within the 0.8 s the watcher
+    # waits at least (0.3 s to stand still, then 0.5 s for the handler after the flush)
+    spin(400)
     print("went on", flush=True)
     ot.record_training_metrics(meter, loss=2.0)
     """
 )
 SPIN_C = (
     "#include <stdio.h>\n#include <time.h>\n"
-    "void spin(int s){struct timespec a,b;clock_gettime(CLOCK_MONOTONIC,&a);"
+    "void spin(int ms){struct timespec a,b;clock_gettime(CLOCK_MONOTONIC,&a);"
     'fputs("ready\\n",stdout);fflush(stdout);'
-    "do{clock_gettime(CLOCK_MONOTONIC,&b);}while(b.tv_sec-a.tv_sec<s);}\n"
+    "do{clock_gettime(CLOCK_MONOTONIC,&b);}"
+    "while((b.tv_sec-a.tv_sec)*1000+(b.tv_nsec-a.tv_nsec)/1000000<ms);}\n"
 )
 
 
