@@ -82,7 +82,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
-from alerts_job import E2E_PARAMETERS, _unix  # noqa: E402
+from alerts_job import E2E_PARAMETERS, _unix, prometheus_config  # noqa: E402
 from otlp_receiver import free_port  # noqa: E402
 from prometheus_server import PrometheusServer, free_port_run  # noqa: E402
 from support import child_env, find_program, load_script  # noqa: E402
@@ -551,31 +551,15 @@ class Job:
         }
 
     def _scrape_config(self, world: int) -> dict[str, Any]:
-        return {
-            "global": {
-                "scrape_interval": "1s",
-                "scrape_timeout": "1s",
-                "evaluation_interval": generate_rules.duration(RULES.interval_s),
-            },
-            "rule_files": [str(self.dir / "rules.yaml")],
-            "scrape_configs": [
-                {
-                    "job_name": SERVICE,
-                    "static_configs": [
-                        {
-                            "targets": [f"127.0.0.1:{self.base_port + r}"],
-                            "labels": {
-                                "dl_rank": str(r),
-                                "dl_run_id": self.run_id,
-                                "dl_job_id": self.job_id,
-                                "dl_world_size": str(world),
-                            },
-                        }
-                        for r in range(world)
-                    ],
-                }
-            ],
-        }
+        return prometheus_config(
+            self.dir / "rules.yaml",
+            RULES.interval_s,
+            SERVICE,
+            self.base_port,
+            world,
+            self.run_id,
+            self.job_id,
+        )
 
     def _up(self, world: int) -> bool:
         assert self.prometheus is not None

@@ -83,6 +83,46 @@ class AlertRecord:
     annotations: dict[str, str] = field(default_factory=dict)
 
 
+def prometheus_config(
+    rules: Path,
+    interval_s: float,
+    service: str,
+    base_port: int,
+    ranks: int,
+    run_id: str,
+    job_id: str,
+) -> dict[str, Any]:
+    """Prometheus' configuration for ``ranks`` ranks whose exporters listen on consecutive
+    ports from ``base_port``: scraped every second, ``rules`` evaluated every ``interval_s``,
+    each target labelled as the job's resource would be (``dl_rank``, ``dl_run_id``,
+    ``dl_job_id``, ``dl_world_size``). Also bench/faults.py's."""
+    return {
+        "global": {
+            "scrape_interval": "1s",
+            "scrape_timeout": "1s",
+            "evaluation_interval": generate_rules.duration(interval_s),
+        },
+        "rule_files": [str(rules)],
+        "scrape_configs": [
+            {
+                "job_name": service,
+                "static_configs": [
+                    {
+                        "targets": [f"127.0.0.1:{base_port + r}"],
+                        "labels": {
+                            "dl_rank": str(r),
+                            "dl_run_id": run_id,
+                            "dl_job_id": job_id,
+                            "dl_world_size": str(ranks),
+                        },
+                    }
+                    for r in range(ranks)
+                ],
+            }
+        ],
+    }
+
+
 class HealthJob:
     """``ranks`` processes of health_rank.py with ``plan``, and a Prometheus scraping them.
 
@@ -113,35 +153,12 @@ class HealthJob:
         self._lock = threading.Lock()
         rules = self.workdir / "rules.yaml"
         rules.write_text(generate_rules.render(parameters))
-        interval = generate_rules.duration(parameters.interval_s)
         self.prometheus = PrometheusServer(
             prometheus_binary,
             self.workdir,
-            {
-                "global": {
-                    "scrape_interval": "1s",
-                    "scrape_timeout": "1s",
-                    "evaluation_interval": interval,
-                },
-                "rule_files": [str(rules)],
-                "scrape_configs": [
-                    {
-                        "job_name": SERVICE,
-                        "static_configs": [
-                            {
-                                "targets": [f"127.0.0.1:{self.base_port + r}"],
-                                "labels": {
-                                    "dl_rank": str(r),
-                                    "dl_run_id": self.run_id,
-                                    "dl_job_id": JOB_ID,
-                                    "dl_world_size": str(ranks),
-                                },
-                            }
-                            for r in range(ranks)
-                        ],
-                    }
-                ],
-            },
+            prometheus_config(
+                rules, parameters.interval_s, SERVICE, self.base_port, ranks, self.run_id, JOB_ID
+            ),
         )
 
     # -- life cycle ---------------------------------------------------------------------------
