@@ -28,9 +28,8 @@ At most :data:`MAX_ITERATIONS` iterations, evenly spaced, are used per span name
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 
-from otel_training.report.run import Run
+from otel_training.report.run import ClockOffset, Run
 from otel_training.semconv.attributes import MEGATRON_ITERATION
 
 __all__ = ["MIN_OFFSET_MS", "ClockOffset", "clock_offsets"]
@@ -93,40 +92,6 @@ def _candidates(run: Run) -> dict[int, dict[_Kind, tuple[float, float, int]]]:
             noise = statistics.median(abs(v - middle) for v in values)
             found.setdefault(rank, {})[kind] = (middle, noise, len(values))
     return found
-
-
-@dataclass(frozen=True)
-class ClockOffset:
-    """A rank whose clock disagrees with the others'.
-
-    Attributes:
-        rank: The rank.
-        offset_ms: By how much, in ms; positive: ahead (its records later than the others').
-        span_name: The span whose edge it was measured at.
-        edge: ``start`` or ``end``.
-        iterations: Iterations the median was taken over.
-        reference: ``None`` when measured against the median of three ranks or more, else
-            the rank it was measured against (with two ranks, who is off cannot be told).
-    """
-
-    rank: int
-    offset_ms: float
-    span_name: str
-    edge: str
-    iterations: int
-    reference: int | None
-
-    @property
-    def note(self) -> str:
-        """The sentence the report and the trace show."""
-        against = "the other ranks'" if self.reference is None else f"rank {self.reference}'s"
-        return (
-            f"Rank {self.rank}'s clock seems {abs(self.offset_ms):,.0f} ms "
-            f"{'ahead of' if self.offset_ms > 0 else 'behind'} {against} (measured at the "
-            f"{self.edge} of {self.span_name}, which all ranks of a synchronous job reach "
-            f"together, median over {self.iterations} iterations): its records are shown as "
-            "they were stamped, not shifted."
-        )
 
 
 def clock_offsets(run: Run) -> list[ClockOffset]:

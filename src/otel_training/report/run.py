@@ -17,11 +17,11 @@ from otel_training.semconv.attributes import DL_WORLD_SIZE
 
 if TYPE_CHECKING:
     from otel_training.health.evidence import Process
-    from otel_training.report.clocks import ClockOffset
 
 __all__ = [
     "TRUNCATED_ATTRIBUTE",
     "Attributes",
+    "ClockOffset",
     "CounterSeries",
     "FileStats",
     "Gap",
@@ -281,6 +281,41 @@ class RankTelemetry:
         return [s for (n, _, _), s in self.histograms.items() if n == name]
 
 
+@dataclass(frozen=True)
+class ClockOffset:
+    """A rank whose clock disagrees with the others', as
+    :func:`otel_training.report.clocks.clock_offsets` measures it.
+
+    Attributes:
+        rank: The rank.
+        offset_ms: By how much, in ms; positive: ahead (its records later than the others').
+        span_name: The span whose edge it was measured at.
+        edge: ``start`` or ``end``.
+        iterations: Iterations the median was taken over.
+        reference: ``None`` when measured against the median of three ranks or more, else
+            the rank it was measured against (with two ranks, who is off cannot be told).
+    """
+
+    rank: int
+    offset_ms: float
+    span_name: str
+    edge: str
+    iterations: int
+    reference: int | None
+
+    @property
+    def note(self) -> str:
+        """The sentence the report and the trace show."""
+        against = "the other ranks'" if self.reference is None else f"rank {self.reference}'s"
+        return (
+            f"Rank {self.rank}'s clock seems {abs(self.offset_ms):,.0f} ms "
+            f"{'ahead of' if self.offset_ms > 0 else 'behind'} {against} (measured at the "
+            f"{self.edge} of {self.span_name}, which all ranks of a synchronous job reach "
+            f"together, median over {self.iterations} iterations): its records are shown as "
+            "they were stamped, not shifted."
+        )
+
+
 @dataclass
 class Run:
     """One run (one attempt of a job): every rank's metrics and spans, the files read and what
@@ -308,7 +343,7 @@ class Run:
             ranks started again), skipped by ``load_run``.
         gaps: What the writers could not write (:class:`Gap`), by time.
         clock_offsets: Ranks whose clock disagrees with the other ranks', by how much,
-            measured from the data (:class:`otel_training.report.clocks.ClockOffset`);
+            measured from the data by :mod:`otel_training.report.clocks` (:class:`ClockOffset`);
             nothing is shifted by it.
         processes: What run health reads of each of its processes, by rank
             (:class:`otel_training.health.evidence.Process`), from the same reading.

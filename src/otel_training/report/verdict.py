@@ -1,7 +1,7 @@
 """The verdict on a job: one word and a sentence per question, said alike by
 ``otel-training health`` (its first lines) and the report (the block it opens with).
 
-From :class:`otel_training.report.health.JobHealth` alone, never a second computation: is the
+From :class:`otel_training.report.job_health.JobHealth` alone, never a second computation: is the
 job healthy now, or how did it end; its goodput; a hang and its culprit; stragglers and their
 cause; failed or killed attempts; what the figures estimate. Each answer is a
 :class:`Finding` with a level (:data:`LEVELS`), its sentence and the report's anchor of the
@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+from otel_training.report.job_health import goodput_unknown
 from otel_training.report.wording import duration, plural, ranks_phrase
 
 if TYPE_CHECKING:
     from otel_training.health import goodput as _goodput
     from otel_training.health import straggler as _straggler
-    from otel_training.report.health import AttemptHealth, JobHealth
+    from otel_training.report.job_health import AttemptHealth, JobHealth
 
 __all__ = [
     "GOODPUT_JUDGED_AFTER_S",
@@ -112,22 +113,6 @@ def unknown(reason: str) -> Verdict:
     """The verdict on a job whose health cannot be judged, and why (a sentence)."""
     text = f"run health unknown: {reason}"
     return Verdict("unknown", text, [Finding("state", "unknown", text, "health")])
-
-
-def goodput_unknown(account: _goodput.JobAccount) -> str | None:
-    """Why the goodput of ``account`` cannot be known (a clause: ``goodput unknown: <it>``),
-    or ``None`` when it can: no attempt was seen, or none could have its time split (no rank
-    exported the health ledger and none wrote a phase span: all of it would read ``other``).
-    ``otel-training health --json`` then gives ``null`` for it, with this reason."""
-    if not account.attempts or account.wall_s <= 0:
-        return "no attempt of this job was seen"
-    if all(a.reference_rank is None for a in account.attempts):
-        return (
-            f"no rank exported the health ledger (dl.training.phase.time) to these files nor "
-            f"wrote a phase span in {duration(account.wall_s)} (metrics sent only to "
-            "Prometheus or a collector are not in them)"
-        )
-    return None
 
 
 def goodput_text(account: _goodput.JobAccount) -> str:
