@@ -3,7 +3,8 @@
 ``configure_in_memory()`` gives a pipeline whose metrics and spans stay in memory;
 ``reset()`` undoes everything otel-training and the OpenTelemetry API keep globally, so each
 test starts clean. These touch private state of the OpenTelemetry API (its set-once globals):
-use them in tests only.
+use them in tests only. ``histogram_quantile`` is the report's
+(:func:`otel_training.report.histogram_quantile`, Prometheus' semantics to the edge cases).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from otel_training import _log_once, instruments, log_bridge, setup, spans
 from otel_training import segments as _segments
 from otel_training.health import ledger as health_ledger
 from otel_training.health import watchdog as health_watchdog
+from otel_training.report.quantiles import histogram_quantile
 
 __all__ = [
     "InMemoryTelemetry",
@@ -138,28 +140,6 @@ def points(data: MetricsData | None, name: str | None = None) -> list[tuple[str,
                 if name is None or metric.name == name:
                     found.extend((metric.name, p) for p in metric.data.data_points)
     return found
-
-
-def histogram_quantile(q: float, bounds: Sequence[float], bucket_counts: Sequence[int]) -> float:
-    """Prometheus' ``histogram_quantile`` over one explicit-bucket histogram point.
-
-    Linear interpolation within the bucket holding rank ``q * count`` (Prometheus
-    ``promql/quantile.go``); the first bucket starts at 0; a rank in +Inf returns the last
-    finite bound. ``bucket_counts`` has ``len(bounds) + 1`` entries (OTLP layout).
-    """
-    total = sum(bucket_counts)
-    if total == 0:
-        return float("nan")
-    rank = q * total
-    cumulative = 0
-    for i, count in enumerate(bucket_counts):
-        if cumulative + count >= rank and count > 0:
-            if i == len(bounds):
-                return float(bounds[-1])
-            start = 0.0 if i == 0 else float(bounds[i - 1])
-            return start + (float(bounds[i]) - start) * (rank - cumulative) / count
-        cumulative += count
-    return float(bounds[-1])
 
 
 def reset() -> None:
