@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import pytest
 from doc_rules import documents
@@ -598,3 +599,72 @@ def test_megatron_and_lens_run_ids(caplog):
         ].identity.run_id
         == "ours"
     )
+
+
+@pytest.mark.parametrize("interval", ["²", "1" * 5_000, "+5", "1.5", "0", ""])
+def test_a_tensor_metric_interval_that_is_no_whole_number_is_warned_and_skipped(caplog, interval):
+    """An interval int() cannot read (a superscript digit, more digits than it converts) is a
+    bad entry like any other: one warning, the entry skipped, never an exception."""
+    variable = "OTEL_PYTHON_TRAINING_TENSOR_METRICS"
+    settings, warnings = load(caplog, **{variable: f"grad_norm:{interval},router:5"})
+    assert settings.tensor_metrics == (("router", 5),)
+    assert len(warnings) == 1 and variable in warnings[0]
+
+
+def test_the_code_and_the_environment_read_a_schedule_alike():
+    """One reading of a schedule: entries in order, blanks and empty entries dropped, the case of
+    a name kept, ``none``/``off`` in any case for no metric at all."""
+    entries = config.split_tensor_metric_schedule(" Grad_Norm : 10 ,, router:x ,:3")
+    assert entries == (
+        config.ScheduleEntry("Grad_Norm : 10", "Grad_Norm", 10),
+        config.ScheduleEntry("router:x", "router", None),
+        config.ScheduleEntry(":3", "", 3),
+    )
+    assert config.split_tensor_metric_schedule(" OFF ") is None
+    assert config.split_tensor_metric_schedule("None") is None
+    assert config.split_tensor_metric_schedule(" , ") == ()
+
+
+class _ReadRecorder(Mapping[str, str]):
+    """An environment that notes every variable asked for."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self._values = values
+        self.asked: set[str] = set()
+
+    def __getitem__(self, key: str) -> str:
+        self.asked.add(key)
+        return self._values[key]
+
+    def __contains__(self, key: object) -> bool:
+        self.asked.add(str(key))
+        return key in self._values
+
+    def get(self, key: str, default=None):
+        self.asked.add(key)
+        return self._values.get(key, default)
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+def test_standard_variables_lists_every_standard_variable_load_reads():
+    """config.STANDARD_VARIABLES is the standard OTEL_* variables load() reads, no more, no fewer
+    (with every exporter and a ratio sampler, so that each branch reads its own)."""
+    asked: set[str] = set()
+    for values in (
+        {},
+        {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_TRACES_EXPORTER": "otlp",
+         "OTEL_LOGS_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "traceidratio"},
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"},
+    ):  # fmt: skip
+        environ = _ReadRecorder(values)
+        config.load(environ)
+        asked |= environ.asked
+    ours = "OTEL_PYTHON_TRAINING_"
+    standard = {v for v in asked if v.startswith("OTEL_") and not v.startswith(ours)}
+    assert sorted(standard) == sorted(config.STANDARD_VARIABLES)
+    assert len(set(config.STANDARD_VARIABLES)) == len(config.STANDARD_VARIABLES)

@@ -125,10 +125,15 @@ def _expected_norms(model, grads: bool) -> dict[tuple, float]:
 
 
 def test_builtin_names_are_the_names_config_parses():
-    """The schedule names of the built-ins are exactly config.TENSOR_METRIC_NAMES."""
+    """The built-ins are made for exactly config.TENSOR_METRIC_NAMES, in its order, with no
+    definition left without a name there; each metric carries its schedule name."""
     from otel_training import config
+    from otel_training.tensor import definitions
 
     assert tuple(BUILTIN_METRICS) == config.TENSOR_METRIC_NAMES
+    assert set(definitions._MAKERS) == set(config.TENSOR_METRIC_NAMES)
+    for name, make in BUILTIN_METRICS.items():
+        assert make().name == name
 
 
 def test_grad_norm_per_layer_and_global_match_torch():

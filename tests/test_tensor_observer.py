@@ -258,6 +258,9 @@ def test_python_schedules_take_strings_mappings_and_custom_metrics(meter):
     """A string, a mapping and (metric, interval) pairs all work; a custom metric keeps its name."""
     assert parse_schedule(" grad_norm:1 , router:20 ") == (("grad_norm", 1), ("router", 20))
     assert parse_schedule("none") == ()
+    for bad in ("grad_norm:²", "grad_norm:" + "1" * 5_000):  # never int()'s own error
+        with pytest.raises(ValueError, match="is not NAME:INTERVAL"):
+            parse_schedule(bad)
     custom = Recording()
     observer = TensorObserver(Net(), [("param_norm", 4), (custom, 2)], meter=meter)
     assert observer.schedule == (("param_norm", 4), ("recording", 2))

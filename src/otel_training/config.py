@@ -22,7 +22,7 @@ import re
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 from otel_training import environment_variables as ev
 from otel_training._env import EnvReader, redact_url, show
@@ -149,7 +149,8 @@ SAMPLERS: Final = (
     "parentbased_traceidratio",
 )
 
-#: The standard variables otel-training parses itself. It also reads the proxy variables
+#: The standard variables otel-training parses itself, every one :func:`load` reads (a test holds
+#: the list to it; docs/configuration.md documents them). It also reads the proxy variables
 #: (https_proxy, http_proxy, no_proxy in either case; grpc_proxy, no_grpc_proxy) and the CA
 #: bundle variables of the exporters' libraries (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE,
 #: GRPC_DEFAULT_SSL_ROOTS_FILE_PATH): ProxySettings, OtlpSettings.certificate.
@@ -207,6 +208,8 @@ STANDARD_VARIABLES: Final = (
     "OTEL_BLRP_EXPORT_TIMEOUT",
     "OTEL_BLRP_MAX_QUEUE_SIZE",
     "OTEL_BLRP_MAX_EXPORT_BATCH_SIZE",
+    "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+    "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT",
     "OTEL_LOGRECORD_ATTRIBUTE_VALUE_LENGTH_LIMIT",
     "OTEL_LOGRECORD_ATTRIBUTE_COUNT_LIMIT",
     "OTEL_ATTRIBUTE_COUNT_LIMIT",
@@ -565,9 +568,9 @@ def span_groups_from_names(names: str | Iterable[str]) -> frozenset[str]:
     return groups
 
 
-#: Built-in tensor metrics that ``OTEL_PYTHON_TRAINING_TENSOR_METRICS`` may schedule (their
-#: definitions are in :mod:`otel_training.tensor.definitions`; kept here so that parsing the
-#: environment does not import torch).
+#: Built-in tensor metrics that ``OTEL_PYTHON_TRAINING_TENSOR_METRICS`` may schedule, the one list
+#: of them: :data:`otel_training.tensor.BUILTIN_METRICS` gives each its definition, in this order
+#: (kept here so that parsing the environment does not import torch).
 TENSOR_METRIC_NAMES: Final = (
     "grad_norm",
     "param_norm",
@@ -581,6 +584,47 @@ TENSOR_METRIC_NAMES: Final = (
     "router",
     "router_expert_load",
 )
+
+
+class ScheduleEntry(NamedTuple):
+    """One entry of a tensor-metric schedule, as :func:`split_tensor_metric_schedule` reads it.
+
+    Attributes:
+        text: The entry as written (blanks around it taken off): ``grad_norm:10``.
+        name: What stands before the colon, blanks taken off, its case kept.
+        interval: The whole number of optimizer steps >= 1 after the colon; ``None`` when the
+            entry is not ``NAME:INTERVAL`` with one.
+    """
+
+    text: str
+    name: str
+    interval: int | None
+
+
+def split_tensor_metric_schedule(text: str) -> tuple[ScheduleEntry, ...] | None:
+    """The one reading of a tensor-metric schedule, ``"grad_norm:10,router:50"``: in code
+    (:func:`otel_training.tensor.parse_schedule`, strict) and in
+    ``OTEL_PYTHON_TRAINING_TENSOR_METRICS`` (:func:`tensor_metric_schedule`, lenient).
+
+    Returns:
+        ``None`` for ``none`` or ``off`` (any case): no tensor metric at all; else each
+        non-empty comma-separated entry in order (:class:`ScheduleEntry`). Never raises: what a
+        malformed entry does is the caller's policy (in code it raises, from the environment it
+        warns and is skipped).
+    """
+    if text.strip().lower() in ("none", "off"):
+        return None
+    entries = []
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        name, sep, interval = (s.strip() for s in entry.partition(":"))
+        try:
+            steps = int(interval) if sep and interval.isdecimal() else 0
+        except ValueError:  # more digits than int() converts
+            steps = 0
+        entries.append(ScheduleEntry(entry, name, steps if steps >= 1 else None))
+    return tuple(entries)
 
 
 def tensor_metric_schedule(
@@ -1070,25 +1114,23 @@ class _Parser(EnvReader):
         raw = self.raw(name)
         if raw is None:
             return None
-        if raw.lower() in ("none", "off"):
+        entries = split_tensor_metric_schedule(raw)
+        if entries is None:
             return ()
         schedule: dict[str, int] = {}
-        for entry in (part.strip() for part in raw.split(",")):
-            if not entry:
-                continue
-            metric, sep, interval = (s.strip() for s in entry.partition(":"))
-            metric = metric.lower()
+        for entry in entries:
+            metric = entry.name.lower()
             why = None
-            if not sep or not interval.isdigit() or int(interval) < 1:
+            if entry.interval is None:
                 why = "is not NAME:INTERVAL with a whole number of steps >= 1"
             elif metric not in TENSOR_METRIC_NAMES:
                 why = f"names no tensor metric (known: {', '.join(TENSOR_METRIC_NAMES)})"
             elif metric in schedule:
                 why = "repeats a tensor metric already scheduled"
             if why is not None:
-                self.warn("%s: ignoring the entry %r, which %s.", name, entry, why)
+                self.warn("%s: ignoring the entry %r, which %s.", name, entry.text, why)
                 continue
-            schedule[metric] = int(interval)
+            schedule[metric] = entry.interval
         if not schedule:
             self.reject(name, raw, "the observer's default", "schedules no tensor metric")
             return None

@@ -23,6 +23,7 @@ sums of squares add, maxima take the maximum. ``global`` covers every site of th
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from otel_training._log_once import MINUTE_S, LogOnce
+from otel_training.config import TENSOR_METRIC_NAMES
 from otel_training.semconv.attributes import (
     MEGATRON_TRAINING_LAYER,
     MEGATRON_TRAINING_ROUTER_EXPERT,
@@ -484,41 +486,47 @@ _ACTIVATION = frozenset({SiteKind.ACTIVATION})
 _RESIDUAL = frozenset({SiteKind.RESIDUAL})
 _LOGITS = frozenset({SiteKind.LOGITS})
 
-#: Schedule name -> factory of the built-in metric (keyword options: ``max_expert_series``).
+#: How each built-in metric is made from its schedule name and keyword options
+#: (``max_expert_series``).
+_MAKERS: Mapping[str, Callable[..., TensorMetric]] = {
+    "grad_norm": lambda name, **_: L2NormMetric(
+        name, _COMMIT["grad"], MEGATRON_TRAINING_TENSOR_GRAD_NORM
+    ),
+    "param_norm": lambda name, **_: L2NormMetric(
+        name, _COMMIT["param"], MEGATRON_TRAINING_TENSOR_PARAM_NORM
+    ),
+    "grad_nonfinite": lambda name, **_: NonFiniteCountMetric(
+        name, _COMMIT["grad"], MEGATRON_TRAINING_TENSOR_GRAD_NONFINITE
+    ),
+    "update_ratio": lambda name, **_: UpdateRatioMetric(
+        name, _COMMIT["param"], MEGATRON_TRAINING_TENSOR_UPDATE_RATIO
+    ),
+    "activation_rms": lambda name, **_: RmsMetric(
+        name, _ACTIVATION, MEGATRON_TRAINING_TENSOR_ACTIVATION_RMS
+    ),
+    "activation_max_abs": lambda name, **_: MaxAbsMetric(
+        name, _ACTIVATION, MEGATRON_TRAINING_TENSOR_ACTIVATION_MAX_ABS
+    ),
+    "residual_rms": lambda name, **_: RmsMetric(
+        name, _RESIDUAL, MEGATRON_TRAINING_TENSOR_RESIDUAL_RMS
+    ),
+    "residual_max_abs": lambda name, **_: MaxAbsMetric(
+        name, _RESIDUAL, MEGATRON_TRAINING_TENSOR_RESIDUAL_MAX_ABS
+    ),
+    "logits_norm": lambda name, **_: L2NormMetric(
+        name, _LOGITS, MEGATRON_TRAINING_TENSOR_LOGITS_NORM
+    ),
+    "router": lambda name, **kw: RouterMetric(name, **kw),
+    "router_expert_load": lambda name, **kw: RouterMetric(
+        name, per_expert=True, summary=False, **kw
+    ),
+}
+
+#: Schedule name -> factory of the built-in metric (keyword options: ``max_expert_series``):
+#: one for each name of :data:`otel_training.config.TENSOR_METRIC_NAMES`, the one list of them
+#: (there, the environment's parser knows them without importing torch), in its order.
 BUILTIN_METRICS: Mapping[str, Callable[..., TensorMetric]] = MappingProxyType(
-    {
-        "grad_norm": lambda **_: L2NormMetric(
-            "grad_norm", _COMMIT["grad"], MEGATRON_TRAINING_TENSOR_GRAD_NORM
-        ),
-        "param_norm": lambda **_: L2NormMetric(
-            "param_norm", _COMMIT["param"], MEGATRON_TRAINING_TENSOR_PARAM_NORM
-        ),
-        "grad_nonfinite": lambda **_: NonFiniteCountMetric(
-            "grad_nonfinite", _COMMIT["grad"], MEGATRON_TRAINING_TENSOR_GRAD_NONFINITE
-        ),
-        "update_ratio": lambda **_: UpdateRatioMetric(
-            "update_ratio", _COMMIT["param"], MEGATRON_TRAINING_TENSOR_UPDATE_RATIO
-        ),
-        "activation_rms": lambda **_: RmsMetric(
-            "activation_rms", _ACTIVATION, MEGATRON_TRAINING_TENSOR_ACTIVATION_RMS
-        ),
-        "activation_max_abs": lambda **_: MaxAbsMetric(
-            "activation_max_abs", _ACTIVATION, MEGATRON_TRAINING_TENSOR_ACTIVATION_MAX_ABS
-        ),
-        "residual_rms": lambda **_: RmsMetric(
-            "residual_rms", _RESIDUAL, MEGATRON_TRAINING_TENSOR_RESIDUAL_RMS
-        ),
-        "residual_max_abs": lambda **_: MaxAbsMetric(
-            "residual_max_abs", _RESIDUAL, MEGATRON_TRAINING_TENSOR_RESIDUAL_MAX_ABS
-        ),
-        "logits_norm": lambda **_: L2NormMetric(
-            "logits_norm", _LOGITS, MEGATRON_TRAINING_TENSOR_LOGITS_NORM
-        ),
-        "router": lambda **kw: RouterMetric("router", **kw),
-        "router_expert_load": lambda **kw: RouterMetric(
-            "router_expert_load", per_expert=True, summary=False, **kw
-        ),
-    }
+    {name: functools.partial(_MAKERS[name], name) for name in TENSOR_METRIC_NAMES}
 )
 
 

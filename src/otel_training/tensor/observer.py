@@ -126,21 +126,20 @@ def default_layer_of(name: str, offset: int = 0) -> str | None:
 
 def parse_schedule(text: str) -> tuple[tuple[str, int], ...]:
     """Parses ``"grad_norm:10,router:50"`` strictly; ``"none"`` (or ``"off"``, or nothing)
-    schedules nothing.
+    schedules nothing. The entries are read as the environment's
+    (:func:`otel_training.config.split_tensor_metric_schedule`); names are checked when the
+    metrics are built.
 
     Raises:
         ValueError: on an entry that is not ``NAME:INTERVAL`` with a whole INTERVAL >= 1.
     """
-    if text.strip().lower() in ("none", "off"):
-        return ()
     pairs = []
-    for entry in (part.strip() for part in text.split(",")):
-        if not entry:
-            continue
-        name, sep, interval = (s.strip() for s in entry.partition(":"))
-        if not sep or not interval.isdigit() or int(interval) < 1:
-            raise ValueError(f"tensor-metric schedule entry {entry!r} is not NAME:INTERVAL (>= 1)")
-        pairs.append((name, int(interval)))
+    for entry in config.split_tensor_metric_schedule(text) or ():
+        if entry.interval is None:
+            raise ValueError(
+                f"tensor-metric schedule entry {entry.text!r} is not NAME:INTERVAL (>= 1)"
+            )
+        pairs.append((entry.name, entry.interval))
     return tuple(pairs)
 
 
