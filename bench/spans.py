@@ -18,22 +18,29 @@ Prints, from one run, the cost per iteration of an empty ``with`` block of:
 - ``with_log_lines``: ours with a ``LogSpanProcessor`` writing a key=value line per span to a
   file, the sink aidot's logger backend adds (like for like with ``aidot``);
 - ``nvtx_only``: ``with layer("forward"):`` in a group mirrored to NVTX only (a push/pop range,
-  no span), against ``bare_nvtx``: ``nvtx.start_range``/``nvtx.end_range`` in the same domain;
+  no span), inside an open ``training_iteration`` and ``forward_backward``, where a layer runs
+  (``nvtx_only_outside``: the same outside any step, where it is a transition of the ledger),
+  against ``bare_nvtx``: ``nvtx.start_range``/``nvtx.end_range`` in the same domain;
 - ``disabled_ledger``: ``with microbatch("forward"):`` in a disabled group: no span, no range,
-  but a phase of the health ledger (its time and failure still counted);
+  but a phase of the health ledger (its time and failure still counted), inside an open step
+  as above (``disabled_ledger_outside``: outside any step);
   ``disabled_noop``: ``with activation_offload("offload"):`` in a disabled group that is no
   phase of the ledger (the shared no-op); ``ledger_alone``: the ledger's own
-  ``LEDGER.enter``/``LEDGER.exit`` of that phase, the floor of ``disabled_ledger``;
+  ``LEDGER.enter``/``LEDGER.exit`` of that phase outside a step, a transition;
 - ``ledger_recorded``: the same with its hot state in a progress record file (a shared
   mapping, ``docs/health.md`` "The progress record"), as ``configure()`` keeps it;
 - ``ledger``: the health ledger's own cost per phase transition (``docs/health.md``): a step of
   ``Ledger.enter``/``exit`` for the iteration and its data loading, forward/backward and
   optimizer (8 transitions), per transition; every phase pays it, whatever its span group;
+- ``floor``: what a transition cannot go below in Python (the issue's floor): a call of a
+  Python function that reads ``time.perf_counter()`` and stores it in a list;
 
 and the targets (issue 27), judged on CPU time by ``bench/_verdict.py``: otel_training/bare_sdk
-<= 1.5, otel_training/aidot and with_log_lines/aidot <= 0.1, nvtx_only/bare_nvtx <= 1.5 (with a
-tool attached only: without one both are near no-ops), disabled_ledger <= 1.0 us,
-ledger_recorded <= 0.15 us per transition. The exit status is 1 when one is missed (both passes
+<= 1.3, otel_training/aidot and with_log_lines/aidot <= 0.1, nvtx_only/bare_nvtx <= 1.5 (with a
+tool attached only: without one both are near no-ops), disabled_ledger/disabled_noop <= 1.64
+(the issue's 1.0 us where the shared no-op took 0.61 us: a ratio holds on a slower or busier
+machine), ledger_recorded/floor <= 1.5 per transition (the issue's 0.15 us, 1.5 times its
+floor). The exit status is 1 when one is missed (both passes
 with ``--nvtx-injection``), 3 when a figure is too noisy to judge.
 Rounds alternate between the variants so that drift hits all alike, and each round ends with a
 flush of the variant's own processors inside the timed region, so that background work (the
@@ -70,6 +77,8 @@ from pathlib import Path
 import _verdict
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The disabled-group target of issue 27, 1.0 us where the shared no-op took 0.61 us, as a ratio.
+DISABLED_PER_NOOP = round(1.0 / 0.61, 2)
 AIDOT_VENV = ROOT / "build" / "bench-aidot-venv"
 AIDOT_REQUIREMENT = "aidot-training-telemetry==1.1.2"
 
@@ -299,6 +308,34 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
                 pass
         return _per_iteration(start, cpu, n)
 
+    forward_backward = otel_training.forward_backward
+    steps = iter(range(10**9, 2 * 10**9))
+
+    def in_a_step(variant):
+        """``variant`` run inside an open iteration and forward/backward (their own spans,
+        opened and closed outside the timed loop)."""
+
+        def run(n: int) -> tuple[float, float]:
+            step = next(steps)
+            with training_iteration(iteration=step), forward_backward(iteration=step):
+                return variant(n)
+
+        return run
+
+    box = [0.0]
+    perf = time.perf_counter
+
+    def transition() -> None:
+        box[0] = perf()
+
+    def floor(n: int) -> tuple[float, float]:
+        start, cpu = time.perf_counter_ns(), time.process_time_ns()
+        for _ in range(n):
+            transition()
+            transition()
+        wall, cpu_us = _per_iteration(start, cpu, n)
+        return wall / 2, cpu_us / 2  # per call
+
     def disabled_noop(n: int) -> tuple[float, float]:
         start, cpu = time.perf_counter_ns(), time.process_time_ns()
         for _ in range(n):
@@ -348,13 +385,16 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
         "otel_training": ours,
         "bare_sdk": bare,
         "with_log_lines": ours_logged,
-        "nvtx_only": nvtx_only,
+        "nvtx_only": in_a_step(nvtx_only),
+        "nvtx_only_outside": nvtx_only,
         "bare_nvtx": bare_nvtx,
-        "disabled_ledger": disabled_ledger,
+        "disabled_ledger": in_a_step(disabled_ledger),
+        "disabled_ledger_outside": disabled_ledger,
         "disabled_noop": disabled_noop,
         "ledger_alone": ledger_alone,
         "ledger": ledger,
         "ledger_recorded": lambda n: ledger(n, recorded_ledger),
+        "floor": floor,
     }
     for run in variants.values():
         run(max(10, iterations // 10))
@@ -409,12 +449,6 @@ def main(argv: list[str] | None = None) -> int:
     def median(key: str, which: int) -> float:
         return statistics.median(r[which] for r in result[key])
 
-    def clocks(key: str, scale: float = 1.0) -> dict[str, list[float]]:
-        return {
-            "wall": [r[0] * scale for r in result[key]],
-            "cpu": [r[1] * scale for r in result[key]],
-        }
-
     def paired(a: str, b: str) -> dict[str, list[float]]:
         return {
             clock: _verdict.ratios([r[i] for r in result[a]], [r[i] for r in result[b]])
@@ -425,13 +459,16 @@ def main(argv: list[str] | None = None) -> int:
         ("otel_training", "training_iteration"),
         ("with_log_lines", "+ a log line a span (aidot's)"),
         ("bare_sdk", "span + BSP"),
-        ("nvtx_only", "layer(), NVTX-only group"),
+        ("nvtx_only", "layer(), NVTX-only, in a step"),
+        ("nvtx_only_outside", "the same, outside a step"),
         ("bare_nvtx", "nvtx.start_range/end_range"),
-        ("disabled_ledger", "microbatch(), group off"),
+        ("disabled_ledger", "microbatch(), off, in a step"),
+        ("disabled_ledger_outside", "the same, outside a step"),
         ("disabled_noop", "activation_offload(), off"),
         ("ledger_alone", "LEDGER.enter + exit"),
         ("ledger", "health ledger, a transition"),
         ("ledger_recorded", "the same, record in a file"),
+        ("floor", "a call: perf_counter, a store"),
     ]
     if "aidot" in result:
         rows += [("aidot", "timed_span(ITERATION)"), ("aidot_bare_sdk", "span + BSP, aidot's venv")]
@@ -440,9 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"otel_training pipeline: {result['destination']} + BatchSpanProcessor(no-op exporter)")
     print(f"{args.iterations} iterations per round, {args.rounds} rounds interleaved (medians)")
     print(f"load: {_verdict.machine_load()}")
-    print(f"  {'variant':16s} {'':27s} {'wall us/it':>10s} {'CPU us/it':>10s}")
+    print(f"  {'variant':23s} {'':30s} {'wall us/it':>10s} {'CPU us/it':>10s}")
     for key, label in rows:
-        print(f"  {key:16s} {label:27s} {median(key, 0):10.2f} {median(key, 1):10.2f}")
+        print(f"  {key:23s} {label:30s} {median(key, 0):10.2f} {median(key, 1):10.2f}")
     print(
         f"Disabled-group phase: {median('disabled_ledger', 0) - median('disabled_noop', 0):.2f}"
         f" us more than the shared no-op ({median('disabled_noop', 0):.2f} us); the ledger "
@@ -453,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         "every thread of the process; targets judged on CPU time"
     )
     verdict = _verdict.Verdict("bench-spans" + (" (NVTX tool attached)" if tool else ""))
-    verdict.at_most("otel_training / bare_sdk", 1.5, unit="x", judge="cpu", **paired(
+    verdict.at_most("otel_training / bare_sdk", 1.3, unit="x", judge="cpu", **paired(
         "otel_training", "bare_sdk"))  # fmt: skip
     if "aidot" in result:
         verdict.at_most("otel_training / aidot", 0.1, unit="x", judge="cpu", **paired(
@@ -466,10 +503,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         ratio = median("nvtx_only", 1) / median("bare_nvtx", 1)
         print(f"NVTX-only phase / bare range: {ratio:.2f}x CPU (judged with a tool attached only)")
-    verdict.at_most("disabled-group phase", 1.0, unit=" us", judge="cpu",
-                    **clocks("disabled_ledger"))  # fmt: skip
-    verdict.at_most("ledger transition (record in a file)", 0.15, unit=" us", judge="cpu",
-                    **clocks("ledger_recorded"))  # fmt: skip
+    verdict.at_most("disabled-group phase / shared no-op", DISABLED_PER_NOOP, unit="x",
+                    judge="cpu", **paired("disabled_ledger", "disabled_noop"))  # fmt: skip
+    verdict.at_most("ledger transition (record in a file) / floor", 1.5, unit="x", judge="cpu",
+                    **paired("ledger_recorded", "floor"))  # fmt: skip
     status = verdict.exit_status()
     if args.nvtx_injection and not tool:
         env = dict(os.environ)

@@ -778,12 +778,16 @@ def test_a_rank_whose_saves_fail_is_at_risk_since_training_began():
 
 
 @documents("health.md", "from the moment DDP hands the hook the last gradient bucket of a")
-def test_a_collective_wait_turns_the_rest_of_backward_into_communication():
+def test_a_collective_wait_turns_the_rest_of_backward_into_communication(tmp_path):
     """forward_backward opens at 0; the last bucket's all-reduce is issued at 0.3 s (the hook's
     mark); backward returns at 0.5 s: 0.3 s forward_backward, 0.2 s communication, the open
     phase read as communication since 0.3 s, and the record says so too; the next phase is
     accounted as usual."""
+    from otel_training.health import record
+
     ledger, fake = make_ledger()
+    path = tmp_path / "ledger-rank0-t.bin"
+    ledger.record_to(str(path), {"dl.rank": 0})
     spend(ledger, fake, ITERATION, 1.0, iteration=1)  # the warm-up step
     iteration = ledger.enter(ITERATION)
     before = ledger.read().phase_time_s
@@ -794,7 +798,7 @@ def test_a_collective_wait_turns_the_rest_of_backward_into_communication():
     fake.advance(0.1)
     reading = ledger.read()
     assert (reading.open_phase, reading.open_s) == ("communication", pytest.approx(0.1))
-    assert ledger._rec[health._OPEN] == COMMUNICATION
+    assert record.read(path).open_phase == COMMUNICATION
     fake.advance(0.1)
     ledger.exit(token, FORWARD_BACKWARD)
     spend(ledger, fake, OPTIMIZER, 0.05)

@@ -191,12 +191,13 @@ def _recorded(directory: Path, sim, attrs: dict, name: str) -> Path:
     return path
 
 
-@documents("health.md", "as one more sample of the ledger, taken at the last transition")
+@documents("health.md", "as one more sample of the ledger, taken at its last copy")
 @pytest.mark.parametrize("matched_by", ["instance", "creation time"])
 def test_a_progress_record_is_the_last_sample_of_its_process(tmp_path, matched_by):
     """Steps after the last export, in the record only: the reader gives the process a sample
-    at the record's last transition, with its phase times and progress, and evidence of life
-    until then; it finds the record by service.instance.id, else by rank and creation time."""
+    at the record's last copy (a step's end, a phase opened SYNC_S after the copy before),
+    with its phase times and progress, and evidence of life until then; it finds the record
+    by service.instance.id, else by rank and creation time."""
     run = tmp_path / "out" / "run"
     sim = simulated(T0)
     attrs = job_resource(0, 0, "2027-01-15T08:00:00.000Z", "run", "job")
@@ -207,7 +208,12 @@ def test_a_progress_record_is_the_last_sample_of_its_process(tmp_path, matched_b
     exported = sim.ledger.read()
     for _ in range(4):  # after the last export: 4 more steps, then the kill in a data wait
         sim.step()
-    sim.ledger.enter(L.DATA_LOADING)
+    token = sim.ledger.enter(L.DATA_LOADING)  # at once: the record holds the step's end
+    (process,) = read(run).processes
+    assert (process.samples[-1].open_phase, process.samples[-1].time_s) == ("other", sim.now)
+    sim.advance(L.SYNC_S * 2)
+    sim.ledger.exit(token, L.DATA_LOADING)
+    sim.ledger.enter(L.DATA_LOADING)  # SYNC_S after the last copy: copied
     sim.advance(0.25)  # the kill: nothing after the transition into data loading is known
     truth = sim.ledger.read()
     (process,) = read(run).processes

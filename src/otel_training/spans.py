@@ -76,12 +76,14 @@ from otel_training.phases import (
     NOOP_PHASE,
     RUN,
     Phase,
-    bound_state,
+    bind,
     enabled_groups,
+    fine,
     first_iteration_due,
     make,
     reset_first_iteration,
     state_for,
+    unbind,
 )
 from otel_training.phases import warn_once as _warn_once
 from otel_training.semconv.attributes import (
@@ -311,8 +313,14 @@ _OFFLOAD = {"offload": MEGATRON_ACTIVATION_OFFLOAD, "reload": MEGATRON_ACTIVATIO
 def _named(table: Mapping[str, str], which: str, what: str) -> str | None:
     name = table.get(which)
     if name is None:
-        _warn_once(f"{what}:{which}", "no %s phase %r (known: %s)", what, which, ", ".join(table))
+        _unknown(table, which, what)
     return name
+
+
+def _unknown(table: Mapping[str, str], which: str, what: str) -> Phase:
+    """The phase of an unknown ``which``: nothing, said once."""
+    _warn_once(f"{what}:{which}", "no %s phase %r (known: %s)", what, which, ", ".join(table))
+    return NOOP_PHASE
 
 
 def microbatch(direction: Literal["forward", "backward"] = "forward", **attributes: Any) -> Phase:
@@ -320,8 +328,10 @@ def microbatch(direction: Literal["forward", "backward"] = "forward", **attribut
     ``.backward`` (group ``microbatch``, on in ``all``; NVTX-only with
     ``OTEL_PYTHON_TRAINING_NVTX_ONLY_GROUPS=fine``). An unknown direction is logged once and
     records nothing."""
-    name = _named(_MICROBATCH, direction, "microbatch")
-    return NOOP_PHASE if name is None else make(name, "microbatch", attributes or None)
+    name = _MICROBATCH.get(direction)
+    if name is None:
+        return _unknown(_MICROBATCH, direction, "microbatch")
+    return fine(name, "microbatch", attributes)
 
 
 def layer(
@@ -332,10 +342,10 @@ def layer(
     """A transformer layer's forward pass or one of its blocks: span ``megatron.layer.forward``,
     ``.self_attention`` or ``.mlp`` (group ``layer``, on in ``all``), with
     ``megatron.layer_number`` (from 1, as Megatron-LM counts)."""
-    name = _named(_LAYER, part, "layer")
+    name = _LAYER.get(part)
     if name is None:
-        return NOOP_PHASE
-    return make(name, "layer", _with(attributes, MEGATRON_LAYER_NUMBER, layer_number) or None)
+        return _unknown(_LAYER, part, "layer")
+    return fine(name, "layer", attributes, MEGATRON_LAYER_NUMBER, layer_number)
 
 
 def p2p(
@@ -344,22 +354,28 @@ def p2p(
 ) -> Phase:
     """A pipeline-parallel point-to-point transfer: span ``megatron.p2p.{op}`` (group
     ``communication``, on in ``per_step``)."""
-    name = _named(_P2P, op, "p2p")
-    return NOOP_PHASE if name is None else make(name, "communication", attributes or None)
+    name = _P2P.get(op)
+    if name is None:
+        return _unknown(_P2P, op, "p2p")
+    return fine(name, "communication", attributes)
 
 
 def grad_sync(stage: Literal["start", "finish"], **attributes: Any) -> Phase:
     """Starting, or waiting for, the data-parallel gradient reduction: span
     ``megatron.grad_sync.start`` or ``.finish`` (group ``communication``)."""
-    name = _named(_GRAD_SYNC, stage, "grad_sync")
-    return NOOP_PHASE if name is None else make(name, "communication", attributes or None)
+    name = _GRAD_SYNC.get(stage)
+    if name is None:
+        return _unknown(_GRAD_SYNC, stage, "grad_sync")
+    return fine(name, "communication", attributes)
 
 
 def activation_offload(direction: Literal["offload", "reload"], **attributes: Any) -> Phase:
     """Moving activations to host memory and back: span ``megatron.activation.offload`` or
     ``.reload`` (group ``activation_offload``, on in ``all``)."""
-    name = _named(_OFFLOAD, direction, "activation_offload")
-    return NOOP_PHASE if name is None else make(name, "activation_offload", attributes or None)
+    name = _OFFLOAD.get(direction)
+    if name is None:
+        return _unknown(_OFFLOAD, direction, "activation_offload")
+    return fine(name, "activation_offload", attributes)
 
 
 # -- checkpoints (groups checkpoint, load_checkpoint) ---------------------------------------
@@ -578,7 +594,7 @@ class SpanRecorder:
         this recorder's providers and groups, and returns its handle. The span names and groups
         stay those of the phase functions."""
         state = self._state
-        token = None if state is None else bound_state.set(state)
+        token = None if state is None else bind(state)
         try:
             handle = phase_function(*args, **kwargs)
         except Exception:
@@ -586,7 +602,7 @@ class SpanRecorder:
             return NOOP_PHASE
         finally:
             if token is not None:
-                bound_state.reset(token)
+                unbind(token)
         return handle.start(parent=parent)
 
     def stop(self, handle: Phase, attributes: Mapping[str, Any] | None = None) -> None:

@@ -16,7 +16,7 @@ from kill_trials import errors, trial
 from support import child_env
 
 
-@documents("health.md", "exact to the phase with the default span groups")
+@documents("health.md", "lost progress is exact to the step and downtime within")
 @pytest.mark.timeout(300)
 def test_a_kill_anywhere_is_placed_within_a_step(tmp_path):
     """Three kills at random moments: each figure within the longest step of the run."""

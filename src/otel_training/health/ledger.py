@@ -36,8 +36,10 @@ started after it) close everything opened after the phase that ends. Nothing her
 
 from __future__ import annotations
 
+import array
 import collections
 import logging
+import math
 import os
 import threading
 import time
@@ -178,6 +180,29 @@ _PAUSE_SLOT: Final = {
 _WAITABLE: Final = frozenset({FORWARD_BACKWARD})
 #: The codes of the pauses (:data:`otel_training.health.hang.PAUSE_PHASES`).
 _PAUSES: Final = frozenset(PHASES.index(p) for p in _hang.PAUSE_PHASES)
+#: The codes that take the short path of :meth:`Ledger.enter` and :meth:`Ledger.exit` (a
+#: transition alone, no copy into the record): the step phases and ``other``; not an iteration,
+#: a save or a pause, nor a phase inside a save or a pause (its effective phase is one).
+_PLAIN: Final = tuple(
+    code in (DATA_LOADING, FORWARD_BACKWARD, OPTIMIZER, COMMUNICATION, OTHER)
+    for code in range(ASYNC_SAVE + 1)
+)
+_NOTHING_PLAIN: Final = (False,) * (ASYNC_SAVE + 1)
+#: _SAME[top][code]: whether opening ``code`` (plain) while ``top`` is innermost changes
+#: nothing (its effective phase is ``top``, whose start it continues): a layer or a micro-batch
+#: inside forward/backward, a phase inside a save. :meth:`Ledger.enter` then returns 0.
+_SAME: Final = tuple(
+    tuple(_PLAIN[code] and code < len(PHASES) and _EFFECTIVE[top][code] == top
+          for code in range(ASYNC_SAVE + 1))
+    for top in range(len(PHASES))
+)  # fmt: skip
+_NOTHING_SAME: Final = (_NOTHING_PLAIN,) * len(PHASES)
+#: ``Ledger._save_at`` while no save is open.
+_NO_SAVE: Final = -1
+#: Seconds after which a transition of the short path copies the hot state into the record:
+#: a phase longer than this is in the record from its start.
+SYNC_S: Final = 0.05
+_get_ident = threading.get_ident
 _LOG = logging.getLogger(__name__)
 #: Completion times kept of the last iterations, to date the step a checkpoint save holds.
 _RECENT_STEPS: Final = 256
@@ -240,9 +265,10 @@ class Ledger:
         "_stack",
         "_starts",
         "_rec",
-        "_totals",
-        "_base",
-        "_base_since",
+        "_hot",
+        "_synced",
+        "_plain",
+        "_same",
         "_begun",
         "_created_perf",
         "_created_unix",
@@ -260,7 +286,6 @@ class Ledger:
         "_save_failed",
         "_async",
         "_pending",
-        "_waiting",
         "_perf",
         "_unix",
         "record_path",
@@ -280,21 +305,29 @@ class Ledger:
         self._created_unix = created
         self._created_perf = now_perf - max(0.0, unix() - created)
         self._thread: int | None = None
-        self._stack: list[int] = []
-        self._starts: list[float] = []
-        # The hot state lives in the record's slots (private until a file is attached).
-        rec = self._rec = _record.private()
-        self._totals = rec[: _record.PHASE_TIMES]
-        rec[_record.SINCE] = self._created_perf
-        rec[_record.OPEN] = STARTUP
-        rec[_record.OPEN_START] = self._created_perf
-        rec[_record.UNIX_MINUS_PERF] = created - self._created_perf
-        rec[_record.CREATED_UNIX] = created
+        # The phases open, outermost first, above the base (stack[0]: startup, then other once
+        # the first iteration began), and when each opened (perf seconds).
+        self._stack: list[int] = [STARTUP]
+        self._starts: list[float] = [self._created_perf]
+        # The hot state, in the record's layout (health/record.py): a list, cheap to store
+        # into; copied into the record file at the moments of :meth:`_sync`.
+        hot = self._hot = [0.0] * _record.PHASE_TIMES + [math.nan] * (
+            _record.SLOTS - _record.PHASE_TIMES
+        )
+        hot[_SINCE] = self._created_perf
+        hot[_OPEN] = STARTUP  # the phase the time since SINCE goes to (an int here)
+        hot[_OPEN_START] = self._created_perf
+        hot[_record.UNIX_MINUS_PERF] = created - self._created_perf
+        hot[_record.CREATED_UNIX] = created
         for slot in _record.LONGEST.values():
-            rec[slot] = 0.0
-        self._base = STARTUP
-        self._base_since = self._created_perf
+            hot[slot] = 0.0
+        self._rec: memoryview | None = None  # the record file's slots, once attached
+        self._synced = -math.inf  # perf seconds of the last copy into the record
         self._begun = False
+        # Whether a code takes the short path of enter and exit: none before the first
+        # iteration began (the base, startup, takes nothing in), then _PLAIN.
+        self._plain = _NOTHING_PLAIN
+        self._same = _NOTHING_SAME
         self._read_max = [0.0] * len(PHASES)
         self._recent: collections.deque[tuple[int, float]] = collections.deque(maxlen=_RECENT_STEPS)
         self.iteration: int | None = None
@@ -305,11 +338,10 @@ class Ledger:
         self.steps = 0  # steps completed by this process (a load restores none)
         self._safe_unix_s: float | None = None
         self._began_unix_s: float | None = None  # when the first iteration began
-        self._save_at = -1  # the token of the outermost save open, or -1
+        self._save_at = _NO_SAVE  # the token of the outermost save open
         self._save_failed = False  # a save or a stage inside it raised
         self._async = False  # the outermost save open is asynchronous
         self._pending: list[tuple[int, float]] = []  # asynchronous saves: (step, completed)
-        self._waiting = False  # in collectives since SINCE (collective_wait), until a transition
         #: The progress record's file (:meth:`record_to`), or ``None``.
         self.record_path: str | None = None
 
@@ -318,48 +350,72 @@ class Ledger:
     def enter(self, phase: int) -> int:
         """Opens ``phase`` (a code of :data:`PHASES`, :data:`ITERATION` or :data:`ASYNC_SAVE`)
         on the calling thread. Returns the token that :meth:`exit` takes (-1: not the ledger's
-        thread)."""
-        ident = threading.get_ident()
-        if ident != self._thread:
+        thread; 0: a phase that changes nothing, such as a layer inside forward/backward)."""
+        top = self._stack[-1]
+        if self._same[top][phase] and self._hot[_OPEN] == top:  # (not in collective_wait)
+            return 0
+        if _get_ident() != self._thread:
             if self._thread is not None:
                 return -1
-            self._thread = ident
+            self._thread = _get_ident()
         now = self._perf()
+        if not self._plain[phase]:
+            return self._enter_marked(phase, now)
         stack = self._stack
-        top = stack[-1] if stack else self._base
+        top = stack[-1]
+        phase = _EFFECTIVE[top][phase]
+        start = self._starts[-1] if phase == top else now
+        hot = self._hot
+        spent = now - hot[_SINCE]  # since the last transition (SINCE first: read() reads it last)
+        hot[_SINCE] = now
+        hot[hot[_OPEN]] += spent
+        hot[_OPEN] = phase
+        hot[_OPEN_START] = start
+        stack.append(phase)
+        self._starts.append(start)
+        if now - self._synced > SYNC_S:
+            self._sync(now)
+        return len(stack) - 1
+
+    def _enter_marked(self, phase: int, now: float) -> int:
+        """:meth:`enter` of an iteration, a save, or a pause (startup, load, warm-up,
+        evaluation): what it marks, then the transition, copied into the record (an iteration
+        after the first: as a plain phase, the step's end was copied)."""
+        stack = self._stack
+        copy = True
         if phase == ITERATION or phase == WARMUP:
             if not self._begun:  # the first iteration of the process: warmup, all of it
                 self._begun = True
-                self._base = OTHER
+                self._plain = _PLAIN  # the base is other now, which takes nothing in
+                self._same = _SAME
+                stack[0] = OTHER
                 self._began_unix_s = self._unix()
                 phase = WARMUP
             elif phase == ITERATION:
                 phase = FORWARD_BACKWARD
+                copy = now - self._synced > SYNC_S
         elif phase == CHECKPOINT_SAVE or phase == ASYNC_SAVE:
-            if self._save_at < 0:
+            if self._save_at == _NO_SAVE:
                 self._save_at = len(stack)  # the outermost save's token
                 self._async = phase == ASYNC_SAVE
             phase = CHECKPOINT_SAVE
-        if stack:
+        top = stack[-1]
+        if len(stack) > 1:
             phase = _EFFECTIVE[top][phase]
             start = self._starts[-1] if phase == top else now
         else:
             start = now
-        # Order matters to the reader: it copies the totals, then reads SINCE.
-        rec = self._rec
-        spent = now - rec[_SINCE]
-        rec[_SINCE] = now
-        if self._waiting:
-            self._waiting = False
-            self._totals[COMMUNICATION] += spent
-        else:
-            self._totals[top] += spent
-        token = len(stack)
-        self._starts.append(start)
+        hot = self._hot
+        spent = now - hot[_SINCE]
+        hot[_SINCE] = now
+        hot[hot[_OPEN]] += spent
+        hot[_OPEN] = phase
+        hot[_OPEN_START] = start
         stack.append(phase)
-        rec[_OPEN] = phase
-        rec[_OPEN_START] = start
-        return token
+        self._starts.append(start)
+        if copy:
+            self._sync(now)
+        return len(stack) - 1
 
     def exit(
         self, token: int, phase: int, iteration: int | None = None, failed: bool = False
@@ -368,49 +424,87 @@ class Ledger:
         it). ``phase`` is the code given to :meth:`enter`; ``iteration`` its iteration number;
         ``failed`` whether it ended by an exception (then an iteration does not complete, a
         save or load does not count)."""
-        if token < 0 or threading.get_ident() != self._thread:
+        if token < 1:
+            if token == 0 and self._hot[_OPEN] != self._stack[-1]:
+                self._waited()
+            return
+        if _get_ident() != self._thread:
             return
         stack = self._stack
         if token >= len(stack):
             return
         now = self._perf()
-        rec = self._rec
-        spent = now - rec[_SINCE]
-        rec[_SINCE] = now
-        if self._waiting:
-            self._waiting = False
-            self._totals[COMMUNICATION] += spent
-        else:
-            self._totals[stack[-1]] += spent
-        starts = self._starts
+        hot = self._hot
+        spent = now - hot[_SINCE]
+        hot[_SINCE] = now
+        hot[hot[_OPEN]] += spent
+        plain = self._plain
+        if plain[phase] and plain[stack[token]] and token > self._save_at:
+            del stack[token:]
+            starts = self._starts
+            del starts[token:]
+            if token == 1:  # other, between steps, since now
+                starts[0] = now
+            hot[_OPEN] = stack[-1]
+            hot[_OPEN_START] = starts[-1]
+            return
+        self._exit_marked(token, phase, iteration, failed, now)
+
+    def _exit_marked(
+        self, token: int, phase: int, iteration: int | None, failed: bool, now: float
+    ) -> None:
+        """:meth:`exit` of an iteration, a save, a pause, or a phase around a save: the
+        transition, what it completes, then a copy into the record."""
+        stack, starts, hot = self._stack, self._starts, self._hot
         closed = stack[token]
-        if closed in _PAUSE_SLOT and (token == 0 or stack[token - 1] != closed):
+        if closed in _PAUSE_SLOT and stack[token - 1] != closed:
             # the outermost occurrence of a pause closed: its length, exact, and its end
             slot = _PAUSE_SLOT[closed]
-            if slot >= 0 and now - starts[token] > rec[slot]:
-                rec[slot] = now - starts[token]
-            rec[_record.PAUSE_END] = now
+            if slot >= 0 and now - starts[token] > hot[slot]:
+                hot[slot] = now - starts[token]
+            hot[_record.PAUSE_END] = now
         del starts[token:]
         del stack[token:]
-        if stack:
-            rec[_OPEN] = stack[-1]
-            rec[_OPEN_START] = starts[-1]
-        else:
-            if self._base != STARTUP:  # startup stays open since process creation
-                self._base_since = now
-            rec[_OPEN] = self._base
-            rec[_OPEN_START] = self._base_since
+        if token == 1 and self._begun:  # startup stays open since process creation
+            starts[0] = now
+        hot[_OPEN] = stack[-1]
+        hot[_OPEN_START] = starts[-1]
         saving = phase == CHECKPOINT_SAVE or phase == ASYNC_SAVE
         if token <= self._save_at:  # the outermost save closed, or a phase around it did
             self._save_closed(iteration, failed or not saving)
         elif saving:  # a stage of a save
             self._save_failed |= failed
-        if failed or saving:
+        if not (failed or saving):
+            if phase == ITERATION:
+                self._step_completed(iteration)
+            elif phase == CHECKPOINT_LOAD:
+                self._checkpoint_loaded(iteration)
+        self._sync(now)
+
+    def _waited(self) -> None:
+        """A phase that changed nothing closed after :meth:`collective_wait`: as any transition
+        on the ledger's thread, it ends the wait."""
+        if _get_ident() != self._thread:
             return
-        if phase == ITERATION:
-            self.step_completed(iteration)
-        elif phase == CHECKPOINT_LOAD:
-            self.checkpoint_loaded(iteration)
+        now = self._perf()
+        hot = self._hot
+        spent = now - hot[_SINCE]
+        hot[_SINCE] = now
+        hot[hot[_OPEN]] += spent
+        hot[_OPEN] = self._stack[-1]
+        hot[_OPEN_START] = self._starts[-1]
+
+    def _sync(self, now: float | None = None) -> None:
+        """Copies the hot state into the record file, when one is attached (``now``: perf
+        seconds, when the caller read them). Any thread; a copy racing a transition is behind
+        by that transition."""
+        self._synced = self._perf() if now is None else now
+        rec = self._rec
+        if rec is not None:
+            try:
+                rec[:] = array.array("d", self._hot)
+            except (TypeError, ValueError):
+                pass
 
     def collective_wait(self) -> None:
         """The rank has issued its last collective of a backward pass and now waits for the
@@ -421,21 +515,22 @@ class Ledger:
         the training thread waits in ``backward()``); a few stores, never raises. Ignored
         outside a step phase, and while ``communication`` is already open."""
         stack = self._stack
-        if self._waiting or not stack or stack[-1] not in _WAITABLE:
+        hot = self._hot
+        if len(stack) < 2 or stack[-1] not in _WAITABLE or hot[_OPEN] == COMMUNICATION:
             return
         now = self._perf()
-        rec = self._rec
-        self._totals[stack[-1]] += now - rec[_SINCE]
-        rec[_SINCE] = now
-        self._waiting = True
-        rec[_OPEN] = COMMUNICATION
-        rec[_OPEN_START] = now
+        spent = now - hot[_SINCE]
+        hot[_SINCE] = now
+        hot[stack[-1]] += spent
+        hot[_OPEN] = COMMUNICATION  # until the next transition sets the phase open again
+        hot[_OPEN_START] = now
+        self._sync(now)
 
     def _save_closed(self, iteration: int | None, failed: bool) -> None:
         """The outermost save closed (``failed``: it raised, or a phase around it closed it):
         it is good when neither it nor any stage inside it failed; an asynchronous one becomes
         pending instead."""
-        self._save_at = -1
+        self._save_at = _NO_SAVE
         bad, self._save_failed = self._save_failed or failed, False
         if bad:
             self._writes()
@@ -443,7 +538,7 @@ class Ledger:
         if self._async:
             self.checkpoint_pending(iteration)
         else:
-            self.checkpoint_saved(iteration)
+            self._checkpoint_saved(iteration)
 
     def _writes(self) -> None:
         """This rank writes checkpoints (a save of it failed): with no good save yet, its
@@ -451,11 +546,15 @@ class Ledger:
         if self._safe_unix_s is None:
             began = self._began_unix_s
             self._safe_unix_s = self._created_unix if began is None else began
-            self._rec[_record.SAFE_UNIX] = self._safe_unix_s
+            self._hot[_record.SAFE_UNIX] = self._safe_unix_s
 
     def step_completed(self, iteration: int | None = None) -> None:
         """Records that optimizer step ``iteration`` (default: the last one + 1) completed
         now."""
+        self._step_completed(iteration)
+        self._sync()
+
+    def _step_completed(self, iteration: int | None) -> None:
         if iteration is None:
             iteration = 1 if self.iteration is None else self.iteration + 1
         now = self._unix()
@@ -463,20 +562,24 @@ class Ledger:
         self.progress_unix_s = now
         self.iteration = iteration
         self.steps += 1
-        rec = self._rec
+        rec = self._hot
         rec[_record.ITERATION] = iteration
         rec[_record.PROGRESS_UNIX] = now
 
     def checkpoint_saved(self, iteration: int | None = None) -> None:
         """Records a successful save of the state after ``iteration`` (default: the last
         completed one)."""
+        self._checkpoint_saved(iteration)
+        self._sync()
+
+    def _checkpoint_saved(self, iteration: int | None) -> None:
         if iteration is None:
             iteration = self.iteration
         if iteration is None:
             return
         completed = self._completed_unix_s(iteration)
         self.saved_iteration = iteration
-        rec = self._rec
+        rec = self._hot
         rec[_record.SAVED] = iteration
         if self._safe_unix_s is None or completed > self._safe_unix_s:
             self._safe_unix_s = completed
@@ -515,18 +618,23 @@ class Ledger:
         pending.remove(found)
         if not succeeded:
             self._writes()
-            return
-        held, completed = found
-        self.saved_iteration = held
-        rec = self._rec
-        rec[_record.SAVED] = held
-        if self._safe_unix_s is None or completed > self._safe_unix_s:
-            self._safe_unix_s = completed
-            rec[_record.SAFE_UNIX] = completed
+        else:
+            held, completed = found
+            self.saved_iteration = held
+            rec = self._hot
+            rec[_record.SAVED] = held
+            if self._safe_unix_s is None or completed > self._safe_unix_s:
+                self._safe_unix_s = completed
+                rec[_record.SAFE_UNIX] = completed
+        self._sync()
 
     def checkpoint_loaded(self, iteration: int | None = None) -> None:
         """Records a successful load that restored the state after ``iteration`` (the resume
         point); it becomes the progress."""
+        self._checkpoint_loaded(iteration)
+        self._sync()
+
+    def _checkpoint_loaded(self, iteration: int | None) -> None:
         if iteration is None:
             return
         now = self._unix()
@@ -534,7 +642,7 @@ class Ledger:
         self._recent.append((iteration, now))
         self.progress_unix_s = now
         self.iteration = iteration
-        rec = self._rec
+        rec = self._hot
         rec[_record.LOADED] = iteration
         rec[_record.ITERATION] = iteration
         rec[_record.PROGRESS_UNIX] = now
@@ -551,7 +659,8 @@ class Ledger:
             iteration = self.iteration if self.iteration is not None else steps_recorded
         if iteration is not None:
             self.logged_iteration = iteration
-            self._rec[_record.LOGGED] = iteration
+            self._hot[_record.LOGGED] = iteration
+            self._sync()
         return iteration
 
     # -- the reader's thread ---------------------------------------------------------------
@@ -559,16 +668,12 @@ class Ledger:
     def read(self) -> LedgerReading:
         """A reading for the observable instruments; any thread. Phase times never decrease
         from one reading to the next."""
-        totals = list(self._totals)  # first the totals, then the time they run from
-        since = self._rec[_SINCE]
-        stack = self._stack[:]
-        starts = self._starts[:]
-        waiting = self._waiting
+        hot = self._hot
+        totals = hot[: _record.PHASE_TIMES]  # first the totals, then the time they run from
+        since = hot[_SINCE]
+        open_phase = hot[_OPEN]
+        opened = hot[_OPEN_START]
         now = self._perf()
-        open_phase = stack[-1] if stack else self._base
-        opened = starts[-1] if stack and starts else self._base_since
-        if waiting:  # since SINCE, in the collectives of collective_wait
-            open_phase, opened = COMMUNICATION, since
         totals[open_phase] += max(0.0, now - since)
         clamped = self._read_max
         for i, value in enumerate(totals):
@@ -577,7 +682,7 @@ class Ledger:
         unix_now = self._unix()
         progress = self.progress_unix_s
         safe = self._safe_unix_s
-        rec = self._rec
+        rec = self._hot
         longest = {
             PHASES[code]: rec[slot] for code, slot in _record.LONGEST.items() if rec[slot] > 0
         }
@@ -606,28 +711,32 @@ class Ledger:
 
     def record_to(self, path: str, identity: Mapping[str, object]) -> None:
         """Keeps the ledger's hot state in the record file ``path`` from now on
-        (:mod:`otel_training.health.record`): it is created, filled with the state so far, and
-        written at every transition. Called by ``configure()``.
+        (:mod:`otel_training.health.record`): it is created and filled with the state so far,
+        then copied into at every step, every save, load, evaluation or warm-up that opens or
+        closes, every phase that opens :data:`SYNC_S` after the last copy, and at each
+        :meth:`heartbeat` (``docs/health.md``, "The progress record"). Called by
+        ``configure()``.
 
         Raises:
             OSError: the file cannot be created (the ledger keeps its state in memory).
         """
-        slots = _record.create(path, dict(identity))
-        slots[:] = self._rec
-        self._rec = slots
-        self._totals = slots[: _record.PHASE_TIMES]
+        self._rec = _record.create(path, dict(identity))
         self.record_path = path
+        self._sync()
 
     def heartbeat(self) -> None:
         """Notes in the record that this process is alive now (Unix seconds): the hang
         watchdog calls it on its thread about once a second, so that a peer reading the record
-        sees a rank that sits in one long phase alive. One store; never raises."""
-        self._rec[_record.ALIVE_UNIX] = self._unix()
+        sees a rank that sits in one long phase alive, and copies the hot state into the record
+        (a phase open since the last copy is in the record from then on). Never raises."""
+        self._hot[_record.ALIVE_UNIX] = self._unix()
+        self._sync()
 
     def shut_down(self) -> None:
         """Notes in the record that telemetry shut down now (a clean exit, an exception that
         ended the program, a signal's flush): the process did not die unseen."""
-        self._rec[_record.SHUTDOWN_UNIX] = self._unix()
+        self._hot[_record.SHUTDOWN_UNIX] = self._unix()
+        self._sync()
 
     def reset(self) -> None:
         """Starts this ledger afresh, in place (a forked child does; so do tests): no phase

@@ -63,7 +63,7 @@ from otel_training.semconv.attributes import MEGATRON_ITERATION
 from otel_training.span_values import DEFERRED, PRIMITIVES, attribute_value, text
 from otel_training.trace_shape import JOB_LEVEL_GROUPS
 
-__all__ = ["NOOP_PHASE", "RUN", "LedgerPhase", "NvtxPhase", "Phase", "SpanPhase", "make"]
+__all__ = ["NOOP_PHASE", "RUN", "LedgerPhase", "NvtxPhase", "Phase", "SpanPhase", "fine", "make"]
 
 # record_metrics keyword -> the metric name, used as the span attribute key (the instruments'
 # own table: one definition).
@@ -603,6 +603,45 @@ class NvtxPhase(Phase):
 
     _EXPORTS = True
 
+    def __enter__(self) -> Phase:
+        # The lifecycle of Phase._start for a phase that watches nothing and has no outer
+        # phase (a layer, a micro-batch): a push and the ledger's transition.
+        if self._watch or self._outer is not None:
+            return self._start()
+        if self._stage:
+            return self
+        self._stage = _OPEN
+        domain, event = self._target
+        try:
+            domain.push_range(event)
+            self._range = _PUSHED
+        except Exception:
+            self._range = None
+            warn_once("nvtx", "an NVTX range could not be opened")
+        kind = self._kind
+        if kind >= 0:
+            self._ledger_token = LEDGER.enter(kind)
+        return self
+
+    def __exit__(self, exc_type=None, exc=None, traceback=None) -> bool:
+        # Phase.__exit__ for what __enter__ above opened.
+        if exc is not None or self._stage != _OPEN or self._watch or self._outer is not None:
+            return Phase.__exit__(self, exc_type, exc, traceback)
+        self._stage = _ENDED
+        opened = self._range
+        if opened is not None:
+            try:
+                if opened is _PUSHED:
+                    self._target[0].pop_range()
+                else:  # a handle's start/end range
+                    self._target[0].end_range(opened)
+            except Exception:
+                warn_once("nvtx", "an NVTX range could not be closed")
+        kind = self._kind
+        if kind >= 0:
+            LEDGER.exit(self._ledger_token, kind, self._progress, self._failed)
+        return False
+
     def _open(self, make_current: bool, parent: Phase | None) -> None:
         domain, event = self._target
         self._range = None  # what it opened: _PUSHED, a range id, or nothing
@@ -705,3 +744,67 @@ def make(
     if kind < 0 and outer is None and not record_step_duration and state.follows_pipeline:
         return NOOP_PHASE
     return LedgerPhase(kind, iteration, record_step_duration, state, outer)
+
+
+# -- fine-grained phases: one decision per phase name and pipeline ------------------------------
+
+_new = object.__new__
+# What fine() makes for a phase name, in a PhaseState's ``routes``: a span (through make), an
+# NVTX range, the ledger alone, or nothing (the shared no-op).
+_SPAN, _RANGE, _LEDGER, _NOTHING = 0, 1, 2, 3
+
+
+def _route(state: PhaseState, name: str, group: str) -> tuple[int, int, Any]:
+    """(what, ledger phase, NVTX target) of the fine-grained phase ``name`` of ``group`` in
+    ``state``, as :func:`make` decides it for a phase without iteration, role, outer phase or
+    step duration."""
+    kind = PHASE_OF_SPAN.get(name, NO_PHASE)
+    if group in state.spans or kind in _COMPLETES or not state.follows_pipeline:
+        return (_SPAN, kind, None)
+    if group in state.ranges:
+        target = state.range_targets.get(name) or state.range_target(name, group)
+        if target is not None:
+            return (_RANGE, kind, target)
+    return (_NOTHING if kind < 0 else _LEDGER, kind, None)
+
+
+def fine(
+    name: str, group: str, attributes: dict[str, Any] | None, key: str | None = None,
+    value: Any = None,
+) -> Phase:  # fmt: skip
+    """:func:`make` for a fine-grained phase (a layer, a micro-batch, a transfer: no iteration,
+    role, outer phase or step duration), with ``key: value`` added to ``attributes`` when
+    ``value`` is not ``None``. The same phase as :func:`make` gives; for a group that exports
+    no span, decided once per name and pipeline and made without building its attributes (a
+    few stores)."""
+    state = _state._current
+    telemetry = setup._current
+    if telemetry is None or state.telemetry is not telemetry or _state.binding:
+        if value is not None:
+            attributes = {**(attributes or {}), key: value}
+        return make(name, group, attributes or None)
+    route = state.routes.get(name)
+    if route is None:
+        route = state.routes[name] = _route(state, name, group)
+    what = route[0]
+    if what == _RANGE:
+        phase = _new(NvtxPhase)
+        phase._extra = phase._exports = True
+        phase._target = route[2]
+    elif what == _LEDGER:
+        phase = _new(LedgerPhase)
+        phase._extra = phase._exports = False
+    elif what == _NOTHING:
+        return NOOP_PHASE
+    else:
+        if value is not None:
+            attributes = {**(attributes or {}), key: value}
+        return make(name, group, attributes or None)
+    # Phase.__init__'s stores for a phase that watches nothing (see _route)
+    phase._kind = route[1]
+    phase._progress = None
+    phase._record_step_duration = phase._watch = phase._failed = False
+    phase._state = state
+    phase._outer = None
+    phase._stage = _MADE
+    return phase

@@ -28,6 +28,7 @@ from otel_training.trace_shape import TraceShape
 
 __all__ = [
     "PhaseState",
+    "bind",
     "bound_state",
     "configured",
     "current",
@@ -35,6 +36,7 @@ __all__ = [
     "first_iteration_due",
     "reset_first_iteration",
     "state_for",
+    "unbind",
 ]
 
 
@@ -51,6 +53,8 @@ class PhaseState:
             they export nothing).
         range_targets: (domain, event attributes) of the NVTX range of each phase name seen
             in ``ranges``.
+        routes: What :func:`otel_training.phases._phase.fine` makes for each phase name it
+            has seen (decided once per name).
         segments: Where its spans start (:class:`otel_training.segments.TraceSegments`), or
             ``None`` (no sampler: a no-op or own provider).
         open: The spans open in this pipeline (``OpenSpans.spans``), truncated at shutdown.
@@ -67,6 +71,7 @@ class PhaseState:
         "spans",
         "ranges",
         "range_targets",
+        "routes",
         "segments",
         "open",
         "generation",
@@ -82,6 +87,7 @@ class PhaseState:
         self.spans: frozenset[str] = frozenset()
         self.ranges: frozenset[str] = frozenset()
         self.range_targets: dict[str, tuple[Any, Any]] = {}
+        self.routes: dict[str, tuple[int, int, Any]] = {}
         self.segments: TraceSegments | None = None
         self.open: dict = {}
         self.generation = 0
@@ -112,6 +118,28 @@ _lock = threading.Lock()
 bound_state: contextvars.ContextVar[PhaseState | None] = contextvars.ContextVar(
     "otel_training_bound_span_state", default=None
 )
+
+
+#: How many recorders are making a phase with a state of their own now, on any thread: while
+#: none is, :data:`bound_state` is unset everywhere (a fine-grained phase need not read it).
+binding = 0
+
+
+def bind(state: PhaseState) -> contextvars.Token:
+    """Makes ``state`` the one phases made now on this context record into (a recorder on its
+    own providers, while it makes a phase); :func:`unbind` ends it. Never raises."""
+    global binding
+    with _lock:
+        binding += 1
+    return bound_state.set(state)
+
+
+def unbind(token: contextvars.Token) -> None:
+    """Ends what :func:`bind` began."""
+    global binding
+    bound_state.reset(token)
+    with _lock:
+        binding -= 1
 
 
 def current() -> PhaseState | None:
