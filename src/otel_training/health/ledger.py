@@ -350,10 +350,13 @@ class Ledger:
     def enter(self, phase: int) -> int:
         """Opens ``phase`` (a code of :data:`PHASES`, :data:`ITERATION` or :data:`ASYNC_SAVE`)
         on the calling thread. Returns the token that :meth:`exit` takes (-1: not the ledger's
-        thread; 0: a phase that changes nothing, such as a layer inside forward/backward)."""
-        top = self._stack[-1]
+        thread). A phase that changes nothing (a layer inside forward/backward) is no
+        transition: its token is where the next phase opened will be, so that its exit still
+        closes every phase opened after it."""
+        stack = self._stack
+        top = stack[-1]
         if self._same[top][phase] and self._hot[_OPEN] == top:  # (not in collective_wait)
-            return 0
+            return len(stack)
         if _get_ident() != self._thread:
             if self._thread is not None:
                 return -1
@@ -424,14 +427,12 @@ class Ledger:
         it). ``phase`` is the code given to :meth:`enter`; ``iteration`` its iteration number;
         ``failed`` whether it ended by an exception (then an iteration does not complete, a
         save or load does not count)."""
-        if token < 1:
-            if token == 0 and self._hot[_OPEN] != self._stack[-1]:
-                self._waited()
-            return
-        if _get_ident() != self._thread:
+        if token < 1 or _get_ident() != self._thread:
             return
         stack = self._stack
-        if token >= len(stack):
+        if token >= len(stack):  # a phase that changed nothing, or one closed already
+            if self._hot[_OPEN] != stack[-1]:
+                self._waited()
             return
         now = self._perf()
         hot = self._hot
@@ -484,8 +485,6 @@ class Ledger:
     def _waited(self) -> None:
         """A phase that changed nothing closed after :meth:`collective_wait`: as any transition
         on the ledger's thread, it ends the wait."""
-        if _get_ident() != self._thread:
-            return
         now = self._perf()
         hot = self._hot
         spent = now - hot[_SINCE]
