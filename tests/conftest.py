@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "integration"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hypothesis import settings
-from support import UNDER_MUTATION
+from support import UNDER_MUTATION, InMemoryMeter, new_in_memory_meter
 
 from otel_training import testing
 
@@ -40,6 +41,15 @@ def _clean_telemetry(monkeypatch, tmp_path):
     testing.reset()
     yield
     testing.reset()
+
+
+@pytest.fixture
+def in_memory_meter() -> Iterator[InMemoryMeter]:
+    """A meter provider of the test's own with an in-memory reader (``.meter``, ``.reader``,
+    ``.points()``), shut down after the test."""
+    meter = new_in_memory_meter()
+    yield meter
+    meter.provider.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -1,27 +1,38 @@
-"""Shared by the tests: what to do when a real part a test needs is missing, and how a test
-starts a child process.
+"""Shared by the tests: what to do when a real part a test needs is missing, how a test
+starts a child process, and how it reads what the code produced.
 
 Every skip of the suite goes through here (``tests/test_support.py`` checks it): a missing part
 (a package, a program, gloo, fork) skips on a user's machine and fails under ``CI=true``
 (:func:`unavailable` and the ``*_or_unavailable`` helpers); a test meant for another kind of
 machine (one with a GPU, one without) skips everywhere (:func:`not_here`). A child process gets
 its environment from :func:`child_env` (no ``OTEL_*`` of the host, this checkout's ``src``).
+
+What the tests read, read one way: strict JSON (:func:`strict_json`, :func:`strict_json_lines`),
+an L2 norm (:func:`l2`), the metric names a PromQL expression selects
+(:func:`promql_metric_names`), the metrics of ``MetricsData`` (:func:`metrics_of`; their points:
+``otel_training.testing.points``) and a meter of a test's own (:func:`new_in_memory_meter`, or
+the ``in_memory_meter`` fixture of ``conftest.py``). Importing this module imports neither
+OpenTelemetry nor otel_training (the benches import it).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -236,3 +247,98 @@ def load_script(name: str, directory: str = "scripts") -> ModuleType:
     sys.modules[name] = module  # dataclasses look their module up while it executes
     spec.loader.exec_module(module)
     return module
+
+
+# -- reading what the code produced ------------------------------------------------------------
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"bare {name} in JSON")
+
+
+def _utf8_text(text: str | bytes) -> str:
+    """``bytes`` decoded as UTF-8 (strictly), ``str`` checked to be encodable as UTF-8 (no lone
+    surrogate): what a file can hold."""
+    if isinstance(text, bytes):
+        return text.decode("utf-8")
+    text.encode("utf-8")
+    return text
+
+
+def strict_json(text: str | bytes) -> Any:
+    """One JSON document as a strict reader takes it: UTF-8, and no bare ``NaN``, ``Infinity``
+    or ``-Infinity`` (Python's json writes and reads them; JSON has none).
+
+    Raises:
+        ValueError: on such a constant, or text that is not UTF-8 (``UnicodeError``).
+    """
+    return json.loads(_utf8_text(text), parse_constant=_refuse_constant)
+
+
+def strict_json_lines(text: str | bytes) -> list[Any]:
+    """Each line of ``text`` (JSON lines, as the exporters write them) as :func:`strict_json`
+    reads it."""
+    return [
+        json.loads(line, parse_constant=_refuse_constant) for line in _utf8_text(text).splitlines()
+    ]
+
+
+def l2(values: Iterable[Any]) -> float:
+    """The L2 norm of all of ``values`` together, in float64: each one a tensor (all its
+    elements count) or a number (an L2 norm of norms: sqrt(sum(v^2)))."""
+    return math.sqrt(
+        math.fsum(
+            float(v.double().square().sum()) if hasattr(v, "double") else float(v) ** 2
+            for v in values
+        )
+    )
+
+
+_SELECTED_NAME = re.compile(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{")
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: each name followed by a label matcher
+    (``megatron_training_loss{job="x"}``)."""
+    return set(_SELECTED_NAME.findall(expr))
+
+
+def metrics_of(data: Any, name: str | None = None) -> list[Any]:
+    """The metrics of ``MetricsData`` (``opentelemetry.sdk.metrics.export.Metric``), or of an
+    OTLP ``ExportMetricsServiceRequest`` (the same fields), in order, optionally only those named
+    ``name``; none for ``None`` (a reader that collected nothing)."""
+    if data is None:
+        return []
+    return [
+        metric
+        for resource_metrics in data.resource_metrics
+        for scope_metrics in resource_metrics.scope_metrics
+        for metric in scope_metrics.metrics
+        if name is None or metric.name == name
+    ]
+
+
+@dataclass
+class InMemoryMeter:
+    """A meter provider of a test's own, its ``InMemoryMetricReader`` and a meter of it."""
+
+    provider: Any
+    reader: Any
+    meter: Any
+
+    def points(self, name: str | None = None) -> list[tuple[str, Any]]:
+        """Collects now: (metric name, data point) pairs, optionally of one metric."""
+        from otel_training import testing
+
+        return testing.points(self.reader.get_metrics_data(), name)
+
+
+def new_in_memory_meter(name: str = "test") -> InMemoryMeter:
+    """A new ``MeterProvider`` with an ``InMemoryMetricReader``, and its meter ``name`` (not the
+    global one); the caller shuts it down, or takes the ``in_memory_meter`` fixture."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    return InMemoryMeter(provider, reader, provider.get_meter(name))

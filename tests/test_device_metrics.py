@@ -24,7 +24,7 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.semconv._incubating.metrics import hw_metrics
-from support import child_env, import_or_unavailable, not_here
+from support import child_env, import_or_unavailable, metrics_of, new_in_memory_meter, not_here
 
 from otel_training import device_metrics
 from otel_training.config import RankIdentity
@@ -53,13 +53,10 @@ class InMemoryDevices:
 
 def _points(reader) -> dict[str, list]:
     found: dict[str, list] = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                found.setdefault(metric.name, []).extend(
-                    (metric.unit, dict(p.attributes), p.value) for p in metric.data.data_points
-                )
+    for metric in metrics_of(reader.get_metrics_data()):
+        found.setdefault(metric.name, []).extend(
+            (metric.unit, dict(p.attributes), p.value) for p in metric.data.data_points
+        )
     return found
 
 
@@ -78,13 +75,13 @@ H100 = DeviceSample(
 
 @documents("device-metrics.md", "Rank identity stays in the Resource, as everywhere")
 @documents("device-metrics.md", "`hw.gpu.task` = `general`")
-def test_instruments_use_opentelemetrys_hardware_names_units_and_attributes():
+def test_instruments_use_opentelemetrys_hardware_names_units_and_attributes(in_memory_meter):
     """Each value becomes its hw.* instrument, in OTel's unit, with hw.id, hw.type=gpu, hw.name,
     hw.vendor; the temperature is a sensor of the GPU; clocks carry their domain."""
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("devices")
-    DeviceMetrics(meter, InMemoryDevices([H100, DeviceSample(id="GPU-2", name="NVIDIA H100")]))
-    found = _points(reader)
+    DeviceMetrics(
+        in_memory_meter.meter, InMemoryDevices([H100, DeviceSample(id="GPU-2", name="NVIDIA H100")])
+    )
+    found = _points(in_memory_meter.reader)
     assert set(found) == set(DEVICE_METRICS)  # GPU-2 reports nothing: no points, no series
     gpu = {"hw.id": "GPU-1", "hw.type": "gpu", "hw.name": "NVIDIA H100", "hw.vendor": "NVIDIA"}
     assert found[hw_metrics.HW_GPU_UTILIZATION] == [("1", {**gpu, "hw.gpu.task": "general"}, 0.75)]
@@ -155,12 +152,11 @@ def test_without_a_gpu_the_instruments_are_absent_with_one_info_line(caplog):
     device_metrics._said.clear()
     with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
         for _ in range(2):
-            reader = InMemoryMetricReader()
-            meter = MeterProvider(metric_readers=[reader]).get_meter("devices")
-            metrics = observe_devices(meter, RankIdentity())
+            sdk = new_in_memory_meter("devices")  # a pipeline of its own each time
+            metrics = observe_devices(sdk.meter, RankIdentity())
             assert isinstance(metrics, DeviceMetrics)
             for _ in range(3):
-                found = _points(reader)
+                found = _points(sdk.reader)
             if metrics.source.read():  # pragma: no cover - a machine with a GPU
                 not_here("this machine has a GPU that NVML can read")
             assert not any(name.startswith(("hw.", "dl.gpu.")) for name in found)
@@ -683,15 +679,13 @@ def test_instruments_are_described_as_opentelemetrys_conventions_describe_them()
 
 
 @documents("device-metrics.md", "`hw.gpu.memory.utilization` | gauge | `1` | used / total")
-def test_a_gpu_reporting_no_memory_size_has_no_memory_fraction():
+def test_a_gpu_reporting_no_memory_size_has_no_memory_fraction(in_memory_meter):
     """A total of 0 bytes (or none) gives no hw.gpu.memory.utilization point for that GPU;
     the other GPUs' fractions are exported."""
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("devices")
     zero = DeviceSample(id="GPU-0", name="x", memory_used_bytes=0, memory_total_bytes=0)
     unknown = DeviceSample(id="GPU-9", name="x", memory_used_bytes=None, memory_total_bytes=8)
-    DeviceMetrics(meter, InMemoryDevices([zero, unknown, H100]))
-    fractions = _points(reader)[hw_metrics.HW_GPU_MEMORY_UTILIZATION]
+    DeviceMetrics(in_memory_meter.meter, InMemoryDevices([zero, unknown, H100]))
+    fractions = _points(in_memory_meter.reader)[hw_metrics.HW_GPU_MEMORY_UTILIZATION]
     assert [(a["hw.id"], v) for _, a, v in fractions] == [("GPU-1", 0.25)]
 
 
@@ -702,14 +696,14 @@ class FailingDevices:
         raise RuntimeError("the binding broke")
 
 
-def test_a_source_that_fails_loses_its_points_with_one_warning_and_no_sdk_error(caplog):
+def test_a_source_that_fails_loses_its_points_with_one_warning_and_no_sdk_error(
+    caplog, in_memory_meter
+):
     """A read that raises costs that collection's points: one warning of ours per sample, and
     no callback error for the SDK to log."""
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("devices")
-    DeviceMetrics(meter, FailingDevices(), min_interval_s=3600.0)
+    DeviceMetrics(in_memory_meter.meter, FailingDevices(), min_interval_s=3600.0)
     with caplog.at_level(logging.WARNING):
-        assert _points(reader) == {}
+        assert _points(in_memory_meter.reader) == {}
     assert [(r.name, r.getMessage()) for r in caplog.records] == [
         ("otel_training.device_metrics", "device metrics: reading the devices failed")
     ]

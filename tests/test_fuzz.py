@@ -5,7 +5,6 @@ and every export (OTLP protobuf, OTLP/JSON) and every JSON line decodes."""
 from __future__ import annotations
 
 import io
-import json
 import math
 
 import numpy as np
@@ -17,6 +16,7 @@ from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metr
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from support import strict_json_lines
 
 import otel_training as ot
 from otel_training import setup, testing
@@ -111,14 +111,6 @@ class EncodingMetricExporter(MetricExporter):
         return None
 
 
-def _strict_json_lines(text: str) -> list:
-    def refuse(constant: str):
-        raise ValueError(f"bare {constant}")
-
-    text.encode("utf-8")
-    return [json.loads(line, parse_constant=refuse) for line in text.splitlines()]
-
-
 @SETTINGS
 @given(values=st.dictionaries(st.sampled_from(METRIC_KEYWORDS), ANY_VALUE, min_size=1))
 def test_record_training_metrics_takes_any_value_and_every_export_decodes(values):
@@ -132,7 +124,7 @@ def test_record_training_metrics_takes_any_value_and_every_export_decodes(values
         return
     exporter = EncodingMetricExporter()
     assert SafeMetricExporter(exporter).export(data) is MetricExportResult.SUCCESS
-    _strict_json_lines(exporter.json_lines.getvalue())
+    strict_json_lines(exporter.json_lines.getvalue())
     for _, point in testing.points(data):
         value = getattr(point, "value", None)
         if value is not None:
@@ -191,8 +183,8 @@ def test_phases_take_anything_and_every_span_and_line_decodes(
         assert fail
     jsonlog.force_flush()
     assert exporter.spans == 1
-    _strict_json_lines(exporter.json_lines.getvalue())
-    records = _strict_json_lines(lines.getvalue())
+    strict_json_lines(exporter.json_lines.getvalue())
+    records = strict_json_lines(lines.getvalue())
     assert [r["record"] for r in records] == ["span_start", "span_end"]
     if fail:
         assert records[1]["status"] == "ERROR"

@@ -14,6 +14,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricsData,
 )
 from opentelemetry.sdk.resources import Resource
+from support import metrics_of
 
 from otel_training import config, heartbeat
 from otel_training.health.ledger import Ledger
@@ -38,12 +39,7 @@ class RecordingMetricExporter(MetricExporter):
         self.lock = threading.Lock()
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs):
-        names = {
-            m.name
-            for rm in metrics_data.resource_metrics
-            for sm in rm.scope_metrics
-            for m in sm.metrics
-        }
+        names = {m.name for m in metrics_of(metrics_data)}
         with self.lock:
             self.exports.append(names)
         return MetricExportResult.SUCCESS
@@ -73,7 +69,7 @@ def test_observe_ledger_creates_only_the_named_instruments():
     """observe_ledger(names=...) creates those instruments and no other."""
     provider, reader = _ledger_provider(RecordingMetricExporter(), heartbeat.HEARTBEAT_METRICS)
     data = reader.get_metrics_data()
-    names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    names = {m.name for m in metrics_of(data)}
     assert names == HANG - {DL_TRAINING_PROGRESS_TIMESTAMP}  # no step completed yet: absent
     provider.shutdown()
 

@@ -20,7 +20,7 @@ from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,
     Sum,
 )
-from support import import_or_unavailable
+from support import import_or_unavailable, metrics_of
 
 from otel_training import instruments, testing
 from otel_training.instruments import record_training_metrics
@@ -106,13 +106,7 @@ def collected(reader, name=None):
 
 
 def metric_objects(reader):
-    found = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics:
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                found[metric.name] = metric
-    return found
+    return {metric.name: metric for metric in metrics_of(reader.get_metrics_data())}
 
 
 # -- Megatron-LM's contract -------------------------------------------------------------

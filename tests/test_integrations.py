@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import child_env, import_or_unavailable
+from support import child_env, import_or_unavailable, metrics_of
 
 from otel_training.integrations import _recorder
 
@@ -137,12 +137,7 @@ def test_tokens_counted_over_all_ranks_by_the_framework_make_the_job_rate():
     recorder.end_step()
     recorder.record_interval()
     recorder.end_run()
-    metrics = {
-        m.name: m.data.data_points
-        for rm in reader.get_metrics_data().resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-    }
+    metrics = {m.name: m.data.data_points for m in metrics_of(reader.get_metrics_data())}
     (rate,) = [p.value for p in metrics["megatron.training.tokens_per_sec"]]
     (step,) = metrics["megatron.training.step_duration_ms"]  # a histogram of one step
     assert step.count == 1
@@ -223,9 +218,7 @@ def _interval_points(**interval) -> dict[str, list]:
     recorder.end_run()
     return {
         m.name: [p.value for p in m.data.data_points if hasattr(p, "value")]
-        for rm in reader.get_metrics_data().resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
+        for m in metrics_of(reader.get_metrics_data())
     }
 
 
@@ -335,12 +328,8 @@ class _Recording:
 
     def points(self) -> dict[str, list]:
         """Every metric's points of the collection now (a histogram point as itself)."""
-        data = self.reader.get_metrics_data()
         return {
-            m.name: list(m.data.data_points)
-            for rm in (data.resource_metrics if data else ())
-            for sm in rm.scope_metrics
-            for m in sm.metrics
+            m.name: list(m.data.data_points) for m in metrics_of(self.reader.get_metrics_data())
         }
 
     def values(self, name: str) -> list:
@@ -809,12 +798,7 @@ def test_given_providers_receive_what_the_recorder_records(monkeypatch):
     meter_only.begin_step(1)
     meter_only.end_step()
     meter_only.end_run()
-    names_read = {
-        m.name
-        for rm in reader.get_metrics_data().resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-    }
+    names_read = {m.name for m in metrics_of(reader.get_metrics_data())}
     assert "megatron.training.step_duration_ms" in names_read
     assert names.MEGATRON_TRAIN in {s.name for s in pipeline.spans.get_finished_spans()}
 

@@ -278,22 +278,18 @@ class _FailingSource:
         raise OSError("the read failed")
 
 
-def test_a_read_that_fails_at_every_collection_is_said_once_a_minute(caplog):
+def test_a_read_that_fails_at_every_collection_is_said_once_a_minute(caplog, in_memory_meter):
     """Case A1: a device read and a ledger read that fail at every collection of the reader's
     thread log one line each, not one per collection (the clock stands still)."""
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from otel_training.device_metrics import DeviceMetrics
     from otel_training.health.metrics import observe_ledger
 
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
-    devices = DeviceMetrics(meter, _FailingSource(), min_interval_s=0.0)
-    observe_ledger(meter, source=_FailingSource)
+    devices = DeviceMetrics(in_memory_meter.meter, _FailingSource(), min_interval_s=0.0)
+    observe_ledger(in_memory_meter.meter, source=_FailingSource)
     with caplog.at_level(logging.WARNING):
         for _ in range(5):
-            reader.get_metrics_data()
+            in_memory_meter.reader.get_metrics_data()
     assert devices.reads >= 5
     lines = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
     assert sorted(lines) == [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -15,20 +14,12 @@ from doc_rules import documents
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
+from support import strict_json_lines
 
 import otel_training
 from otel_training import setup
 from otel_training.limits import DEFAULT_VALUE_LENGTH, cut_marker
 from otel_training.processors import JsonLogSpanProcessor, jsonlog
-
-
-def _strict(text: str) -> list[dict]:
-    """Parses JSON lines, refusing the bare NaN/Infinity that Python's json accepts."""
-
-    def refuse(constant: str):
-        raise ValueError(f"bare {constant} in JSON")
-
-    return [json.loads(line, parse_constant=refuse) for line in text.splitlines()]
 
 
 def _provider(path: Path, **kwargs) -> tuple[TracerProvider, JsonLogSpanProcessor]:
@@ -53,7 +44,7 @@ def test_a_span_open_when_the_writer_runs_gets_a_start_line_and_an_end_line(tmp_
             save.add_event("staged", {"shards": 3})
             save.set_status(Status(StatusCode.OK))
     provider.shutdown()
-    lines = _strict(path.read_text())
+    lines = strict_json_lines(path.read_text())
     assert [(line["record"], line["name"]) for line in lines] == [
         ("span_start", "megatron.train"),
         ("span_start", "megatron.checkpoint.save"),
@@ -99,7 +90,7 @@ def test_a_span_that_ends_before_the_writer_runs_gets_one_line_with_all_of_it(tm
                 it.set_attribute("megatron.skipped", False)
         assert processor.force_flush()
     provider.shutdown()
-    lines = _strict(path.read_text())
+    lines = strict_json_lines(path.read_text())
     assert [(line["record"], line["name"]) for line in lines] == [
         ("span_start", "megatron.train"),
         ("span_end", "megatron.train.iteration"),
@@ -121,7 +112,7 @@ def test_an_exception_event_carries_type_message_and_stack(tmp_path):
         with provider.get_tracer("t").start_as_current_span("megatron.checkpoint.load"):
             raise KeyError("model.layers.3")
     provider.shutdown()
-    end = _strict(path.read_text())[-1]
+    end = strict_json_lines(path.read_text())[-1]
     assert end["status"] == "ERROR"
     (event,) = end["events"]
     assert event["name"] == "exception"
@@ -138,7 +129,7 @@ def test_a_span_that_hangs_leaves_its_start_line_on_disk(tmp_path):
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not path.read_text():
         time.sleep(0.02)
-    (line,) = _strict(path.read_text())
+    (line,) = strict_json_lines(path.read_text())
     assert (line["record"], line["name"]) == ("span_start", "megatron.checkpoint.save")
     span.end()
     provider.shutdown()
@@ -153,7 +144,7 @@ def test_non_finite_numbers_are_written_as_strings_so_the_json_is_strict(tmp_pat
         assert processor.force_flush()  # the start line is written while the span is open
         span.add_event("spike", {"grad_norm": math.inf})
     provider.shutdown()
-    start, end = _strict(path.read_text())
+    start, end = strict_json_lines(path.read_text())
     expected = {"loss": "NaN", "up": "Infinity", "down": "-Infinity", "many": [1.0, "NaN"]}
     assert start["attributes"] == expected
     assert end["attributes"] == expected
@@ -189,7 +180,7 @@ def test_shutdown_flushes_everything_and_later_spans_are_ignored(tmp_path):
             pass
     processor.shutdown()
     processor.shutdown()
-    lines = _strict(path.read_text())
+    lines = strict_json_lines(path.read_text())
     assert {line["record"] for line in lines} == {"span_end"}  # each ended in the one batch
     assert [line["attributes"]["i"] for line in lines] == list(range(500))
     with tracer.start_as_current_span("late"):
@@ -204,7 +195,7 @@ def test_force_flush_writes_what_was_queued(tmp_path):
     with provider.get_tracer("t").start_as_current_span("s"):
         pass
     assert processor.force_flush(5_000)
-    assert [line["record"] for line in _strict(path.read_text())] == ["span_end"]
+    assert [line["record"] for line in strict_json_lines(path.read_text())] == ["span_end"]
     provider.shutdown()
 
 
@@ -238,7 +229,7 @@ def test_a_forked_child_writes_no_line(tmp_path):
         pass
     provider.shutdown()
     assert os.waitstatus_to_exitcode(status) == 0  # the child queued nothing
-    assert [line["name"] for line in _strict(path.read_text())] == ["parent"]
+    assert [line["name"] for line in strict_json_lines(path.read_text())] == ["parent"]
 
 
 # -- configure() ----------------------------------------------------------------------------
@@ -257,7 +248,7 @@ def test_configure_writes_span_lines_per_rank_beside_the_embedded_default(tmp_pa
     path = Path(telemetry.output_dir) / "spans-rank3.jsonl"
     assert path.parent.parent == out
     assert f"span JSON lines {path}" in telemetry.destination
-    lines = _strict(path.read_text())
+    lines = strict_json_lines(path.read_text())
     assert [(line["record"], line["rank"]) for line in lines] == [("span_end", 3)]
     assert lines[0]["resource"]["dl.world_size"] == 4
 
@@ -308,6 +299,6 @@ def test_line_separators_inside_values_are_escaped_so_each_record_is_one_line(tm
         pass
     processor.force_flush()
     raw = (tmp_path / "spans.jsonl").read_text(encoding="utf-8")
-    (line,) = _strict(raw)
+    (line,) = strict_json_lines(raw)
     assert len(raw.splitlines()) == 1 and line["name"] == text == line["attributes"]["v"]
     provider.shutdown()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support import metrics_of
 
 import otel_training
 from otel_training import config, replicated, testing
@@ -154,13 +155,8 @@ def _run_rank(world: int, layout: dict[str, object], policy: str = "auto"):
     gauges = TensorMetricGauges(memory.meter)
     source = _Layers()
     gauges.add_source(source)
-    names = {m.name for m in _metrics(memory)}
+    names = {m.name for m in metrics_of(memory.reader.get_metrics_data())}
     return memory, names
-
-
-def _metrics(memory):
-    data = memory.reader.get_metrics_data()
-    return [m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
 
 
 def test_a_silent_rank_exports_its_own_series_and_no_replicated_one():

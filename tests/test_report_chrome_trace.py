@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+from support import strict_json
 
 import otel_training as ot
 from otel_training import setup, testing
@@ -79,19 +80,11 @@ def two_ranks(tmp_path):
     return run_dir, records
 
 
-def _strict(path):
-    def no_constants(name):
-        raise ValueError(f"non-standard JSON constant {name}")
-
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle, parse_constant=no_constants)
-
-
 def test_every_span_is_one_complete_event_with_its_times(two_ranks, tmp_path):
     """Count, ids, ranks, start and duration of each X event match the span's JSON lines."""
     run_dir, records = two_ranks
     path = write_chrome_trace(load_run(run_dir), tmp_path / "trace.json")
-    trace = _strict(path)
+    trace = strict_json(path.read_bytes())
     assert trace["displayTimeUnit"] == "ms"
     spans = {r["span_id"]: r for r in records}  # a span's last line: its end when it ended
     ends = {r["span_id"]: r for r in records if r["record"] == "span_end"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import hostile_run  # noqa: E402
 import pytest
-from support import import_or_unavailable
+from support import import_or_unavailable, strict_json
 
 import_or_unavailable("plotly")
 
@@ -133,7 +133,7 @@ def test_the_trace_of_a_hostile_job_is_strict_json_with_its_names_intact(pages, 
     directory = pages["hostile"][1]
     path = write_chrome_trace(load_job(directory), tmp_path / "trace.json")
     raw = path.read_bytes()
-    document = json.loads(raw.decode("utf-8"), parse_constant=pytest.fail)
+    document = strict_json(raw)
     check_trace_events(document)
     names = {e["name"] for e in document["traceEvents"] if e["ph"] == "X"}
     assert hostile_run.hostile(23, long=True) in names

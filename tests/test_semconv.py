@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import yaml
 from doc_rules import documents
-from support import program_or_unavailable
+from support import metrics_of, program_or_unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "generate_semconv.py"
@@ -464,12 +464,7 @@ def test_factories_create_instruments_with_registry_unit_and_description():
                 instrument.record(1.0)
             else:
                 instrument.set(1.0)
-        exported = {
-            m.name: (m.unit, m.description)
-            for rm in reader.get_metrics_data().resource_metrics
-            for sm in rm.scope_metrics
-            for m in sm.metrics
-        }
+        exported = {m.name: (m.unit, m.description) for m in metrics_of(reader.get_metrics_data())}
     finally:
         provider.shutdown()
     assert exported == {n: (s.unit, s.description) for n, s in semconv.METRICS.items()}

@@ -18,6 +18,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from support import metrics_of
 
 import otel_training
 from otel_training import setup, testing
@@ -59,7 +60,7 @@ def test_embedded_default_writes_otlp_json_files_per_rank(tmp_path, monkeypatch)
     resource = {kv.key: kv.value for kv in request.resource_metrics[0].resource.attributes}
     assert resource[DL_RANK].int_value == 3
     assert resource[DL_WORLD_SIZE].int_value == 4
-    names = {m.name for sm in request.resource_metrics[0].scope_metrics for m in sm.metrics}
+    names = {m.name for m in metrics_of(request)}
     assert {"megatron.training.loss", "megatron.training.step_duration_ms"} <= names
 
     span_line = (run / "traces-rank3.jsonl").read_text().splitlines()[0]

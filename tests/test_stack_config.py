@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from opentelemetry.semconv._incubating.metrics.hw_metrics import HW_TEMPERATURE
-from support import load_script, promtool_or_unavailable
+from support import load_script, promql_metric_names, promtool_or_unavailable
 
 from otel_training.semconv.spans import SPANS
 
@@ -162,11 +162,6 @@ def _panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def _exprs(dashboard: dict[str, Any]) -> list[str]:
     return [t["expr"] for p in _panels(dashboard) for t in p.get("targets", []) if "expr" in t]
-
-
-def _metric_names(expr: str) -> set[str]:
-    """Metric names that a PromQL expression selects (a name followed by a label matcher)."""
-    return set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{", expr))
 
 
 def _variables_used(text: str) -> set[str]:
@@ -325,7 +320,7 @@ def test_every_metric_the_rules_read_is_a_registry_metric_or_a_record(dashboard)
         "dl_training_checkpoint_age_seconds",
         "dl_gpu_clock_speed_hertz",
     } <= used
-    on_dashboard = {name for expr in _exprs(dashboard) for name in _metric_names(expr)}
+    on_dashboard = {name for expr in _exprs(dashboard) for name in promql_metric_names(expr)}
     # The attempt and job goodput figures are outputs for queries (the dashboard averages the
     # rank-level ones so that it can filter by rank).
     outputs = {r for r in records if r.startswith(("run:", "job:")) and "goodput" in r}
@@ -710,7 +705,7 @@ def test_queries_filter_on_the_promoted_labels(dashboard):
         assert re.search(rf",\s*{label}\)$", variables[name]["definition"]), name
     job_level = 0
     for expr in _exprs(dashboard):
-        names = _metric_names(expr)
+        names = promql_metric_names(expr)
         of_the_job = bool(names) and all(n.startswith("run:") for n in names)
         job_level += of_the_job
         for name, label in labels.items():
@@ -727,7 +722,7 @@ def test_dashboard_metric_names_are_the_translated_registry_names(dashboard):
     panel, of its own or of a record computed from it (a job's figure)."""
     series = _registry_series()
     known = {name for names in series.values() for name in names} | _records()
-    used = {name for expr in _exprs(dashboard) for name in _metric_names(expr)}
+    used = {name for expr in _exprs(dashboard) for name in promql_metric_names(expr)}
     unknown = {n for n in used - known if not n.startswith(PENDING_PREFIX)}
     assert not unknown, f"not the Prometheus name of any registry metric: {unknown}"
     reads = {rule["record"]: _selected_names(rule["expr"]) for rule in _rules() if "record" in rule}
@@ -875,7 +870,7 @@ def test_counters_a_healthy_run_never_creates_read_zero(dashboard):
         assert re.fullmatch(
             r'vector\(0\)|label_replace\(vector\(0\), "\w+", "\w+", "", ""\)', fallback
         )
-        assert _metric_names(query) and not _metric_names(fallback), title
+        assert promql_metric_names(query) and not promql_metric_names(fallback), title
         assert query.startswith("sum"), f"{title}: one aggregated series, or vector(0) never hides"
 
 
@@ -890,7 +885,7 @@ def test_checkpoint_panels_chart_the_checkpoint_histogram_by_operation(dashboard
         assert panel["fieldConfig"]["defaults"]["unit"] == "s", title
         for target in panel["targets"]:
             expr = target["expr"]
-            assert _metric_names(expr) <= series and _metric_names(expr), (title, expr)
+            assert promql_metric_names(expr) <= series and promql_metric_names(expr), (title, expr)
             assert all(operation in by for by in re.findall(r"by \(([^)]*)\)", expr)), expr
             assert f"{{{{{operation}}}}}" in target["legendFormat"], title
 

@@ -157,16 +157,16 @@ class RouterLayer(nn.Module):
 
 
 @pytest.mark.parametrize("opt_in", [False, True])
-def test_a9_router_and_layer_metrics_stay_under_the_cardinality_limit(opt_in, caplog):
+def test_a9_router_and_layer_metrics_stay_under_the_cardinality_limit(
+    opt_in, caplog, in_memory_meter
+):
     """48 MoE layers x 128 experts and 96 layers of grad norms: per-layer summaries, at most
     max_expert_series per-expert series on opt-in only, no overflow series."""
     torch.manual_seed(0)
     model = nn.Module()
     model.layers = nn.ModuleList([RouterLayer(128 if i < 48 else None) for i in range(96)])
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("a9")
     schedule = "grad_norm:1,router:1" + (",router_expert_load:1" if opt_in else "")
-    observer = TensorObserver(model, schedule, meter=meter)
+    observer = TensorObserver(model, schedule, meter=in_memory_meter.meter)
     with caplog.at_level(logging.WARNING):
         for step in (1, 2):
             observer.begin_step(step)
@@ -175,7 +175,7 @@ def test_a9_router_and_layer_metrics_stay_under_the_cardinality_limit(opt_in, ca
                 x = layer(x)
             x.square().mean().backward()
             observer.commit()
-            found = _series(reader)
+            found = _series(in_memory_meter.reader)
     assert all(len(series) <= 2000 for series in found.values())
     assert not any("otel.metric.overflow" in a for series in found.values() for a in series)
     assert len(found[GRAD]) == 97  # 96 layers + global
@@ -219,13 +219,11 @@ def test_a9_memory_is_flat_from_step_1000_to_10000():
     assert at_10000 - at_1000 < 1_000_000, (at_1000, at_10000)
 
 
-def test_gauge_callbacks_do_not_wait_for_a_busy_training_thread():
+def test_gauge_callbacks_do_not_wait_for_a_busy_training_thread(in_memory_meter):
     """A collection returns while the training thread is blocked inside a commit."""
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("busy")
     model = nn.Module()
     model.layers = nn.ModuleList([nn.Linear(2, 2)])
-    observer = TensorObserver(model, "param_norm:1", meter=meter)
+    observer = TensorObserver(model, "param_norm:1", meter=in_memory_meter.meter)
     observer.commit()
     entered, release = threading.Event(), threading.Event()
     original = observer.executor._run
@@ -240,7 +238,7 @@ def test_gauge_callbacks_do_not_wait_for_a_busy_training_thread():
     worker.start()
     try:
         assert entered.wait(30)
-        found = _series(reader)
+        found = _series(in_memory_meter.reader)
         still_blocked = worker.is_alive()  # the commit had not returned when the reading did
     finally:
         release.set()

@@ -6,12 +6,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from support import import_or_unavailable
+from support import import_or_unavailable, l2, new_in_memory_meter
 
 torch = import_or_unavailable("torch")
 
-from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 from torch import nn  # noqa: E402
 
 from otel_training.semconv.attributes import (  # noqa: E402
@@ -66,10 +64,8 @@ class Tiny(nn.Module):
 def _observe(schedule: str, router: bool = False, micro_batches: int = 1, **options):
     torch.manual_seed(0)
     model = Tiny(router)
-    reader = InMemoryMetricReader()
-    observer = TensorObserver(
-        model, schedule, meter=MeterProvider(metric_readers=[reader]).get_meter("t"), **options
-    )
+    sdk = new_in_memory_meter()
+    observer = TensorObserver(model, schedule, meter=sdk.meter, **options)
     seen: dict[str, list[torch.Tensor]] = {}
     hooks = [
         module.register_forward_hook(
@@ -85,7 +81,7 @@ def _observe(schedule: str, router: bool = False, micro_batches: int = 1, **opti
     observer.commit()
     for hook in hooks:
         hook.remove()
-    return model, observer, _read(reader), seen
+    return model, observer, _read(sdk.reader), seen
 
 
 def _read(reader) -> dict[str, dict[tuple, float]]:
@@ -105,10 +101,6 @@ def _layer(name: str) -> str | None:
     return f"decoder.layers.{parts[1]}" if parts[0] == "layers" else None
 
 
-def _l2(tensors) -> float:
-    return math.sqrt(sum(float(t.double().square().sum()) for t in tensors))
-
-
 def _expected_norms(model, grads: bool) -> dict[tuple, float]:
     groups: dict[str, list] = {}
     every = []
@@ -119,8 +111,8 @@ def _expected_norms(model, grads: bool) -> dict[tuple, float]:
         every.append(tensor)
         if _layer(name):
             groups.setdefault(_layer(name), []).append(tensor)
-    expected = {(label,): _l2(tensors) for label, tensors in groups.items()}
-    expected[("global",)] = _l2(every)
+    expected = {(label,): l2(tensors) for label, tensors in groups.items()}
+    expected[("global",)] = l2(every)
     return expected
 
 
@@ -157,32 +149,26 @@ def test_param_norm_counts_tied_weights_once_and_frozen_ones():
     assert values[P + "param_norm"][("global",)] != pytest.approx(twice, rel=1e-6)
 
 
-def test_grad_nonfinite_counts_nan_and_inf_elements():
+def test_grad_nonfinite_counts_nan_and_inf_elements(in_memory_meter):
     """grad_nonfinite: NaN and infinite gradient elements, per layer and in total."""
     torch.manual_seed(0)
     model = Tiny()
-    reader = InMemoryMetricReader()
-    observer = TensorObserver(
-        model, "grad_nonfinite:1", meter=MeterProvider(metric_readers=[reader]).get_meter("t")
-    )
+    observer = TensorObserver(model, "grad_nonfinite:1", meter=in_memory_meter.meter)
     observer.begin_step(1)
     model(torch.randint(0, V, (2, 3))).sum().backward()
     model.layers[1].mlp.weight.grad[0, :3] = math.nan
     model.layers[1].attn.bias.grad[1] = math.inf
     model.embed.weight.grad[0, 0] = -math.inf
     observer.commit()
-    found = _read(reader)[P + "grad_nonfinite"]
+    found = _read(in_memory_meter.reader)[P + "grad_nonfinite"]
     assert found == {("decoder.layers.0",): 0.0, ("decoder.layers.1",): 4.0, ("global",): 5.0}
 
 
-def test_update_ratio_is_the_relative_size_of_one_optimizer_update():
+def test_update_ratio_is_the_relative_size_of_one_optimizer_update(in_memory_meter):
     """update_ratio: ||W_after - W_before|| / ||W_before|| per layer, published a step later."""
     torch.manual_seed(0)
     model = Tiny()
-    reader = InMemoryMetricReader()
-    observer = TensorObserver(
-        model, "update_ratio:2", meter=MeterProvider(metric_readers=[reader]).get_meter("t")
-    )
+    observer = TensorObserver(model, "update_ratio:2", meter=in_memory_meter.meter)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     before = after = None
     for step in (1, 2, 3):
@@ -196,15 +182,17 @@ def test_update_ratio_is_the_relative_size_of_one_optimizer_update():
         if step == 2:
             after = {n: p.detach().clone() for n, p in model.named_parameters()}
         if step < 3:
-            assert P + "update_ratio" not in _read(reader)  # nothing until a later commit
-    found = _read(reader)[P + "update_ratio"]
+            assert P + "update_ratio" not in _read(
+                in_memory_meter.reader
+            )  # nothing until a later commit
+    found = _read(in_memory_meter.reader)[P + "update_ratio"]
     groups: dict[str, list[str]] = {"global": list(before)}
     for name in before:
         if _layer(name):
             groups.setdefault(_layer(name), []).append(name)
     for label, names in groups.items():
-        delta = _l2([after[n] - before[n] for n in names])
-        assert found[(label,)] == pytest.approx(delta / _l2([before[n] for n in names]), rel=1e-5)
+        delta = l2([after[n] - before[n] for n in names])
+        assert found[(label,)] == pytest.approx(delta / l2([before[n] for n in names]), rel=1e-5)
 
 
 def test_activation_rms_and_max_abs_cover_sublayer_outputs_over_micro_batches():
@@ -215,13 +203,13 @@ def test_activation_rms_and_max_abs_cover_sublayer_outputs_over_micro_batches():
         acts = seen[f"layers.{i}.attn"] + seen[f"layers.{i}.mlp"]
         assert len(acts) == 6  # 2 sites x 3 micro-batches
         every += acts
-        rms = _l2(acts) / math.sqrt(sum(a.numel() for a in acts))
+        rms = l2(acts) / math.sqrt(sum(a.numel() for a in acts))
         assert values[P + "activation_rms"][(f"decoder.layers.{i}",)] == pytest.approx(
             rms, rel=1e-5
         )
         peak = max(float(a.abs().max()) for a in acts)
         assert values[P + "activation_max_abs"][(f"decoder.layers.{i}",)] == pytest.approx(peak)
-    rms = _l2(every) / math.sqrt(sum(a.numel() for a in every))
+    rms = l2(every) / math.sqrt(sum(a.numel() for a in every))
     assert values[P + "activation_rms"][("global",)] == pytest.approx(rms, rel=1e-5)
 
 
@@ -230,7 +218,7 @@ def test_residual_stream_statistics_are_the_layer_outputs():
     _, _, values, seen = _observe("residual_rms:1,residual_max_abs:1", micro_batches=2)
     for i in (0, 1):
         outs = seen[f"layers.{i}"]
-        rms = _l2(outs) / math.sqrt(sum(o.numel() for o in outs))
+        rms = l2(outs) / math.sqrt(sum(o.numel() for o in outs))
         assert values[P + "residual_rms"][(f"decoder.layers.{i}",)] == pytest.approx(rms, rel=1e-5)
         peak = max(float(o.abs().max()) for o in outs)
         assert values[P + "residual_max_abs"][(f"decoder.layers.{i}",)] == pytest.approx(peak)
@@ -239,7 +227,7 @@ def test_residual_stream_statistics_are_the_layer_outputs():
 def test_logits_norm_is_the_l2_of_all_output_logits_of_the_step():
     """logits_norm: L2 over the model outputs of every micro-batch, as one global value."""
     _, _, values, seen = _observe("logits_norm:1", micro_batches=2)
-    assert values[P + "logits_norm"] == pytest.approx({("global",): _l2(seen[""])}, rel=1e-5)
+    assert values[P + "logits_norm"] == pytest.approx({("global",): l2(seen[""])}, rel=1e-5)
 
 
 def test_router_balance_and_entropy_match_the_router_logits():
@@ -266,24 +254,23 @@ def test_router_balance_and_entropy_match_the_router_logits():
     assert P + "router_expert_load" not in values  # per-expert series only on opt-in
 
 
-def test_router_dead_experts_are_counted():
+def test_router_dead_experts_are_counted(in_memory_meter):
     """A router that sends every token to the same k experts leaves E - k experts dead."""
     torch.manual_seed(0)
     model = Tiny(router=True)
     with torch.no_grad():
         for layer in model.layers:
             layer.router.weight.zero_()  # equal logits: top-1 is always expert 0
-    reader = InMemoryMetricReader()
     observer = TensorObserver(
         model,
         "router:1",
-        meter=MeterProvider(metric_readers=[reader]).get_meter("t"),
+        meter=in_memory_meter.meter,
         router_top_k=1,
     )
     observer.begin_step(1)
     model(torch.randint(0, V, (2, 3)))
     observer.commit()
-    balance = _read(reader)[P + "router_balance"]
+    balance = _read(in_memory_meter.reader)[P + "router_balance"]
     assert balance[("decoder.layers.0", "dead_fraction")] == pytest.approx((E - 1) / E)
     assert balance[("decoder.layers.0", "max_over_mean")] == pytest.approx(E)
 
@@ -302,15 +289,12 @@ def test_router_expert_load_is_opt_in_and_capped():
     assert set(loads) - {("decoder.layers.0", e) for e in range(E)} == {("decoder.layers.1", 0)}
 
 
-def test_gradient_of_a_bf16_model_is_reduced_in_fp32():
+def test_gradient_of_a_bf16_model_is_reduced_in_fp32(in_memory_meter):
     """Norms of bf16 tensors are accumulated in fp32 and agree with an fp64 computation."""
     torch.manual_seed(0)
     model = nn.Module()
     model.layers = nn.ModuleList([nn.Linear(64, 64).to(torch.bfloat16)])
-    reader = InMemoryMetricReader()
-    observer = TensorObserver(
-        model, "param_norm:1", meter=MeterProvider(metric_readers=[reader]).get_meter("t")
-    )
+    observer = TensorObserver(model, "param_norm:1", meter=in_memory_meter.meter)
     observer.commit()
-    found = _read(reader)[P + "param_norm"][("global",)]
-    assert found == pytest.approx(_l2([p.detach() for p in model.parameters()]), rel=1e-3)
+    found = _read(in_memory_meter.reader)[P + "param_norm"][("global",)]
+    assert found == pytest.approx(l2([p.detach() for p in model.parameters()]), rel=1e-3)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from support import import_or_unavailable
+from support import import_or_unavailable, l2
 
 torch = import_or_unavailable("torch")
 
@@ -63,10 +63,6 @@ class CommitSnapshots:
         monkeypatch.setattr(TensorObserver, "commit", commit)
 
 
-def _l2(tensors) -> float:
-    return math.sqrt(sum(float(t.double().square().sum()) for t in tensors))
-
-
 def _gauges(telemetry) -> dict[str, dict[tuple, float]]:
     found: dict[str, dict[tuple, float]] = {}
     for name, point in telemetry.points():
@@ -87,8 +83,8 @@ def expected_values(snapshots: CommitSnapshots, step: int, experts: int, top_k: 
             parts = name.split(".")
             if parts[0] == "blocks":
                 layers.setdefault(f"decoder.layers.{parts[1]}", []).append(tensor)
-        values = {(label,): _l2(group) for label, group in layers.items()}
-        values[("global",)] = _l2(tensors.values())
+        values = {(label,): l2(group) for label, group in layers.items()}
+        values[("global",)] = l2(tensors.values())
         expected[P + family] = values
     outputs = snapshots.outputs[step]
     rms, every = {}, []
@@ -97,7 +93,7 @@ def expected_values(snapshots: CommitSnapshots, step: int, experts: int, top_k: 
         acts = outputs[f"blocks.{layer}.attn"] + outputs[f"blocks.{layer}.mlp"]
         every += acts
         label = f"decoder.layers.{layer}"
-        rms[(label,)] = _l2(acts) / math.sqrt(sum(a.numel() for a in acts))
+        rms[(label,)] = l2(acts) / math.sqrt(sum(a.numel() for a in acts))
         logits = torch.cat([t.reshape(-1, experts) for t in outputs[f"blocks.{layer}.mlp.router"]])
         counts = torch.bincount(
             logits.topk(top_k, -1).indices.flatten(), minlength=experts
@@ -109,7 +105,7 @@ def expected_values(snapshots: CommitSnapshots, step: int, experts: int, top_k: 
         balance[(label, "dead_fraction")] = float((counts == 0).double().mean())
         probs = logits.double().softmax(-1)
         entropy[(label,)] = float(-(probs * probs.log()).sum(-1).mean() / math.log(experts))
-    rms[("global",)] = _l2(every) / math.sqrt(sum(a.numel() for a in every))
+    rms[("global",)] = l2(every) / math.sqrt(sum(a.numel() for a in every))
     expected[P + "activation_rms"] = rms
     expected[P + "router_balance"] = balance
     expected[P + "router_entropy"] = entropy

@@ -8,12 +8,10 @@ import logging
 import math
 
 import pytest
-from support import import_or_unavailable
+from support import import_or_unavailable, new_in_memory_meter
 
 torch = import_or_unavailable("torch")
 
-from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 from torch import nn  # noqa: E402
 from torch._dynamo.testing import CompileCounterWithBackend  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
@@ -71,7 +69,7 @@ class Net(nn.Module):
 
 
 def _meter():
-    return MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("forward")
+    return new_in_memory_meter("forward").meter
 
 
 def _inputs(micro_batches: int) -> list[torch.Tensor]:

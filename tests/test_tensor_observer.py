@@ -10,8 +10,6 @@ from support import import_or_unavailable
 
 torch = import_or_unavailable("torch")
 
-from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 from torch import nn  # noqa: E402
 
 from otel_training.tensor import (  # noqa: E402
@@ -79,10 +77,8 @@ class Recording(TensorMetric):
 
 
 @pytest.fixture
-def meter():
-    provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
-    yield provider.get_meter("test")
-    provider.shutdown()
+def meter(in_memory_meter):
+    return in_memory_meter.meter
 
 
 @pytest.mark.parametrize(

@@ -44,13 +44,11 @@ def test_case_a10_real_step_times_resolve():
             assert high - low <= low
 
 
-def test_case_a10_sdk_defaults_are_the_bug():
+def test_case_a10_sdk_defaults_are_the_bug(in_memory_meter):
     """With the SDK's default buckets 7 of 10 samples land in +Inf and p50 reads 10,000."""
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("t")
     for step in A10_STEPS_MS:
-        otel_training.record_training_metrics(meter, step_duration_ms=step)
-    ((_, point),) = testing.points(reader.get_metrics_data(), NAME)
+        otel_training.record_training_metrics(in_memory_meter.meter, step_duration_ms=step)
+    ((_, point),) = in_memory_meter.points(NAME)
     assert point.bucket_counts[-1] == 7
     assert testing.histogram_quantile(0.5, point.explicit_bounds, point.bucket_counts) == 10_000
 

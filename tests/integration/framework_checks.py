@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -108,11 +108,6 @@ def by_step_count(collections: Sequence[dict[str, list]], name: str) -> dict[int
 def last_collection(collections: Sequence[dict[str, list]]) -> dict[str, list]:
     """The final collection (the one at shutdown)."""
     return collections[-1]
-
-
-def l2(values: Iterable[float]) -> float:
-    """The L2 norm of norms: sqrt(sum(v^2))."""
-    return math.sqrt(math.fsum(v * v for v in values))
 
 
 def tensor_gauges(collection: dict[str, list], family: str) -> dict[str, float]:
@@ -214,14 +209,14 @@ THROUGHPUT_GAUGES = ("megatron.training.tokens_per_sec", "megatron.training.thro
 
 def throughput_gauges(reader) -> dict[str, float]:
     """The throughput gauges of an ``InMemoryMetricReader`` now (it collects)."""
-    found = {}
+    from otel_training.testing import points
+
     data = reader.get_metrics_data()
-    for resource_metrics in data.resource_metrics if data else ():
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                if metric.name in THROUGHPUT_GAUGES:
-                    (point,) = metric.data.data_points
-                    found[metric.name] = point.value
+    found = {}
+    for name in THROUGHPUT_GAUGES:
+        if gauge := points(data, name):
+            ((_, point),) = gauge
+            found[name] = point.value
     return found
 
 
@@ -271,6 +266,8 @@ def run_as_recorded(telemetry, snapshot: dict[str, float]) -> tuple:
     iteration numbers, its run spans, the metric names so far. Checks on the way that the
     ``param_norm`` tensor gauge holds this run's global norm of ``snapshot`` (``param:NAME``
     -> norm, the test's own at the last commit)."""
+    from support import l2  # not at the top: the drivers also run as scripts
+
     norm = l2(v for k, v in snapshot.items() if k.startswith("param:"))
     found = {p.attributes["megatron.training.layer"]: p.value
              for _, p in telemetry.points("megatron.training.tensor.param_norm")}  # fmt: skip

@@ -4,6 +4,8 @@ long interval, and no series has two writers. About 2 s."""
 
 from __future__ import annotations
 
+from support import metrics_of
+
 import otel_training
 from otel_training import heartbeat
 
@@ -37,18 +39,15 @@ def test_hang_signals_arrive_on_the_heartbeat_and_nowhere_else(otlp_receiver):
 
         early = otlp_receiver.wait_for(beats, timeout_s=30)
         for request in early:
-            names = {m.name for rm in request.resource_metrics for sm in rm.scope_metrics
-                     for m in sm.metrics}  # fmt: skip
+            names = {m.name for m in metrics_of(request)}
             assert names and names <= HANG, names
     finally:
         telemetry.shutdown()
     points = otlp_receiver.metrics()
     by_name: dict[str, set[int]] = {}
     for index, request in enumerate(otlp_receiver.metric_requests()):
-        for rm in request.resource_metrics:
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    by_name.setdefault(metric.name, set()).add(index)
+        for metric in metrics_of(request):
+            by_name.setdefault(metric.name, set()).add(index)
     main = {
         index
         for name, indices in by_name.items()

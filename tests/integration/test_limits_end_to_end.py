@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 import textwrap
 from pathlib import Path
@@ -15,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics.view import View
 from otlp_receiver import OtlpReceiver, free_port
+from support import strict_json_lines
 
 from otel_training import setup
 from otel_training.limits import DEFAULT_VALUE_LENGTH, MAX_NAME_LENGTH, safe_text
@@ -41,14 +41,6 @@ CASE_A11 = textwrap.dedent(
     ot.shutdown()
     """
 )
-
-
-def _strict(path: Path) -> list[dict]:
-    def refuse(constant: str):
-        raise ValueError(f"bare {constant}")
-
-    raw = path.read_bytes()
-    return [json.loads(line, parse_constant=refuse) for line in raw.decode("utf-8").splitlines()]
 
 
 def _longest_string(node) -> int:
@@ -103,7 +95,7 @@ def test_case_a11_huge_values_lose_no_span(
     assert max(len(t) for t in texts if isinstance(t, str)) <= limit
     assert max(otlp_receiver.request_sizes("traces")) < 4 * MIB
 
-    lines = _strict(tmp_path / "lines" / "latest" / "spans-rank0.jsonl")
+    lines = strict_json_lines((tmp_path / "lines" / "latest" / "spans-rank0.jsonl").read_bytes())
     ends = [line for line in lines if line["record"] == "span_end"]
     assert len(ends) == len(spans) == 24  # the run, its segment, 20 evaluations, save, load
     raw = (tmp_path / "lines" / "latest" / "spans-rank0.jsonl").read_bytes().splitlines()
@@ -159,7 +151,7 @@ def test_case_a12_undecodable_path_reaches_the_collector_escaped(
     assert load.status_code == "error"
     assert len(otlp_receiver.spans("megatron.evaluate")) == 10
     assert [p.value for p in otlp_receiver.metrics("megatron.training.loss")] == [1.5]
-    lines = _strict(tmp_path / "latest" / "spans-rank0.jsonl")
+    lines = strict_json_lines((tmp_path / "latest" / "spans-rank0.jsonl").read_bytes())
     assert len([line for line in lines if line["record"] == "span_end"]) == 14
     (save_line,) = [
         line
@@ -180,7 +172,7 @@ def test_case_a12_undecodable_path_in_the_embedded_default(run_python, tmp_path)
     result = run_python(CASE_A12, env=env, timeout_s=120)
     assert result.returncode == 0, result.stderr[-3000:]
     run = out / "latest"
-    traces = _strict(run / "traces-rank0.jsonl")
+    traces = strict_json_lines((run / "traces-rank0.jsonl").read_bytes())
     spans = [
         span
         for request in traces
@@ -192,9 +184,9 @@ def test_case_a12_undecodable_path_in_the_embedded_default(run_python, tmp_path)
     (save,) = [s for s in spans if s["name"] == "megatron.checkpoint.save"]
     attributes = {a["key"]: a["value"] for a in save["attributes"]}
     assert attributes["megatron.checkpoint.path"] == {"stringValue": ESCAPED}
-    lines = _strict(run / "spans-rank0.jsonl")
+    lines = strict_json_lines((run / "spans-rank0.jsonl").read_bytes())
     assert len([line for line in lines if line["record"] == "span_end"]) == 14
-    assert _strict(run / "metrics-rank0.jsonl")
+    assert strict_json_lines((run / "metrics-rank0.jsonl").read_bytes())
 
 
 @documents("limits.md", "without retry information is not retried unchanged")
@@ -402,7 +394,7 @@ def test_any_string_anywhere_keeps_every_file_line(place, raw):
         for file in ("traces", "metrics", "logs", "spans"):
             raw_lines = (run / f"{file}-rank0.jsonl").read_bytes().splitlines()
             assert raw_lines and max(len(line) for line in raw_lines) < MIB, file
-        traces = _strict(run / "traces-rank0.jsonl")
+        traces = strict_json_lines((run / "traces-rank0.jsonl").read_bytes())
         spans = [
             s["name"]
             for request in traces
@@ -411,7 +403,7 @@ def test_any_string_anywhere_keeps_every_file_line(place, raw):
             for s in g["spans"]
         ]
         assert len(spans) == 2 and "good.span" in spans
-        metrics = _strict(run / "metrics-rank0.jsonl")
+        metrics = strict_json_lines((run / "metrics-rank0.jsonl").read_bytes())
         counts = [
             m["name"]
             for request in metrics
@@ -421,7 +413,7 @@ def test_any_string_anywhere_keeps_every_file_line(place, raw):
             if m["name"] in ("good.count", "bad.count", safe_text(text, MAX_NAME_LENGTH))
         ]
         assert len(counts) == 2 and "good.count" in counts
-        logs = _strict(run / "logs-rank0.jsonl")
+        logs = strict_json_lines((run / "logs-rank0.jsonl").read_bytes())
         bodies = [
             record.get("body")
             for request in logs
@@ -430,7 +422,7 @@ def test_any_string_anywhere_keeps_every_file_line(place, raw):
             for record in g["logRecords"]
         ]
         assert len(bodies) == 2 and {"stringValue": "good.log"} in bodies
-        lines = _strict(run / "spans-rank0.jsonl")
+        lines = strict_json_lines((run / "spans-rank0.jsonl").read_bytes())
         assert len([line for line in lines if line["record"] == "span_end"]) == 2
 
 

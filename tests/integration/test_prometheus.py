@@ -45,7 +45,7 @@ from prometheus_server import (
     grafana_variables,
     poll,
 )
-from support import prometheus_or_unavailable
+from support import prometheus_or_unavailable, promql_metric_names
 
 from otel_training.config import TENSOR_METRIC_NAMES
 from otel_training.views import STEP_DURATION_BUCKETS_MS
@@ -172,11 +172,6 @@ def _variable_query(variable: dict[str, Any]) -> str:
 
 
 _LABEL_VALUES = re.compile(r"^label_values\((?:(?P<match>.+),\s*)?(?P<label>\w+)\)$", re.S)
-
-
-def _metric_names(expr: str) -> set[str]:
-    """Metric names that `expr` selects (a name followed by a label matcher)."""
-    return set(re.findall(r"\b(megatron_[a-z0-9_]+)\s*\{", expr))
 
 
 def _readme_series() -> dict[str, list[str]]:
@@ -417,7 +412,7 @@ def test_every_dashboard_query_returns_data(prometheus, demo, mode):
         checked += 1
         if not result or not _finite(result):
             failures.append(f"{title} [{ref}]: {result!r}\n    {rendered}")
-        for name in _metric_names(expr):
+        for name in {n for n in promql_metric_names(expr) if n.startswith("megatron_")}:
             if not prometheus.series(f'{{__name__="{name}"}}'):
                 failures.append(f"{title} [{ref}]: no series named {name}")
     assert checked >= 10

@@ -5,12 +5,12 @@ and named like the spans; the JSON lines parse and match the spans."""
 from __future__ import annotations
 
 import collections
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nvtx_injection  # noqa: E402
+from support import strict_json_lines  # noqa: E402
 
 DEMO = [
     "demo", "--steps", "6", "--log-interval", "3", "--eval-interval", "3", "--eval-batches",
@@ -30,13 +30,6 @@ EXPECTED_COUNTS = {
     "megatron.evaluate": 2,
     "megatron.checkpoint.save": 2,
 }
-
-
-def _strict_lines(path: Path) -> list[dict]:
-    def refuse(constant: str):
-        raise ValueError(f"bare {constant}")
-
-    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
 
 
 def test_demo_spans_reach_otlp_nvtx_and_json_lines_alike(
@@ -120,7 +113,7 @@ def test_demo_spans_reach_otlp_nvtx_and_json_lines_alike(
     # JSON lines: an end line per span, matching the OTLP span; a start line before it for
     # the spans still open when the writer ran (the run, at least)
     lines_path = lines_dir / "latest" / "spans-rank0.jsonl"  # the run's directory
-    lines = _strict_lines(lines_path)
+    lines = strict_json_lines(lines_path.read_text())
     starts = {line["span_id"]: line for line in lines if line["record"] == "span_start"}
     ends = {line["span_id"]: line for line in lines if line["record"] == "span_end"}
     assert set(ends) == set(by_id) and set(starts) <= set(ends)

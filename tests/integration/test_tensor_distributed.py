@@ -41,6 +41,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:  # pragma: no c
     from torch.distributed.tensor import distribute_tensor
 
     from otel_training.tensor import Owned, Shard, TensorObserver
+    from otel_training.testing import points
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
@@ -120,11 +121,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:  # pragma: no c
     observer.commit()
     dist.all_reduce = real_all_reduce
     observed = {}
-    for metric in reader.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics:
-        if metric.name.startswith("megatron.training.tensor."):
-            for point in metric.data.data_points:
-                key = metric.name + "|" + "|".join(str(v) for v in point.attributes.values())
-                observed[key] = point.value
+    for name, point in points(reader.get_metrics_data()):
+        if name.startswith("megatron.training.tensor."):
+            observed[name + "|" + "|".join(str(v) for v in point.attributes.values())] = point.value
 
     # -- the direct computation, on the whole tensors ----------------------------------------
     expected = {}

@@ -15,14 +15,13 @@ from framework_checks import (
     classify,
     collections_by_rank,
     iteration_spans,
-    l2,
     last_collection,
     rate_bounds,
     receiver_run,
     runs,
     tensor_gauges,
 )
-from support import import_or_unavailable
+from support import import_or_unavailable, l2
 
 from otel_training.semconv.attributes import MEGATRON_CHECKPOINT_PATH, MEGATRON_ITERATION
 
