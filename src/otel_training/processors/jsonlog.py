@@ -344,8 +344,8 @@ class JsonLogSpanProcessor(SpanProcessor):
                     "record": "span_start",
                     "name": self._name(name),
                     "trace_id": self._trace_hex(context.trace_id),
-                    "span_id": f"{context.span_id:016x}",
-                    "parent_span_id": None if parent is None else f"{parent.span_id:016x}",
+                    "span_id": "%016x" % context.span_id,  # noqa: UP031 (see _HEX)
+                    "parent_span_id": None if parent is None else "%016x" % parent.span_id,  # noqa: UP031
                     "start_time_ns": start,
                     "attributes": _attributes(attributes, limit),
                     "rank": rank,
@@ -366,8 +366,8 @@ class JsonLogSpanProcessor(SpanProcessor):
                 "record": "span_end",
                 "name": self._name(span.name),
                 "trace_id": self._trace_hex(context.trace_id),
-                "span_id": f"{context.span_id:016x}",
-                "parent_span_id": None if parent is None else f"{parent.span_id:016x}",
+                "span_id": "%016x" % context.span_id,  # noqa: UP031 (see _HEX)
+                "parent_span_id": None if parent is None else "%016x" % parent.span_id,  # noqa: UP031
                 "start_time_ns": start,
                 "end_time_ns": end,
                 "duration_ms": (
@@ -384,7 +384,7 @@ class JsonLogSpanProcessor(SpanProcessor):
 
     def _trace_hex(self, trace_id: int) -> str:
         if trace_id != self._trace_id:  # a step trace holds many spans in a row: formatted once
-            self._trace_id, self._trace_text = trace_id, f"{trace_id:032x}"
+            self._trace_id, self._trace_text = trace_id, "%032x" % trace_id  # noqa: UP031
         return self._trace_text
 
     def _name(self, name: Any) -> str:
@@ -421,6 +421,8 @@ class JsonLogSpanProcessor(SpanProcessor):
 
 
 _UNSET = StatusCode.UNSET
+# _HEX: ids are formatted with %-format, not f"{id:016x}": a third of its cost, paid per span on
+# the writer's thread (the same text for any int).
 
 
 def _start_record(span: Any) -> tuple | None:
