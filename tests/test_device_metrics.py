@@ -221,9 +221,9 @@ def test_a_real_nvml_read_where_a_gpu_is():
         nvml.nvmlInit()
     except nvml.NVMLError as error:
         not_here(f"no GPU that NVML can read here: {error}")
-    reader = InMemoryMetricReader()
-    DeviceMetrics(MeterProvider(metric_readers=[reader]).get_meter("gpu"), NvmlDevices())
-    found = _points(reader)
+    sdk = new_in_memory_meter("gpu")
+    DeviceMetrics(sdk.meter, NvmlDevices())
+    found = _points(sdk.reader)
     for _, _, value in found[hw_metrics.HW_GPU_UTILIZATION]:
         assert 0.0 <= value <= 1.0
     for (_, _, used), (_, _, total) in zip(
@@ -312,10 +312,9 @@ def _two_gpus(fake: FakeNvml) -> None:
 def _nvml_metrics():
     """A reader and the device metrics of one rank alone on its node, one sample a collection
     (:func:`_collect`)."""
-    reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter("gpu")
+    sdk = new_in_memory_meter("gpu")
     source = NvmlDevices(identity=RankIdentity(local_rank=0, local_world_size=1))
-    return reader, DeviceMetrics(meter, source, min_interval_s=3600.0)
+    return sdk.reader, DeviceMetrics(sdk.meter, source, min_interval_s=3600.0)
 
 
 def _collect(reader, metrics: DeviceMetrics) -> dict[str, list]:
@@ -607,13 +606,12 @@ def test_device_metrics_of_an_sdk_set_up_by_hand_read_this_processs_gpus(fake_nv
     GPU of that rank (one rank per GPU on the node: its own)."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     _two_gpus(fake_nvml)
-    reader = InMemoryMetricReader()
-    DeviceMetrics(MeterProvider(metric_readers=[reader]).get_meter("gpu"))
-    assert set(_by_gpu(_points(reader))) == {"GPU-11111111-h100", "GPU-22222222-a100"}
-    reader = InMemoryMetricReader()
-    second = RankIdentity(local_rank=1, local_world_size=2)
-    observe_devices(MeterProvider(metric_readers=[reader]).get_meter("gpu"), second)
-    assert set(_by_gpu(_points(reader))) == {"GPU-22222222-a100"}
+    every = new_in_memory_meter("gpu")
+    DeviceMetrics(every.meter)
+    assert set(_by_gpu(_points(every.reader))) == {"GPU-11111111-h100", "GPU-22222222-a100"}
+    own = new_in_memory_meter("gpu")
+    observe_devices(own.meter, RankIdentity(local_rank=1, local_world_size=2))
+    assert set(_by_gpu(_points(own.reader))) == {"GPU-22222222-a100"}
 
 
 def test_without_nvidia_ml_py_the_devices_are_absent_with_one_info_line(monkeypatch, caplog):
@@ -621,7 +619,7 @@ def test_without_nvidia_ml_py_the_devices_are_absent_with_one_info_line(monkeypa
     an NvmlDevices reads nothing, and one info line says which package to install."""
     monkeypatch.setitem(sys.modules, "pynvml", None)
     device_metrics._said.clear()
-    meter = MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("gpu")
+    meter = new_in_memory_meter("gpu").meter
     with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
         assert observe_devices(meter, RankIdentity()) is None
         assert NvmlDevices(devices=[0]).read() == []
@@ -635,8 +633,7 @@ def test_one_sample_serves_one_second_by_default():
     """docs/device-metrics.md: "One sample of every device serves all eight instruments and
     every reader for one second (min_interval_s)": a sample one second old is taken anew."""
     assert inspect.signature(DeviceMetrics).parameters["min_interval_s"].default == 1.0
-    meter = MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("devices")
-    metrics = DeviceMetrics(meter, InMemoryDevices([H100]))
+    metrics = DeviceMetrics(new_in_memory_meter("devices").meter, InMemoryDevices([H100]))
     assert metrics.samples() == (H100,)
     metrics._taken -= 1.0  # the sample is now (at least) one second old
     assert metrics.samples() == (H100,) and metrics.reads == 2

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     InMemoryMetricReader,
     MetricExporter,
@@ -57,32 +56,21 @@ def test_the_heartbeat_metrics_are_the_hang_signals():
     assert DL_TRAINING_PHASE_TIME not in heartbeat.HEARTBEAT_METRICS
 
 
-def _ledger_provider(exporter: MetricExporter, names=None):
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
-    ledger = Ledger()
-    observe_ledger(provider.get_meter("t"), source=lambda: ledger, names=names)
-    return provider, reader
-
-
-def test_observe_ledger_creates_only_the_named_instruments():
+def test_observe_ledger_creates_only_the_named_instruments(in_memory_meter):
     """observe_ledger(names=...) creates those instruments and no other."""
-    provider, reader = _ledger_provider(RecordingMetricExporter(), heartbeat.HEARTBEAT_METRICS)
-    data = reader.get_metrics_data()
-    names = {m.name for m in metrics_of(data)}
+    ledger = Ledger()
+    observe_ledger(in_memory_meter.meter, source=lambda: ledger, names=heartbeat.HEARTBEAT_METRICS)
+    names = {m.name for m in metrics_of(in_memory_meter.reader.get_metrics_data())}
     assert names == HANG - {DL_TRAINING_PROGRESS_TIMESTAMP}  # no step completed yet: absent
-    provider.shutdown()
 
 
-def test_without_metrics_leaves_out_the_named_and_sends_the_rest():
+def test_without_metrics_leaves_out_the_named_and_sends_the_rest(in_memory_meter):
     """The main OTLP reader's exporter drops the heartbeat's metrics and keeps the others; a
     batch with nothing left is not sent."""
     recording = RecordingMetricExporter()
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
     ledger = Ledger()
-    observe_ledger(provider.get_meter("t"), source=lambda: ledger)
-    data = reader.get_metrics_data()
+    observe_ledger(in_memory_meter.meter, source=lambda: ledger)
+    data = in_memory_meter.reader.get_metrics_data()
     wrapper = heartbeat.WithoutMetricsExporter(recording, heartbeat.HEARTBEAT_METRICS)
     assert wrapper.export(data) is MetricExportResult.SUCCESS
     (sent,) = recording.exports
@@ -93,7 +81,6 @@ def test_without_metrics_leaves_out_the_named_and_sends_the_rest():
     assert len(recording.exports) == 1
     wrapper.shutdown()
     assert recording.shutdowns == 1
-    provider.shutdown()
 
 
 def test_flush_and_shutdown_of_the_main_provider_reach_the_heartbeat():

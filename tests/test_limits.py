@@ -21,13 +21,11 @@ from opentelemetry.exporter.otlp.json.file._log_exporter import FileLogExporter
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk._logs import ReadableLogRecord
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, Status, StatusCode
-from support import examples, import_or_unavailable
+from support import examples, import_or_unavailable, metrics_of, new_in_memory_meter
 
 import otel_training as ot
 from otel_training import limits, testing
@@ -405,13 +403,12 @@ def test_names_keys_and_metric_descriptions_are_cut_at_1024_characters():
     for name in (record.name, key, record.events[0].name, event_key, scope.name, scope.version):
         assert len(name) == 1024 and name.endswith("n...[4000 characters cut]")
     assert record.attributes[key] == long
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
-    provider.get_meter("m").create_counter("c", description=long).add(1)
-    data = limits.bounded_metrics_data(reader.get_metrics_data())
+    sdk = new_in_memory_meter("m")
+    sdk.meter.create_counter("c", description=long).add(1)
+    data = limits.bounded_metrics_data(sdk.reader.get_metrics_data())
     (metric,) = data.resource_metrics[0].scope_metrics[0].metrics
     assert len(metric.description) == 1024 and metric.description.endswith(" characters cut]")
-    provider.shutdown()
+    sdk.provider.shutdown()
 
 
 @documents("limits.md", "then events beyond what fits are dropped, exception events kept")
@@ -504,19 +501,13 @@ def test_escaping_and_cutting_never_run_on_the_training_thread(monkeypatch):
 
 
 @documents("limits.md", "The SDK itself refuses a metric name or unit outside its ASCII grammar")
-def test_the_sdk_refuses_an_instrument_named_outside_its_grammar():
+def test_the_sdk_refuses_an_instrument_named_outside_its_grammar(in_memory_meter):
     """An instrument named or with a unit outside the SDK's ASCII grammar is refused when it
     is created; nothing of it is collected."""
-    reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
-    meter = provider.get_meter("m")
     for name, unit in (("ckpt-\udc80", ""), ("ok", "\udc80")):
         with pytest.raises(Exception, match="Expected ASCII string"):
-            meter.create_counter(name, unit=unit)
-    assert reader.get_metrics_data() is None or not any(
-        s.metrics for r in reader.get_metrics_data().resource_metrics for s in r.scope_metrics
-    )
-    provider.shutdown()
+            in_memory_meter.meter.create_counter(name, unit=unit)
+    assert not metrics_of(in_memory_meter.reader.get_metrics_data())
 
 
 # -- each thing the rule looks at, one at a time ---------------------------------------------

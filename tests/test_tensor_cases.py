@@ -13,9 +13,7 @@ from support import import_or_unavailable
 
 torch = import_or_unavailable("torch")
 
-from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import (  # noqa: E402
-    InMemoryMetricReader,
     PeriodicExportingMetricReader,
 )
 from torch import nn  # noqa: E402
@@ -188,26 +186,21 @@ def test_a9_router_and_layer_metrics_stay_under_the_cardinality_limit(
         assert P + "tensor.router_expert_load" not in found
 
 
-def test_a9_memory_is_flat_from_step_1000_to_10000():
+def test_a9_memory_is_flat_from_step_1000_to_10000(in_memory_meter):
     """The executor, its store and the gauges keep no per-step state: memory stays flat."""
     torch.manual_seed(0)
     model = nn.Module()
     model.layers = nn.ModuleList([nn.Linear(2, 2) for _ in range(4)])
     for p in model.parameters():
         p.grad = torch.ones_like(p)
-    reader = InMemoryMetricReader()
-    observer = TensorObserver(
-        model,
-        "grad_norm:1,param_norm:1",
-        meter=MeterProvider(metric_readers=[reader]).get_meter("m"),
-    )
+    observer = TensorObserver(model, "grad_norm:1,param_norm:1", meter=in_memory_meter.meter)
     tracemalloc.start()
     try:
         for step in range(1, 10_001):
             observer.begin_step(step)
             observer.commit()
             if step % 1000 == 0:
-                reader.get_metrics_data()
+                in_memory_meter.reader.get_metrics_data()
             if step == 1000:
                 gc.collect()
                 at_1000 = tracemalloc.get_traced_memory()[0]
