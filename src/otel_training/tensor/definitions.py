@@ -119,7 +119,16 @@ def _per_layer(family: str, plan: LabelPlan, values: np.ndarray) -> FamilyValues
     return FamilyValues(family, plan.attributes, values)
 
 
-class L2NormMetric(ShardedReductionMetric):
+class _OneFamilyMetric(ShardedReductionMetric):
+    """A built-in metric that publishes one family: made from its schedule name, the kinds of
+    sites it reads and the name of that family."""
+
+    def __init__(self, name: str, kinds: frozenset[SiteKind], family: str) -> None:
+        super().__init__()
+        self.name, self.kinds, self.families = name, kinds, (family,)
+
+
+class L2NormMetric(_OneFamilyMetric):
     """L2 norm per layer and in total: ``sqrt(sum_t sum_i t_i^2)`` over the layer's tensors.
 
     Device: one norm per tensor, ``torch._foreach_norm`` per device and dtype for parameters and
@@ -135,10 +144,6 @@ class L2NormMetric(ShardedReductionMetric):
     op = "sum"
 
     batched_ord = 2.0
-
-    def __init__(self, name: str, kinds: frozenset[SiteKind], family: str) -> None:
-        super().__init__()
-        self.name, self.kinds, self.families = name, kinds, (family,)
 
     def prepare(
         self, sites: Sequence[Site], tensors: Sequence[torch.Tensor | None]
@@ -165,16 +170,12 @@ class L2NormMetric(ShardedReductionMetric):
         return math.sqrt(host[0])
 
 
-class NonFiniteCountMetric(ShardedReductionMetric):
+class NonFiniteCountMetric(_OneFamilyMetric):
     """Number of NaN and infinite elements per layer and in total: ``sum_t #{i : t_i not
     finite}``. Device: one ``count_nonzero(~isfinite(t))`` per tensor. Source: the non-finite
     gradient check of mixed-precision training (``torch.amp.GradScaler``), split by layer."""
 
     op = "sum"
-
-    def __init__(self, name: str, kinds: frozenset[SiteKind], family: str) -> None:
-        super().__init__()
-        self.name, self.kinds, self.families = name, kinds, (family,)
 
     def prepare(
         self, sites: Sequence[Site], tensors: Sequence[torch.Tensor | None]
@@ -199,7 +200,7 @@ class NonFiniteCountMetric(ShardedReductionMetric):
         return float(host[0])
 
 
-class UpdateRatioMetric(ShardedReductionMetric):
+class UpdateRatioMetric(_OneFamilyMetric):
     """Update-to-weight ratio per layer and in total: ``||W_after - W_before||_2 /
     ||W_before||_2`` over one optimizer step.
 
@@ -213,8 +214,7 @@ class UpdateRatioMetric(ShardedReductionMetric):
     op = "sum"
 
     def __init__(self, name: str, kinds: frozenset[SiteKind], family: str) -> None:
-        super().__init__()
-        self.name, self.kinds, self.families = name, kinds, (family,)
+        super().__init__(name, kinds, family)
         self._snapshot: list[torch.Tensor] | None = None
         self._due = False
 
@@ -258,7 +258,7 @@ class UpdateRatioMetric(ShardedReductionMetric):
             return float(np.sqrt(host[0] / host[1]))
 
 
-class RmsMetric(ShardedReductionMetric):
+class RmsMetric(_OneFamilyMetric):
     """Root mean square per layer and in total: ``sqrt(sum_t sum_i t_i^2 / sum_t numel(t))``
     over every observation of the layer's sites in the step (all micro-batches).
 
@@ -269,10 +269,6 @@ class RmsMetric(ShardedReductionMetric):
     """
 
     op = "sum"
-
-    def __init__(self, name: str, kinds: frozenset[SiteKind], family: str) -> None:
-        super().__init__()
-        self.name, self.kinds, self.families = name, kinds, (family,)
 
     def prepare_forward(self, site: Site, tensor: torch.Tensor) -> torch.Tensor:
         return _l2(tensor)
@@ -307,17 +303,13 @@ class RmsMetric(ShardedReductionMetric):
             return float(np.sqrt(host[0] / host[1]))
 
 
-class MaxAbsMetric(ShardedReductionMetric):
+class MaxAbsMetric(_OneFamilyMetric):
     """Largest absolute value per layer and in total: ``max_t max_i |t_i|`` over every
     observation of the layer's sites in the step. Device: ``vector_norm(t, inf)`` per
     observation (0 for an empty tensor); maxima over ranks. Source: the max-activation
     statistics used to spot outlier features (Dettmers et al., "LLM.int8()", 2022)."""
 
     op = "max"
-
-    def __init__(self, name: str, kinds: frozenset[SiteKind], family: str) -> None:
-        super().__init__()
-        self.name, self.kinds, self.families = name, kinds, (family,)
 
     def prepare_forward(self, site: Site, tensor: torch.Tensor) -> torch.Tensor:
         if tensor.numel() == 0:
