@@ -32,6 +32,9 @@ Prints, from one run, the cost per iteration of an empty ``with`` block of:
 - ``ledger``: the health ledger's own cost per phase transition (``docs/health.md``): a step of
   ``Ledger.enter``/``exit`` for the iteration and its data loading, forward/backward and
   optimizer (8 transitions), per transition; every phase pays it, whatever its span group;
+- ``json_writer``: the span JSON lines writer's own work per span, on its thread: an ended
+  ``training_iteration`` span of the pipeline formatted as its line and written to a file, as
+  the writer does a batch (a figure, no target: part of ``otel_training``);
 - ``floor``: what a transition cannot go below in Python (the issue's floor): a call of a
   Python function that reads ``time.perf_counter()`` and stores it in a list;
 
@@ -322,6 +325,20 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
 
         return run
 
+    from otel_training.processors.jsonlog import JsonLogSpanProcessor
+
+    with training_iteration(iteration=1) as made:
+        pass
+    ended = made.span
+    writer = JsonLogSpanProcessor(os.path.join(directory, "writer-alone.jsonl"))
+    line, end = writer._line, (1, ended)  # (_END, span): a span_end record
+
+    def json_writer(n: int) -> tuple[float, float]:
+        start, cpu = time.perf_counter_ns(), time.process_time_ns()
+        for _ in range(0, n, 1024):
+            writer._write("".join([line(end) for _ in range(min(1024, n))]))
+        return _per_iteration(start, cpu, n)
+
     box = [0.0]
     perf = time.perf_counter
 
@@ -394,6 +411,7 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
         "ledger_alone": ledger_alone,
         "ledger": ledger,
         "ledger_recorded": lambda n: ledger(n, recorded_ledger),
+        "json_writer": json_writer,
         "floor": floor,
     }
     for run in variants.values():
@@ -409,6 +427,7 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
             result["aidot_bare_sdk"].append(aidot.round("bare", iterations))
     if aidot is not None:
         aidot.close()
+    writer.shutdown()
     telemetry.shutdown()
     sdk.shutdown()
     return result
@@ -468,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         ("ledger_alone", "LEDGER.enter + exit"),
         ("ledger", "health ledger, a transition"),
         ("ledger_recorded", "the same, record in a file"),
+        ("json_writer", "its JSON line, formatted, written"),
         ("floor", "a call: perf_counter, a store"),
     ]
     if "aidot" in result:
