@@ -56,13 +56,8 @@ from otel_training.tensor.metric import (
     to_device,
 )
 from otel_training.tensor.norms import batched_norms
-from otel_training.tensor.observer import (
-    Schedule,
-    TensorObserver,
-    canonical_name,
-    default_layer_of,
-    parse_schedule,
-)
+from otel_training.tensor.observer import Schedule, TensorObserver, parse_schedule
+from otel_training.tensor.sites import canonical_name, default_layer_of
 
 __all__ = [
     "BUILTIN_METRICS",

@@ -1,4 +1,4 @@
-"""The tensor observer: exposes a model's tensors to the due tensor metrics of each step.
+"""The tensor observer: the per-step lifecycle that feeds a model's tensors to the due metrics.
 
 Usage from a plain loop (see ``docs/tensor-metrics.md`` for Megatron-LM)::
 
@@ -13,28 +13,19 @@ Usage from a plain loop (see ``docs/tensor-metrics.md`` for Megatron-LM)::
         optimizer.step()
         optimizer.zero_grad()
 
-Sites are found at construction, and again when the model changes:
+Sites (parameters and gradients, the residual stream, activations, router logits, output
+logits) are found at construction by :mod:`otel_training.tensor.sites`, and again before the next
+due step when the model has changed since (a layer replaced, added, removed or wrapped: the
+hooks are installed again). Each step runs between :meth:`~TensorObserver.begin_step` and
+:meth:`~TensorObserver.commit`:
 
-- parameters and gradients: ``model.named_parameters()`` (tied weights once), read at
-  :meth:`~TensorObserver.commit`; DTensor parameters (FSDP2, tensor parallel) take their
-  placements and process groups from their device mesh; a :class:`FlatShard` placement (the
-  ranges of Megatron-LM's distributed optimizer) reads only this rank's range of the tensor;
-- residual stream: the output of each layer module (a module named ``...layers.N``,
-  ``...blocks.N``, ``...h.N`` or ``...layer.N``);
-- activations: the outputs of the layer's direct sub-modules that are not normalisation layers
-  (attention and MLP outputs);
-- router logits: the output ``[..., E]`` of modules named ``router`` or ``gate``;
-- output logits: the output of the model (a tensor, ``.logits``, or the first tensor of a tuple).
-
-Forward hooks are installed only for the kinds some scheduled metric reads; each starts with one
-attribute read and returns at once when no metric is due in the current step (also under
-``torch.compile``, ``fullgraph=True`` included: no graph break; see
-:mod:`otel_training.tensor._forward`). Recomputed forwards of activation checkpointing are not
-observed twice. A layer replaced, added, removed or wrapped after construction is followed: the
-sites are found again before the next due step. Canonical names drop wrapper prefixes
-(``module.``, ``_orig_mod.``, ``_fsdp_wrapped_module.``, ``_checkpoint_wrapped_module.``);
-layers are labelled ``decoder.layers.N`` (``encoder.layers.N`` under an encoder), N plus the
-caller's ``layer_offset`` (pipeline stages).
+- forward hooks are installed only for the kinds some scheduled metric reads; each starts with
+  one attribute read and returns at once when no metric is due in the current step (also under
+  ``torch.compile``, ``fullgraph=True`` included: no graph break; see
+  :mod:`otel_training.tensor._forward`); recomputed forwards of activation checkpointing are not
+  observed twice;
+- at the commit point gradients and parameters are read (multi-tensor kernels) and handed, with
+  the step's forward observations, to the executor (:mod:`otel_training.tensor.executor`).
 """
 
 from __future__ import annotations
@@ -42,8 +33,6 @@ from __future__ import annotations
 import functools
 import logging
 import operator
-import re
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -57,26 +46,23 @@ from otel_training.tensor._forward import Gate, first_tensor, make_hook
 from otel_training.tensor.definitions import DEFAULT_SCHEDULE, build_metric
 from otel_training.tensor.executor import TensorMetricExecutor
 from otel_training.tensor.gauges import TensorMetricGauges
-from otel_training.tensor.metric import (
-    PIPELINE_AXIS,
-    FlatShard,
-    Placement,
-    Replicate,
-    Rows,
-    Shard,
-    Site,
-    SiteKind,
-    TensorMetric,
-)
+from otel_training.tensor.metric import PIPELINE_AXIS, Placement, Rows, Site, SiteKind, TensorMetric
 from otel_training.tensor.norms import norm_list
+from otel_training.tensor.sites import (
+    LocalPart,
+    StructureWatch,
+    canonical_name,
+    commit_parameters,
+    commit_sites,
+    default_layer_of,
+    forward_sites,
+    model_structure,
+)
 
 try:
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor import Partial as _DTensorPartial
-    from torch.distributed.tensor import Shard as _DTensorShard
 except ImportError:  # pragma: no cover - torch built without distributed
     DTensor = None
-    _DTensorPartial = _DTensorShard = None
 
 __all__ = [
     "Schedule",
@@ -96,33 +82,6 @@ _NO_WORK: dict[int, tuple] = {}  # the work of a step with no forward metric due
 _graph_task_id = torch._C._current_graph_task_id  # in_backward(), inlined on the hot path
 _IS_NONE = functools.partial(operator.is_, None)
 
-_WRAPPERS = re.compile(
-    r"(?:^|\.)(?:module|_orig_mod|_fsdp_wrapped_module|_checkpoint_wrapped_module|_forward_module)"
-    r"(?=\.|$)"
-)
-_LAYER = re.compile(r"(?:^|\.)(?:layers|blocks|h|layer)\.(\d+)(?=\.|$)")
-_NORM_CLASS = re.compile(r"norm", re.IGNORECASE)
-_ROUTER_NAMES = ("router", "gate")
-_TOP_K_ATTRIBUTES = ("top_k", "topk", "num_experts_per_tok", "router_topk", "moe_router_topk")
-
-
-def canonical_name(name: str) -> str:
-    """``name`` without wrapper components: ``module.decoder.layers.0._orig_mod.mlp`` ->
-    ``decoder.layers.0.mlp``."""
-    return _WRAPPERS.sub("", name).lstrip(".")
-
-
-def default_layer_of(name: str, offset: int = 0) -> str | None:
-    """The layer label of a canonical name: the first ``layers.N``/``blocks.N``/``h.N``/
-    ``layer.N`` component gives ``decoder.layers.{N + offset}``, or ``encoder.layers.{...}``
-    when the name has an ``encoder`` component before it; ``None`` outside layers."""
-    match = _LAYER.search(name)
-    if match is None:
-        return None
-    prefix = name[: match.start()].split(".")
-    stack = "encoder" if "encoder" in prefix else "decoder"
-    return f"{stack}.layers.{int(match.group(1)) + offset}"
-
 
 def parse_schedule(text: str) -> tuple[tuple[str, int], ...]:
     """Parses ``"grad_norm:10,router:50"`` strictly; ``"none"`` (or ``"off"``, or nothing)
@@ -141,47 +100,6 @@ def parse_schedule(text: str) -> tuple[tuple[str, int], ...]:
             )
         pairs.append((entry.name, entry.interval))
     return tuple(pairs)
-
-
-class _Local:
-    """What a commit-time site reads of its tensor: this rank's range of a :class:`FlatShard`
-    and/or the local piece of a DTensor. The range of a persistent tensor (the parameter, or
-    Megatron-LM's ``main_grad`` view of its gradient buffer) is a view built once and reused
-    while the tensor keeps its storage; a fresh ``.grad`` is sliced each time."""
-
-    __slots__ = ("name", "shard", "dtensor", "_base", "_pointer", "_view")
-
-    def __init__(self, name: str, shard: FlatShard | None, dtensor: bool) -> None:
-        self.name, self.shard, self.dtensor = name, shard, dtensor
-        self._base: torch.Tensor | None = None
-        self._pointer = 0
-        self._view: torch.Tensor | None = None
-
-    def __call__(self, tensor: torch.Tensor | None, persistent: bool) -> torch.Tensor | None:
-        if tensor is None:
-            return None
-        if self.dtensor and DTensor is not None and isinstance(tensor, DTensor):
-            tensor = tensor.to_local()
-        shard = self.shard
-        if shard is None:
-            return tensor
-        if persistent and tensor is self._base and tensor.data_ptr() == self._pointer:
-            return self._view
-        view = shard.local(tensor)
-        if view is None:
-            _warn(
-                ("flat_shard", self.name),
-                "tensor observer: %s has %d elements, neither the whole tensor nor the range "
-                "[%d, %d) of its FlatShard; it counts 0 in this step.",
-                self.name,
-                tensor.numel(),
-                shard.start,
-                shard.end,
-            )
-            return None
-        if persistent:
-            self._base, self._pointer, self._view = tensor, tensor.data_ptr(), view
-        return view
 
 
 class _Slot:
@@ -207,8 +125,8 @@ class _Slot:
         #: The tensors of a parameter-only slot whose sites read whole tensors: the same list
         #: every step (no per-step work).
         self.static: list[torch.Tensor] | None = None
-        #: ``(row, _Local)`` for the rows that read a part of their tensor.
-        self.local: tuple[tuple[int, _Local], ...] = ()
+        #: ``(row, LocalPart)`` for the rows that read a part of their tensor.
+        self.local: tuple[tuple[int, LocalPart], ...] = ()
         #: Forward sites the metric reads (0 for commit-time metrics).
         self.forward_sites = 0
         #: ``(1,) * len(sites)``: the widths of one value per row.
@@ -277,60 +195,6 @@ class _StepScope:
             entry[0].append(self.sites[index])
             entry[1].append(value)
             entry[2].append(numel)
-
-
-class _StructureWatch:
-    """Notices when a model changes after the observer found its sites.
-
-    Assigning a module or parameter anywhere (``model.layers[3] = ...``, ``add_module``,
-    ``register_parameter``, a wrapper put in a layer's place) goes through PyTorch's global
-    registration hooks, which mark the watch dirty; insertions and deletions that bypass them
-    (``ModuleList.insert``, ``del model.layers[3]``) change the size of a ``_modules`` or
-    ``_parameters`` mapping of the model, which :meth:`changed` compares. Both are cheap: one
-    flag, and one ``len`` per mapping, per due step.
-    """
-
-    def __init__(self) -> None:
-        self.dirty = False
-        self._mappings: list[Mapping] = []
-        self._sizes: tuple[int, ...] = ()
-        ref = weakref.ref(self)
-
-        def mark(*_: Any) -> None:
-            watch = ref()
-            if watch is not None:
-                watch.dirty = True
-
-        registry = nn.modules.module
-        self._handles = [
-            registry.register_module_module_registration_hook(mark),
-            registry.register_module_parameter_registration_hook(mark),
-        ]
-        weakref.finalize(self, _remove_all, self._handles)
-
-    def snapshot(self, models: Sequence[nn.Module]) -> None:
-        """Remembers the structure of ``models`` as it is now."""
-        mappings: list[Mapping] = []
-        for model in models:
-            for module in model.modules():
-                mappings.append(module._modules)
-                mappings.append(module._parameters)
-        self._mappings = mappings
-        self._sizes = tuple(map(len, mappings))
-        self.dirty = False
-
-    def changed(self) -> bool:
-        """Whether the structure may have changed since the last :meth:`snapshot`."""
-        return self.dirty or tuple(map(len, self._mappings)) != self._sizes
-
-    def close(self) -> None:
-        """Stops watching (removes the global registration hooks)."""
-        _remove_all(self._handles)
-
-
-def _remove_all(handles: list) -> None:
-    while handles:
-        handles.pop().remove()
 
 
 class TensorObserver:
@@ -415,11 +279,11 @@ class TensorObserver:
 
             meter = get_meter()
         self._inert = isinstance(meter, NoOpMeter)
-        self._watch: _StructureWatch | None = None
+        self._watch: StructureWatch | None = None
         if self._inert:
             self._remove_source: Callable[[], None] = _nothing
             return
-        self._watch = _StructureWatch()
+        self._watch = StructureWatch()
         self._find_sites()
         self._gauges = TensorMetricGauges.for_meter(meter)
         self._remove_source = self._gauges.add_source(self.executor.published)
@@ -466,12 +330,12 @@ class TensorObserver:
         """The scheduled metric instances."""
         return tuple(slot.metric for slot in self._slots)
 
-    # -- sites ----------------------------------------------------------------------------
+    # -- the sites (otel_training.tensor.sites), wired to the slots and the hooks ----------
 
     def _find_sites(self) -> None:
         """Finds every site of the model as it is now, and (re)installs the forward hooks."""
         self._watch.snapshot(self._models)
-        self._structure = self._fingerprint()
+        self._structure = model_structure(self._models)
         self._find_commit_sites()
         for handle in self._handles:
             handle.remove()
@@ -481,75 +345,21 @@ class TensorObserver:
             if not slot.commit_kinds:
                 slot.forward_sites = sum(slot.index in s for s in self._site_slots)
 
-    def _named_parameters(self):
-        seen: set[int] = set()
-        for model in self._models:
-            for name, param in model.named_parameters():
-                if id(param) not in seen:
-                    seen.add(id(param))
-                    yield canonical_name(name), param
-
-    def _param_placements(self, name: str, param: nn.Parameter):
-        if DTensor is not None and isinstance(param, DTensor):
-            mesh = param.device_mesh
-            names = mesh.mesh_dim_names or tuple(f"mesh{i}" for i in range(mesh.ndim))
-            placements: list[tuple[str, Placement]] = []
-            for dim, (axis, placement) in enumerate(zip(names, param.placements)):
-                if isinstance(placement, _DTensorPartial):
-                    raise ValueError("pending-sum (Partial) placement")
-                if isinstance(placement, _DTensorShard):
-                    placements.append((axis, Shard(placement.dim)))
-                    self.executor.axes.add(axis, mesh.get_group(dim))
-            return tuple(placements)
-        if self._placements_of is not None:
-            mapping = self._placements_of(name, param) or {}
-            found = tuple(
-                sorted((a, p) for a, p in mapping.items() if not isinstance(p, Replicate))
-            )
-            if sum(isinstance(p, FlatShard) for _, p in found) > 1:
-                raise ValueError("more than one FlatShard placement")
-            return found
-        return ()
-
     def _find_commit_sites(self) -> None:
-        params: list[tuple[str, nn.Parameter, tuple]] = []
-        for name, param in self._named_parameters():
-            try:
-                placements = self._param_placements(name, param)
-            except ValueError as error:
-                _logger.warning("tensor observer: skipping %s: %s", name, error)
-                continue
-            params.append((name, param, placements))
+        """Gives each commit-time slot its sites, parameters and local parts."""
+        params = commit_parameters(self._models, self._placements_of, self.executor.axes.add)
         if params:
-            self._device = params[0][1].device
-        # Rows with the same reduction axes side by side: fewer, larger collective requests;
-        # then by dtype: one fused multi-tensor kernel per run of one dtype on CUDA.
-        params.sort(
-            key=lambda item: (
-                tuple(a for a, p in item[2] if a != PIPELINE_AXIS),
-                str(item[1].dtype),
-            )
-        )
+            self._device = params[0].param.device
         for slot in self._slots:
-            kinds = tuple(k for k in (SiteKind.PARAMETER, SiteKind.GRAD) if k in slot.metric.kinds)
-            if not kinds:
+            found = commit_sites(slot.metric, params, self._layer_of)
+            if found is None:
                 continue
-            sites, chosen, local = [], [], []
-            for kind in kinds:
-                for name, param, placements in params:
-                    if kind is SiteKind.GRAD and not param.requires_grad:
-                        continue
-                    site = Site(name, kind, self._layer_of(name), placements)
-                    if not slot.metric.accepts(site):
-                        continue
-                    is_dtensor = DTensor is not None and isinstance(param, DTensor)
-                    if site.flat_shard is not None or is_dtensor:
-                        local.append((len(sites), _Local(name, site.flat_shard, is_dtensor)))
-                    sites.append(site)
-                    chosen.append(param)
-            slot.commit_kinds, slot.sites, slot.params = kinds, tuple(sites), chosen
-            slot.local, slot.widths = tuple(local), (1,) * len(sites)
-            slot.static = list(chosen) if kinds == (SiteKind.PARAMETER,) and not local else None
+            slot.commit_kinds, slot.sites, slot.params, slot.local = found
+            slot.widths = (1,) * len(found.sites)
+            if found.kinds == (SiteKind.PARAMETER,) and not found.local:
+                slot.static = list(found.params)
+            else:
+                slot.static = None
 
     def _forward_site(self, name: str, kind: SiteKind, top_k: int = 1) -> int:
         key = (name, kind)
@@ -566,6 +376,7 @@ class TensorObserver:
         return index
 
     def _install_hooks(self) -> None:
+        """One forward hook per module whose output is a site some scheduled metric reads."""
         wanted = {k for slot in self._slots for k in slot.metric.kinds if not k.at_commit}
         if not wanted:
             return
@@ -573,37 +384,17 @@ class TensorObserver:
         axes = self.executor.axes
         # The output of an earlier pipeline stage is hidden states, not logits.
         last_stage = axes.rank(PIPELINE_AXIS) == axes.size(PIPELINE_AXIS) - 1
-        for model in self._models:
-            # Logits: the output of the last model chunk of the last stage.
-            logits = SiteKind.LOGITS in wanted and last_stage and model is self._models[-1]
-            modules = {canonical_name(n): m for n, m in model.named_modules()}
-            for name, module in modules.items():
-                found: list[int] = []
-                last = name.rsplit(".", 1)[-1]
-                layer = self._layer_of(name) if name else None
-                parent_name = name.rsplit(".", 1)[0] if "." in name else ""
-                if logits and name == "":
-                    found.append(self._forward_site("output", SiteKind.LOGITS))
-                if SiteKind.RESIDUAL in wanted and _LAYER.search(name) and _is_layer(name):
-                    found.append(self._forward_site(name, SiteKind.RESIDUAL))
-                if (
-                    SiteKind.ACTIVATION in wanted
-                    and layer is not None
-                    and _is_layer(parent_name)
-                    and not _NORM_CLASS.search(type(module).__name__)
-                    and not isinstance(module, (nn.Identity, nn.Dropout))
-                ):
-                    found.append(self._forward_site(name, SiteKind.ACTIVATION))
-                if (
-                    SiteKind.ROUTER in wanted
-                    and last in _ROUTER_NAMES
-                    and isinstance(module, nn.Linear)
-                ):
-                    top_k = self._router_top_k or _top_k_of(modules.get(parent_name))
-                    found.append(self._forward_site(name, SiteKind.ROUTER, top_k))
-                if found:
-                    hook = make_hook(self._gate, tuple(found), on_error)
-                    self._handles.append(module.register_forward_hook(hook))
+        found = forward_sites(
+            self._models,
+            wanted,
+            self._layer_of,
+            last_stage=last_stage,
+            router_top_k=self._router_top_k,
+        )
+        for module, sites in found:
+            indices = tuple(self._forward_site(name, kind, top_k) for name, kind, top_k in sites)
+            hook = make_hook(self._gate, indices, on_error)
+            self._handles.append(module.register_forward_hook(hook))
 
     @staticmethod
     def _hook_failed(error: Exception) -> None:
@@ -614,8 +405,7 @@ class TensorObserver:
         watch = self._watch
         if watch is None or not watch.changed():
             return
-        fingerprint = self._fingerprint()
-        if fingerprint == self._structure:  # something else changed (another model was built)
+        if model_structure(self._models) == self._structure:  # another model was built
             watch.snapshot(self._models)
             return
         before = self._commit_tensor_ids()
@@ -627,15 +417,6 @@ class TensorObserver:
             "(%d tensor sites added, %d removed); following it.",
             len(after - before),
             len(before - after),
-        )
-
-    def _fingerprint(self) -> tuple:
-        """The model's structure: every module and parameter by name and identity."""
-        return tuple(
-            (name, id(item))
-            for model in self._models
-            for named in (model.named_modules(), model.named_parameters())
-            for name, item in named
         )
 
     def _commit_tensor_ids(self) -> set[tuple[str, SiteKind, int]]:
@@ -972,22 +753,3 @@ class TensorObserver:
 
 def _nothing() -> None:
     return None
-
-
-def _is_layer(name: str) -> bool:
-    """Whether ``name`` ends with a layer component (``...layers.N``): a layer module."""
-    ends = [match.end() for match in _LAYER.finditer(name)]
-    return bool(ends) and ends[-1] == len(name)
-
-
-def _top_k_of(module: nn.Module | None) -> int:
-    for attribute in _TOP_K_ATTRIBUTES:
-        value = getattr(module, attribute, None)
-        if isinstance(value, int) and value >= 1:
-            return value
-    config_object = getattr(module, "config", None)
-    for attribute in _TOP_K_ATTRIBUTES:
-        value = getattr(config_object, attribute, None)
-        if isinstance(value, int) and value >= 1:
-            return value
-    return 1
