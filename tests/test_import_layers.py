@@ -71,7 +71,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
             "otel_training.memory",
             "otel_training.network",
             "otel_training.open_spans",
-            "otel_training.pipeline",
+            "otel_training.pipeline.*",
             "otel_training.processors.*",
             "otel_training.proxy",
             "otel_training.replicated",
