@@ -48,7 +48,7 @@ def span_mirrors(
       inside ``settings.jsonlog_dir`` when set, else inside ``settings.output_dir`` when the
       embedded default (``otlp_json_file``) exports traces; none otherwise. ``open_file(signal,
       base_dir)`` opens the file, ``base_dir=None`` meaning the output directory (see
-      ``setup._Outputs.open``).
+      ``pipeline.outputs.Outputs.open``).
 
     Never raises: a file that cannot be opened logs one warning and is left out.
     """
