@@ -55,6 +55,7 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 _warn = LogOnce(_logger, interval_s=MINUTE_S)
 _DISTRIBUTED = torch.distributed.is_available()
+_FLOAT32 = torch.float32
 
 
 class ProcessGroupAxes:
@@ -68,6 +69,7 @@ class ProcessGroupAxes:
         self._groups: dict[str, Any] = dict(groups or {})
         self._cache: dict[str, tuple[int, int]] = {}
         self._version = 0
+        self._versions = ((0, False), (0, True))  # made once per add(): read every due step
 
     def add(self, axis: str, group: Any) -> None:
         """Names ``group`` as ``axis`` unless the axis already has a group."""
@@ -75,12 +77,13 @@ class ProcessGroupAxes:
             self._groups[axis] = group
             self._cache.pop(axis, None)
             self._version += 1
+            self._versions = ((self._version, False), (self._version, True))
 
     @property
     def version(self) -> tuple[int, bool]:
         """Changes when an axis is added or ``torch.distributed`` gets initialised: metrics
         cache per-axis facts by it."""
-        return (self._version, _DISTRIBUTED and torch.distributed.is_initialized())
+        return self._versions[_DISTRIBUTED and torch.distributed.is_initialized()]
 
     def group(self, axis: str) -> Any:
         """The process group of ``axis`` (``None`` when not named)."""
@@ -131,7 +134,6 @@ class PublishedValues:
             raise ValueError(f"max_series must be >= 1, got {max_series}")
         self.max_series = max_series
         self._values: dict[str, Any] = {}
-        self._steps: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def publish(self, step: int, families: Iterable[FamilyValues]) -> None:
@@ -139,33 +141,38 @@ class PublishedValues:
         found: dict[str, tuple[tuple, np.ndarray]] = {}
         for fv in families:
             _merge(found, fv, self.max_series, id(self))
-        ready = _Ready(found)
-        self._swap(step, dict.fromkeys(found, ready))
+        self._swap(dict.fromkeys(found, _Ready(step, found)))
 
-    def publish_results(self, step: int, results: Sequence[_HostResult]) -> None:
-        """Makes each result the current source of its metric's families (the executor)."""
-        self._swap(step, {family: r for r in results for family in r.metric.families})
+    def publish_step(self, source: _HostStep) -> None:
+        """Makes ``source``, one due step's host values of every metric (the executor's), the
+        current source of its metrics' families (a family that two metrics publish: the
+        later one's)."""
+        update = {}
+        for metric, _ in source.items:
+            for family in metric.families:
+                update[family] = source
+        self._swap(update)
 
-    def _swap(self, step: int, update: Mapping[str, Any]) -> None:
+    def _swap(self, update: Mapping[str, Any]) -> None:
         if not update:
             return
         with self._lock:  # writers in step order; readers never take it
             self._values.update(update)
-            self._steps.update(dict.fromkeys(update, step))
 
     def observe(self, family: str) -> list[tuple[Mapping[str, str | int], float]]:
         """The current ``(attributes, value)`` pairs of ``family``. Never blocks; any thread."""
         source = self._values.get(family)
         if source is None:
             return []
-        found = source.families(self.max_series).get(family)
+        found = source.family(family, self.max_series)
         if found is None:
             return []
         return list(zip(found[0], found[1].tolist()))
 
     def step(self, family: str) -> int | None:
         """The step whose values ``family`` holds, or ``None`` before the first."""
-        return self._steps.get(family)
+        source = self._values.get(family)
+        return None if source is None else source.step
 
     @property
     def families(self) -> tuple[str, ...]:
@@ -176,13 +183,13 @@ class PublishedValues:
 class _Ready:
     """Labelled values published as they are (:meth:`PublishedValues.publish`)."""
 
-    __slots__ = ("found",)
+    __slots__ = ("step", "found")
 
-    def __init__(self, found: dict[str, tuple[tuple, np.ndarray]]) -> None:
-        self.found = found
+    def __init__(self, step: int, found: dict[str, tuple[tuple, np.ndarray]]) -> None:
+        self.step, self.found = step, found
 
-    def families(self, max_series: int) -> dict[str, tuple[tuple, np.ndarray]]:
-        return self.found
+    def family(self, family: str, max_series: int) -> tuple[tuple, np.ndarray] | None:
+        return self.found.get(family)
 
 
 @dataclass
@@ -211,7 +218,9 @@ class _Pending:
     step: int
     host: torch.Tensor
     event: Any
-    items: list[tuple[TensorMetric, Final, int]]
+    items: list[tuple[TensorMetric, Final]]
+    #: The 1-D fp32 values of each item, as they were gathered (their sizes cut ``host``).
+    values: list[torch.Tensor] = field(repr=False)
     device_buffer: torch.Tensor = field(repr=False)
 
 
@@ -320,15 +329,18 @@ class TensorMetricExecutor:
         if late:  # e.g. the pipeline-wide global values: one collective per op for all
             self._reduce(late)
         self.stats.due_steps += 1
-        index = finals[0][1].values.get_device()  # an int: cheaper than comparing devices
-        if all(final.values.get_device() == index for _, final in finals):
-            self._copy(step, finals[0][1].values.device, finals)
-        else:  # a model over several devices: one copy per device
-            by_device: dict[torch.device, list[tuple[TensorMetric, Final]]] = {}
-            for metric, final in finals:
-                by_device.setdefault(final.values.device, []).append((metric, final))
-            for device, items in by_device.items():
-                self._copy(step, device, items)
+        first = finals[0][1].values
+        index = first.get_device()  # an int: cheaper than comparing devices
+        for _, final in finals:
+            if final.values.get_device() != index:  # a model over several devices
+                by_device: dict[torch.device, list[tuple[TensorMetric, Final]]] = {}
+                for metric, final in finals:
+                    by_device.setdefault(final.values.device, []).append((metric, final))
+                for device, items in by_device.items():
+                    self._copy(step, device, items)
+                break
+        else:
+            self._copy(step, first.device, finals)
         if self._pending:
             self.poll()
 
@@ -365,27 +377,26 @@ class TensorMetricExecutor:
             self.stats.collectives += 1
 
     def _copy(self, step: int, device: torch.device, items) -> None:
-        values, sized = [], []
-        for metric, final in items:
+        values = []
+        for _, final in items:
             value = final.values
             if value.dim() != 1:
                 value = value.reshape(-1)
-            if value.dtype is not torch.float32:
+            if value.dtype is not _FLOAT32:
                 value = value.float()
             values.append(value)
-            sized.append((metric, final, value.numel()))
         self.stats.host_copies += 1
         if self._is_host(device):
             # Host memory already: the one copy gathers every value into a fresh buffer, and
             # the values are published now (synchronously, as there is nothing to wait for).
             host = torch.cat(values) if len(values) > 1 else values[0].clone()
             with self._lock:
-                self._publish(step, host.numpy(), sized)
+                self._publish(step, host.numpy(), items, values)
             return
         buffer = values[0] if len(values) == 1 else torch.cat(values)
         host, event = self._copy_to_host(buffer)
         with self._lock:
-            self._pending.append(_Pending(step, host, event, sized, buffer))
+            self._pending.append(_Pending(step, host, event, items, values, buffer))
 
     @staticmethod
     def _is_host(device: torch.device) -> bool:
@@ -455,56 +466,73 @@ class TensorMetricExecutor:
         if len(self._pinned) > 16:  # step shapes changed many times: start the pool afresh
             self._pinned.clear()
         self._pinned.setdefault(pending.host.numel(), []).append(pending.host)
-        self._publish(pending.step, host, pending.items)
+        self._publish(pending.step, host, pending.items, pending.values)
 
-    def _publish(self, step: int, host: np.ndarray, items) -> None:
+    def _publish(self, step: int, host: np.ndarray, items, values) -> None:
         # With self._lock held, so publication keeps step order. ``finish`` runs later, on the
         # first read (the reader's thread), not here.
-        results = []
-        offset = 0
-        ref = self._ref
-        for metric, final, size in items:
-            results.append(_HostResult(metric, final.finish, host[offset : offset + size], ref))
-            offset += size
-        self.published.publish_results(step, results)
+        sizes = [value.numel() for value in values]
+        self.published.publish_step(_HostStep(step, host, items, sizes, self._ref))
         self.stats.published += 1
 
 
-class _HostResult:
-    """One metric's host values of one step, finished (turned into labelled values) once, on
-    the first read: on the reader's thread, not the training thread. Reading never waits: two
-    first reads at once both compute the same result."""
+class _HostStep:
+    """The host values of every metric of one due step, in the one buffer they were copied
+    into (``host[n]``, the metrics' values one after the other), and each metric's ``finish``.
 
-    __slots__ = ("metric", "finish", "host", "executor", "_families")
+    A metric's values are finished (turned into labelled values) once, on the first read of one
+    of its families: on the reader's thread, never the training thread, and only for metrics
+    whose families are read. Reading never waits: two first reads at once both compute the
+    same result, and either is kept.
+    """
 
-    def __init__(self, metric: TensorMetric, finish, host: np.ndarray, executor_ref) -> None:
-        self.metric, self.finish, self.host = metric, finish, host
+    __slots__ = ("step", "host", "items", "sizes", "executor", "_finished")
+
+    def __init__(
+        self,
+        step: int,
+        host: np.ndarray,
+        items: Sequence[tuple[TensorMetric, Final]],
+        sizes: Sequence[int],
+        executor_ref,
+    ) -> None:
+        self.step, self.host, self.items, self.sizes = step, host, items, sizes
         self.executor = executor_ref
-        self._families: dict[str, tuple[tuple[Mapping[str, str | int], ...], np.ndarray]] | None = (
-            None
-        )
+        self._finished: list[dict[str, tuple[tuple, np.ndarray]] | None] = [None] * len(items)
 
-    def families(self, max_series: int) -> dict[str, tuple[tuple, np.ndarray]]:
-        found = self._families
-        if found is not None:
-            return found
-        found = {}
+    def family(self, family: str, max_series: int) -> tuple[tuple, np.ndarray] | None:
+        """The labelled values of ``family``: those of the last metric of the step that
+        publishes it (finished now if not yet)."""
+        items = self.items
+        for index in range(len(items) - 1, -1, -1):
+            if family in items[index][0].families:
+                break
+        else:
+            return None
+        found = self._finished[index]
+        if found is None:
+            found = self._finished[index] = self._finish(index, max_series)
+        return found.get(family)
+
+    def _finish(self, index: int, max_series: int) -> dict[str, tuple[tuple, np.ndarray]]:
+        metric, final = self.items[index]
+        offset = sum(self.sizes[:index])
+        found: dict[str, tuple[tuple, np.ndarray]] = {}
         try:
-            for fv in self.finish(self.host):
-                _merge(found, fv, max_series, id(self.metric))
+            for fv in final.finish(self.host[offset : offset + self.sizes[index]]):
+                _merge(found, fv, max_series, id(metric))
         except Exception as error:
             executor = self.executor()
             if executor is not None:
                 executor.stats.failures += 1
             _warn(
-                ("finish", id(self.executor), self.metric.name, type(error)),
+                ("finish", id(self.executor), metric.name, type(error)),
                 "tensor metric %s could not finish: %r",
-                self.metric.name,
+                metric.name,
                 error,
                 exc_info=True,
             )
             found = {}
-        self._families = found
         return found
 
 

@@ -399,7 +399,7 @@ class LabelPlan:
             layer_attributes(GLOBAL),
         )
         self._sum_matrix: np.ndarray | None = None
-        self._signatures: tuple[Any, list[tuple[str, ...]], bool] | None = None
+        self._signatures: tuple[int, Any, list[tuple[str, ...]], bool] | None = None
         self._keep: tuple[Any, torch.Tensor | None] | None = None
 
     def sums(self, values: np.ndarray) -> np.ndarray:
@@ -422,20 +422,21 @@ class LabelPlan:
 
     def signatures(self, sites: Sequence[Site], axes: Axes) -> list[tuple[str, ...]]:
         """Per row, the axes with more than one rank that its tensor is reduced over."""
-        return self._facts(sites, axes)[1]
+        return self._facts(sites, axes)[2]
 
     def is_local(self, sites: Sequence[Site], axes: Axes) -> bool:
         """Whether no row needs communication and there is one pipeline stage: the rows go to
         the host as they are."""
-        return self._facts(sites, axes)[2]
+        return self._facts(sites, axes)[3]
 
-    def _facts(self, sites: Sequence[Site], axes: Axes) -> tuple[Any, list, bool]:
-        key = (id(axes), getattr(axes, "version", None))
+    def _facts(self, sites: Sequence[Site], axes: Axes) -> tuple[Any, Any, list, bool]:
+        # Kept while the same axes object says the same version (none: found again each time).
+        version = getattr(axes, "version", None)
         facts = self._signatures
-        if facts is None or facts[0] != key or key[1] is None:
+        if facts is None or facts[0] != id(axes) or facts[1] != version or version is None:
             found = [tuple(a for a in s.reduce_axes if axes.size(a) > 1) for s in sites]
             local = not any(found) and axes.size(PIPELINE_AXIS) <= 1
-            facts = self._signatures = (key, found, local)
+            facts = self._signatures = (id(axes), version, found, local)
         return facts
 
     def pipeline_keep(self, sites: Sequence[Site], axes: Axes) -> torch.Tensor | None:
@@ -523,10 +524,8 @@ class ShardedReductionMetric(TensorMetric):
 
     def start(self, rows: Rows, axes: Axes) -> Stage | Final:
         plan = self.label_plan(rows.sites)
-        if plan.is_local(rows.sites, axes):
-            return Final(
-                rows.values, functools.partial(self._finish, rows=rows, plan=plan, reduced=False)
-            )
+        if plan.is_local(rows.sites, axes):  # the common case: one step's few Python calls
+            return Final(rows.values, functools.partial(self._finish_local, rows, plan))
         signatures = plan.signatures(rows.sites, axes)
         if not any(signatures):
             return self._final(rows.values, rows, plan, False, axes)
@@ -587,6 +586,9 @@ class ShardedReductionMetric(TensorMetric):
 
     def _finish(self, host: np.ndarray, *, rows: Rows, plan: LabelPlan, reduced: bool):
         return self.finish(host, rows, plan, reduced)
+
+    def _finish_local(self, rows: Rows, plan: LabelPlan, host: np.ndarray):
+        return self.finish(host, rows, plan, False)
 
     def _finish_pipeline(self, host, *, rows: Rows, plan: LabelPlan, reduced: bool, k: int):
         results = self.finish(host[: host.size - k], rows, plan, reduced)
