@@ -31,6 +31,7 @@ class Open:
     code: int  # as given to enter()
     effective: int  # the phase its time goes to while innermost
     token: int  # the ledger's
+    start: float  # since when its effective phase is open (an outer one's start, when the same)
 
 
 class Definition:
@@ -41,7 +42,9 @@ class Definition:
     iteration began and ``other`` after when none is open; after DDP's collective wait inside
     forward/backward, to ``communication`` until the next phase opens or closes. A phase that
     closes closes every phase opened after it; an iteration that closes without an exception
-    is a step."""
+    is a step. The open phase is open since it opened, or since the phase around it opened when
+    both are the same; ``startup`` since the process began, ``other`` since the last phase
+    closed (the process's start until then); ``communication`` since the wait began."""
 
     def __init__(self, now: float) -> None:
         self.times = [0.0] * len(L.PHASES)
@@ -49,6 +52,8 @@ class Definition:
         self.begun = False
         self.waiting = False
         self.since = now
+        self.base_start = now  # the process began now
+        self.wait_start = now
         self.steps = 0
         self.iteration: int | None = None
 
@@ -58,6 +63,11 @@ class Definition:
         if self.open:
             return self.open[-1].effective
         return L.OTHER if self.begun else L.STARTUP
+
+    def open_since(self) -> float:
+        if self.waiting:
+            return self.wait_start
+        return self.open[-1].start if self.open else self.base_start
 
     def advance(self, now: float) -> None:
         self.times[self.innermost()] += now - self.since
@@ -75,15 +85,21 @@ class Definition:
                 phase = L.FORWARD_BACKWARD
         elif code == L.ASYNC_SAVE:
             phase = L.CHECKPOINT_SAVE
+        start = now
         if self.open:
-            phase = L.effective(self.open[-1].effective, phase)
-        self.open.append(Open(code, phase, token))
+            outer = self.open[-1]
+            phase = L.effective(outer.effective, phase)
+            if phase == outer.effective:
+                start = outer.start
+        self.open.append(Open(code, phase, token, start))
 
     def exit(self, index: int, now: float, iteration: int | None) -> None:
         self.advance(now)
         self.waiting = False
         closed = self.open[index]
         del self.open[index:]
+        if not self.open and self.begun:
+            self.base_start = now
         if closed.code == L.ITERATION:
             self.steps += 1
             if iteration is None:
@@ -95,6 +111,7 @@ class Definition:
             return
         self.advance(now)
         self.waiting = True
+        self.wait_start = now
 
 
 CODES = [  # the step's phases twice: most phases are inside a step
@@ -124,9 +141,10 @@ OPERATIONS = st.lists(
 )
 
 
-def check(ledger: L.Ledger, truth: Definition) -> None:
+def check(ledger: L.Ledger, truth: Definition, now: float) -> None:
     reading = ledger.read()
     assert reading.open_phase == L.PHASES[truth.innermost()]
+    assert reading.open_s == pytest.approx(now - truth.open_since(), abs=1e-9)
     got = [reading.phase_time_s[name] for name in L.PHASES]
     assert got == pytest.approx(truth.times, abs=1e-9)
     assert (ledger.steps, ledger.iteration) == (truth.steps, truth.iteration)
@@ -170,7 +188,7 @@ def test_any_sequence_of_phases_is_timed_as_the_definition_says(tmp_path_factory
         elif what == "advance":
             fake.t += value
         truth.advance(fake.t)
-        check(ledger, truth)
+        check(ledger, truth, fake.t)
 
 
 def test_a_phase_that_changes_nothing_still_closes_what_opened_after_it():
