@@ -160,6 +160,17 @@ _WAIT += [("enter", L.FORWARD_BACKWARD), ("wait", None), ("advance", 0.5)]
 @given(OPERATIONS)
 @example(_WAIT + [("enter", L.FORWARD_BACKWARD), ("advance", 0.5)])
 @example(_WAIT + [("exit", 0), ("advance", 0.5)])
+@example(  # the same inside a transfer inside the step: the wait ends in the inner phase's start
+    _WAIT[:4]
+    + [("enter", L.COMMUNICATION), ("advance", 0.2), ("enter", L.FORWARD_BACKWARD)]
+    + [("advance", 0.1), ("enter", L.FORWARD_BACKWARD), ("wait", None), ("advance", 0.3)]
+    + [("exit", 0), ("advance", 0.4)]
+)
+@example(
+    _WAIT[:2]
+    + [("enter", L.COMMUNICATION), ("enter", L.FORWARD_BACKWARD), ("advance", 0.2)]
+    + [("wait", None), ("advance", 0.1)]
+)  # forward/backward inside a transfer: its time
 def test_any_sequence_of_phases_is_timed_as_the_definition_says(tmp_path_factory, operations):
     """Phase times, the open phase, steps and the last iteration after every operation, with
     the progress record attached (its copies must not change what the ledger says)."""
