@@ -148,3 +148,70 @@ def test_a_meter_that_refuses_gauges_does_not_raise(caplog):
         gauges = TensorMetricGauges(Refusing())
     assert gauges.instruments == {}
     assert caplog.records
+
+
+# -- a second set of gauges on one meter --------------------------------------------------------
+
+
+def test_a_set_built_after_for_meter_is_read_by_the_first_sets_gauges(meter_and_reader):
+    """The constructor on a meter that has gauges creates none (the SDK would ignore their
+    callbacks): its sources are read by the first set's gauges, beside the first set's."""
+    meter, reader = meter_and_reader
+    first = TensorMetricGauges.for_meter(meter)
+    a = Source({GRAD: [(layer_attributes("decoder.layers.0"), 1.0)]})
+    b = Source({GRAD: [(layer_attributes("decoder.layers.1"), 2.0)]})
+    first.add_source(a)
+    second = TensorMetricGauges(meter)
+    second.add_source(b)
+    assert second.instruments is first.instruments
+    assert _collect(reader)[GRAD] == {"decoder.layers.0": 1.0, "decoder.layers.1": 2.0}
+
+
+def test_for_meter_after_the_constructor_returns_the_constructors_set(meter_and_reader):
+    """An observer (for_meter) after a set built with the constructor records into that set's
+    gauges; the families the first set lacked are created then."""
+    meter, reader = meter_and_reader
+    first = TensorMetricGauges(meter, families=[GRAD])
+    a = Source({GRAD: [(layer_attributes("decoder.layers.0"), 1.0)]})
+    first.add_source(a)
+    assert set(first.instruments) == {GRAD}
+    assert TensorMetricGauges.for_meter(meter) is first
+    second = TensorMetricGauges(meter)
+    router = ({"megatron.training.layer": "decoder.layers.0",
+               "megatron.training.router.statistic": "dead_fraction"}, 0.25)  # fmt: skip
+    b = Source({GRAD: [(layer_attributes("global"), 3.0)], ROUTER: [router]})
+    second.add_source(b)
+    assert set(first.instruments) == set(TENSOR_FAMILIES)
+    found = _collect(reader)
+    assert found[GRAD] == {"decoder.layers.0": 1.0, "global": 3.0}
+    assert found[ROUTER] == {"decoder.layers.0|dead_fraction": 0.25}
+
+
+def test_a_set_on_a_new_pipelines_meter_records_after_a_proxy_scope_moved_onto_it():
+    """Gauges on otel_training.get_meter() in one pipeline, configure() again, then a set built
+    with the constructor on the new pipeline's meter of the same scope: both sets export there."""
+    import otel_training
+
+    testing.configure_in_memory()
+    on_proxy = Source({GRAD: [(layer_attributes("decoder.layers.0"), 1.0)]})
+    TensorMetricGauges.for_meter(otel_training.get_meter()).add_source(on_proxy)
+    telemetry = testing.configure_in_memory()
+    on_pipeline = Source({GRAD: [(layer_attributes("decoder.layers.1"), 2.0)]})
+    TensorMetricGauges(telemetry.meter).add_source(on_pipeline)
+    values = {p.attributes["megatron.training.layer"]: p.value for _, p in telemetry.points(GRAD)}
+    assert values == {"decoder.layers.0": 1.0, "decoder.layers.1": 2.0}
+
+
+def test_a_set_built_on_a_proxy_meter_follows_its_scope_into_the_next_pipeline():
+    """The constructor on otel_training.get_meter() is read with the scope's sources, in the
+    pipeline configured now and in the next one."""
+    import otel_training
+
+    first = testing.configure_in_memory()
+    source = Source({GRAD: [(layer_attributes("global"), 4.0)]})
+    gauges = TensorMetricGauges(otel_training.get_meter())
+    gauges.add_source(source)
+    assert [p.value for _, p in first.points(GRAD)] == [4.0]
+    second = testing.configure_in_memory()
+    assert [p.value for _, p in second.points(GRAD)] == [4.0]
+    assert set(gauges.instruments) == set(TENSOR_FAMILIES)

@@ -7,8 +7,9 @@ pipeline, or any other meter given), and that callback reads every source regist
 meter, whoever registered it and through which meter object:
 
 - a meter that records itself (an SDK ``Meter``, a test double): one
-  :class:`TensorMetricGauges` per meter object (:meth:`TensorMetricGauges.for_meter` caches them
-  by meter, weakly);
+  :class:`TensorMetricGauges` per meter object owns the gauges (:meth:`TensorMetricGauges.for_meter`
+  caches it by meter, weakly); a set built later on the same meter with the constructor creates
+  no gauge of its own (the SDK would ignore its callbacks) and is read by the first set's;
 - a :class:`otel_training.proxy.ProxyMeter` (what ``otel_training.get_meter()`` and the
   OpenTelemetry global hand out, a new object per call): one set of sources per instrumentation
   scope for the whole process, read by the gauges of the SDK meter the proxy records into now
@@ -72,33 +73,79 @@ _BY_SCOPE: dict[tuple, TensorMetricGauges] = {}
 class TensorMetricGauges:
     """The observable gauges of every tensor-metric family on one meter.
 
-    Use :meth:`for_meter` rather than the constructor: a second set of gauges on the same meter
-    would be ignored by the SDK. Creating the gauges never raises: a meter that refuses them is
-    logged once and the sources are then never read.
+    :meth:`for_meter` returns the set of a meter; the constructor makes another set of sources
+    on it. The first set on a meter creates the gauges; a later one (a constructor after
+    :meth:`for_meter`, after an observer, or after a proxy scope moved onto the meter at a
+    ``configure()``) creates none, since the SDK would ignore a second gauge's callbacks: its
+    sources are read by the first set's gauges, which create the families it adds. On a
+    :class:`~otel_training.proxy.ProxyMeter` the set is read with its scope's sources. Creating
+    the gauges never raises: a meter that refuses them is logged once and the sources are then
+    never read.
 
     Args:
         meter: The meter to create the gauges on.
-        families: The families to create gauges for.
+        families: The families to create gauges for (those the meter's first set lacks).
     """
 
     def __init__(self, meter: Meter, families: Iterable[str] = TENSOR_FAMILIES) -> None:
         self._sources: list[weakref.ref[ValueSource] | Callable[[], ValueSource | None]] = []
         self._retired: list[ValueSource] = []
-        self._followers: list[TensorMetricGauges] = []  # proxy scopes recording here now
+        self._followers: list[TensorMetricGauges] = []  # sets whose sources these gauges read
         self._lock = threading.Lock()
+        self._instruments: dict[str, Any] = {}
+        self._target: TensorMetricGauges | None = None  # the set whose gauges read these sources
+        try:  # weakly: the meter is the key of this set in _BY_METER
+            self._meter_ref: Callable[[], Meter | None] = weakref.ref(meter)
+        except TypeError:
+            self._meter_ref = lambda: meter
         self.families = tuple(families)
-        self.instruments: dict[str, Any] = {}
-        for family in self.families:
-            spec = METRICS[family]
-            try:
-                self.instruments[family] = meter.create_observable_gauge(
-                    family,
-                    callbacks=[self._callback(family)],
-                    unit=spec.unit,
-                    description=spec.description,
-                )
-            except Exception:
-                _logger.warning("could not create the gauge %s", family, exc_info=True)
+        if type(meter) is proxy.ProxyMeter:
+            first: TensorMetricGauges | None = _FollowingGauges.of(meter)
+        else:
+            with _LOCK:
+                try:
+                    first = _BY_METER.get(meter)
+                    if first is None:
+                        _BY_METER[meter] = self
+                except TypeError:  # neither hashable nor weakly referenceable: not cached
+                    first = None
+        if first is None:
+            self._cover(self.families)
+            return
+        self._target = first
+        first._cover(self.families)
+        with first._lock:
+            first._followers.append(self)
+
+    @property
+    def instruments(self) -> dict[str, Any]:
+        """The gauges that read these sources, by family (the first set's, on a shared meter)."""
+        target = self._target
+        return self._instruments if target is None else target.instruments
+
+    def _cover(self, families: Iterable[str]) -> None:
+        """Creates the gauges of ``families`` that the set whose gauges read these sources does
+        not have yet (on the meter it was built on)."""
+        if self._target is not None:
+            self._target._cover(families)
+            return
+        meter = self._meter_ref()
+        if meter is None:
+            return
+        with _LOCK:
+            for family in families:
+                if family in self._instruments:
+                    continue
+                spec = METRICS[family]
+                try:
+                    self._instruments[family] = meter.create_observable_gauge(
+                        family,
+                        callbacks=[self._callback(family)],
+                        unit=spec.unit,
+                        description=spec.description,
+                    )
+                except Exception:
+                    _logger.warning("could not create the gauge %s", family, exc_info=True)
 
     @classmethod
     def for_meter(cls, meter: Meter) -> TensorMetricGauges:
@@ -110,10 +157,7 @@ class TensorMetricGauges:
             return _FollowingGauges.of(meter)
         with _LOCK:
             gauges = _BY_METER.get(meter)
-            if gauges is None:
-                gauges = cls(meter)
-                _BY_METER[meter] = gauges
-            return gauges
+            return cls(meter) if gauges is None else gauges  # a new set registers itself
 
     def add_source(self, source: ValueSource, *, weak: bool = True) -> Callable[[], None]:
         """Reads ``source`` at every collection from now on (held weakly unless ``weak`` is
@@ -142,18 +186,24 @@ class TensorMetricGauges:
                 self._retired.append(source)
 
     def _recording(self) -> TensorMetricGauges | None:
-        """The gauges whose callbacks read these sources now (themselves, for a meter that
-        records)."""
-        return self
+        """The gauges whose callbacks read these sources now (themselves, for the first set on
+        a meter that records)."""
+        target = self._target
+        return self if target is None else target._recording()
+
+    def _read_with(self) -> list[TensorMetricGauges]:
+        """These gauges and every set whose sources their callbacks read."""
+        with self._lock:
+            followers = list(self._followers)
+        found = [self]
+        for follower in followers:
+            found.extend(follower._read_with())
+        return found
 
     def _drop_retired(self) -> None:
         """Drops the retired sources of every set read by the same callbacks as this one."""
         target = self._recording()
-        sets = [self] if target is None else [target, self]
-        if target is not None:
-            with target._lock:
-                sets.extend(target._followers)
-        for gauges in sets:
+        for gauges in (self if target is None else target)._read_with():
             with gauges._lock:
                 gauges._retired.clear()
 
@@ -209,18 +259,19 @@ class _FollowingGauges(TensorMetricGauges):
         self._retired = []
         self._followers = []
         self._lock = threading.Lock()
+        self._instruments = {}  # none of its own: the meter's it records into now
         self.families = TENSOR_FAMILIES
         self._meter = meter  # held: it keeps following the pipelines for the process
-        self._target: TensorMetricGauges | None = None
-
-    @property
-    def instruments(self) -> dict[str, Any]:  # type: ignore[override]
-        """The gauges of the meter this scope records into now."""
-        target = self._target
-        return {} if target is None else target.instruments
+        self._target = None
 
     def _recording(self) -> TensorMetricGauges | None:
-        return self._target
+        target = self._target
+        return None if target is None else target._recording()
+
+    def _cover(self, families: Iterable[str]) -> None:
+        target = self._target
+        if target is not None:
+            target._cover(families)
 
     @classmethod
     def of(cls, meter: proxy.ProxyMeter) -> TensorMetricGauges:
@@ -242,10 +293,12 @@ class _FollowingGauges(TensorMetricGauges):
         previous, self._target = self._target, target
         if previous is target:
             return
+        target._cover(self.families)
         if previous is not None:
             with previous._lock:
                 previous._followers[:] = [f for f in previous._followers if f is not self]
-            with self._lock:  # a finished run's values do not move into the next pipeline
-                self._retired.clear()
+            for gauges in self._read_with():  # a finished run's values stay with its pipeline
+                with gauges._lock:
+                    gauges._retired.clear()
         with target._lock:
             target._followers.append(self)
