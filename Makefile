@@ -1,5 +1,6 @@
 # Quick start: `make demo` trains a small model with the embedded default exporter;
-# `make test` runs the whole suite. Both set up .venv first.
+# `make test` runs the whole suite (what CI runs), `make test-fast` the unit tests that are not
+# marked slow (under 2 minutes on 2 cores). All set up .venv first.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint bench bench-spans bench-limits bench-tensor bench-overhead gpu-check bench-bad-day \
+.PHONY: setup demo test test-fast lint bench bench-spans bench-limits bench-tensor bench-overhead gpu-check bench-bad-day \
 	bench-report bench-integrations bench-scale bench-prometheus bench-health \
 	bench-health-alerts bench-faults semconv rules mutation clean
 
@@ -26,6 +27,14 @@ demo: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(VENV)/bin/ruff check src tests bench scripts examples
+
+# The unit tests without those marked slow (child processes, gcc, torch.compile, long property
+# searches, real framework runs); tests/integration/ left out. One torch thread, as the tests'
+# child processes have (support.child_env): two threads on a core another process is using wait
+# on each other, and the demo's tests take six times as long.
+test-fast: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest tests --ignore=tests/integration \
+		-m "not slow" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench scripts examples

@@ -24,6 +24,8 @@ from support import load_script, promtool_or_unavailable
 from otel_training.health import hang, straggler
 from otel_training.health.ledger import PHASES
 
+pytestmark = pytest.mark.slow  # promtool runs in a child process per test
+
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "collector-config" / "rules" / "training.yaml"
 INTERVAL_S = 15

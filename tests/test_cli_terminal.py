@@ -21,6 +21,8 @@ from support import child_env, import_or_unavailable
 from otel_training import cli
 from otel_training.health import ledger as L
 
+pytestmark = pytest.mark.slow  # the demo and the command run in child processes and a terminal
+
 BIN = Path(sys.executable).parent
 
 

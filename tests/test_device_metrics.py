@@ -164,6 +164,7 @@ def test_without_a_gpu_the_instruments_are_absent_with_one_info_line(caplog):
     assert len(lines) == 1 and "none are exported" in lines[0]
 
 
+@pytest.mark.slow
 def test_without_nvidia_ml_py_configure_builds_no_device_instrument(tmp_path):
     """configure() asks for device metrics; without the package: one info line for the
     process (two pipelines), and no hw.* instrument beside the pipeline's own."""
@@ -537,6 +538,7 @@ def test_a_gpu_that_cannot_be_opened_is_left_out(fake_nvml, caplog, monkeypatch)
     assert left_out == ["device metrics: GPU 0 cannot be read (GPU is lost); left out"]
 
 
+@pytest.mark.slow
 def test_configure_reads_gpus_through_libnvidia_ml_so_1(tmp_path):
     """In a process whose loader finds the fake as libnvidia-ml.so.1, configure() exports the
     GPU's readings in OpenTelemetry's units: the binding's own library loading, end to end."""

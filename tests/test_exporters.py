@@ -156,6 +156,7 @@ def _count(text: str, kind: str) -> int:
     )
 
 
+@pytest.mark.slow
 @documents("limits.md", "stays under 48 KiB")
 @documents("limits.md", "So every span JSON line and every OTLP-JSON line is under 1 MiB")
 @documents("limits.md", "6 bytes a UTF-16 code unit outside printable")
@@ -189,6 +190,7 @@ def test_the_worst_spans_fit_a_line_a_request_and_a_json_line(char):
     assert len(sizes) == len(spans) and max(sizes) < MIB
 
 
+@pytest.mark.slow
 @documents("limits.md", "All strings and values of one span or log record together stay under")
 @pytest.mark.parametrize("char", WORST.values(), ids=WORST.keys())
 def test_the_worst_log_records_fit_a_line(char):
@@ -243,6 +245,7 @@ def _collection(char: str, points: int, attributes: int, length: int):
     return data
 
 
+@pytest.mark.slow
 @documents("limits.md", "One metric point is bounded alike: its attributes (the series) fit the")
 @documents("limits.md", "A collection of metrics is split the same way")
 @pytest.mark.parametrize("char", WORST.values(), ids=WORST.keys())

@@ -8,6 +8,7 @@ import io
 import math
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,8 @@ import otel_training as ot
 from otel_training import setup, testing
 from otel_training.exporters import SafeMetricExporter, SafeSpanExporter
 from otel_training.processors import JsonLogSpanProcessor
+
+pytestmark = pytest.mark.slow  # hypothesis with 120 examples a test
 
 SETTINGS = settings(
     max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -419,6 +419,7 @@ def test_a_straggler_still_flagged_when_its_attempt_ended_is_not_recovered():
     assert x.recovered_s is None and x.unrecovered == "still_flagged"
 
 
+@pytest.mark.slow
 @documents("health.md", "`stalled` how many ranks were stalled then")
 def test_the_culprit_of_4096_ranks_is_rank_4095():
     """4,096 ranks; rank 4095 stuck in data loading while the others wait in communication:

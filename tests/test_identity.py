@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from doc_rules import documents
 from hypothesis import given
 from hypothesis import strategies as st
@@ -133,6 +134,7 @@ _INSTANCE = (
 )
 
 
+@pytest.mark.slow
 @documents("spans.md", "`service.instance.id` is `{run id}-rank{R}-{8 hex digits}`")
 def test_two_processes_given_the_same_run_id_have_different_instance_ids():
     """Two real processes with the same run id and rank (a rerun, a copied launch script)
@@ -203,6 +205,7 @@ print(json.dumps([w.stdout.split() for w in workers]))
 """
 
 
+@pytest.mark.slow
 @documents("spans.md", "else the torchrun agent's id of rule 4")
 @documents("spans.md", "under torchrun without a rendezvous id, an id of the torchrun agent")
 def test_under_torchrun_without_a_rendezvous_id_the_workers_of_an_agent_agree():

@@ -23,6 +23,8 @@ from opentelemetry.trace import StatusCode
 
 from otel_training import setup, testing
 
+pytestmark = pytest.mark.slow  # real Lightning runs on the CPU
+
 
 def test_given_providers_get_everything_and_nothing_is_configured(tmp_path, monkeypatch):
     """meter_provider= and tracer_provider=: metrics and spans go there; configure() is not

@@ -23,6 +23,8 @@ from opentelemetry.trace import StatusCode
 
 from otel_training import setup, testing
 
+pytestmark = pytest.mark.slow  # real Trainer runs on the CPU
+
 
 def _value(data, name):
     (point,) = [p for _, p in testing.points(data, name)]

@@ -174,6 +174,7 @@ attribute_values = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(150), deadline=None)
 @given(
     name=ANY_TEXT,
@@ -212,6 +213,7 @@ def _otlp_json_bytes(exporter_class, record) -> int:
     return len(stream.getvalue().encode("utf-8"))
 
 
+@pytest.mark.slow
 @documents("limits.md", "and the structure around them as the")
 @settings(max_examples=examples(60), deadline=None)
 @given(

@@ -316,6 +316,7 @@ def test_the_embedded_default_writes_logs_in_the_runs_directory(tmp_path):
     assert record.body.string_value == "hello"
 
 
+@pytest.mark.slow
 def test_the_embedded_defaults_logs_file_keeps_a_burst(tmp_path):
     """20,000 records logged in a tight loop all reach logs-rank0.jsonl at default settings
     (the local file's queue takes bursts; over OTLP the SDK's 2,048 apply)."""

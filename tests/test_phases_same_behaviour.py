@@ -28,6 +28,7 @@ from typing import Any
 from unittest import mock
 
 import nvtx_injection
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from opentelemetry import trace as trace_api
@@ -39,6 +40,8 @@ from otel_training.health import ledger as health
 from otel_training.phases import NvtxPhase, Phase, SpanPhase
 from otel_training.processors import NvtxSpanProcessor
 from otel_training.semconv import spans as names
+
+pytestmark = pytest.mark.slow  # hypothesis programs in every configuration, NVTX in a child
 
 #: Exporters off: what is exported is not compared, and no reader reads the ledger meanwhile.
 BASE = {

@@ -22,6 +22,8 @@ from otel_training.phases import LedgerPhase, SpanPhase
 from otel_training.processors import NvtxSpanProcessor, nvtx
 from otel_training.semconv import spans as names
 
+pytestmark = pytest.mark.slow  # built with gcc; each case in a child process
+
 PREAMBLE = """
 import threading, time
 from opentelemetry.sdk.trace import TracerProvider

@@ -157,6 +157,7 @@ def _killed_job(out: Path) -> None:
             write_lines(directory / f"logs-rank{rank}.jsonl", ['{"resourceLogs": []}'])
 
 
+@pytest.mark.slow
 @documents("report.md", "each open and decode every file of the job once")
 @pytest.mark.parametrize("command", ["report", "trace", "health"])
 def test_each_file_of_the_job_is_read_once_per_command(command, tmp_path):
@@ -195,6 +196,7 @@ def test_each_file_of_the_job_is_read_once_per_command(command, tmp_path):
     assert name.startswith("run-a0/spans-rank") and more == 1
 
 
+@pytest.mark.slow
 def test_python_dash_m_runs_the_command_and_a_closed_pipe_ends_quietly(run_dir):
     """`python -m otel_training health DIR` is the command; with its reader gone before it
     writes (`... | head -0`), it ends with status 1 and nothing on stderr (no BrokenPipeError

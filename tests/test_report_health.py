@@ -142,6 +142,7 @@ def test_the_command_reports_a_directory_without_a_run(tmp_path, capsys):
     assert "no run found" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_command_on_a_real_run(tmp_path):
     """A real run of a few steps: --json parses, the summary prints, both exit 0."""
     script = (

@@ -71,6 +71,7 @@ with ot.training_iteration(iteration=6):
 """
 
 
+@pytest.mark.slow
 def test_a_rank_killed_while_hung_shows_its_culprit_and_stack(tmp_path, monkeypatch):
     """Stalled past a 0.3 s floor, killed 1 s later (exports every 0.3 s): the report names
     the hang, the culprit phase and the stack the watchdog wrote (HTML-escaped)."""

@@ -79,6 +79,7 @@ import support
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ci, outcome", [("true", "failed"), ("", "skipped")])
 @pytest.mark.parametrize(
     "call",

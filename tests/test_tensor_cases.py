@@ -186,6 +186,7 @@ def test_a9_router_and_layer_metrics_stay_under_the_cardinality_limit(
         assert P + "tensor.router_expert_load" not in found
 
 
+@pytest.mark.slow
 def test_a9_memory_is_flat_from_step_1000_to_10000(in_memory_meter):
     """The executor, its store and the gauges keep no per-step state: memory stays flat."""
     torch.manual_seed(0)

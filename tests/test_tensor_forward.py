@@ -26,6 +26,8 @@ from otel_training.tensor import (  # noqa: E402
     layer_attributes,
 )
 
+pytestmark = pytest.mark.slow  # torch.compile
+
 P = "megatron.training.tensor."
 FORWARD = "activation_rms:2,activation_max_abs:3,residual_rms:2,logits_norm:2,router:2"
 
