@@ -223,3 +223,27 @@ def test_record_in_names_the_file_by_rank_and_process_and_writes_the_identity(
     (said,) = caplog.records
     assert str(tmp_path / "gone") in said.getMessage()
     assert "could not be created" in said.getMessage()
+
+
+@pytest.mark.parametrize("succeeded", [True, False])
+def test_a_write_that_ends_before_its_asynchronous_save_closes_completes_it(recorded, succeeded):
+    """The writer's thread outran the training thread: the write of step 2 ended while its
+    save was still open. It completes the save as it closes (good, or dropped); a write that
+    ends while no asynchronous save is open or pending is nobody's."""
+    ledger, clock, read = recorded
+    for step in (1, 2):
+        spend(ledger, clock, L.ITERATION, 0.1, iteration=step)
+    ledger.checkpoint_save_completed(1)  # no save open: nothing
+    save = ledger.enter(L.ASYNC_SAVE)
+    ledger.checkpoint_save_completed(2, succeeded=succeeded)  # before the save closes
+    assert ledger.saved_iteration is None
+    clock.t += 0.05
+    ledger.exit(save, L.ASYNC_SAVE, 2)
+    expected = 2 if succeeded else None
+    assert (ledger.saved_iteration, read().saved_iteration) == (expected, expected)
+    spend(ledger, clock, L.ASYNC_SAVE, 0.05, iteration=2)  # a later one is pending again
+    assert ledger.saved_iteration == expected
+    sync = ledger.enter(L.CHECKPOINT_SAVE)
+    ledger.checkpoint_save_completed()  # while a synchronous save is open: the pending one
+    ledger.exit(sync, L.CHECKPOINT_SAVE, 2)
+    assert ledger.saved_iteration == 2

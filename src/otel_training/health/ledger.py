@@ -286,6 +286,8 @@ class Ledger:
         "_save_failed",
         "_async",
         "_pending",
+        "_early",
+        "_async_lock",
         "_perf",
         "_unix",
         "record_path",
@@ -342,6 +344,9 @@ class Ledger:
         self._save_failed = False  # a save or a stage inside it raised
         self._async = False  # the outermost save open is asynchronous
         self._pending: list[tuple[int, float]] = []  # asynchronous saves: (step, completed)
+        # Writes that ended while their asynchronous save was open: (step, succeeded).
+        self._early: list[tuple[int | None, bool]] = []
+        self._async_lock = threading.Lock()
         #: The progress record's file (:meth:`record_to`), or ``None``.
         self.record_path: str | None = None
 
@@ -528,16 +533,20 @@ class Ledger:
     def _save_closed(self, iteration: int | None, failed: bool) -> None:
         """The outermost save closed (``failed``: it raised, or a phase around it closed it):
         it is good when neither it nor any stage inside it failed; an asynchronous one becomes
-        pending instead."""
-        self._save_at = _NO_SAVE
-        bad, self._save_failed = self._save_failed or failed, False
-        if bad:
-            self._writes()
-            return
-        if self._async:
+        pending instead, completed at once if its write ended while it was closing."""
+        with self._async_lock:  # a write that ends now waits for its save to be pending
+            self._save_at = _NO_SAVE
+            bad, self._save_failed = self._save_failed or failed, False
+            early, self._early = self._early, []
+            if bad:
+                self._writes()
+                return
+            if not self._async:
+                self._checkpoint_saved(iteration)
+                return
             self.checkpoint_pending(iteration)
-        else:
-            self._checkpoint_saved(iteration)
+        for written, succeeded in early:
+            self.checkpoint_save_completed(written, succeeded)
 
     def _writes(self) -> None:
         """This rank writes checkpoints (a save of it failed): with no good save yet, its
@@ -604,17 +613,20 @@ class Ledger:
     ) -> None:
         """The background write of the asynchronous save of ``iteration`` (default: the oldest
         pending) ended: when ``succeeded``, that save is good now (its age runs from when its
-        step completed); else it is dropped. Any thread; never raises."""
-        pending = self._pending
-        if not pending:
-            return
-        if iteration is None:
-            found = pending[0]
-        else:
-            found = next((p for p in pending if p[0] == iteration), None)
+        step completed); else it is dropped. A write that ends before its save has closed (a
+        fast disk: the writer's thread outran the training thread) completes it as it closes.
+        Any thread; never raises."""
+        with self._async_lock:
+            pending = self._pending
+            if iteration is None:
+                found = pending[0] if pending else None
+            else:
+                found = next((p for p in pending if p[0] == iteration), None)
             if found is None:
+                if self._save_at != _NO_SAVE and self._async:  # its save is still closing
+                    self._early.append((iteration, succeeded))
                 return
-        pending.remove(found)
+            pending.remove(found)
         if not succeeded:
             self._writes()
         else:
