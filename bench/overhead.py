@@ -6,7 +6,7 @@ one process, alternating which goes first:
 - **demo**: ``otel-training demo``'s default shape (2 layers, d_model 128, batch 16 x 128 bytes,
   0.45 M parameters), ``--rounds`` rounds of ``--steps`` steps;
 - **realistic**: the demo's model code at a depth people train (12 layers, d_model 128, 4 heads,
-  batch 4 x 128 bytes, 2.4 M parameters, 148 parameter tensors and 24 activation sites for the
+  batch 3 x 128 bytes, 2.4 M parameters, 148 parameter tensors and 24 activation sites for the
   tensor metrics), whose step takes 50-200 ms on a 2-core machine, ``--realistic-rounds``
   rounds of ``--realistic-steps`` steps.
 
@@ -31,8 +31,13 @@ The variants:
 Each round is timed in wall time and in CPU time of the whole process (all threads: torch's
 and the exporters'), which other processes on a busy machine disturb less. The figures are the
 median of the per-round ratios on/off (and their range) and the ratio of each variant's best
-round (the least disturbed on a shared machine). Target, for each model: <= 1.005 in CPU time
-(issue 27).
+round (the least disturbed on a shared machine). Beside it, per round, 1 + the telemetry's CPU
+time accounted part by part over the step's: the training thread's parts (below) and the CPU
+the telemetry threads used in that round (their clocks are exact). It leaves out what no part
+shows (caches the telemetry cools, its garbage), so it is a lower bound of the ratio, and a
+steadier one: on a shared virtual machine the step's own CPU time drifts by 10-30 % between
+runs seconds apart, more than the whole telemetry costs. Targets, for each model: both <= 1.005
+in CPU time (issue 27), judged only when the rounds agree within 10 %.
 
 The breakdown says where the difference goes, per step, measured on its own in the same
 process: the spans of one step (main thread), recording the training metrics, the tensor
@@ -47,9 +52,9 @@ it is. ``--threads 0`` gives torch its own choice (every core); whatever else ru
 exporters' threads, gRPC's, the receiver standing in for a collector) then takes its CPU time
 from the training step. The output shows both the parts and what the rounds measured.
 
-Run: ``.venv/bin/python bench/overhead.py`` (``make bench-overhead``; about 4 minutes on 2
-quiet cores). Needs gcc (for the NVTX tool; without it the spans run without a tool, and the
-output says so) and the test extra (grpcio, for the receiver).
+Run: ``.venv/bin/python bench/overhead.py`` (``make bench-overhead``; about 5 minutes on 2
+cores shared with other jobs). Needs gcc (for the NVTX tool; without it the spans run without a
+tool, and the output says so) and the test extra (grpcio, for the receiver).
 """
 
 from __future__ import annotations
@@ -151,7 +156,7 @@ def parent(args: argparse.Namespace) -> int:
 #: The models measured, as changes to ``DemoConfig``'s defaults (module docstring).
 MODELS: dict[str, dict[str, int]] = {
     "demo": {},
-    "realistic": {"layers": 12, "d_model": 128, "heads": 4, "batch_size": 4},
+    "realistic": {"layers": 12, "d_model": 128, "heads": 4, "batch_size": 3},
 }
 
 
@@ -386,7 +391,12 @@ def _measure(setup, train, config, corpus, environments, rounds):
 
 
 def _report(name: str, config, results, parts: dict[str, float], steps: int) -> dict:
-    """Prints one model's figures; returns its per-round ratios on/off."""
+    """Prints one model's figures; returns its judged figures' per-round values: the ratios
+    on/off (wall and CPU), and 1 + the telemetry's CPU time accounted part by part over the
+    step's (CPU): the training thread's parts measured alone, the telemetry threads' CPU of the
+    round. The accounting leaves out what no part shows (caches the telemetry cools, its
+    garbage), so it is a lower bound of the ratio, and a steadier one on a shared machine: the
+    threads' clocks are exact and each round's step is its own denominator."""
 
     def per_step_ms(variant: str, key: str) -> float:
         return statistics.median(r[key] for r in results[variant]) * 1e3
@@ -454,7 +464,18 @@ def _report(name: str, config, results, parts: dict[str, float], steps: int) -> 
         f"  per run, not per step: {setup_ms:.1f} ms more to start a run (tensor observer, run "
         f"spans), {shutdown:.0f} ms to shut down with the last interval's export"
     )
-    return {"wall": wall, "cpu": cpu}
+    accounted = [
+        1 + (training * 1e-6 + on["threads"]) / off["cpu"]
+        for on, off in zip(results["on"], results["off"])
+    ]
+    print(
+        f"  1 + telemetry CPU accounted / step CPU: {statistics.median(accounted):.4f} (rounds "
+        f"{min(accounted):.4f}-{max(accounted):.4f})"
+    )
+    return {
+        f"{name} step: all on / OTEL_SDK_DISABLED": {"cpu": cpu, "wall": wall},
+        f"{name} step: 1 + telemetry CPU accounted / step CPU": {"cpu": accounted},
+    }
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -496,7 +517,7 @@ def worker(args: argparse.Namespace) -> int:
             on if not everything_on else {k: v if everything_on[k] else "" for k, v in on.items()}
         )
         parts = {**shared, "tensor metrics": _tensor_part(setup, config, environments["on"])}
-        figures[f"{name} step"] = _report(name, config, results, parts, steps)
+        figures.update(_report(name, config, results, parts, steps))
     print(
         "on: "
         + "; ".join(f"{part}: {evidence or 'MISSING'}" for part, evidence in everything_on.items())
@@ -509,8 +530,9 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def judge(figures: dict[str, dict[str, list[float]]], everything_on: dict[str, str]) -> int:
-    """The verdict on each model's per-round ratios on/off (judged on CPU time), and on whether
-    every part of the telemetry was on; returns the exit status."""
+    """The verdict on each figure's rounds (per model: the ratio on/off and the accounted lower
+    bound, judged on CPU time against 1.005), and on whether every part of the telemetry was
+    on; returns the exit status."""
     verdict = _verdict.Verdict("bench-overhead")
     missing = [part for part, evidence in everything_on.items() if not evidence]
     verdict.check(
@@ -520,16 +542,15 @@ def judge(figures: dict[str, dict[str, list[float]]], everything_on: dict[str, s
     )
     for name, rounds in figures.items():
         # A 0.5 % target needs rounds that agree within 10 %: wider, the median says nothing.
-        verdict.at_most(f"{name}: all on / OTEL_SDK_DISABLED", 1.005, unit="x", judge="cpu",
-                        max_spread=0.1, cpu=rounds["cpu"], wall=rounds["wall"])  # fmt: skip
+        verdict.at_most(name, 1.005, unit="x", judge="cpu", max_spread=0.1, **rounds)
     return verdict.exit_status()
 
 
 def main() -> int:
     parser = _verdict.parser(
         __doc__,
-        "about 4 min on 2 quiet cores (the demo 2.5 min, the realistic model 1.5 min), up to "
-        "12 min on a loaded machine; --quick: about 1 min",
+        "about 5 min on 2 cores shared with other jobs (load 1.5-2: the demo 3 min, the "
+        "realistic model 1.5 min); --quick: under 2 min",
     )
     parser.add_argument("--rounds", type=int, default=10, help="rounds of the demo (default 10)")
     parser.add_argument(
