@@ -780,9 +780,7 @@ def fine(
     state = _state._current
     telemetry = setup._current
     if telemetry is None or state.telemetry is not telemetry or _state.binding:
-        if value is not None:
-            attributes = {**(attributes or {}), key: value}
-        return make(name, group, attributes or None)
+        return _made(name, group, attributes, key, value)
     route = state.routes.get(name)
     if route is None:
         route = state.routes[name] = _route(state, name, group)
@@ -797,9 +795,7 @@ def fine(
     elif what == _NOTHING:
         return NOOP_PHASE
     else:
-        if value is not None:
-            attributes = {**(attributes or {}), key: value}
-        return make(name, group, attributes or None)
+        return _made(name, group, attributes, key, value)
     # Phase.__init__'s stores for a phase that watches nothing (see _route)
     phase._kind = route[1]
     phase._progress = None
@@ -808,3 +804,13 @@ def fine(
     phase._outer = None
     phase._stage = _MADE
     return phase
+
+
+def _made(
+    name: str, group: str, attributes: dict[str, Any] | None, key: str | None, value: Any
+) -> Phase:
+    """:func:`make`'s phase for what :func:`fine` does not make itself (a span, or a state it
+    cannot decide for), ``key: value`` added to the attributes."""
+    if value is not None:
+        attributes = {**(attributes or {}), key: value}
+    return make(name, group, attributes or None)
