@@ -252,6 +252,23 @@ def load_script(name: str, directory: str = "scripts") -> ModuleType:
 # -- reading what the code produced ------------------------------------------------------------
 
 
+class LedgerClock:
+    """A monotonic and a wall clock for a health ledger (``Ledger(perf=c.perf, unix=c.unix)``)
+    that move only when told: the monotonic one from 100 s, the wall one 1,000 s ahead."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def perf(self) -> float:
+        return self.t
+
+    def unix(self) -> float:
+        return self.t + 1000.0
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"bare {name} in JSON")
 

@@ -9,7 +9,7 @@ import time
 import pytest
 from doc_rules import documents
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from support import fork_or_unavailable
+from support import LedgerClock, fork_or_unavailable
 
 import otel_training as ot
 from otel_training.health import ledger as health
@@ -30,28 +30,12 @@ from otel_training.health.ledger import (
 from otel_training.semconv.attributes import ATTRIBUTES, DL_TRAINING_PHASE
 
 
-class FakeClock:
-    """A monotonic and a wall clock that move only when told, 1,000 s apart."""
-
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def perf(self) -> float:
-        return self.t
-
-    def unix(self) -> float:
-        return self.t + 1000.0
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
-def make_ledger(started_s_ago: float = 2.0) -> tuple[Ledger, FakeClock]:
-    fake = FakeClock()
+def make_ledger(started_s_ago: float = 2.0) -> tuple[Ledger, LedgerClock]:
+    fake = LedgerClock()
     return Ledger(fake.unix() - started_s_ago, perf=fake.perf, unix=fake.unix), fake
 
 
-def spend(ledger: Ledger, fake: FakeClock, phase: int, seconds: float, **exit_kwargs) -> None:
+def spend(ledger: Ledger, fake: LedgerClock, phase: int, seconds: float, **exit_kwargs) -> None:
     token = ledger.enter(phase)
     fake.advance(seconds)
     ledger.exit(token, phase, **exit_kwargs)
@@ -670,7 +654,7 @@ def test_after_fork_the_ledger_starts_at_the_fork_on_its_own_clocks():
     from otel_training import clock
 
     ledger = health.LEDGER
-    fake = FakeClock()
+    fake = LedgerClock()
     try:
         ledger.__init__(fake.unix(), perf=fake.perf, unix=fake.unix)
         spend(ledger, fake, ITERATION, 1.0, iteration=5)
@@ -727,7 +711,7 @@ def test_the_instruments_carry_the_ledgers_values_and_the_registrys_descriptions
 def test_a_creation_time_after_now_counts_from_now():
     """A process creation time later than the ledger's wall clock (clocks that disagree) gives
     no negative and no invented startup: the time counts from now."""
-    fake = FakeClock()
+    fake = LedgerClock()
     ledger = Ledger(fake.unix() + 5.0, perf=fake.perf, unix=fake.unix)
     assert ledger.read().phase_time_s["startup"] == 0.0
     fake.advance(0.5)

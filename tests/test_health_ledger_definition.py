@@ -11,19 +11,9 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from support import LedgerClock
 
 from otel_training.health import ledger as L
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 50.0
-
-    def perf(self) -> float:
-        return self.t
-
-    def unix(self) -> float:
-        return self.t + 1_000.0
 
 
 @dataclass
@@ -174,7 +164,7 @@ _WAIT += [("enter", L.FORWARD_BACKWARD), ("wait", None), ("advance", 0.5)]
 def test_any_sequence_of_phases_is_timed_as_the_definition_says(tmp_path_factory, operations):
     """Phase times, the open phase, steps and the last iteration after every operation, with
     the progress record attached (its copies must not change what the ledger says)."""
-    fake = FakeClock()
+    fake = LedgerClock()
     ledger = L.Ledger(fake.unix(), perf=fake.perf, unix=fake.unix)
     ledger.record_to(str(tmp_path_factory.mktemp("r") / "ledger-rank0-t.bin"), {"dl.rank": 0})
     truth = Definition(fake.t)
@@ -205,7 +195,7 @@ def test_any_sequence_of_phases_is_timed_as_the_definition_says(tmp_path_factory
 def test_a_phase_that_changes_nothing_still_closes_what_opened_after_it():
     """A layer inside forward/backward (no transition) stopped out of order, while a transfer
     opened inside it is still open: the transfer closes with it, as any phase's would."""
-    fake = FakeClock()
+    fake = LedgerClock()
     ledger = L.Ledger(fake.unix(), perf=fake.perf, unix=fake.unix)
     step = ledger.enter(L.ITERATION)  # the first: warm-up
     ledger.exit(step, L.ITERATION)

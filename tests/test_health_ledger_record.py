@@ -8,29 +8,17 @@ import logging
 import os
 
 import pytest
+from support import LedgerClock
 
 from otel_training.health import ledger as L
 from otel_training.health import record as R
-
-
-class FakeClock:
-    """A monotonic clock from 100 s and the wall clock 1,000 s ahead of it."""
-
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def perf(self) -> float:
-        return self.t
-
-    def unix(self) -> float:
-        return self.t + 1_000.0
 
 
 @pytest.fixture
 def recorded(tmp_path):
     """(ledger, clock, read): a ledger created at 98 s with its record attached, and a reader
     of the record file."""
-    clock = FakeClock()
+    clock = LedgerClock()
     ledger = L.Ledger(clock.unix() - 2.0, perf=clock.perf, unix=clock.unix)
     path = tmp_path / "ledger-rank0-t.bin"
     ledger.record_to(str(path), {"dl.rank": 0})
@@ -195,7 +183,7 @@ def test_record_in_names_the_file_by_rank_and_process_and_writes_the_identity(
     """The file of rank 3 of process tag abc123 in the run directory, its identity the six
     keys of the resource and the process's creation; without an instance id the tag is the
     pid; a rank that is no int is rank 0; a directory that is gone: None and one warning."""
-    clock = FakeClock()
+    clock = LedgerClock()
     ledger = L.Ledger(clock.unix() - 5.0, perf=clock.perf, unix=clock.unix)
     monkeypatch.setattr(L, "LEDGER", ledger)
     resource = {
