@@ -407,6 +407,8 @@ class Ledger:
                 self._save_at = len(stack)  # the outermost save's token
                 self._async = phase == ASYNC_SAVE
             phase = CHECKPOINT_SAVE
+        # The transition, as enter() inlines it on its short path (no call there), except
+        # that the base (startup before the first iteration) takes nothing in.
         top = stack[-1]
         if len(stack) > 1:
             phase = _EFFECTIVE[top][phase]

@@ -49,6 +49,7 @@ from otel_training.tensor.gauges import TensorMetricGauges
 from otel_training.tensor.metric import PIPELINE_AXIS, Placement, Rows, Site, SiteKind, TensorMetric
 from otel_training.tensor.norms import norm_list
 from otel_training.tensor.sites import (
+    DTensor,  # None where torch is built without distributed
     LocalPart,
     StructureWatch,
     canonical_name,
@@ -58,11 +59,6 @@ from otel_training.tensor.sites import (
     forward_sites,
     model_structure,
 )
-
-try:
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - torch built without distributed
-    DTensor = None
 
 __all__ = [
     "Schedule",
