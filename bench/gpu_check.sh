@@ -38,7 +38,7 @@ if [ -z "$PY" ]; then
 fi
 echo "gpu_check: python $("$PY" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
 
-importable() { "$PY" -c 'import otel_training.setup, otel_training.tensor' >/dev/null 2>&1; }
+importable() { "$PY" -c 'import otel_training.configuration, otel_training.tensor' >/dev/null 2>&1; }
 if ! importable; then
   echo "gpu_check: installing otel-training (pip install -e .)"
   "$PY" -m pip install -q --no-build-isolation -e . 2>&1 | tail -n 3
@@ -49,7 +49,7 @@ if ! importable; then
 fi
 if ! importable; then
   echo "gpu_check: otel-training's dependencies are missing and could not be installed:"
-  "$PY" -c 'import otel_training.setup, otel_training.tensor' 2>&1 | tail -n 2
+  "$PY" -c 'import otel_training.configuration, otel_training.tensor' 2>&1 | tail -n 2
   exit 2
 fi
 if ! "$PY" -c 'import pynvml' >/dev/null 2>&1; then
@@ -71,7 +71,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_training import instruments
 from otel_training.demo.model import GPT, GPTConfig
-from otel_training.instruments import record_training_metrics
+from otel_training.metrics.instruments import record_training_metrics
 from otel_training.tensor import TensorObserver, canonical_name, default_layer_of
 
 cuda = torch.cuda.is_available()
@@ -256,7 +256,7 @@ try:
 except ImportError:
     check(False, "device metrics: nvidia-ml-py is not installed (pip install nvidia-ml-py)")
 else:
-    from otel_training.device_metrics import DEVICE_METRICS, DeviceMetrics, NvmlDevices
+    from otel_training.metrics.device import DEVICE_METRICS, DeviceMetrics, NvmlDevices
 
     device_reader = InMemoryMetricReader()
     source = NvmlDevices()

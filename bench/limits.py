@@ -2,7 +2,7 @@
 
 Prints, from one run, the cost per span of:
 
-- ``bounded_span``: :func:`otel_training.limits.bounded_span` of a clean span (12 attributes,
+- ``bounded_span``: :func:`otel_training.export.limits.bounded_span` of a clean span (12 attributes,
   one event: what most spans are), which the safe exporters and the span JSON lines apply to
   every span;
 - ``span_cost``: its worst-case size estimate alone;
@@ -30,7 +30,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_training import limits
+from otel_training.export import limits
 
 CONTEXT = trace_api.SpanContext(0x1234, 0x5678, is_remote=False)
 

@@ -291,7 +291,7 @@ def _step_parts(setup, environ) -> dict[str, float]:
     import torch
 
     from otel_training import spans
-    from otel_training.instruments import record_training_metrics
+    from otel_training.metrics.instruments import record_training_metrics
 
     telemetry = setup.configure(environ=environ, set_global=False)
     meter = telemetry.meter
@@ -481,7 +481,7 @@ def _report(name: str, config, results, parts: dict[str, float], steps: int) -> 
 def worker(args: argparse.Namespace) -> int:
     import torch
 
-    from otel_training import setup
+    from otel_training import configuration as setup
     from otel_training.demo import DemoConfig, train
     from otel_training.demo.data import load_stdlib_corpus
 

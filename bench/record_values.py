@@ -32,8 +32,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from otel_training import instruments
-from otel_training.processors.jsonlog import JsonLogSpanProcessor
+from otel_training.metrics import instruments
+from otel_training.trace.processors.jsonlog import JsonLogSpanProcessor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_metrics import VALUES  # noqa: E402  the values bench-record-metrics records

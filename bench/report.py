@@ -58,7 +58,9 @@ import _verdict
 from report_files import key_value
 
 from otel_training.health.ledger import PHASES
-from otel_training.resource import iso8601
+from otel_training.metrics.throughput import tflops_per_device
+from otel_training.metrics.views import STEP_DURATION_BUCKETS_MS
+from otel_training.pipeline.resource import iso8601
 from otel_training.semconv.attributes import (
     MEGATRON_CHECKPOINT_PATH,
     MEGATRON_CHECKPOINT_SIZE,
@@ -94,8 +96,6 @@ from otel_training.semconv.spans import (
     MEGATRON_TRAIN_ITERATION,
     SPANS,
 )
-from otel_training.throughput import tflops_per_device
-from otel_training.views import STEP_DURATION_BUCKETS_MS
 
 
 def _span_of_group(group: str) -> str:

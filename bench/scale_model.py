@@ -2,14 +2,14 @@
 
 For 8, 512, 4,096 and 16,384 ranks and each span preset it prints series, OTLP points/s,
 Prometheus samples/s, spans/s and bytes/s per rank and in total; the largest run, job and step
-trace of the trace shape (``otel_training.trace_shape``: the code's own derivation), beside one
+trace of the trace shape (``otel_training.trace.shape``: the code's own derivation), beside one
 trace for all ranks of a segment; how many gateways and what backend the job needs; what the
 heartbeat and the exponential step histogram change.
 
 Nothing here is a hand-typed count. The series of a rank are DERIVED from the semconv registry
 (``otel_training.semconv``: each metric's instrument, attributes and their enum members, the
-``replicated`` and ``heartbeat`` flags), the views (``otel_training.views``: buckets of each
-histogram), the device metrics (``otel_training.device_metrics.DEVICE_METRICS``) and the tensor
+``replicated`` and ``heartbeat`` flags), the views (``otel_training.metrics.views``: buckets of each
+histogram), the device metrics (``otel_training.metrics.device.DEVICE_METRICS``) and the tensor
 metrics of the schedule (``otel_training.tensor.definitions``); spans per step from the span
 groups of each preset (``config.SPAN_GROUP_PRESETS``, NVTX-only groups) and a rate rule per
 span of the registry (:data:`SPAN_RATES`, which must cover every span: a test checks). Bytes are
@@ -49,13 +49,16 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.version import __version__ as SDK_VERSION
 
-from otel_training import config, device_metrics, replicated, trace_shape, views
-from otel_training.identity import RankIdentity
-from otel_training.resource import identity_attributes
+from otel_training import config
+from otel_training.config.identity import RankIdentity
+from otel_training.metrics import device as device_metrics
+from otel_training.metrics import replicated, views
+from otel_training.pipeline.resource import identity_attributes
 from otel_training.semconv import attributes as attribute_names
 from otel_training.semconv.attributes import ATTRIBUTES
 from otel_training.semconv.metrics import MEGATRON_TRAINING_STEP_DURATION_MS, METRICS
 from otel_training.semconv.spans import NVTX_ONLY_CANDIDATE_GROUPS, SPANS
+from otel_training.trace import shape as trace_shape
 
 # --- published figures -------------------------------------------------------------------------
 
@@ -397,7 +400,7 @@ def _histogram_shape(name: str, w: Workload) -> tuple[str, tuple[float, ...]]:
 
 def _device_streams(w: Workload) -> list[Stream]:
     """The device metrics of one GPU (OpenTelemetry's hw.* and the registry's clock speed),
-    from otel_training.device_metrics: one series each, the clock one per domain."""
+    from otel_training.metrics.device: one series each, the clock one per domain."""
     gpu = _attribute_values("hw.id", w)[0]
     base = {
         "hw.id": gpu,
@@ -457,8 +460,8 @@ def _key_values(attributes: Mapping[str, Any]) -> list[common_pb2.KeyValue]:
 
 
 def rank_resource(w: Workload, rank: int) -> dict[str, Any]:
-    """The Resource of rank ``rank``, built by otel_training.resource as a run builds it, with
-    the parallel layout the training code adds and a node name of a cluster."""
+    """The Resource of rank ``rank``, built by otel_training.pipeline.resource as a run builds it,
+    with the parallel layout the training code adds and a node name of a cluster."""
     identity = RankIdentity(
         rank=rank,
         local_rank=rank % w.ranks_per_node,
@@ -856,7 +859,7 @@ def metrics_load(w: Workload) -> MetricsLoad:
 @dataclass
 class SpansLoad:
     """The spans of a job under one preset, and the traces they make (the trace shape of
-    ``otel_training.trace_shape`` for the preset's groups, the job's world size and the
+    ``otel_training.trace.shape`` for the preset's groups, the job's world size and the
     default budget)."""
 
     workload: Workload
@@ -1165,7 +1168,7 @@ def report(scales: Iterable[Workload]) -> str:
     out.append(
         "\nGateways: N = ceil((spans/s / C_s + points/s / C_p) / "
         f"({GATEWAY_CORES} cores x {GATEWAY_UTILISATION:g})) + 1, with the metrics of the job "
-        "(EXPORT_REPLICATED=auto). Traces (otel_training.trace_shape, budget "
+        "(EXPORT_REPLICATED=auto). Traces (otel_training.trace.shape, budget "
         f"{SPAN_BUDGET:,} spans): the run trace and a segment's job trace hold each rank's "
         "run-level or job-level spans, in shards of ranks where the world is large; each rank's "
         "iterations are in step traces of its own. All ranks in one trace, as before, is shown "

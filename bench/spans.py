@@ -223,7 +223,7 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
     import otel_training
-    from otel_training.log_format import KeyValueFormatter, LogSpanProcessor
+    from otel_training.logs.formatting import KeyValueFormatter, LogSpanProcessor
 
     class NoOpExporter(SpanExporter):
         def export(self, spans):
@@ -325,7 +325,7 @@ def measure(iterations: int, rounds: int, directory: str, with_aidot: bool) -> d
 
         return run
 
-    from otel_training.processors.jsonlog import JsonLogSpanProcessor
+    from otel_training.trace.processors.jsonlog import JsonLogSpanProcessor
 
     with training_iteration(iteration=1) as made:
         pass

@@ -23,7 +23,7 @@ import lightning.pytorch as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-import otel_training.setup
+import otel_training.configuration
 from otel_training.demo.threads import apply_threads
 from otel_training.integrations.lightning import OtelTrainingCallback
 
@@ -98,7 +98,8 @@ def main() -> None:
             callbacks=[OtelTrainingCallback(tokens_per_sample=args.seq_len)],
         )
         trainer.fit(ByteLM(d_model=64, n_layers=2, lr=3e-3), loader)
-    print(f"trained {trainer.global_step} steps; {otel_training.setup.current().destination}")
+    destination = otel_training.configuration.current().destination
+    print(f"trained {trainer.global_step} steps; {destination}")
 
 
 if __name__ == "__main__":

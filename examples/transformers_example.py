@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-import otel_training.setup
+import otel_training.configuration
 from otel_training.demo.threads import apply_threads
 from otel_training.integrations.transformers import OtelTrainingCallback
 
@@ -79,7 +79,7 @@ def main() -> None:
             callbacks=[OtelTrainingCallback()],
         )
         trainer.train()
-    destination = otel_training.setup.current().destination
+    destination = otel_training.configuration.current().destination
     print(f"trained {trainer.state.global_step} steps; {destination}")
 
 

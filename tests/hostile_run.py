@@ -215,7 +215,7 @@ def write_job(base: Path, text=hostile, attempts: int = 2) -> list[Path]:
     embedded default names it (from its run id); the earlier ones :data:`DIRECTORY` with the
     attempt (plain: ``plain-run-a{N}``), found as siblings of the same job. Returns the
     directories, attempt by attempt."""
-    from otel_training.files import run_directory_name
+    from otel_training.export.files import run_directory_name
 
     directories = []
     for attempt in range(attempts):

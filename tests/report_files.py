@@ -19,8 +19,8 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, PeriodicExp
 from opentelemetry.sdk.resources import Resource
 
 from otel_training import testing
-from otel_training.instruments import record_training_metrics
-from otel_training.views import default_views
+from otel_training.metrics.instruments import record_training_metrics
+from otel_training.metrics.views import default_views
 
 RUN_ID = "0123456789abcdef0123456789abcdef"
 

@@ -26,9 +26,9 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.semconv._incubating.metrics import hw_metrics
 from support import child_env, import_or_unavailable, metrics_of, new_in_memory_meter, not_here
 
-from otel_training import device_metrics
 from otel_training.config import RankIdentity
-from otel_training.device_metrics import (
+from otel_training.metrics import device as device_metrics
+from otel_training.metrics.device import (
     DEVICE_METRICS,
     DeviceMetrics,
     DeviceSample,
@@ -150,7 +150,7 @@ def test_without_a_gpu_the_instruments_are_absent_with_one_info_line(caplog):
     one info line for the process, however many pipelines and collections."""
     import_or_unavailable("pynvml")
     device_metrics._said.clear()
-    with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
+    with caplog.at_level(logging.INFO, logger="otel_training.metrics.device"):
         for _ in range(2):
             sdk = new_in_memory_meter("devices")  # a pipeline of its own each time
             metrics = observe_devices(sdk.meter, RankIdentity())
@@ -173,7 +173,7 @@ def test_without_nvidia_ml_py_configure_builds_no_device_instrument(tmp_path):
         "sys.modules['pynvml'] = None\n"  # the package is not importable
         "logging.basicConfig(level=logging.INFO, format='%(name)s %(message)s')\n"
         "from opentelemetry.sdk.metrics.export import InMemoryMetricReader\n"
-        "from otel_training import setup\n"
+        "from otel_training import configuration as setup\n"
         "for _ in range(2):\n"
         "    reader = InMemoryMetricReader()\n"
         "    t = setup.configure(environ={'OTEL_METRICS_EXPORTER': 'none',\n"
@@ -465,7 +465,7 @@ def test_a_gpu_lost_mid_run_stops_its_series_and_the_others_go_on(fake_nvml, mon
     reader, metrics = _nvml_metrics()
     assert set(_by_gpu(_collect(reader, metrics))) == {"GPU-11111111-h100", "GPU-22222222-a100"}
     fake_nvml.lose(0)
-    with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
+    with caplog.at_level(logging.INFO, logger="otel_training.metrics.device"):
         for _ in range(3):  # the sample that finds it lost, and two after
             found = _collect(reader, metrics)
             assert _by_gpu(found) == {"GPU-22222222-a100": A100_OTEL}
@@ -508,7 +508,7 @@ def test_an_nvml_that_cannot_start_leaves_the_instruments_absent(fake_nvml, capl
     """nvmlInit failing (no driver) or no GPU: no hw.* point, one info line that says why."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     fake_nvml.fail_init(NVML_ERROR_DRIVER_NOT_LOADED)
-    with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
+    with caplog.at_level(logging.INFO, logger="otel_training.metrics.device"):
         reader, metrics = _nvml_metrics()
         assert _collect(reader, metrics) == {} and _collect(reader, metrics) == {}
     lines = [r.getMessage() for r in caplog.records]
@@ -517,7 +517,7 @@ def test_an_nvml_that_cannot_start_leaves_the_instruments_absent(fake_nvml, capl
     ]
     fake_nvml.fail_init(0)  # the driver is there, with no GPU
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
+    with caplog.at_level(logging.INFO, logger="otel_training.metrics.device"):
         reader, metrics = _nvml_metrics()
         assert _collect(reader, metrics) == {}
     assert [r.getMessage() for r in caplog.records] == [
@@ -531,7 +531,7 @@ def test_a_gpu_that_cannot_be_opened_is_left_out(fake_nvml, caplog, monkeypatch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     _two_gpus(fake_nvml)
     fake_nvml.fail(0, "nvmlDeviceGetHandleByIndex_v2", NVML_ERROR_GPU_IS_LOST)
-    with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
+    with caplog.at_level(logging.INFO, logger="otel_training.metrics.device"):
         reader, metrics = _nvml_metrics()
         assert _by_gpu(_collect(reader, metrics)) == {"GPU-22222222-a100": A100_OTEL}
     left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
@@ -554,7 +554,7 @@ def test_configure_reads_gpus_through_libnvidia_ml_so_1(tmp_path):
         "         utilization_gpu_percent=50, temperature_c=80, clock_sm_mhz=1_965,\n"
         "         memory_total_bytes=4_096, memory_used_bytes=1_024)\n"
         "from opentelemetry.sdk.metrics.export import InMemoryMetricReader\n"
-        "from otel_training import setup\n"
+        "from otel_training import configuration as setup\n"
         "reader = InMemoryMetricReader()\n"
         "setup.configure(environ={'OTEL_METRICS_EXPORTER': 'none', 'OTEL_TRACES_EXPORTER':\n"
         "    'none'}, metric_readers=[reader], set_global=False)\n"
@@ -622,7 +622,7 @@ def test_without_nvidia_ml_py_the_devices_are_absent_with_one_info_line(monkeypa
     monkeypatch.setitem(sys.modules, "pynvml", None)
     device_metrics._said.clear()
     meter = new_in_memory_meter("gpu").meter
-    with caplog.at_level(logging.INFO, logger="otel_training.device_metrics"):
+    with caplog.at_level(logging.INFO, logger="otel_training.metrics.device"):
         assert observe_devices(meter, RankIdentity()) is None
         assert NvmlDevices(devices=[0]).read() == []
     assert [r.getMessage() for r in caplog.records] == [
@@ -704,7 +704,7 @@ def test_a_source_that_fails_loses_its_points_with_one_warning_and_no_sdk_error(
     with caplog.at_level(logging.WARNING):
         assert _points(in_memory_meter.reader) == {}
     assert [(r.name, r.getMessage()) for r in caplog.records] == [
-        ("otel_training.device_metrics", "device metrics: reading the devices failed")
+        ("otel_training.metrics.device", "device metrics: reading the devices failed")
     ]
 
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 from support import import_or_unavailable, not_here
 
-from otel_training.device_reads import PendingDeviceRead, device_type, start_device_read
+from otel_training.metrics.device_reads import PendingDeviceRead, device_type, start_device_read
 
 torch = import_or_unavailable("torch")
 

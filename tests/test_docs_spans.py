@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from otel_training import environment_variables
+from otel_training.config import variables as environment_variables
 from otel_training.semconv.spans import SPAN_GROUP_LEVELS, SPANS
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "spans.md").read_text()

@@ -34,15 +34,15 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, Status, StatusCode
 
-from otel_training import exporters, files, limits
-from otel_training.exporters import (
+from otel_training.export import exporters, files, limits
+from otel_training.export.exporters import (
     DEFAULT_MAX_REQUEST_BYTES,
     SafeLogRecordExporter,
     SafeMetricExporter,
     SafeSpanExporter,
     split_metrics,
 )
-from otel_training.processors import JsonLogSpanProcessor
+from otel_training.trace.processors import JsonLogSpanProcessor
 
 MIB = 1024 * 1024
 #: Characters whose encodings are the longest there are, one per kind: in Python's json (the
@@ -306,7 +306,7 @@ def test_the_exporters_own_int64_guard_saturates_with_one_warning(caplog):
     counter.add(10)
     recording = RecordingMetricExporter()
     safe = SafeMetricExporter(recording)
-    with caplog.at_level(logging.WARNING, logger="otel_training.exporters"):
+    with caplog.at_level(logging.WARNING, logger="otel_training.export.exporters"):
         for _ in range(2):
             assert safe.export(reader.get_metrics_data()) is MetricExportResult.SUCCESS
     values = [

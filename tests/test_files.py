@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import otel_training as ot
-from otel_training import files, setup
+from otel_training import configuration as setup
+from otel_training.export import files
 
 
 def test_run_directory_names_are_safe_and_latest_points_at_the_newest(tmp_path):

@@ -20,9 +20,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from support import strict_json_lines
 
 import otel_training as ot
-from otel_training import setup, testing
-from otel_training.exporters import SafeMetricExporter, SafeSpanExporter
-from otel_training.processors import JsonLogSpanProcessor
+from otel_training import configuration as setup
+from otel_training import testing
+from otel_training.export.exporters import SafeMetricExporter, SafeSpanExporter
+from otel_training.trace.processors import JsonLogSpanProcessor
 
 pytestmark = pytest.mark.slow  # hypothesis with 120 examples a test
 

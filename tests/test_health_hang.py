@@ -252,7 +252,7 @@ def test_the_health_variables_are_documented():
     configuration table (docs/configuration.md)."""
     from pathlib import Path
 
-    from otel_training import environment_variables
+    from otel_training.config import variables as environment_variables
 
     root = Path(__file__).resolve().parents[1]
     health = (root / "docs" / "health.md").read_text()

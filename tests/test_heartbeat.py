@@ -1,4 +1,4 @@
-"""The heartbeat (otel_training.heartbeat): the hang signals on their own export interval,
+"""The heartbeat (otel_training.metrics.heartbeat): the hang signals on their own export interval,
 one writer per series, flushed and shut down with the main provider."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from support import metrics_of
 
-from otel_training import config, heartbeat
+from otel_training import config
 from otel_training.health.ledger import Ledger
 from otel_training.health.metrics import observe_ledger
+from otel_training.metrics import heartbeat
 from otel_training.semconv.metrics import (
     DL_TRAINING_PHASE_ELAPSED,
     DL_TRAINING_PHASE_TIME,

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from support import child_env
 
 from otel_training import config
-from otel_training.identity import attempt_run_id
-from otel_training.resource import identity_attributes
-from otel_training.segments import derived_ids
+from otel_training.config.identity import attempt_run_id
+from otel_training.pipeline.resource import identity_attributes
+from otel_training.trace.segments import derived_ids
 
 TORCHRUN = {"WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "rdzv-7", "TORCHELASTIC_MAX_RESTARTS": "3"}
 
@@ -128,7 +128,7 @@ def test_every_rank_of_an_attempt_derives_the_same_trace_ids():
 
 _INSTANCE = (
     "import json; from otel_training import config; "
-    "from otel_training.resource import identity_attributes; "
+    "from otel_training.pipeline.resource import identity_attributes; "
     "a = identity_attributes(config.load_identity()); "
     "print(json.dumps([a['service.instance.id'], a['dl.run.id'], a['process.creation.time']]))"
 )

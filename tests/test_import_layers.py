@@ -25,12 +25,14 @@ PACKAGE = "otel_training"
 LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "leaves",
-        "names and rules every layer shares: the clock, warn-once, semantic conventions, the "
-        "string rule and cost model of the limits",
+        "names and rules every layer shares: the clock, warn-once, the former module paths, "
+        "semantic conventions, the string rule and cost model of the limits",
         (
             "otel_training._log_once",
+            "otel_training._moved",
             "otel_training.clock",
-            "otel_training.limits",
+            "otel_training.export.limits",
+            "otel_training.export.limits.*",
             "otel_training.semconv.*",
         ),
     ),
@@ -43,44 +45,21 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "config",
         "the settings: the variables' declarations, their one parser, the rank's identity",
-        (
-            "otel_training._env",
-            "otel_training.config",
-            "otel_training.environment_variables",
-            "otel_training.identity",
-        ),
+        ("otel_training.config.*",),
     ),
     (
         "sdk",
         "building one pipeline: per-signal factories, processors, exporters, files, network, "
         "resource, lifecycle, the training instruments and the trace's shape",
         (
-            "otel_training._export_outage",
-            "otel_training.device_metrics",
-            "otel_training.device_reads",
-            "otel_training.exporters",
-            "otel_training.files",
+            "otel_training._providers",
+            "otel_training.export.*",
             "otel_training.health.metrics",
             "otel_training.health.watchdog",
-            "otel_training.heartbeat",
-            "otel_training.ids",
-            "otel_training.instruments",
-            "otel_training.lifecycle",
-            "otel_training.log_bridge",
-            "otel_training.log_format",
-            "otel_training.memory",
-            "otel_training.network",
-            "otel_training.open_spans",
+            "otel_training.logs.*",
+            "otel_training.metrics.*",
             "otel_training.pipeline.*",
-            "otel_training.processors.*",
-            "otel_training.proxy",
-            "otel_training.replicated",
-            "otel_training.resource",
-            "otel_training.segments",
-            "otel_training.span_values",
-            "otel_training.throughput",
-            "otel_training.trace_shape",
-            "otel_training.views",
+            "otel_training.trace.*",
         ),
     ),
     (
@@ -89,7 +68,7 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         (
             "otel_training",
             "otel_training.phases.*",
-            "otel_training.setup",
+            "otel_training.configuration",
             "otel_training.spans",
         ),
     ),

@@ -22,8 +22,9 @@ from opentelemetry.sdk.metrics.export import (
 )
 from support import import_or_unavailable, metrics_of
 
-from otel_training import instruments, testing
-from otel_training.instruments import record_training_metrics
+from otel_training import testing
+from otel_training.metrics import instruments
+from otel_training.metrics.instruments import record_training_metrics
 from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_METRIC,
     MEGATRON_TRAINING_NONFINITE_VALUES,
@@ -280,7 +281,7 @@ def test_accepts_cpu_torch_scalars():
 def test_values_that_are_not_numbers_are_dropped_with_one_warning(bad, caplog):
     """A value that cannot be a number is dropped with one warning and never raises."""
     _, reader, meter = sdk_meter()
-    with caplog.at_level(logging.WARNING, logger="otel_training.instruments"):
+    with caplog.at_level(logging.WARNING, logger="otel_training.metrics.instruments"):
         for _ in range(3):
             record_training_metrics(meter, loss=bad, learning_rate=3e-4)
     assert len([r for r in caplog.records if "loss" in r.getMessage()]) == 1
@@ -300,7 +301,7 @@ def test_multi_element_tensor_is_dropped():
 def test_negative_step_duration_is_dropped_with_a_warning(caplog):
     """A negative duration cannot be a histogram value: one warning, nothing recorded."""
     _, reader, meter = sdk_meter()
-    with caplog.at_level(logging.WARNING, logger="otel_training.instruments"):
+    with caplog.at_level(logging.WARNING, logger="otel_training.metrics.instruments"):
         record_training_metrics(meter, step_duration_ms=-5.0)
         record_training_metrics(meter, step_duration_ms=-6.0)
     assert len(caplog.records) == 1
@@ -317,7 +318,7 @@ def test_nonfinite_values_are_counted_per_metric(bad, caplog):
     _, reader, meter = sdk_meter()
     record_training_metrics(meter, loss=2.0, grad_norm=1.0)
     assert collected(reader, MEGATRON_TRAINING_NONFINITE_VALUES) == []
-    with caplog.at_level(logging.WARNING, logger="otel_training.instruments"):
+    with caplog.at_level(logging.WARNING, logger="otel_training.metrics.instruments"):
         record_training_metrics(meter, loss=bad, grad_norm=bad)
         record_training_metrics(meter, loss=bad)
     counts = {

@@ -26,7 +26,7 @@ def test_importing_otel_training_imports_no_framework():
     unimported."""
     result = _python(
         "import sys, otel_training, otel_training.integrations, otel_training.spans\n"
-        "import otel_training.setup, otel_training.instruments\n"
+        "import otel_training.configuration, otel_training.metrics.instruments\n"
         f"print(sorted(m for m in {FRAMEWORKS!r} if m in sys.modules))"
     )
     assert result.returncode == 0, result.stderr
@@ -94,8 +94,8 @@ def test_a_frameworks_identity_is_the_torchrun_variables_the_pipeline_reads():
     """FrameworkIdentity.environ() gives the torchrun variables from which the pipeline reads
     the same rank, local rank, world size, node rank and local world size; the node values
     only where the framework says them."""
-    from otel_training._env import EnvReader
-    from otel_training.identity import read_identity
+    from otel_training.config._env import EnvReader
+    from otel_training.config.identity import read_identity
 
     said = _recorder.FrameworkIdentity(
         rank=5, local_rank=1, world_size=8, node_rank=2, local_world_size=4
@@ -148,7 +148,8 @@ def test_a_recorder_without_providers_configures_with_the_frameworks_ranks(caplo
     """No pipeline yet: the recorder configures one from OTEL_* with the framework's rank and
     world size. A pipeline configured before with other ranks is used as it is, with one
     warning naming both."""
-    from otel_training import setup, testing
+    from otel_training import configuration as setup
+    from otel_training import testing
 
     for signal in ("TRACES", "METRICS", "LOGS"):
         monkeypatch.setenv(f"OTEL_{signal}_EXPORTER", "none")
@@ -777,7 +778,8 @@ def test_given_providers_receive_what_the_recorder_records(monkeypatch):
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from otel_training import setup, testing
+    from otel_training import configuration as setup
+    from otel_training import testing
     from otel_training.semconv import spans as names
 
     recording = _Recording(monkeypatch)

@@ -21,7 +21,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from otel_training import setup, testing
+from otel_training import configuration as setup
+from otel_training import testing
 
 pytestmark = pytest.mark.slow  # real Trainer runs on the CPU
 

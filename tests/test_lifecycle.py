@@ -1,6 +1,7 @@
 """Where the main thread stands still on a SIGTERM that nobody else handles
-(otel_training.lifecycle), and what the final flush takes after it (otel_training.setup). The
-signals themselves, in real processes: tests/integration/test_signals_no_handler.py."""
+(otel_training.pipeline.lifecycle), and what the final flush takes after it
+(otel_training.configuration). The signals themselves, in real processes:
+tests/integration/test_signals_no_handler.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from doc_rules import documents
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from otel_training import lifecycle, setup
+from otel_training import configuration as setup
+from otel_training.pipeline import lifecycle
 from otel_training.testing import points
 
 
@@ -44,21 +46,27 @@ def _stack(*modules: str) -> str | None:
         (["__main__", "json.encoder"], None),
         (["__main__", "torch.nn.modules"], None),
         # telemetry's call on top: its outermost frame, the standard library's between count
-        (["__main__", "otel_training.instruments", "opentelemetry.sdk.metrics._internal"],
-         "otel_training.instruments"),
+        (["__main__", "otel_training.metrics.instruments", "opentelemetry.sdk.metrics._internal"],
+         "otel_training.metrics.instruments"),
         (["__main__", "opentelemetry.sdk.trace", "threading"], "opentelemetry.sdk.trace"),
-        (["__main__", "otel_training.setup", "logging"], "otel_training.setup"),
+        (["__main__", "otel_training.configuration", "logging"], "otel_training.configuration"),
         (["__main__", "importlib._bootstrap"], "importlib._bootstrap"),
         # a handler of the program's that logging called, under telemetry's lock
-        (["__main__", "otel_training.setup", "logging", "myhandlers"], "otel_training.setup"),
+        (
+            ["__main__", "otel_training.configuration", "logging", "myhandlers"],
+            "otel_training.configuration",
+        ),
         (["__main__", "logging", "myhandlers", "json.encoder"], "logging"),
         # the program's code that a wrapper of telemetry's called (a decorator): at once
         (["__main__", "opentelemetry.util._decorator", "train"], None),
-        (["__main__", "otel_training.phases", "train", "otel_training.instruments"],
-         "otel_training.instruments"),
+        (["__main__", "otel_training.phases", "train", "otel_training.metrics.instruments"],
+         "otel_training.metrics.instruments"),
         # our own training programs are the program's
         (["otel_training.cli", "otel_training.demo.train"], None),
-        (["otel_training.demo.train", "otel_training.instruments"], "otel_training.instruments"),
+        (
+            ["otel_training.demo.train", "otel_training.metrics.instruments"],
+            "otel_training.metrics.instruments",
+        ),
     ],
 )  # fmt: skip
 def test_the_main_thread_stands_still_once_telemetrys_call_returns(modules, finish):

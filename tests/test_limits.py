@@ -1,5 +1,5 @@
-"""The string rule of otel_training.limits: any string encodes, values are bounded, cut values
-say so, records fit their budget."""
+"""The string rule of otel_training.export.limits: any string encodes, values are bounded, cut
+values say so, records fit their budget."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ from opentelemetry.trace import Link, Status, StatusCode
 from support import examples, import_or_unavailable, metrics_of, new_in_memory_meter
 
 import otel_training as ot
-from otel_training import limits, testing
-from otel_training.limits import (
+from otel_training import testing
+from otel_training.export import limits
+from otel_training.export.limits import (
     Limits,
     bounded_log_record,
     bounded_span,
@@ -1034,7 +1035,7 @@ def test_any_value_keeps_none_bools_floats_and_int64s_and_cuts_bytes_and_text_at
     int64 (its ends included) as they are, beyond it as floats; bytes and text longer than the
     limit cut to it, ending with the marker's bytes when at least 8 bytes of the value stay
     beside it, else cut plain; at or under the limit, or without one, as they are."""
-    from otel_training.limits import bounded_any
+    from otel_training.export.limits import bounded_any
 
     for value in (None, True, False, 1.5, -(2**63), 2**63 - 1, 0):
         kept = bounded_any(value)
@@ -1072,7 +1073,7 @@ def test_any_values_maps_and_lists_are_bounded_inside_to_eight_levels():
     name (1,024 characters); below 8 levels a value is its bounded str(); a subclass of float
     (numpy.float64) is its Python float."""
     numpy = import_or_unavailable("numpy")
-    from otel_training.limits import MAX_NAME_LENGTH, bounded_any
+    from otel_training.export.limits import MAX_NAME_LENGTH, bounded_any
 
     long, key = "x" * 100, "k" * 2000
     assert bounded_any({key: long, "l": [long]}, 40) == {
@@ -1102,7 +1103,7 @@ def test_numeric_scalars_of_other_types_are_their_python_numbers():
     import enum
 
     numpy = import_or_unavailable("numpy")
-    from otel_training.limits import bounded_any
+    from otel_training.export.limits import bounded_any
 
     class Level(enum.IntEnum):
         HIGH = 3
@@ -1324,7 +1325,7 @@ def test_any_value_of_no_otlp_type_is_its_bounded_text():
         def __str__(self) -> str:
             return "n" * 100
 
-    from otel_training.limits import bounded_any
+    from otel_training.export.limits import bounded_any
 
     assert bounded_any(Named(), 40) == safe_text("n" * 100, 40)
     assert bounded_any({3}, 40) == "{3}"

@@ -9,7 +9,7 @@ import threading
 import pytest
 from opentelemetry.sdk.trace import TracerProvider, sampling
 
-from otel_training.log_format import KeyValueFormatter, LogSpanProcessor, format_pairs
+from otel_training.logs.formatting import KeyValueFormatter, LogSpanProcessor, format_pairs
 
 
 def _record(message: str = "hello", **extra) -> logging.LogRecord:

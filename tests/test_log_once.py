@@ -282,8 +282,8 @@ def test_a_read_that_fails_at_every_collection_is_said_once_a_minute(caplog, in_
     """Case A1: a device read and a ledger read that fail at every collection of the reader's
     thread log one line each, not one per collection (the clock stands still)."""
 
-    from otel_training.device_metrics import DeviceMetrics
     from otel_training.health.metrics import observe_ledger
+    from otel_training.metrics.device import DeviceMetrics
 
     devices = DeviceMetrics(in_memory_meter.meter, _FailingSource(), min_interval_s=0.0)
     observe_ledger(in_memory_meter.meter, source=_FailingSource)

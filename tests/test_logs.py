@@ -1,4 +1,4 @@
-"""The logs signal: its settings, the logging bridge (otel_training.log_bridge), exceptions on
+"""The logs signal: its settings, the logging bridge (otel_training.logs.bridge), exceptions on
 spans as ERROR log records (processors/exception_logs.py) and SafeLogRecordExporter, with real
 SDK parts and the real OTLP encoders."""
 
@@ -40,13 +40,16 @@ from opentelemetry.semconv.attributes.exception_attributes import (
 from support import examples
 
 import otel_training
-from otel_training import config, files, limits, log_bridge, setup, testing
-from otel_training.exporters import SafeLogRecordExporter
-from otel_training.limits import Limits, bounded_log_record, bounded_span, cut_marker
-from otel_training.processors.exception_logs import ExceptionLogSpanProcessor
+from otel_training import config, testing
+from otel_training import configuration as setup
+from otel_training.export import files, limits
+from otel_training.export.exporters import SafeLogRecordExporter
+from otel_training.export.limits import Limits, bounded_log_record, bounded_span, cut_marker
+from otel_training.logs import bridge as log_bridge
 from otel_training.semconv.attributes import DL_RANK, DL_WORLD_SIZE
 from otel_training.semconv.attributes import OTEL_TRAINING_LOG_ARGUMENTS as LOG_ARGUMENTS
 from otel_training.semconv.attributes import OTEL_TRAINING_LOG_FORMAT_ERROR as FORMAT_ERROR
+from otel_training.trace.processors.exception_logs import ExceptionLogSpanProcessor
 
 SUCCESS = LogRecordExportResult.SUCCESS
 FAILURE = LogRecordExportResult.FAILURE
@@ -496,7 +499,11 @@ def test_the_sdks_and_our_own_records_never_loop_back(memory):
     an export runs (suppress-instrumentation context), are not bridged."""
     telemetry, logger = memory
     handler = otel_training.logging_handler()
-    names = ["opentelemetry.sdk._shared_internal", "otel_training.exporters", "grpc._channel"]
+    names = [
+        "opentelemetry.sdk._shared_internal",
+        "otel_training.export.exporters",
+        "grpc._channel",
+    ]
     for name in names:
         logging.getLogger(name).addHandler(handler)
     try:

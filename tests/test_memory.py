@@ -8,7 +8,8 @@ import pytest
 from doc_rules import documents
 
 import otel_training
-from otel_training import memory, testing
+from otel_training import testing
+from otel_training.metrics import memory
 
 ALLOCATED = 81_352_720_384
 PEAK = 85_000_000_000

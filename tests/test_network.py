@@ -1,11 +1,13 @@
-"""otel_training.network: which endpoints go through a proxy, and what each library is given."""
+"""otel_training.pipeline.network: which endpoints go through a proxy, and what each library is
+given."""
 
 from __future__ import annotations
 
 import pytest
 from doc_rules import documents
 
-from otel_training import config, network
+from otel_training import config
+from otel_training.pipeline import network
 
 
 @documents("limits.md", "an entry matches a host that ends with it")

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import otel_training as ot
-from otel_training import setup
+from otel_training import configuration as setup
 from otel_training.semconv import spans as names
 
 HOUR_NS = 3_600 * 10**9

@@ -38,8 +38,8 @@ import otel_training as ot
 from otel_training import config, testing
 from otel_training.health import ledger as health
 from otel_training.phases import NvtxPhase, Phase, SpanPhase
-from otel_training.processors import NvtxSpanProcessor
 from otel_training.semconv import spans as names
+from otel_training.trace.processors import NvtxSpanProcessor
 
 pytestmark = pytest.mark.slow  # hypothesis programs in every configuration, NVTX in a child
 
@@ -457,7 +457,7 @@ def test_the_same_with_an_nvtx_tool_attached(recorder_library, tmp_path):
         f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
-        from otel_training.processors import NvtxSpanProcessor
+        from otel_training.trace.processors import NvtxSpanProcessor
         assert NvtxSpanProcessor().active, "the recorder is not attached"
         import test_phases_same_behaviour as same
         same.compare(same.EVERYTHING, nvtx_tool=True)

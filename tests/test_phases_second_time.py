@@ -11,7 +11,7 @@ from test_processors_nvtx import record  # noqa: F401 - the fixture
 import otel_training as ot
 from otel_training import testing
 from otel_training.semconv import spans as names
-from otel_training.trace_shape import member_ids
+from otel_training.trace.shape import member_ids
 
 RUN_ID = "second-time"
 
@@ -129,7 +129,7 @@ def test_the_nvtx_ranges_of_a_second_configure_are_those_of_the_first(record):  
     records = record(
         """
 import otel_training as ot
-from otel_training import setup
+from otel_training import configuration as setup
 for attempt in range(3):
     telemetry = ot.configure()
     for thread in setup._retiring:

@@ -14,15 +14,16 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_training import setup, testing
-from otel_training.processors.batch import (
-    CountingBatchLogRecordProcessor,
-    CountingBatchSpanProcessor,
-    observe_drops,
-)
+from otel_training import configuration as setup
+from otel_training import testing
 from otel_training.semconv.metrics import (
     OTEL_TRAINING_LOG_RECORD_DROPPED,
     OTEL_TRAINING_SPAN_DROPPED,
+)
+from otel_training.trace.processors.batch import (
+    CountingBatchLogRecordProcessor,
+    CountingBatchSpanProcessor,
+    observe_drops,
 )
 
 
@@ -124,7 +125,7 @@ def test_what_a_full_queue_drops_is_counted_warned_and_exported(caplog, kind):
 def test_drops_after_the_first_report_are_said_again_with_the_new_count(caplog, monkeypatch):
     """Drops after the first warning are said again (here at once: the interval set to 0),
     with how many more and the total."""
-    from otel_training.processors import batch
+    from otel_training.trace.processors import batch
 
     monkeypatch.setattr(batch, "REPORT_INTERVAL_S", 0.0)
     stalled = Stalled()

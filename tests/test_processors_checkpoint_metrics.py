@@ -1,5 +1,5 @@
 """Checkpoint span durations as the histogram megatron.checkpoint.duration
-(otel_training.processors.checkpoint_metrics), with real SDK providers and readers."""
+(otel_training.trace.processors.checkpoint_metrics), with real SDK providers and readers."""
 
 from __future__ import annotations
 
@@ -13,15 +13,17 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.trace import Status, StatusCode
 
 import otel_training
-from otel_training import setup, testing, views
-from otel_training.open_spans import OpenSpans
-from otel_training.processors.checkpoint_metrics import CheckpointMetricsSpanProcessor
+from otel_training import configuration as setup
+from otel_training import testing
+from otel_training.metrics import views
 from otel_training.semconv.attributes import (
     MEGATRON_CHECKPOINT_OPERATION,
     OTEL_TRAINING_SPAN_TRUNCATED,
 )
 from otel_training.semconv.metrics import MEGATRON_CHECKPOINT_DURATION
 from otel_training.semconv.spans import MEGATRON_CHECKPOINT_LOAD, MEGATRON_CHECKPOINT_SAVE
+from otel_training.trace.open_spans import OpenSpans
+from otel_training.trace.processors.checkpoint_metrics import CheckpointMetricsSpanProcessor
 
 NAME = MEGATRON_CHECKPOINT_DURATION
 

@@ -17,9 +17,9 @@ from opentelemetry.trace import Status, StatusCode
 from support import strict_json_lines
 
 import otel_training
-from otel_training import setup
-from otel_training.limits import DEFAULT_VALUE_LENGTH, cut_marker
-from otel_training.processors import JsonLogSpanProcessor, jsonlog
+from otel_training import configuration as setup
+from otel_training.export.limits import DEFAULT_VALUE_LENGTH, cut_marker
+from otel_training.trace.processors import JsonLogSpanProcessor, jsonlog
 
 
 def _provider(path: Path, **kwargs) -> tuple[TracerProvider, JsonLogSpanProcessor]:

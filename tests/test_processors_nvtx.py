@@ -19,15 +19,15 @@ from support import child_env, not_here
 import otel_training
 import otel_training.testing
 from otel_training.phases import LedgerPhase, SpanPhase
-from otel_training.processors import NvtxSpanProcessor, nvtx
 from otel_training.semconv import spans as names
+from otel_training.trace.processors import NvtxSpanProcessor, nvtx
 
 pytestmark = pytest.mark.slow  # built with gcc; each case in a child process
 
 PREAMBLE = """
 import threading, time
 from opentelemetry.sdk.trace import TracerProvider
-from otel_training.processors import NvtxSpanProcessor
+from otel_training.trace.processors import NvtxSpanProcessor
 processor = NvtxSpanProcessor()
 assert processor.active, "the recorder is not attached"
 provider = TracerProvider()

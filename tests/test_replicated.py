@@ -1,6 +1,6 @@
-"""Replicated values sent once (otel_training.replicated): one rank per pipeline stage exports
-the values every data- and tensor-parallel peer holds alike, every rank keeps its own series,
-and a rank without the parallel layout exports as before and says so."""
+"""Replicated values sent once (otel_training.metrics.replicated): one rank per pipeline stage
+exports the values every data- and tensor-parallel peer holds alike, every rank keeps its own
+series, and a rank without the parallel layout exports as before and says so."""
 
 from __future__ import annotations
 
@@ -10,8 +10,14 @@ from hypothesis import strategies as st
 from support import metrics_of
 
 import otel_training
-from otel_training import config, replicated, testing
-from otel_training.replicated import AUTO_WORLD_SIZE, REPLICATED_METRICS, ParallelLayout, decide
+from otel_training import config, testing
+from otel_training.metrics import replicated
+from otel_training.metrics.replicated import (
+    AUTO_WORLD_SIZE,
+    REPLICATED_METRICS,
+    ParallelLayout,
+    decide,
+)
 from otel_training.semconv.metrics import (
     DL_TRAINING_PHASE_TIME,
     DL_TRAINING_PROGRESS_AGE,

@@ -9,10 +9,10 @@ from datetime import datetime, timezone
 import pytest
 from report_files import resource_attributes, span_record, write_lines
 
-from otel_training.identity import attempt_run_id
+from otel_training.config.identity import attempt_run_id
+from otel_training.pipeline.resource import iso8601
 from otel_training.report import load_job
 from otel_training.report.attempts import creation_unix_s, identity_of, job_key
-from otel_training.resource import iso8601
 
 MS = 1_000_000
 T0 = 1_800_000_000_000_000_000

@@ -10,7 +10,8 @@ import pytest
 from support import strict_json
 
 import otel_training as ot
-from otel_training import setup, testing
+from otel_training import configuration as setup
+from otel_training import testing
 from otel_training.report import (
     build_chrome_trace,
     find_run_directory,

@@ -18,6 +18,7 @@ from report_files import (
     write_real_metrics,
 )
 
+from otel_training.metrics.views import STEP_DURATION_BUCKETS_MS
 from otel_training.report import TRUNCATED_ATTRIBUTE, load_run
 from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_LOSS,
@@ -29,7 +30,6 @@ from otel_training.semconv.spans import (
     MEGATRON_TRAIN,
     MEGATRON_TRAIN_ITERATION,
 )
-from otel_training.views import STEP_DURATION_BUCKETS_MS
 
 T0 = 1_796_000_000 * 10**9
 S = 10**9

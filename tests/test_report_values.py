@@ -15,7 +15,7 @@ from support import import_or_unavailable
 import_or_unavailable("plotly")
 
 import otel_training as ot  # noqa: E402
-from otel_training import instruments  # noqa: E402
+from otel_training.metrics import instruments  # noqa: E402
 from otel_training.report import build_report, figures, load_job, load_run  # noqa: E402
 from otel_training.report.reader import load_runs  # noqa: E402
 from otel_training.report.rundir import find_run_directory  # noqa: E402

@@ -13,8 +13,8 @@ from opentelemetry.sdk.resources import get_aggregated_resources
 from opentelemetry.util._importlib_metadata import entry_points
 
 from otel_training import clock, config
-from otel_training.identity import process_tag
-from otel_training.resource import TrainingResourceDetector, identity_attributes, iso8601
+from otel_training.config.identity import process_tag
+from otel_training.pipeline.resource import TrainingResourceDetector, identity_attributes, iso8601
 
 
 @documents("README.md", "detected from torchrun, SLURM and Kubernetes")

@@ -19,10 +19,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from support import load_script
 
 import otel_training
-from otel_training import testing, trace_shape, views
-from otel_training.device_metrics import DeviceMetrics, DeviceSample
+from otel_training import testing
+from otel_training.metrics import views
+from otel_training.metrics.device import DeviceMetrics, DeviceSample
 from otel_training.semconv.metrics import METRICS
 from otel_training.semconv.spans import SPANS
+from otel_training.trace import shape as trace_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Where the phases' spans go (otel_training.segments): run, job and step traces, each within
+"""Where the phases' spans go (otel_training.trace.segments): run, job and step traces, each within
 the span budget, nested per rank as the program nested them, linked to the rank's span in the
 shared trace; sampled together per segment."""
 
@@ -16,9 +16,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import otel_training as ot
 from otel_training import testing
-from otel_training.segments import KEPT
 from otel_training.semconv import spans as names
-from otel_training.trace_shape import member_ids
+from otel_training.trace.segments import KEPT
+from otel_training.trace.shape import member_ids
 
 RUN_ID = "segments"
 
@@ -425,8 +425,8 @@ def _segments(
     parts, direct)."""
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
-    from otel_training.segments import TraceSegments
-    from otel_training.trace_shape import TraceShape
+    from otel_training.trace.segments import TraceSegments
+    from otel_training.trace.shape import TraceShape
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -442,7 +442,7 @@ def test_a_segment_span_lasts_from_its_first_phase_to_the_next_segment_or_the_ru
     lasts, ends when the next segment opens (which links to it) or at the run's end (after
     which the next one links to nothing of it); it names its segment. Rank 0 keeps the job
     trace: its segment span is the root, with the shared ids; rank 1's names it as parent."""
-    from otel_training.trace_shape import member_ids as ids
+    from otel_training.trace.shape import member_ids as ids
 
     for rank in (0, 1):
         open_spans: dict = {}
@@ -526,7 +526,7 @@ def test_the_kth_run_of_a_process_has_families_of_its_own(monkeypatch):
     """The second run of a process (begun before the router was made, or while it routes)
     starts under the run trace ``run2/run`` and opens ``run2/segment/{s}``; the first keeps
     ``run`` and ``segment/{s}``."""
-    from otel_training import segments as module
+    from otel_training.trace import segments as module
 
     monkeypatch.setattr(module, "_runs", 1)
     first, _ = _segments(25, 2, world=2, rank=1)
@@ -607,7 +607,7 @@ def test_an_iteration_that_fits_exactly_stays_in_the_step_trace_it_fills():
 def test_segment_spans_take_their_times_from_the_process_clock(monkeypatch):
     """Without a time given, a segment span starts and ends at the process clock's now
     (otel_training.clock, the same anchor as every phase), not the SDK's."""
-    from otel_training import segments as module
+    from otel_training.trace import segments as module
 
     times = iter([7_000, 9_000])
     monkeypatch.setattr(module.clock, "now_ns", lambda: next(times))
@@ -637,7 +637,7 @@ def test_a_segment_span_ended_elsewhere_is_not_ended_again(caplog):
 def test_a_rank_keeps_the_last_64_segments_it_opened():
     """Of the segments a rank opened, the newest 64 are kept (a segment opened again among
     them goes on counting); the oldest beyond them are forgotten."""
-    from otel_training import segments as module
+    from otel_training.trace import segments as module
 
     segments, _ = _segments(25, 1)
     for iteration in range(1, module._KEPT_SEGMENTS + 2):
@@ -667,7 +667,7 @@ def test_the_first_run_of_a_router_made_before_it_has_the_plain_names(monkeypatc
     trace is ``run`` (no prefix); into a second: ``run2/run``, with the run trace's share of
     the ranks (6 of 25 spans for each of 4 ranks of a shard at 8 ranks), not the job's."""
     from otel_training import config
-    from otel_training import segments as module
+    from otel_training.trace import segments as module
 
     monkeypatch.setattr(module, "_runs", 0)
     segments, _ = _segments(25, 1000, config.SPAN_GROUP_PRESETS["all"], world=8, rank=1)

@@ -21,8 +21,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from support import metrics_of
 
 import otel_training
-from otel_training import setup, testing
-from otel_training.identity import process_tag
+from otel_training import configuration as setup
+from otel_training import testing
+from otel_training.config.identity import process_tag
 from otel_training.semconv.attributes import DL_RANK, DL_RUN_ID, DL_WORLD_SIZE
 
 

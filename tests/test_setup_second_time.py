@@ -10,7 +10,8 @@ import pytest
 from doc_rules import documents
 
 import otel_training as ot
-from otel_training import setup, testing
+from otel_training import configuration as setup
+from otel_training import testing
 from otel_training.semconv import spans as names
 
 ENVIRON = {"OTEL_PYTHON_TRAINING_SPAN_GROUPS": "all", "OTEL_PYTHON_TRAINING_LOGGING": "true"}

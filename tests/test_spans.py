@@ -13,7 +13,8 @@ import torch
 from opentelemetry.trace import INVALID_SPAN, StatusCode
 
 import otel_training
-from otel_training import setup, spans, testing
+from otel_training import configuration as setup
+from otel_training import spans, testing
 from otel_training.phases import LedgerPhase
 from otel_training.semconv import attributes as attrs
 from otel_training.semconv import spans as names

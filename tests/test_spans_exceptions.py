@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import otel_training as ot
-from otel_training import setup
+from otel_training import configuration as setup
 
 
 class LazyMessage(Exception):

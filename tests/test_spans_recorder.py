@@ -10,7 +10,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import otel_training
-from otel_training import setup, spans, testing
+from otel_training import configuration as setup
+from otel_training import spans, testing
 from otel_training.phases import LedgerPhase
 
 

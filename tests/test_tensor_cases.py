@@ -18,8 +18,8 @@ from opentelemetry.sdk.metrics.export import (  # noqa: E402
 )
 from torch import nn  # noqa: E402
 
-from otel_training import setup  # noqa: E402
-from otel_training.instruments import record_training_metrics  # noqa: E402
+from otel_training import configuration as setup  # noqa: E402
+from otel_training.metrics.instruments import record_training_metrics  # noqa: E402
 from otel_training.tensor import TensorMetricExecutor, TensorMetricGauges, TensorObserver  # noqa: E402
 from otel_training.testing import RecordingMetricExporter, points  # noqa: E402
 

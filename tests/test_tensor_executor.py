@@ -17,7 +17,7 @@ from opentelemetry.sdk.metrics.export import (  # noqa: E402
     PeriodicExportingMetricReader,
 )
 
-from otel_training import setup  # noqa: E402
+from otel_training import configuration as setup  # noqa: E402
 from otel_training.tensor import (  # noqa: E402
     GLOBAL,
     FamilyValues,

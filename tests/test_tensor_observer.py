@@ -492,7 +492,7 @@ def _process_wide_registrations() -> tuple[int, int, int]:
     flush hooks of the pipeline."""
     from torch.nn.modules import module as registry
 
-    from otel_training import setup
+    from otel_training import configuration as setup
 
     return (
         len(registry._global_module_registration_hooks),

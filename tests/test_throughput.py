@@ -8,7 +8,7 @@ import pytest
 from doc_rules import documents
 from support import import_or_unavailable
 
-from otel_training.throughput import (
+from otel_training.metrics.throughput import (
     StepAccumulator,
     gpt_flops_per_token,
     tflops_per_device,
@@ -222,7 +222,7 @@ def test_unusable_losses_are_dropped_not_raised():
 def test_throughput_is_the_one_definition_of_the_job_and_device_rates():
     """throughput(): tokens/s = job tokens / time; per device = that / world size; TFLOP/s per
     device = FLOPs / (time x 1e12 x world size), Megatron-LM's training_log formula."""
-    from otel_training.throughput import Throughput, global_count, throughput
+    from otel_training.metrics.throughput import Throughput, global_count, throughput
 
     # 2 data-parallel ranks, each 3 micro-batches of 4 x 128 tokens, in 0.25 s.
     job_tokens = global_count(3 * 4 * 128, 2)
@@ -250,12 +250,12 @@ def test_throughput_is_the_one_definition_of_the_job_and_device_rates():
 @documents("README.md", "`StepAccumulator` gives both")
 @documents(
     "README.md",
-    "Both throughput figures are defined once, in `otel_training.throughput.throughput()`",
+    "Both throughput figures are defined once, in `otel_training.metrics.throughput.throughput()`",
 )
 def test_interval_and_step_figures_come_from_throughput():
     """StepAccumulator's step and interval rates, and IntervalStats.throughput(), equal
     throughput() over the same tokens and summed step time."""
-    from otel_training.throughput import Throughput, throughput
+    from otel_training.metrics.throughput import Throughput, throughput
 
     acc = StepAccumulator(data_parallel_size=2, world_size=4)
     acc.add_micro_batch(1.0, tokens=300)
@@ -280,11 +280,11 @@ def test_a_gathered_token_count_that_is_not_a_count_is_dropped_with_one_warning(
     """add_tokens_global takes 0 and positive ints; a negative, fractional or boolean count is
     dropped with one warning for the cause "invalid token count", shared with
     add_micro_batch's (said once, whichever method meets it first)."""
-    from otel_training import throughput as module
+    from otel_training.metrics import throughput as module
 
     module._warn_once.clear()
     acc = StepAccumulator()
-    with caplog.at_level("WARNING", logger="otel_training.throughput"):
+    with caplog.at_level("WARNING", logger="otel_training.metrics.throughput"):
         acc.add_tokens_global(0)
         acc.add_tokens_global(7)
         assert caplog.records == []
@@ -337,11 +337,11 @@ def test_each_invalid_hot_path_value_is_dropped_with_one_warning_per_cause(caplo
     and a duration that is no time are each dropped, never raised, with one warning per cause
     naming the value (a second such value says nothing more)."""
     torch = import_or_unavailable("torch")
-    from otel_training import throughput as module
+    from otel_training.metrics import throughput as module
 
     module._warn_once.clear()
     acc = StepAccumulator()
-    with caplog.at_level("WARNING", logger="otel_training.throughput"):
+    with caplog.at_level("WARNING", logger="otel_training.metrics.throughput"):
         for _ in range(2):
             acc.add_micro_batch(torch.ones(2), tokens=2.5)
             acc.add_micro_batch("abc", tokens=-1.0)
@@ -362,11 +362,11 @@ def test_token_counts_that_are_whole_numbers_are_counted(caplog):
     """0 tokens, a whole float and a numpy integer are counts (no warning): the global count is
     each times the data-parallel size; a zero-length step is a step of 0 s."""
     numpy = import_or_unavailable("numpy")
-    from otel_training import throughput as module
+    from otel_training.metrics import throughput as module
 
     module._warn_once.clear()
     acc = StepAccumulator(data_parallel_size=3)
-    with caplog.at_level("WARNING", logger="otel_training.throughput"):
+    with caplog.at_level("WARNING", logger="otel_training.metrics.throughput"):
         acc.add_micro_batch(1.0)  # no count given: 0 tokens
         acc.add_micro_batch(1.0, tokens=0)
         acc.add_micro_batch(1.0, tokens=2.0)

@@ -1,4 +1,4 @@
-"""The trace shape's derivations (otel_training.trace_shape), each checked against a search or a
+"""The trace shape's derivations (otel_training.trace.shape), each checked against a search or a
 hash computed here: segment length, shards, the span tables, the ids."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from otel_training import config
 from otel_training.semconv.spans import SPAN_GROUP_LEVELS, SPANS
-from otel_training.trace_shape import (
+from otel_training.trace.shape import (
     JOB_LEVEL_SPANS,
     ONCE_PER_ITERATION,
     ONCE_PER_RUN,

@@ -17,7 +17,8 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
 import otel_training
-from otel_training import testing, views
+from otel_training import testing
+from otel_training.metrics import views
 
 NAME = "megatron.training.step_duration_ms"
 A10_STEPS_MS = [7613, 7845, 7624, 12000, 15000, 18000, 21000, 24000, 45000, 61000]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs Megatron-LM's own unit tests of megatron/core/telemetry/training_metrics.py, unchanged,
-# against otel_training.instruments.
+# against otel_training.metrics.instruments.
 # Usage: scripts/megatron_compat/run.sh PATH/TO/Megatron-LM [python]
 set -euo pipefail
 megatron=${1:?usage: $0 PATH/TO/Megatron-LM [python]}

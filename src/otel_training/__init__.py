@@ -7,12 +7,12 @@ Usage::
     meter = otel_training.get_meter()          # configures from OTEL_* on first use
     otel_training.record_training_metrics(meter, loss=2.31, step_duration_ms=412.0)
 
-Importing this package has no side effects: nothing is configured, no thread is started.
+Importing this package configures nothing and starts no thread; it only lets the package's
+former module paths be imported (:mod:`otel_training._moved`).
 """
 
-from otel_training.instruments import flush_deferred, record_training_metrics
-from otel_training.resource import TrainingResourceDetector
-from otel_training.setup import (
+from otel_training import _moved
+from otel_training.configuration import (
     Telemetry,
     configure,
     force_flush,
@@ -22,6 +22,10 @@ from otel_training.setup import (
     logging_handler,
     shutdown,
 )
+from otel_training.metrics.instruments import flush_deferred, record_training_metrics
+from otel_training.metrics.throughput import StepAccumulator, gpt_flops_per_token
+from otel_training.metrics.views import STEP_DURATION_BUCKETS_MS, default_views, step_duration_view
+from otel_training.pipeline.resource import TrainingResourceDetector
 from otel_training.spans import (
     Phase,
     SpanRecorder,
@@ -48,10 +52,10 @@ from otel_training.spans import (
     training_iteration,
     training_run,
 )
-from otel_training.throughput import StepAccumulator, gpt_flops_per_token
-from otel_training.views import STEP_DURATION_BUCKETS_MS, default_views, step_duration_view
 
 __version__ = "0.1.0"
+
+_moved.install()
 
 __all__ = [
     "STEP_DURATION_BUCKETS_MS",

@@ -143,7 +143,7 @@ def _terminal(text: str, limit: int | None = _NOTE_CHARACTERS) -> str:
     """``text`` as a terminal shows it and nothing else: lone surrogates (an undecodable byte
     of a directory name) and the characters a terminal would act on as backslash escapes,
     cut to ``limit`` characters (names from the files can be 10,000 long)."""
-    from otel_training.limits import safe_text
+    from otel_training.export.limits import safe_text
     from otel_training.report.wording import cut
 
     text = _TERMINAL_CONTROLS.sub(lambda m: ascii(m.group())[1:-1], safe_text(text, None))
@@ -251,8 +251,8 @@ def _run_demo(argv: Sequence[str]) -> int:
     except ModuleNotFoundError as exc:  # tqdm/numpy or a broken torch install
         print(f"{_PROG}: error: {exc}. {_TORCH_HINT}", file=sys.stderr)
         return 1
+    from otel_training.configuration import configure
     from otel_training.demo.threads import apply_threads
-    from otel_training.setup import configure
 
     config = config_from_args(argv, prog=f"{_PROG} demo")
     threads = apply_threads(config.threads)

@@ -44,7 +44,7 @@ iterations, every rank's segment span, checkpoint saves and evaluations are in t
 job trace, and each rank's iterations in step traces of its own, linked to it. Their ids are
 derived from the run id without any communication, and no trace holds more than
 ``OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET`` spans at any world size
-(:mod:`otel_training.segments`, :mod:`otel_training.trace_shape`).
+(:mod:`otel_training.trace.segments`, :mod:`otel_training.trace.shape`).
 
 **The first iteration.** The first :func:`training_iteration` of a process, and the first
 after each :func:`training_run` starts, is wrapped in a ``megatron.train.first_iteration`` span
@@ -57,7 +57,7 @@ and ``GeneratorExit`` are not errors; still, a phase that any exception left, or
 when its pipeline shut down, did not complete: no step duration, no completed step or
 checkpoint in the health ledger.
 
-Attribute values: see :mod:`otel_training.span_values` (a CUDA tensor is read by a background
+Attribute values: see :mod:`otel_training.trace.span_values` (a CUDA tensor is read by a background
 thread, never on the training thread). As a decorator (``@checkpoint_save(strategy="async")``),
 each call is a phase; decorated before ``configure()``, the group is checked at each call;
 decorated after, the function keeps what its group did then (left undecorated when the group

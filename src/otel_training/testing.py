@@ -30,11 +30,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
-from otel_training import _log_once, instruments, log_bridge, setup, spans
-from otel_training import segments as _segments
+from otel_training import _log_once, configuration, spans
 from otel_training.health import ledger as health_ledger
 from otel_training.health import watchdog as health_watchdog
+from otel_training.logs import bridge as log_bridge
+from otel_training.metrics import instruments
 from otel_training.report.quantiles import histogram_quantile
+from otel_training.trace import segments as _segments
 
 __all__ = [
     "InMemoryTelemetry",
@@ -50,10 +52,10 @@ __all__ = [
 
 @dataclass
 class InMemoryTelemetry:
-    """A :class:`otel_training.setup.Telemetry` with an in-memory reader, span exporter and
+    """A :class:`otel_training.configuration.Telemetry` with an in-memory reader, span exporter and
     log record exporter (``logs.get_finished_logs()``)."""
 
-    telemetry: setup.Telemetry
+    telemetry: configuration.Telemetry
     reader: InMemoryMetricReader
     spans: InMemorySpanExporter
     logs: InMemoryLogRecordExporter | None = None
@@ -117,7 +119,7 @@ def configure_in_memory(
     reader = InMemoryMetricReader()
     exporter = InMemorySpanExporter()
     logs = InMemoryLogRecordExporter()
-    telemetry = setup.configure(
+    telemetry = configuration.configure(
         environ=env,
         views=views,
         step_duration_buckets_ms=step_duration_buckets_ms,
@@ -146,15 +148,15 @@ def reset() -> None:
     """Shuts the configured pipeline down and resets otel-training's and the OpenTelemetry
     API's globals (providers, set-once guards, proxies, caches, warned-once causes, the root
     logger's bridge)."""
-    for telemetry in list(setup._live):
+    for telemetry in list(configuration._live):
         telemetry.shutdown(timeout_millis=2_000)
-    for thread in list(setup._retiring):
+    for thread in list(configuration._retiring):
         thread.join(5.0)
-    setup._retiring.clear()
-    setup._live.clear()
+    configuration._retiring.clear()
+    configuration._live.clear()
     health_watchdog.stop()
-    setup._current = None
-    setup._globals_installed = False
+    configuration._current = None
+    configuration._globals_installed = False
     instruments.record_in_this_process()
     instruments.write_values_to(None)
     instruments._TRAINING_INSTRUMENTS.clear()

@@ -251,7 +251,7 @@ def process_wide_registrations() -> tuple:
 
     from torch.nn.modules import module as registry
 
-    from otel_training import setup
+    from otel_training import configuration as setup
 
     return (
         len(registry._global_module_registration_hooks),

@@ -2,7 +2,7 @@
 it fed, on 2 ranks (real gloo, real Lightning and Hugging Face trainers) with gradient
 accumulation, slow evaluations and checkpoint saves between steps, ``tokens_per_sample`` and
 ``tokens_per_batch``: tokens/s for the job and TFLOP/s per device as
-``otel_training.throughput`` defines them (README, "Metrics"; docs/integrations.md)."""
+``otel_training.metrics.throughput`` defines them (README, "Metrics"; docs/integrations.md)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _check(record: dict, every: int, expected_counts) -> int:
 )
 @documents(
     "integrations.md",
-    "Both throughput figures are `otel_training.throughput.throughput()`",
+    "Both throughput figures are `otel_training.metrics.throughput.throughput()`",
 )
 @documents(
     "integrations.md",
@@ -110,7 +110,7 @@ def test_lightning_throughput_on_two_ranks(run_python, tmp_path):
 )
 @documents(
     "integrations.md",
-    "Both throughput figures are `otel_training.throughput.throughput()`",
+    "Both throughput figures are `otel_training.metrics.throughput.throughput()`",
 )
 @documents("integrations.md", "else the Trainer's own count (`state.total_flos`, over all ranks)")
 @documents("README.md", ", or a framework's own count")

@@ -97,7 +97,7 @@ def test_tokens_per_sec_is_the_whole_jobs_and_tflops_per_gpu(job):
     """tokens/s = both ranks' tokens / this rank's step time; TFLOP/s divides it per device."""
     from otel_training.demo.data import VOCAB_SIZE
     from otel_training.demo.model import GPT, GPTConfig
-    from otel_training.throughput import gpt_flops_per_token
+    from otel_training.metrics.throughput import gpt_flops_per_token
 
     model = GPT(GPTConfig(seq_len=SEQ, n_layers=LAYERS, d_model=D_MODEL, n_heads=2))
     flops = gpt_flops_per_token(

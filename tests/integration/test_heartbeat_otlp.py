@@ -7,7 +7,7 @@ from __future__ import annotations
 from support import metrics_of
 
 import otel_training
-from otel_training import heartbeat
+from otel_training.metrics import heartbeat
 
 HANG = set(heartbeat.HEARTBEAT_METRICS)
 

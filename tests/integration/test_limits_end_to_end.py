@@ -16,8 +16,8 @@ from opentelemetry.sdk.metrics.view import View
 from otlp_receiver import OtlpReceiver, free_port
 from support import strict_json_lines
 
-from otel_training import setup
-from otel_training.limits import DEFAULT_VALUE_LENGTH, MAX_NAME_LENGTH, safe_text
+from otel_training import configuration as setup
+from otel_training.export.limits import DEFAULT_VALUE_LENGTH, MAX_NAME_LENGTH, safe_text
 
 MIB = 1024 * 1024
 
@@ -432,7 +432,7 @@ CONSOLE_AND_PROMETHEUS = textwrap.dedent(
     sys.path.insert(0, "tests/integration")
     from hostile_strings import PLACES, SAMPLES, emit
     from opentelemetry.sdk.metrics.view import View
-    from otel_training import setup
+    from otel_training import configuration as setup
 
     telemetry = setup.configure(
         set_global=False,

@@ -15,7 +15,7 @@ from opentelemetry._logs import LogRecord
 from otlp_receiver import OtlpReceiver, ReceiverTls
 from tls_files import TlsFiles, make_tls_files
 
-from otel_training import setup
+from otel_training import configuration as setup
 
 PROTOCOLS = ("grpc", "http/protobuf")
 

@@ -48,7 +48,7 @@ from prometheus_server import (
 from support import prometheus_or_unavailable, promql_metric_names
 
 from otel_training.config import TENSOR_METRIC_NAMES
-from otel_training.views import STEP_DURATION_BUCKETS_MS
+from otel_training.metrics.views import STEP_DURATION_BUCKETS_MS
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -108,7 +108,7 @@ CHECKPOINT = "megatron_checkpoint_duration_seconds"
 DEMO_DRIVER = r"""
 import sys
 from otel_training.demo.train import config_from_args, train
-from otel_training.setup import configure
+from otel_training.configuration import configure
 
 config = config_from_args(sys.argv[1:], prog="demo-driver")
 telemetry = configure(service_name="otel-training-demo")
@@ -125,8 +125,8 @@ telemetry.shutdown()
 
 A5_DRIVER = r"""
 import sys
-from otel_training.instruments import record_training_metrics
-from otel_training.setup import configure
+from otel_training.metrics.instruments import record_training_metrics
+from otel_training.configuration import configure
 
 telemetry = configure(service_name="a5")
 print("serving", flush=True)

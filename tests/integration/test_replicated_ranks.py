@@ -13,7 +13,7 @@ from pathlib import Path
 from rank_jobs import metric_files
 from support import child_env
 
-from otel_training.replicated import REPLICATED_METRICS
+from otel_training.metrics.replicated import REPLICATED_METRICS
 
 TP, PP, DP = 4, 4, 8
 WORLD = TP * PP * DP

@@ -96,7 +96,7 @@ LOGGING_UNDER_TELEMETRYS_LOCK = textwrap.dedent(
     """
     import logging, os, signal
     import otel_training as ot
-    from otel_training.setup import current
+    from otel_training.configuration import current
 
     class Handler(logging.Handler):
         def emit(self, record):

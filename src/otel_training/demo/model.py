@@ -197,7 +197,7 @@ class GPT(nn.Module):
         """Parameters used per token outside the embeddings (with MoE, ``k`` of ``E`` experts).
 
         The tied output head is not counted (it is the token embedding); position embeddings are
-        not counted. This is ``N`` of `otel_training.throughput.gpt_flops_per_token`.
+        not counted. This is ``N`` of `otel_training.metrics.throughput.gpt_flops_per_token`.
         """
         total = 0
         for name, param in self.named_parameters():

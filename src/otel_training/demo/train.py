@@ -2,18 +2,19 @@
 
 `train` runs AdamW with linear warmup and cosine decay, gradient clipping and gradient
 accumulation, skips the update when the loss or the gradient norm is non-finite, and records the
-eight Megatron-LM training metrics through `otel_training.instruments.record_training_metrics`:
+eight Megatron-LM training metrics through
+`otel_training.metrics.instruments.record_training_metrics`:
 
 - ``step_duration_ms``: once per optimizer step (one histogram point per step), in ms;
 - every ``log_interval`` steps: ``loss`` (mean of the micro-batch losses of the interval's
   non-skipped steps, averaged over the data-parallel ranks), ``grad_norm`` (global L2 norm before
   clipping, of the last step), ``learning_rate`` (of the step that ran), ``tokens_per_sec``
   (global: the tokens of all data-parallel ranks over this rank's wall time of the interval),
-  ``throughput_tflops`` (TFLOP/s per device, with `otel_training.throughput.gpt_flops_per_token`;
-  both rates as `otel_training.throughput.throughput` defines them), ``skipped_iters`` (count in
-  the interval) and,
-  on CUDA only, ``memory_allocated_gb`` (``torch.cuda.memory_allocated() / 2**30``: current
-  allocated GiB, not the peak).
+  ``throughput_tflops`` (TFLOP/s per device, with
+  `otel_training.metrics.throughput.gpt_flops_per_token`; both rates as
+  `otel_training.metrics.throughput.throughput` defines them), ``skipped_iters`` (count in the
+  interval) and, on CUDA only, ``memory_allocated_gb`` (``torch.cuda.memory_allocated() / 2**30``:
+  current allocated GiB, not the peak).
 
 Under ``torchrun --nproc_per_node=N`` the demo is data-parallel (`otel_training.demo.distributed`):
 ``torch.distributed`` on gloo (CPU) or NCCL (CUDA), the model wrapped in
@@ -53,9 +54,10 @@ from opentelemetry.metrics import Meter
 from otel_training.demo.data import VOCAB_SIZE, ByteCorpus, load_stdlib_corpus
 from otel_training.demo.distributed import DataParallel, parameter_digest
 from otel_training.demo.model import GPT, GPTConfig
-from otel_training.instruments import record_training_metrics
 from otel_training.integrations.ddp import register_comm_hook
-from otel_training.memory import memory_allocated_gib
+from otel_training.metrics.instruments import record_training_metrics
+from otel_training.metrics.memory import memory_allocated_gib
+from otel_training.metrics.throughput import StepAccumulator, gpt_flops_per_token
 from otel_training.semconv.attributes import MEGATRON_CHECKPOINT_SIZE
 from otel_training.spans import (
     checkpoint_load,
@@ -75,7 +77,6 @@ from otel_training.tensor import (
     TensorObserver,
     parse_schedule,
 )
-from otel_training.throughput import StepAccumulator, gpt_flops_per_token
 
 try:
     from tqdm import tqdm

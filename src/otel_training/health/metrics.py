@@ -53,7 +53,7 @@ def observe_ledger(
     Args:
         meter: The pipeline's meter.
         source: Returns the ledger to read (default: this process's); for tests.
-        names: Only these instruments (the heartbeat's, :mod:`otel_training.heartbeat`);
+        names: Only these instruments (the heartbeat's, :mod:`otel_training.metrics.heartbeat`);
             ``None`` for all nine.
     """
 

@@ -88,7 +88,7 @@ _NONE: Final = math.nan
 
 def file_name(rank: int, tag: str) -> str:
     """The record's file name for ``rank`` and this process's tag
-    (:func:`otel_training.identity.process_tag`)."""
+    (:func:`otel_training.config.identity.process_tag`)."""
     return f"ledger-rank{rank}-{tag}.bin"
 
 

@@ -314,7 +314,7 @@ _current: tuple[Watchdog, object] | None = None
 
 def start(telemetry: Any) -> Watchdog | None:
     """Starts this process's watchdog for ``telemetry`` (an
-    :class:`otel_training.setup.Telemetry` that records), replacing the one of an earlier
+    :class:`otel_training.configuration.Telemetry` that records), replacing the one of an earlier
     pipeline. Returns it, or ``None`` when ``telemetry`` does not record. Never raises."""
     global _current
     try:
@@ -417,7 +417,7 @@ def _emit_log(telemetry: Any, record: dict[str, Any], span: Any) -> bool:
     )
     from opentelemetry.semconv.attributes.code_attributes import CODE_STACKTRACE
 
-    from otel_training.log_bridge import link_to_span
+    from otel_training.logs.bridge import link_to_span
     from otel_training.semconv.attributes import (
         DL_TRAINING_PHASE,
         MEGATRON_ITERATION,

@@ -22,12 +22,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from otel_training import config, setup, spans
+from otel_training import config, configuration, spans
 from otel_training._log_once import LogOnce
-from otel_training.instruments import record_training_metrics
-from otel_training.memory import memory_allocated_gib
+from otel_training.metrics.instruments import record_training_metrics
+from otel_training.metrics.memory import memory_allocated_gib
+from otel_training.metrics.throughput import StepAccumulator, mean_loss
 from otel_training.semconv.attributes import MEGATRON_ITERATION
-from otel_training.throughput import StepAccumulator, mean_loss
 
 _logger = logging.getLogger("otel_training.integrations")
 #: ``warn_once(cause, message, *args, exc_info=False)``: logged the first time ``cause`` is seen
@@ -197,8 +197,8 @@ class RunRecorder:
     of an evaluation or checkpoint save after it, or the start of the training loop) to the end
     of its optimizer update, so its data loading is in it and evaluations, saves, checkpoint
     loads and sanity checks are not. Tokens are this rank's, counted for the job by
-    :func:`otel_training.throughput.global_count` with the world size; throughput figures are
-    :func:`otel_training.throughput.throughput`'s.
+    :func:`otel_training.metrics.throughput.global_count` with the world size; throughput figures
+    are :func:`otel_training.metrics.throughput.throughput`'s.
 
     Every run starts from a clean state: nothing of a previous run (one that failed included)
     reaches the next. A run, iteration, evaluation, checkpoint save or load ended by an
@@ -298,10 +298,10 @@ class RunRecorder:
             self._meter = (
                 telemetry.meter
                 if meter_provider is None
-                else meter_provider.get_meter(setup.INSTRUMENTATION_NAME)
+                else meter_provider.get_meter(configuration.INSTRUMENTATION_NAME)
             )
         else:
-            self._meter = meter_provider.get_meter(setup.INSTRUMENTATION_NAME)
+            self._meter = meter_provider.get_meter(configuration.INSTRUMENTATION_NAME)
         if meter_provider is None and tracer_provider is None:
             self._recorder = spans.SpanRecorder()
         else:
@@ -547,10 +547,10 @@ class RunRecorder:
         return self._interval_steps
 
 
-def _pipeline_for(identity: FrameworkIdentity) -> setup.Telemetry:
+def _pipeline_for(identity: FrameworkIdentity) -> configuration.Telemetry:
     """The configured pipeline, or one configured now from ``OTEL_*`` with the framework's
     rank identity (so that the Resource, the file names and the export-rank policy use it)."""
-    current = setup.current()
+    current = configuration.current()
     if current is not None:
         known = current.settings.identity
         if (known.rank, known.world_size) != (identity.rank, identity.world_size):
@@ -567,4 +567,4 @@ def _pipeline_for(identity: FrameworkIdentity) -> setup.Telemetry:
         return current
     environ = dict(os.environ)
     environ.update(identity.environ())
-    return setup.configure(environ=environ)
+    return configuration.configure(environ=environ)

@@ -21,7 +21,7 @@ from otel_training.integrations._recorder import (
     validate_options,
     warn_once,
 )
-from otel_training.throughput import global_count
+from otel_training.metrics.throughput import global_count
 
 try:
     from lightning.pytorch import Callback
@@ -58,8 +58,8 @@ class OtelTrainingCallback(_Base):
       ``tokens_per_sec`` of the job (this rank's count, with ``tokens_per_sample`` or
       ``tokens_per_batch``, times the world size); ``throughput_tflops`` per device
       (``flops_per_token``, else the module's ``flops_per_batch`` attribute, per device as
-      Lightning's ``ThroughputMonitor`` has it), both as `otel_training.throughput.throughput`
-      defines them;
+      Lightning's ``ThroughputMonitor`` has it), both as
+      `otel_training.metrics.throughput.throughput` defines them;
       ``memory_allocated_gb`` on CUDA; ``skipped_iters``, steps whose update did not run (AMP
       overflow: the gradient scaler skipped ``optimizer.step()``);
     - spans: the run (``setup`` of ``fit`` to its end), each iteration numbered from the

@@ -56,9 +56,9 @@ class OtelTrainingCallback(_Base):
       ``include_num_input_tokens_seen`` is on, else the main input's elements in each training
       forward pass, or ``tokens_per_sample``/``tokens_per_batch``, times the world size),
       ``throughput_tflops`` per device (``flops_per_token``, else the Trainer's own count over
-      all ranks, ``state.total_flos``), both as `otel_training.throughput.throughput` defines
-      them; ``memory_allocated_gb`` on CUDA, ``skipped_iters`` (steps whose update Accelerate
-      skipped, ``optimizer.step_was_skipped``: AMP overflow);
+      all ranks, ``state.total_flos``), both as `otel_training.metrics.throughput.throughput`
+      defines them; ``memory_allocated_gb`` on CUDA, ``skipped_iters`` (steps whose update
+      Accelerate skipped, ``optimizer.step_was_skipped``: AMP overflow);
     - spans: the run (``trainer.train()`` to ``on_train_end``), each iteration
       (``on_step_begin`` to ``on_step_end``, numbered from the restored ``state.global_step``),
       the optimizer update (``on_pre_optimizer_step`` to ``on_optimizer_step``), each

@@ -6,7 +6,7 @@ its end time (read then, on the process clock) and the pending reads; the thread
 ``otel-training-span-end`` waits for each device copy, sets the attributes and ends the span with
 that recorded end time, in order. Its status (an exception that left the phase) is already set.
 The queue is drained before the providers at ``force_flush``/``shutdown``
-(:func:`otel_training.setup.add_flush_hook`).
+(:func:`otel_training.configuration.add_flush_hook`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import time
 
 from opentelemetry import trace as trace_api
 
-from otel_training import setup
+from otel_training import configuration
 from otel_training.phases._warnings import warn_once
-from otel_training.span_values import attribute_value, host_value
+from otel_training.trace.span_values import attribute_value, host_value
 
 __all__ = ["DEFERRED_ENDS", "DeferredEnds"]
 
@@ -53,7 +53,7 @@ class DeferredEnds:
                 self._thread.start()
             if not self._hooked:
                 self._hooked = True
-                setup.add_flush_hook(self.flush)
+                configuration.add_flush_hook(self.flush)
             self._queue.append((span, end_ns, pending))
             self._busy += 1
             self._ready.notify_all()

@@ -42,7 +42,7 @@ from typing import Any
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 
-from otel_training import clock, device_reads, instruments, setup
+from otel_training import clock, configuration
 from otel_training.health.ledger import (
     ASYNC_SAVE,
     CHECKPOINT_LOAD,
@@ -52,16 +52,17 @@ from otel_training.health.ledger import (
     NO_PHASE,
     PHASE_OF_SPAN,
 )
+from otel_training.metrics import device_reads, instruments
 from otel_training.phases import _state
 from otel_training.phases._deferred import DEFERRED_ENDS
 from otel_training.phases._exceptions import is_error, record_exception
 from otel_training.phases._state import PhaseState, bound_state, configured, reset_first_iteration
 from otel_training.phases._warnings import warn_once
-from otel_training.processors.nvtx import end_ranges_now
-from otel_training.segments import KEPT, TraceSegments, run_begins
 from otel_training.semconv.attributes import MEGATRON_ITERATION
-from otel_training.span_values import DEFERRED, PRIMITIVES, attribute_value, text
-from otel_training.trace_shape import JOB_LEVEL_GROUPS
+from otel_training.trace.processors.nvtx import end_ranges_now
+from otel_training.trace.segments import KEPT, TraceSegments, run_begins
+from otel_training.trace.shape import JOB_LEVEL_GROUPS
+from otel_training.trace.span_values import DEFERRED, PRIMITIVES, attribute_value, text
 
 __all__ = ["NOOP_PHASE", "RUN", "LedgerPhase", "NvtxPhase", "Phase", "SpanPhase", "fine", "make"]
 
@@ -259,7 +260,7 @@ class Phase:
         return False
 
     def set_attribute(self, key: str, value: Any) -> None:
-        """Sets one attribute (see :mod:`otel_training.span_values` for the values taken).
+        """Sets one attribute (see :mod:`otel_training.trace.span_values` for the values taken).
         ``megatron.iteration`` (an int) is also the iteration the health ledger records when
         the phase completes, whatever its group: a checkpoint load's resume point, known only
         once the checkpoint is read."""
@@ -374,7 +375,7 @@ NOOP_PHASE: Phase = _NoOpPhase()
 
 class SpanPhase(Phase):
     """A phase of an enabled group: an OpenTelemetry span of the pipeline's tracer, started
-    in its trace (:mod:`otel_training.segments`), made current inside ``with``, ended when
+    in its trace (:mod:`otel_training.trace.segments`), made current inside ``with``, ended when
     the phase stops (later, on a background thread, when an attribute waits for a device
     value)."""
 
@@ -486,7 +487,7 @@ class SpanPhase(Phase):
             self._span = _INVALID_SPAN
 
     def _place(self, segments: TraceSegments, context) -> tuple[Any, Any]:
-        """(context, links) the span starts with (:mod:`otel_training.segments`): the run
+        """(context, links) the span starts with (:mod:`otel_training.trace.segments`): the run
         trace for the run; for a phase with an iteration that would be a child of the run span
         (or of no span), this rank's segment span in the job trace (a job-level group) or its
         step trace; else under its parent, in its parent's trace while there is room."""
@@ -710,7 +711,7 @@ def make(
         reset_first_iteration()  # its first iteration is a first iteration again
     state = bound_state.get()
     if state is None:
-        telemetry = setup._current
+        telemetry = configuration._current
         if telemetry is None:  # not configured yet: decide when the phase starts
             return SpanPhase(
                 name,
@@ -778,7 +779,7 @@ def fine(
     no span, decided once per name and pipeline and made without building its attributes (a
     few stores)."""
     state = _state._current
-    telemetry = setup._current
+    telemetry = configuration._current
     if telemetry is None or state.telemetry is not telemetry or _state.binding:
         return _made(name, group, attributes, key, value)
     route = state.routes.get(name)

@@ -1,5 +1,5 @@
 """The state the phases run in: the configured pipeline's tracer, meter, span groups, NVTX
-domain, traces and open spans, built once per :class:`otel_training.setup.Telemetry`.
+domain, traces and open spans, built once per :class:`otel_training.configuration.Telemetry`.
 
 :func:`current` is what a phase made now records into: the state of the pipeline configured
 last (rebuilt when ``configure()`` replaces it), or, while a :class:`otel_training.SpanRecorder`
@@ -22,9 +22,9 @@ from typing import Any
 
 from opentelemetry import trace as trace_api
 
-from otel_training import setup
-from otel_training.segments import TraceSegments
-from otel_training.trace_shape import TraceShape
+from otel_training import configuration
+from otel_training.trace.segments import TraceSegments
+from otel_training.trace.shape import TraceShape
 
 __all__ = [
     "PhaseState",
@@ -55,7 +55,7 @@ class PhaseState:
             in ``ranges``.
         routes: What :func:`otel_training.phases._phase.fine` makes for each phase name it
             has seen (decided once per name).
-        segments: Where its spans start (:class:`otel_training.segments.TraceSegments`), or
+        segments: Where its spans start (:class:`otel_training.trace.segments.TraceSegments`), or
             ``None`` (no sampler: a no-op or own provider).
         open: The spans open in this pipeline (``OpenSpans.spans``), truncated at shutdown.
         generation: How many times this pipeline's shutdown began (0 or 1): a phase open
@@ -80,7 +80,7 @@ class PhaseState:
     )
 
     def __init__(self) -> None:
-        self.telemetry: setup.Telemetry | None = None
+        self.telemetry: configuration.Telemetry | None = None
         self.tracer: trace_api.Tracer | None = None
         self.meter: Any = None
         self.groups: frozenset[str] = frozenset()
@@ -148,7 +148,7 @@ def current() -> PhaseState | None:
     state = bound_state.get()
     if state is not None:
         return state
-    telemetry = setup._current
+    telemetry = configuration._current
     if telemetry is None:
         return None
     state = _current
@@ -159,17 +159,17 @@ def current() -> PhaseState | None:
 
 def configured() -> PhaseState:
     """The configured pipeline's state; configures from the environment first if needed."""
-    telemetry = setup._current
+    telemetry = configuration._current
     if telemetry is None:
-        setup.get_tracer()  # configures from the environment
-        telemetry = setup._current
+        configuration.get_tracer()  # configures from the environment
+        telemetry = configuration._current
     state = _current
     if state.telemetry is not telemetry:
         state = _refresh(telemetry)
     return state
 
 
-def _refresh(telemetry: setup.Telemetry) -> PhaseState:
+def _refresh(telemetry: configuration.Telemetry) -> PhaseState:
     global _current
     with _lock:
         if _current.telemetry is telemetry:
@@ -249,7 +249,7 @@ def state_for(
         pipeline.meter if meter_provider is None else meter_provider.get_meter(INSTRUMENTATION_NAME)
     )
     if groups is None:
-        telemetry = setup._current
+        telemetry = configuration._current
         groups = (telemetry.settings if telemetry is not None else config.load()).span_groups
     state.groups = state.spans = groups if recording else frozenset()
     return state

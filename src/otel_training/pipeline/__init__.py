@@ -2,9 +2,9 @@
 the span processors, the logger provider, and where they write.
 
 :func:`build` is what ``otel_training.configure()`` runs; it does not touch any global. Every
-exporter is wrapped in an :mod:`otel_training.exporters` guard; the embedded default's files are
-opened in this run's directory (:mod:`otel_training.files`); OTLP exporters get every setting
-explicitly, so that the SDK never re-reads the environment behind ``config.py``'s back.
+exporter is wrapped in an :mod:`otel_training.export.exporters` guard; the embedded default's files
+are opened in this run's directory (:mod:`otel_training.export.files`); OTLP exporters get every
+setting explicitly, so that the SDK never re-reads the environment behind ``config.py``'s back.
 
 - :mod:`~otel_training.pipeline.building`: :func:`build` and what it makes, :class:`Pipeline`;
 - :mod:`~otel_training.pipeline.resource`: the Resource the three signals share;

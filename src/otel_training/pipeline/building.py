@@ -22,21 +22,23 @@ from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE_ID
 
-from otel_training import config, device_metrics, heartbeat, network, replicated
-from otel_training import views as _views
+from otel_training import config
 from otel_training._log_once import LogOnce
 from otel_training.health.metrics import observe_ledger
-from otel_training.open_spans import OpenSpans
-from otel_training.pipeline import logs, metrics, traces
+from otel_training.metrics import device as device_metrics
+from otel_training.metrics import heartbeat, replicated
+from otel_training.metrics import views as _views
+from otel_training.pipeline import logs, metrics, network, traces
 from otel_training.pipeline.outputs import Outputs
 from otel_training.pipeline.resource import build_resource
 from otel_training.pipeline.scope import INSTRUMENTATION_NAME
-from otel_training.processors import CheckpointMetricsSpanProcessor, span_mirrors
-from otel_training.processors.batch import observe_drops
-from otel_training.processors.exception_logs import ExceptionLogSpanProcessor
-from otel_training.processors.jsonlog import JsonLogSpanProcessor
-from otel_training.processors.nvtx import NvtxSpanProcessor
 from otel_training.semconv.attributes import DL_RANK, DL_RUN_ID
+from otel_training.trace.open_spans import OpenSpans
+from otel_training.trace.processors import CheckpointMetricsSpanProcessor, span_mirrors
+from otel_training.trace.processors.batch import observe_drops
+from otel_training.trace.processors.exception_logs import ExceptionLogSpanProcessor
+from otel_training.trace.processors.jsonlog import JsonLogSpanProcessor
+from otel_training.trace.processors.nvtx import NvtxSpanProcessor
 
 __all__ = ["Pipeline", "build"]
 

@@ -1,7 +1,7 @@
 """The logs factories of a pipeline: one exporter per ``OTEL_LOGS_EXPORTER`` entry (OTLP, the
 embedded default's OTLP JSON file, the console) wrapped in the guard of
-:mod:`otel_training.exporters`, its batch processor, and the ``LoggerProvider`` with the limits
-of ``OTEL_LOGRECORD_*``.
+:mod:`otel_training.export.exporters`, its batch processor, and the ``LoggerProvider`` with the
+limits of ``OTEL_LOGRECORD_*``.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from opentelemetry.sdk._logs.export import (
 )
 from opentelemetry.sdk.resources import Resource
 
-from otel_training import config, files, network
-from otel_training.exporters import SafeLogRecordExporter
+from otel_training import config
+from otel_training.export import files
+from otel_training.export.exporters import SafeLogRecordExporter
+from otel_training.pipeline import network
 from otel_training.pipeline.otlp import otlp_exporter
 from otel_training.pipeline.outputs import Outputs, counted
-from otel_training.processors.batch import CountingBatchLogRecordProcessor
+from otel_training.trace.processors.batch import CountingBatchLogRecordProcessor
 
 __all__ = ["log_batch_processor", "log_exporter", "logger_provider"]
 
@@ -90,7 +92,7 @@ def logger_provider(
 ) -> LoggerProvider:
     """The pipeline's ``LoggerProvider``: the same resource as the other signals, the
     attribute count of ``OTEL_LOGRECORD_ATTRIBUTE_COUNT_LIMIT``, no value-length cut of its
-    own (values are cut at export, where the cut can say so: otel_training.limits), every
+    own (values are cut at export, where the cut can say so: otel_training.export.limits), every
     limit given explicitly so that the SDK does not read the environment (it raises on a bad
     value there)."""
     count = settings.logs.attribute_count

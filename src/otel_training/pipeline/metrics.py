@@ -1,6 +1,6 @@
 """The metrics factories of a pipeline: one reader per ``OTEL_METRICS_EXPORTER`` entry (OTLP,
 the embedded default's OTLP JSON file, Prometheus, the console), each exporter wrapped in the
-guard of :mod:`otel_training.exporters`, the temporality of
+guard of :mod:`otel_training.export.exporters`, the temporality of
 ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE``, and the heartbeat's own provider.
 """
 
@@ -26,14 +26,17 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 
-from otel_training import config, files, heartbeat, network
-from otel_training.exporters import (
+from otel_training import config
+from otel_training.export import files
+from otel_training.export.exporters import (
     DEFAULT_MAX_REQUEST_BYTES,
     PeriodicMetricReader,
     SafeMetricExporter,
     safe_prometheus_reader,
 )
 from otel_training.health.metrics import observe_ledger
+from otel_training.metrics import heartbeat
+from otel_training.pipeline import network
 from otel_training.pipeline.otlp import otlp_exporter
 from otel_training.pipeline.outputs import Outputs
 from otel_training.pipeline.scope import INSTRUMENTATION_NAME
@@ -66,7 +69,7 @@ def _otlp_metric_exporter(
     settings: config.Settings, warn: network.Warn
 ) -> tuple[MetricExporter, str]:
     """The OTLP metric exporter of ``settings`` (gRPC or HTTP), every setting explicit (the
-    proxy and TLS of :mod:`otel_training.network` included), and its destination."""
+    proxy and TLS of :mod:`otel_training.pipeline.network` included), and its destination."""
     if settings.metrics_otlp.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     else:

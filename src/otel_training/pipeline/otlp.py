@@ -1,6 +1,6 @@
 """The OTLP exporters' arguments, the same for every signal and both protocols: each setting
 given explicitly (endpoint, headers, timeout, compression, and the proxy and TLS of
-:mod:`otel_training.network`), so that the SDK never re-reads the environment behind
+:mod:`otel_training.pipeline.network`), so that the SDK never re-reads the environment behind
 ``config.py``'s back; and the destination a message names.
 
 Which exporter class, and what wraps it, is each signal's own module's.
@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from otel_training import config, network
+from otel_training import config
+from otel_training.pipeline import network
 
 __all__ = ["otlp_exporter", "silence_sdk_header_warnings"]
 
@@ -28,7 +29,7 @@ def otlp_exporter(
     exporter_class: type, otlp: config.OtlpSettings, signal_name: str, settings, warn, **extra
 ) -> tuple[Any, str]:
     """An OTLP exporter of ``signal_name`` with every setting given explicitly (endpoint,
-    headers, timeout, compression, and the proxy and TLS of :mod:`otel_training.network`),
+    headers, timeout, compression, and the proxy and TLS of :mod:`otel_training.pipeline.network`),
     and its destination."""
     kwargs = _otlp_kwargs(otlp, signal_name)
     endpoint = kwargs["endpoint"]

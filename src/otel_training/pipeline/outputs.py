@@ -2,7 +2,7 @@
 run's directory, where it is opened, what happens when it cannot be, and how its lines count the
 records they hold.
 
-The directory and the stream are :mod:`otel_training.files`'; this module decides which
+The directory and the stream are :mod:`otel_training.export.files`'; this module decides which
 directory a pipeline tries, in which order, and what each failure says.
 """
 
@@ -14,8 +14,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from otel_training import config, files
-from otel_training import environment_variables as ev
+from otel_training import config
+from otel_training.config import variables as ev
+from otel_training.export import files
 
 __all__ = ["Outputs", "counted"]
 
@@ -29,8 +30,8 @@ def _with_default(base: str) -> list[str]:
 
 class Outputs:
     """The embedded default's files of one pipeline: each in this run's directory
-    (:mod:`otel_training.files`), opened without following symlinks, with a fallback, written
-    through :class:`otel_training.files.AppendStream` (which survives the directory being
+    (:mod:`otel_training.export.files`), opened without following symlinks, with a fallback, written
+    through :class:`otel_training.export.files.AppendStream` (which survives the directory being
     removed, filled or made read-only mid-run)."""
 
     def __init__(
@@ -109,7 +110,7 @@ class Outputs:
 
 class _Counted:
     """A file exporter (one line per export) whose stream, an
-    :class:`otel_training.files.AppendStream`, is told how many records each export holds, so
+    :class:`otel_training.export.files.AppendStream`, is told how many records each export holds, so
     that a line that cannot be written is counted in spans or log records too."""
 
     def __init__(self, exporter: Any, stream: Any) -> None:

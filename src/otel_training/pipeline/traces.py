@@ -1,10 +1,10 @@
 """The traces factories of a pipeline: one exporter per ``OTEL_TRACES_EXPORTER`` entry (OTLP,
 the embedded default's OTLP JSON file, the console) wrapped in the guard of
-:mod:`otel_training.exporters`, its batch processor, and the ``TracerProvider`` with the sampler
-of ``OTEL_TRACES_SAMPLER``.
+:mod:`otel_training.export.exporters`, its batch processor, and the ``TracerProvider`` with the
+sampler of ``OTEL_TRACES_SAMPLER``.
 
 The span processors that mirror spans elsewhere (NVTX ranges, span JSON lines) are
-:mod:`otel_training.processors`'.
+:mod:`otel_training.trace.processors`'.
 """
 
 from __future__ import annotations
@@ -14,25 +14,27 @@ from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace import sampling as sampling_sdk
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
-from otel_training import config, files, network
-from otel_training.exporters import SafeSpanExporter
-from otel_training.ids import ProcessLocalIdGenerator
+from otel_training import config
+from otel_training.export import files
+from otel_training.export.exporters import SafeSpanExporter
+from otel_training.pipeline import network
+from otel_training.pipeline.ids import ProcessLocalIdGenerator
 from otel_training.pipeline.otlp import otlp_exporter
 from otel_training.pipeline.outputs import Outputs, counted
-from otel_training.processors.batch import CountingBatchSpanProcessor
+from otel_training.trace.processors.batch import CountingBatchSpanProcessor
 
 __all__ = ["batch_processor", "span_exporter", "tracer_provider"]
 
 
 def tracer_provider(settings: config.Settings, resource: Resource) -> TracerProvider:
     """The pipeline's ``TracerProvider``: ``resource``, the sampler of ``settings``, ids of
-    :class:`otel_training.ids.ProcessLocalIdGenerator`, no value-length cut of its own, no
+    :class:`otel_training.pipeline.ids.ProcessLocalIdGenerator`, no value-length cut of its own, no
     span processor yet."""
     return TracerProvider(
         resource=resource,
         sampler=_sampler(settings),
         id_generator=ProcessLocalIdGenerator(),
-        # Values are cut at export, where the cut can say so (otel_training.limits); the
+        # Values are cut at export, where the cut can say so (otel_training.export.limits); the
         # other limits are the SDK's, from the environment.
         span_limits=SpanLimits(
             max_attribute_length=SpanLimits.UNSET, max_span_attribute_length=SpanLimits.UNSET

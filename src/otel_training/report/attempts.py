@@ -34,7 +34,7 @@ SLURM_ARRAY_TASK_ID = "slurm.array.task_id"
 SLURM_RESTART_COUNT = "slurm.restart_count"
 SLURM_TORCHELASTIC_RESTART_COUNT = "slurm.torchelastic.restart_count"
 NVRX_CYCLE = "nvrx.cycle"
-# What otel_training.identity.attempt_run_id appends to the run id of an attempt.
+# What otel_training.config.identity.attempt_run_id appends to the run id of an attempt.
 _ATTEMPT_SUFFIX = re.compile(r"-a\d+$")
 
 
@@ -83,7 +83,7 @@ def _count(value: Any) -> int | None:
 
 def creation_unix_s(value: Any) -> float | None:
     """``process.creation.time`` (ISO 8601, as OpenTelemetry's semantic conventions write it,
-    :func:`otel_training.resource.iso8601`) in Unix seconds; ``None`` when absent or not a
+    :func:`otel_training.pipeline.resource.iso8601`) in Unix seconds; ``None`` when absent or not a
     time (a time without a zone is UTC)."""
     text = _text(value)
     if text is None:
@@ -133,8 +133,8 @@ def identity_of(resource: Mapping[str, Any]) -> ProcessIdentity:
 
 def job_of(job_id: str | None, run_id: str | None) -> str | None:
     """The job of a process or run, the same in every attempt: its job id, else its run id
-    without the ``-a{N}`` that :func:`otel_training.identity.attempt_run_id` appends; ``None``
-    when it has neither."""
+    without the ``-a{N}`` that :func:`otel_training.config.identity.attempt_run_id` appends;
+    ``None`` when it has neither."""
     if job_id is not None:
         return job_id
     return _ATTEMPT_SUFFIX.sub("", run_id) if run_id else None

@@ -18,7 +18,7 @@ from opentelemetry.semconv._incubating.metrics.hw_metrics import HW_TEMPERATURE
 
 from otel_training.health import ledger as _ledger
 from otel_training.health.evidence import KEPT_PHASES, Sample
-from otel_training.instruments import TRAINING_VALUES
+from otel_training.metrics.instruments import TRAINING_VALUES
 from otel_training.report import otlp
 from otel_training.report.attempts import ProcessIdentity, identity_of
 from otel_training.report.run import (

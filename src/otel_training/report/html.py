@@ -533,11 +533,11 @@ def write_report(source: Run | Job, path: str | os.PathLike) -> Path:
 
 def utf8(text: str) -> bytes:
     """``text`` in UTF-8, lone surrogates as backslash escapes (the string rule of
-    :func:`otel_training.limits.safe_text`). Never raises."""
+    :func:`otel_training.export.limits.safe_text`). Never raises."""
     try:
         return text.encode()
     except UnicodeEncodeError:
-        from otel_training.limits import safe_text
+        from otel_training.export.limits import safe_text
 
         return safe_text(text, None).encode()
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from otel_training.limits import safe_text
+from otel_training.export.limits import safe_text
 from otel_training.report.run import Attributes
 
 __all__ = [
@@ -55,7 +55,7 @@ def loads(raw: bytes) -> Any:
     orjson parses these lines about twice as fast as json; json reads what it refuses (bare
     NaN and Infinity, and lone surrogates such as ``"\\ud800"``, which no UTF-8 text can hold:
     each becomes a backslash escape, as the string rule of
-    :func:`otel_training.limits.safe_text` writes it, so that the report and the trace can
+    :func:`otel_training.export.limits.safe_text` writes it, so that the report and the trace can
     always be written).
 
     Raises:
@@ -76,7 +76,7 @@ def loads(raw: bytes) -> Any:
 
 def safe_strings(value: Any) -> Any:
     """``value`` (JSON-like: dicts, lists, strings, numbers) with every string, keys too,
-    through :func:`otel_training.limits.safe_text` without a length limit: lone surrogates
+    through :func:`otel_training.export.limits.safe_text` without a length limit: lone surrogates
     as backslash escapes, the rest as it is. Never raises."""
     if isinstance(value, str):
         return safe_text(value, None)

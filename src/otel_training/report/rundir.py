@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from otel_training.files import run_directory_name
+from otel_training.export.files import run_directory_name
 from otel_training.health import record as _record
 from otel_training.report import otlp
 from otel_training.report.attempts import identity_of, job_key
@@ -39,7 +39,7 @@ LATEST = "latest"
 
 GAPS = "gaps"
 """The signal of ``gaps-rank{R}.jsonl``: what a rank's writers could not write, and when
-(:class:`otel_training.files.AppendStream`)."""
+(:class:`otel_training.export.files.AppendStream`)."""
 
 
 class RunNotFoundError(Exception):

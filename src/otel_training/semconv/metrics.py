@@ -374,7 +374,7 @@ blocked, not the background write. Not recorded: a span whose status is ERROR (t
 the span and its exception event say so) and a span that was still open at shutdown
 (otel_training.span.truncated), whose end is the shutdown's. Only recorded spans are seen: the span
 group of the checkpoint span must be on and the sampler must sample it. Default buckets from 1 s to
-1 h (otel_training.views.CHECKPOINT_DURATION_BUCKETS_S).
+1 h (otel_training.metrics.views.CHECKPOINT_DURATION_BUCKETS_S).
 """
 
 

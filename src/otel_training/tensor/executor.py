@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from otel_training import setup
+from otel_training import configuration
 from otel_training._log_once import MINUTE_S, LogOnce
 from otel_training.tensor.metric import (
     GLOBAL,
@@ -233,7 +233,7 @@ class TensorMetricExecutor:
         published: Where values go (a new :class:`PublishedValues` by default).
         max_pending: Copies allowed in flight; a due step beyond that is skipped (and counted
             in ``stats.dropped``) instead of queueing device work without bound.
-        flush_on_shutdown: Register with :func:`otel_training.setup.add_flush_hook` so that
+        flush_on_shutdown: Register with :func:`otel_training.configuration.add_flush_hook` so that
             ``force_flush()``/``shutdown()`` publish completed values before the final
             collection (waiting up to the flush timeout, on the flushing thread).
 
@@ -268,7 +268,7 @@ class TensorMetricExecutor:
                 if live is not None:
                     live.flush(timeout_s)
 
-            self._remove_hook = setup.add_flush_hook(flush_hook)
+            self._remove_hook = configuration.add_flush_hook(flush_hook)
             weakref.finalize(self, self._remove_hook)
 
     # -- the training thread ------------------------------------------------------------

@@ -10,7 +10,7 @@ meter, whoever registered it and through which meter object:
   :class:`TensorMetricGauges` per meter object owns the gauges (:meth:`TensorMetricGauges.for_meter`
   caches it by meter, weakly); a set built later on the same meter with the constructor creates
   no gauge of its own (the SDK would ignore its callbacks) and is read by the first set's;
-- a :class:`otel_training.proxy.ProxyMeter` (what ``otel_training.get_meter()`` and the
+- a :class:`otel_training._providers.ProxyMeter` (what ``otel_training.get_meter()`` and the
   OpenTelemetry global hand out, a new object per call): one set of sources per instrumentation
   scope for the whole process, read by the gauges of the SDK meter the proxy records into now
   and moved to the next pipeline's at each ``configure()``. Two proxies of one scope, or a proxy
@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from otel_training import proxy
+from otel_training import _providers
 from otel_training._log_once import MINUTE_S, LogOnce
 from otel_training.semconv.metrics import METRICS
 
@@ -78,7 +78,7 @@ class TensorMetricGauges:
     :meth:`for_meter`, after an observer, or after a proxy scope moved onto the meter at a
     ``configure()``) creates none, since the SDK would ignore a second gauge's callbacks: its
     sources are read by the first set's gauges, which create the families it adds. On a
-    :class:`~otel_training.proxy.ProxyMeter` the set is read with its scope's sources. Creating
+    :class:`~otel_training._providers.ProxyMeter` the set is read with its scope's sources. Creating
     the gauges never raises: a meter that refuses them is logged once and the sources are then
     never read.
 
@@ -99,7 +99,7 @@ class TensorMetricGauges:
         except TypeError:
             self._meter_ref = lambda: meter
         self.families = tuple(families)
-        if type(meter) is proxy.ProxyMeter:
+        if type(meter) is _providers.ProxyMeter:
             first: TensorMetricGauges | None = _FollowingGauges.of(meter)
         else:
             with _LOCK:
@@ -150,10 +150,10 @@ class TensorMetricGauges:
     @classmethod
     def for_meter(cls, meter: Meter) -> TensorMetricGauges:
         """The gauges that record into ``meter``, created on first use (thread-safe; the cache
-        holds a meter weakly). For a :class:`~otel_training.proxy.ProxyMeter`: the sources of
+        holds a meter weakly). For a :class:`~otel_training._providers.ProxyMeter`: the sources of
         its instrumentation scope, read by the gauges of the pipeline it records into now and
         after each ``configure()``."""
-        if type(meter) is proxy.ProxyMeter:
+        if type(meter) is _providers.ProxyMeter:
             return _FollowingGauges.of(meter)
         with _LOCK:
             gauges = _BY_METER.get(meter)
@@ -254,7 +254,7 @@ class _FollowingGauges(TensorMetricGauges):
     """The sources of one proxy instrumentation scope: no instruments of their own, read by
     the gauges of the SDK meter that the scope records into now (moved at each rebind)."""
 
-    def __init__(self, meter: proxy.ProxyMeter) -> None:
+    def __init__(self, meter: _providers.ProxyMeter) -> None:
         self._sources = []
         self._retired = []
         self._followers = []
@@ -274,7 +274,7 @@ class _FollowingGauges(TensorMetricGauges):
             target._cover(families)
 
     @classmethod
-    def of(cls, meter: proxy.ProxyMeter) -> TensorMetricGauges:
+    def of(cls, meter: _providers.ProxyMeter) -> TensorMetricGauges:
         attributes = getattr(meter, "_attributes", None)
         if isinstance(attributes, Mapping):
             attributes = tuple(sorted((str(k), str(v)) for k, v in attributes.items()))

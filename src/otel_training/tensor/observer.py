@@ -271,7 +271,7 @@ class TensorObserver:
         self._structure: tuple = ()  # the model's structure when the sites were found
         self._device = torch.device("cpu")
         if meter is None:
-            from otel_training.setup import get_meter
+            from otel_training.configuration import get_meter
 
             meter = get_meter()
         self._inert = isinstance(meter, NoOpMeter)

@@ -2,6 +2,6 @@
 
 import sys
 
-from otel_training import instruments as training_metrics
+from otel_training.metrics import instruments as training_metrics
 
 sys.modules[__name__ + ".training_metrics"] = training_metrics

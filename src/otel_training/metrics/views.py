@@ -8,7 +8,7 @@ a histogram in seconds they would also waste most buckets below one second.
 The explicit step histogram costs 40 Prometheus series per rank (38 buckets, sum, count);
 ``OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM=exponential`` makes it one native histogram
 (:func:`step_duration_view`). A rank that does not export the replicated values
-(:mod:`otel_training.replicated`) drops them with :func:`drop_views`.
+(:mod:`otel_training.metrics.replicated`) drops them with :func:`drop_views`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The shape of a run's traces: which trace a span goes to, how many spans a trace may hold, and
 the trace ids, computed alike on every rank without any communication.
 
-A run's spans go to three kinds of trace (:mod:`otel_training.segments` routes them):
+A run's spans go to three kinds of trace (:mod:`otel_training.trace.segments` routes them):
 
 - **run traces** hold each rank's ``megatron.train`` span and what runs outside iterations
   (startup, model and data-loader building, checkpoint loads, phases with no parent);

@@ -1,5 +1,5 @@
 """Traces a trace store accepts, at any world size, without communication: the phases' spans
-routed to run, job and step traces (shape, formulas and ids: :mod:`otel_training.trace_shape`).
+routed to run, job and step traces (shape, formulas and ids: :mod:`otel_training.trace.shape`).
 
 Where a span starts:
 
@@ -62,7 +62,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
 from otel_training import clock
 from otel_training.semconv.attributes import OTEL_TRAINING_TRACE_SEGMENT
 from otel_training.semconv.spans import MEGATRON_TRAIN_SEGMENT
-from otel_training.trace_shape import TraceShape, derived_ids, member_ids
+from otel_training.trace.shape import TraceShape, derived_ids, member_ids
 
 __all__ = ["TraceSegments", "derived_ids"]
 
@@ -180,13 +180,13 @@ class TraceSegments:
     Args:
         tracer: The pipeline's tracer.
         run_id: The run id (``dl.run.id``), shared by all ranks.
-        shape: The trace shape (:meth:`otel_training.trace_shape.TraceShape.derive`).
+        shape: The trace shape (:meth:`otel_training.trace.shape.TraceShape.derive`).
         rank: This process's rank (``dl.rank``).
         sampler: The pipeline's sampler; its decision on each family is the ``sampled`` flag
             of the family's shared parents (the same on every rank).
         segment_spans: Whether this rank records its ``megatron.train.segment`` spans (span
             group ``job``).
-        open_spans: The pipeline's open spans (:class:`otel_training.open_spans.OpenSpans`
+        open_spans: The pipeline's open spans (:class:`otel_training.trace.open_spans.OpenSpans`
             ``.spans``), where segment spans are registered while open.
 
     Thread-safe: phases on several threads may start spans; a lock guards opening a segment or

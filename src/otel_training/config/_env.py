@@ -1,5 +1,5 @@
 """Reading environment variables with one policy: a bad value logs one warning, then the
-default. The primitives that :mod:`otel_training.config` and :mod:`otel_training.identity`
+default. The primitives that :mod:`otel_training.config` and :mod:`otel_training.config.identity`
 build on; nothing here raises on a value.
 
 Warnings never show what may be a secret: header values and URL userinfo are left out by the

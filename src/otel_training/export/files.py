@@ -66,7 +66,7 @@ LATEST = "latest"
 #: otlp_json_file receivers, which cut longer lines.
 MAX_LINE_BYTES = 1024 * 1024
 #: What an OTLP-JSON line is kept under, by the worst-case estimate of
-#: :mod:`otel_training.limits` (its records, and its resources and scopes once each).
+#: :mod:`otel_training.export.limits` (its records, and its resources and scopes once each).
 LINE_BUDGET_BYTES = 900_000
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")

@@ -16,9 +16,9 @@ The schema, with a sample line, is in ``docs/spans.md``; in short, every line ha
 Strict JSON: NaN and infinities, which Python's ``json`` would write bare, become the strings
 ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``; numpy scalars and one-element tensors become
 numbers; any other value becomes its ``str()``. Every string follows the rule of
-:mod:`otel_training.limits` (lone surrogates as backslash escapes, values cut to the value-length
-limit with a marker, each line under 1 MiB), so one odd value never costs a line or a batch.
-Nothing here raises.
+:mod:`otel_training.export.limits` (lone surrogates as backslash escapes, values cut to the
+value-length limit with a marker, each line under 1 MiB), so one odd value never costs a line or a
+batch. Nothing here raises.
 
 The training thread only appends a reference to the span to a bounded in-memory queue; a
 daemon thread reads what it needs of the span (a start line only for a span still open then),
@@ -45,9 +45,9 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
 
-from otel_training import files
-from otel_training import limits as _limits
 from otel_training._log_once import LogOnce
+from otel_training.export import files
+from otel_training.export import limits as _limits
 
 __all__ = ["IDENTITY_KEYS", "JsonLogSpanProcessor", "jsonable"]
 
@@ -79,7 +79,7 @@ def jsonable(value: Any, limit: int | None = _limits.DEFAULT_VALUE_LENGTH) -> An
     """``value`` as strict-JSON data: non-finite floats become ``"NaN"``, ``"Infinity"`` or
     ``"-Infinity"``; numpy scalars and one-element tensors become numbers; sequences become
     lists and mappings objects with string keys; anything else its ``str()``; every string
-    after the rule of :mod:`otel_training.limits`, cut at ``limit`` characters. Never
+    after the rule of :mod:`otel_training.export.limits`, cut at ``limit`` characters. Never
     raises."""
     kind = type(value)
     if kind is str:
@@ -140,7 +140,7 @@ class JsonLogSpanProcessor(SpanProcessor):
             training thread then hangs, as long as it does not hold the GIL).
         max_queue_size: Records held in memory at most; further ones are dropped and counted
             (:attr:`dropped`, exact under any number of threads).
-        limits: The string rule's limits (:mod:`otel_training.limits`).
+        limits: The string rule's limits (:mod:`otel_training.export.limits`).
 
     Raises:
         OSError: if the file cannot be opened (the constructor is the only place that raises).

@@ -15,7 +15,7 @@ logger's. ``configure()`` does not install it; pass it in ``span_processors=``.
 Values are quoted (``"..."``, with ``\\"``, ``\\\\`` and ``\\n`` escaped) when they are empty or
 contain spaces, quotes, ``=`` or control characters; NaN and infinities are written ``NaN``,
 ``Inf`` and ``-Inf``. Neither class raises on a value: it writes its text by the string rule of
-:mod:`otel_training.limits` (its ``str()``, ``<TypeName>`` when that raises).
+:mod:`otel_training.export.limits` (its ``str()``, ``<TypeName>`` when that raises).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import StatusCode
 
-from otel_training.limits import safe_text
+from otel_training.export.limits import safe_text
 
 __all__ = ["KeyValueFormatter", "LogSpanProcessor", "format_pairs"]
 

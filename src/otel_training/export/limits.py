@@ -261,7 +261,7 @@ def python_number(value: Any) -> bool | int | float | None:
     """The plain Python ``bool``, ``int`` or ``float`` that a number stands for: itself, a
     subclass's value (``IntEnum``, ``numpy.float64``) or a numpy scalar's or one-element
     array's (``numpy.float32``, ``numpy.int64``, ``numpy.bool_`` are no subclasses); else
-    ``None`` (tensors are :func:`otel_training.span_values.host_number`'s). Never raises."""
+    ``None`` (tensors are :func:`otel_training.trace.span_values.host_number`'s). Never raises."""
     try:
         if isinstance(value, bool):
             return bool(value)

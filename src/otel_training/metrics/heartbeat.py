@@ -32,7 +32,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 
-from otel_training.exporters import PeriodicMetricReader
+from otel_training.export.exporters import PeriodicMetricReader
 from otel_training.semconv.metrics import METRICS
 
 __all__ = [

@@ -44,8 +44,8 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_training._log_once import LogOnce
-from otel_training.device_reads import PendingDeviceRead, device_type, start_device_read
 from otel_training.health.ledger import LEDGER
+from otel_training.metrics.device_reads import PendingDeviceRead, device_type, start_device_read
 from otel_training.semconv.metrics import (
     MEGATRON_TRAINING_GRAD_NORM,
     MEGATRON_TRAINING_LEARNING_RATE,
@@ -94,7 +94,7 @@ _PROXY_METERS: frozenset[type] = frozenset()
 try:
     from opentelemetry.metrics._internal import _ProxyMeter as _ApiProxyMeter
 
-    from otel_training.proxy import ProxyMeter
+    from otel_training._providers import ProxyMeter
 
     _PROXY_METERS = frozenset({ProxyMeter, _ApiProxyMeter})
 except ImportError:  # pragma: no cover - opentelemetry-api is a dependency

@@ -483,7 +483,7 @@ _INSTRUMENTS: dict[str, tuple[str, str, str]] = {
 
 def observe_devices(meter: Meter, identity: RankIdentity | None = None) -> DeviceMetrics | None:
     """The device metrics of this process on ``meter``, if NVML's Python package is installed;
-    else ``None``, with one info line. What :func:`otel_training.setup.configure` calls for
+    else ``None``, with one info line. What :func:`otel_training.configuration.configure` calls for
     the pipelines it builds. Never raises; reads nothing on the calling thread.
 
     Args:

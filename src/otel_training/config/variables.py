@@ -71,7 +71,7 @@ OTEL_PYTHON_TRAINING_STEP_DURATION_BUCKETS_MS: Final = (
 )
 """Explicit histogram boundaries, in milliseconds, for ``megatron.training.step_duration_ms``:
 a comma-separated, strictly increasing list of non-negative numbers. Default:
-:data:`otel_training.views.STEP_DURATION_BUCKETS_MS` (1 ms to 30 min).
+:data:`otel_training.metrics.views.STEP_DURATION_BUCKETS_MS` (1 ms to 30 min).
 """
 
 OTEL_PYTHON_TRAINING_RUN_ID: Final = "OTEL_PYTHON_TRAINING_RUN_ID"
@@ -243,7 +243,7 @@ OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS: Final = (
     "OTEL_PYTHON_TRAINING_TRACE_SEGMENT_ITERATIONS"
 )
 """The most iterations per trace segment, default 1000; fewer when
-``OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET`` requires (``otel_training.trace_shape``). The
+``OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET`` requires (``otel_training.trace.shape``). The
 iterations s*N+1 .. (s+1)*N form segment s: one job trace (or one per shard of ranks) holds every
 rank's segment span, checkpoint saves and evaluations, and one step trace per rank its iterations,
 their ids computed from the run id and s on every rank.
@@ -253,7 +253,7 @@ OTEL_PYTHON_TRAINING_TRACE_SPAN_BUDGET: Final = "OTEL_PYTHON_TRAINING_TRACE_SPAN
 """The most spans one trace holds, default 20000 (about 2.4 MB of OTLP, under Tempo's default
 ``max_bytes_per_trace`` of 5 MB), whatever the world size and the span groups: it sets the
 segment length, splits the run and job traces into shards of ranks where the world is large,
-and starts a rank's next step trace when one is full (``otel_training.trace_shape``).
+and starts a rank's next step trace when one is full (``otel_training.trace.shape``).
 """
 
 MEGATRON_OTEL_SPAN_GROUPS: Final = "MEGATRON_OTEL_SPAN_GROUPS"

@@ -7,7 +7,7 @@ OpenTelemetry log record of the configured pipeline (``OTEL_LOGS_EXPORTER``), wi
   ``service.instance.id``...), as on metrics and spans;
 - inside a span that is recording and sampled (so exported), that span's trace id, span id and
   trace flags; none outside a span or in one that is not sampled, so an id always names a span
-  that exists in the trace (the rule of :class:`otel_training.log_format.KeyValueFormatter`);
+  that exists in the trace (the rule of :class:`otel_training.logs.formatting.KeyValueFormatter`);
 - the body: the formatted message (``record.getMessage()``, or the handler's formatter); when
   the message cannot be formatted (``log.info("%d", "x")``, an argument whose ``__str__``
   raises), its template, with the arguments' texts in ``otel_training.log.arguments`` and the
@@ -36,8 +36,8 @@ The handler never raises into the caller: anything that goes wrong is logged onc
 (to the other handlers) saying what happens instead: a message that does not format is kept as
 above, a formatter that fails is skipped, a record that a filter or the translation fails on is
 not exported. It runs on the logging thread: a record costs its translation and an append to the
-batch processor's queue; the string rule of :mod:`otel_training.limits` is applied later, on the
-exporter's thread.
+batch processor's queue; the string rule of :mod:`otel_training.export.limits` is applied later, on
+the exporter's thread.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from opentelemetry.semconv.attributes.exception_attributes import (
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_training._log_once import LogOnce
-from otel_training.limits import safe_text
+from otel_training.export.limits import safe_text
 from otel_training.semconv.attributes import (
     OTEL_TRAINING_LOG_ARGUMENTS,
     OTEL_TRAINING_LOG_FORMAT_ERROR,
@@ -130,7 +130,7 @@ def link_to_span(record: LogRecord, span_context: SpanContext | None) -> LogReco
     """Gives ``record`` the trace and span ids of ``span_context`` when it is a valid, sampled
     span's (one that is exported), else no ids (zeros, not sampled): a log record never points
     at a span that no backend has. Used by every log record otel-training emits (the bridge,
-    the exception records of :mod:`otel_training.processors.exception_logs`, the hang
+    the exception records of :mod:`otel_training.trace.processors.exception_logs`, the hang
     watchdog's stacks). Returns ``record``; never raises."""
     if span_context is not None and span_context.is_valid and span_context.trace_flags.sampled:
         record.trace_id = span_context.trace_id

@@ -1,8 +1,8 @@
 """The spans still open when telemetry shuts down are ended, marked truncated, and exported.
 
-At interpreter exit and on SIGTERM (:mod:`otel_training.lifecycle`), and when ``configure()``
-replaces a pipeline, a run span, an iteration in progress or a checkpoint save that was never
-ended would otherwise be lost: only its ``span_start`` JSON line would remain. The phases
+At interpreter exit and on SIGTERM (:mod:`otel_training.pipeline.lifecycle`), and when
+``configure()`` replaces a pipeline, a run span, an iteration in progress or a checkpoint save that
+was never ended would otherwise be lost: only its ``span_start`` JSON line would remain. The phases
 (:mod:`otel_training.phases`) and the trace segments register each span they start in the
 pipeline's :class:`OpenSpans` and remove it when it ends (one dict store and one dict pop, on
 the thread that starts or ends it: no span processor, whose dispatch the SDK pays per span).

@@ -24,12 +24,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
-from otel_training import environment_variables as ev
-from otel_training._env import EnvReader, redact_url, show
+from otel_training.config import variables as ev
+from otel_training.config._env import EnvReader, redact_url, show
+from otel_training.config.identity import RankIdentity, read_identity
+from otel_training.export.limits import DEFAULT_VALUE_LENGTH, Limits
 from otel_training.health import hang as _hang
 from otel_training.health import straggler as _straggler
-from otel_training.identity import RankIdentity, read_identity
-from otel_training.limits import DEFAULT_VALUE_LENGTH, Limits
 from otel_training.semconv.spans import (
     NVTX_ONLY_CANDIDATE_GROUPS,
     SPAN_GROUP_LEVELS,
@@ -120,7 +120,7 @@ RENAMED_SPAN_GROUPS: Final = {
 }
 #: Export strategies of Megatron-LM and NeMo Lens (``MEGATRON_OTEL_EXPORT_STRATEGY``).
 EXPORT_STRATEGIES: Final = ("single_rank", "all_ranks", "sampled", "first_rank_per_node")
-#: Values of OTEL_PYTHON_TRAINING_EXPORT_REPLICATED (otel_training.replicated).
+#: Values of OTEL_PYTHON_TRAINING_EXPORT_REPLICATED (otel_training.metrics.replicated).
 EXPORT_REPLICATED_POLICIES: Final = ("auto", "all", "pp_first")
 #: Values of OTEL_PYTHON_TRAINING_STEP_DURATION_HISTOGRAM.
 STEP_DURATION_HISTOGRAMS: Final = ("explicit", "exponential")
@@ -424,7 +424,8 @@ class Settings:
     prometheus_port: int = DEFAULT_PROMETHEUS_PORT
     output_dir: str = DEFAULT_OUTPUT_DIR
     export_ranks: ExportRanks = field(default_factory=ExportRanks)
-    #: OTEL_PYTHON_TRAINING_EXPORT_REPLICATED: auto, all or pp_first (otel_training.replicated).
+    #: OTEL_PYTHON_TRAINING_EXPORT_REPLICATED: auto, all or pp_first
+    #: (otel_training.metrics.replicated).
     export_replicated: str = "auto"
     #: OTEL_PYTHON_TRAINING_HEARTBEAT_INTERVAL in ms; None when off.
     heartbeat_interval_ms: float | None = None
@@ -440,9 +441,9 @@ class Settings:
     span_groups: frozenset[str] = SPAN_GROUP_PRESETS["default"]
     #: Groups recorded as NVTX ranges only (no OpenTelemetry span, no JSON line).
     nvtx_only_groups: frozenset[str] = frozenset()
-    #: The most iterations per trace segment (otel_training.trace_shape derives the number).
+    #: The most iterations per trace segment (otel_training.trace.shape derives the number).
     trace_segment_iterations: int = DEFAULT_TRACE_SEGMENT_ITERATIONS
-    #: Spans one trace holds at most (otel_training.trace_shape).
+    #: Spans one trace holds at most (otel_training.trace.shape).
     trace_span_budget: int = DEFAULT_TRACE_SPAN_BUDGET
     nvtx: bool = True
     nvtx_domain: str = DEFAULT_NVTX_DOMAIN

@@ -4,9 +4,9 @@ numpy scalars and one-element tensors, and device tensors read later.
 :func:`attribute_value` runs on the training thread for every attribute a phase gets: plain
 Python values pass as they are; numpy scalars and one-element CPU tensors become Python
 numbers; a tensor on an asynchronous device (CUDA) is :data:`DEFERRED`, to be read by a
-background thread (:mod:`otel_training.device_reads`); anything else is stored as its text by
-the one string rule, :func:`otel_training.limits.safe_text` (its ``str()``, ``<TypeName>`` when
-that raises), and cut at export like every string, to the value-length limit with its marker.
+background thread (:mod:`otel_training.metrics.device_reads`); anything else is stored as its text
+by the one string rule, :func:`otel_training.export.limits.safe_text` (its ``str()``, ``<TypeName>``
+when that raises), and cut at export like every string, to the value-length limit with its marker.
 Nothing here raises.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from otel_training.device_reads import device_type
-from otel_training.limits import python_number, safe_text
+from otel_training.export.limits import python_number, safe_text
+from otel_training.metrics.device_reads import device_type
 
 __all__ = ["DEFERRED", "PRIMITIVES", "attribute_value", "host_number", "text"]
 
@@ -47,8 +47,9 @@ def attribute_value(value: Any) -> Any:
 
 
 def host_number(value: Any) -> bool | int | float | None:
-    """The Python number in a number, a numpy scalar (:func:`otel_training.limits.python_number`)
-    or a host-side one-element tensor, else ``None``."""
+    """The Python number in a number, a numpy scalar
+    (:func:`otel_training.export.limits.python_number`) or a host-side one-element tensor, else
+    ``None``."""
     number = python_number(value)
     if number is not None:
         return number
@@ -73,6 +74,6 @@ def host_value(value: Any) -> Any:
 
 
 def text(value: Any) -> str:
-    """``value`` as text by the string rule (:func:`otel_training.limits.safe_text`), not cut:
-    the exporters cut it to the configured value length, as any string. Never raises."""
+    """``value`` as text by the string rule (:func:`otel_training.export.limits.safe_text`), not
+    cut: the exporters cut it to the configured value length, as any string. Never raises."""
     return safe_text(value, None)

@@ -8,7 +8,7 @@ never the training thread):
 
 - exports nothing from a forked child (a DataLoader worker would otherwise re-export the
   parent's values, over a gRPC channel that is not fork-safe);
-- applies the string rule of :mod:`otel_training.limits` to everything it exports (records,
+- applies the string rule of :mod:`otel_training.export.limits` to everything it exports (records,
   their scopes and resources, metric names, units and descriptions), so that a lone
   surrogate, a huge value or an integer beyond int64 never costs the batch;
 - keeps each request under ``max_request_bytes`` (3 MiB by default; receivers such as the
@@ -44,9 +44,9 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from otel_training import _export_outage
-from otel_training import limits as _limits
 from otel_training._log_once import LogOnce
+from otel_training.export import _outage as _export_outage
+from otel_training.export import limits as _limits
 
 __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
@@ -143,7 +143,7 @@ class _Splitter:
 
 def _is_otlp(exporter: Any) -> bool:
     """Whether ``exporter`` is one of the SDK's OTLP exporters (gRPC or HTTP): its failures
-    are said once per outage (:mod:`otel_training._export_outage`), and the filter that
+    are said once per outage (:mod:`otel_training.export._outage`), and the filter that
     collapses the SDK's lines is installed."""
     otlp = type(exporter).__module__.startswith("opentelemetry.exporter.otlp.proto.")
     if otlp:
@@ -254,7 +254,7 @@ class SafeLogRecordExporter(_BatchBounded, LogRecordExporter):
     """Hands log records to ``exporter`` bounded, encodable, in requests under the size limit.
 
     Bodies, attribute keys and values, severity texts, event names and scope names follow
-    the string rule of :mod:`otel_training.limits` (``bounded_log_record``); a batch is split
+    the string rule of :mod:`otel_training.export.limits` (``bounded_log_record``); a batch is split
     in order into requests under ``max_request_bytes`` of worst-case size
     (``limits.log_record_cost``), and a request the receiver refuses quickly
     is sent again in halves while ``timeout_s`` lasts. A forked child exports nothing.

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from otel_training import config
-from otel_training._env import redact_url
+from otel_training.config._env import redact_url
 
 __all__ = ["GrpcConnection", "HttpConnection", "bypasses", "grpc_connection", "http_connection"]
 

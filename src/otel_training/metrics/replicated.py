@@ -17,7 +17,7 @@ The parallel layout is read from the Resource the training code builds
 (``dl.pipeline_parallel.rank``, ``dl.tensor_parallel.rank``, ``dl.data_parallel.rank``); it is
 never detected and never communicated. Without it every rank exports, and the note says so.
 A silent rank drops the replicated instruments with views (``DropAggregation``,
-:func:`otel_training.views.drop_views`): the SDK's own mechanism, nothing on the hot path.
+:func:`otel_training.metrics.views.drop_views`): the SDK's own mechanism, nothing on the hot path.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from otel_training import environment_variables as ev
+from otel_training.config import variables as ev
 from otel_training.semconv.attributes import (
     DL_DATA_PARALLEL_RANK,
     DL_PIPELINE_PARALLEL_RANK,

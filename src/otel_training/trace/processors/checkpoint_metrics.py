@@ -4,7 +4,7 @@ Prometheus stores no spans, so Grafana cannot chart how long checkpoints take fr
 processor records the duration of each span named ``megatron.checkpoint.save`` or
 ``megatron.checkpoint.load`` when it ends, on the histogram ``megatron.checkpoint.duration``
 (seconds; attribute ``megatron.checkpoint.operation`` = ``save`` | ``load``; buckets from
-:data:`otel_training.views.CHECKPOINT_DURATION_BUCKETS_S`). The duration is the span's own:
+:data:`otel_training.metrics.views.CHECKPOINT_DURATION_BUCKETS_S`). The duration is the span's own:
 ``(end_time - start_time) / 1e9``, so the metric and the trace always agree.
 
 It works whatever the traces exporter, ``none`` included: span processors see every recorded

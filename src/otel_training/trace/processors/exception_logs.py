@@ -41,7 +41,7 @@ from opentelemetry.semconv.attributes.exception_attributes import (
 )
 
 from otel_training._log_once import LogOnce
-from otel_training.log_bridge import link_to_span
+from otel_training.logs.bridge import link_to_span
 
 __all__ = ["ExceptionLogSpanProcessor"]
 

@@ -21,9 +21,9 @@ from typing import TextIO
 from opentelemetry.sdk.trace import SpanProcessor
 
 from otel_training import config
-from otel_training.processors.checkpoint_metrics import CheckpointMetricsSpanProcessor
-from otel_training.processors.jsonlog import JsonLogSpanProcessor
-from otel_training.processors.nvtx import NvtxSpanProcessor
+from otel_training.trace.processors.checkpoint_metrics import CheckpointMetricsSpanProcessor
+from otel_training.trace.processors.jsonlog import JsonLogSpanProcessor
+from otel_training.trace.processors.nvtx import NvtxSpanProcessor
 
 __all__ = [
     "CheckpointMetricsSpanProcessor",

@@ -7,12 +7,12 @@ http/protobuf per ``OTEL_EXPORTER_OTLP_PROTOCOL``), ``console``, ``none``, ``pro
 (metrics only, a pull endpoint on ``OTEL_EXPORTER_PROMETHEUS_HOST`` and port
 ``OTEL_EXPORTER_PROMETHEUS_PORT`` + ``LOCAL_RANK``) and the embedded default ``otlp_json_file``:
 OTLP-JSON lines, one file per rank and signal, in one directory per run inside
-``OTEL_PYTHON_TRAINING_OUTPUT_DIR`` (:mod:`otel_training.files`). With no exporter named and no
-endpoint set, the embedded default is used; one log line at configure says where telemetry goes.
+``OTEL_PYTHON_TRAINING_OUTPUT_DIR`` (:mod:`otel_training.export.files`). With no exporter named and
+no endpoint set, the embedded default is used; one log line at configure says where telemetry goes.
 
 One pipeline at a time: a second ``configure()`` flushes and stops the pipeline it replaces,
 and everything obtained before (the OpenTelemetry globals, ``get_meter()``, ``get_tracer()``,
-``get_logger()``, ``logging_handler()``) records into the new one (:mod:`otel_training.proxy`).
+``get_logger()``, ``logging_handler()``) records into the new one (:mod:`otel_training._providers`).
 """
 
 from __future__ import annotations
@@ -37,12 +37,14 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.trace import SpanProcessor
 
-from otel_training import config, instruments, lifecycle, log_bridge, pipeline, proxy
+from otel_training import _providers, config, pipeline
 from otel_training.health import ledger, watchdog
-from otel_training.open_spans import OpenSpans
-from otel_training.pipeline import INSTRUMENTATION_NAME
-from otel_training.processors.jsonlog import JsonLogSpanProcessor
-from otel_training.processors.nvtx import NvtxSpanProcessor
+from otel_training.logs import bridge as log_bridge
+from otel_training.metrics import instruments
+from otel_training.pipeline import INSTRUMENTATION_NAME, lifecycle
+from otel_training.trace.open_spans import OpenSpans
+from otel_training.trace.processors.jsonlog import JsonLogSpanProcessor
+from otel_training.trace.processors.nvtx import NvtxSpanProcessor
 
 _logger = logging.getLogger("otel_training")
 
@@ -54,9 +56,9 @@ _live: list[Telemetry] = []
 # Shutdowns of pipelines that a later configure() replaced, still running.
 _retiring: list[threading.Thread] = []
 _globals_installed = False
-_TRACER_PROXY = proxy.ProxyTracerProvider()
-_METER_PROXY = proxy.ProxyMeterProvider()
-_LOGGER_PROXY = proxy.ProxyLoggerProvider()
+_TRACER_PROXY = _providers.ProxyTracerProvider()
+_METER_PROXY = _providers.ProxyMeterProvider()
+_LOGGER_PROXY = _providers.ProxyLoggerProvider()
 #: Added to every bound of a shutdown, in seconds: threads to join, files to close.
 _SHUTDOWN_SLACK_S = 0.5
 
@@ -367,7 +369,7 @@ def configure(
         if previous is not None and previous is not telemetry and previous in _live:
             _retire(previous)
         log_bridge.bridge_root_logger(settings.logs.bridge_root_logger)
-    proxy.follow_all()
+    _providers.follow_all()
     if _prints_its_line(telemetry.settings):
         _announce(telemetry.destination)  # one line per job, not one per rank
     return telemetry
@@ -401,7 +403,7 @@ def logging_handler(level: int = logging.NOTSET) -> logging.Handler:
     """A ``logging`` handler that exports the records it handles as OpenTelemetry log records
     of the configured pipeline (now and after a later ``configure()``), with the rank's
     resource and, inside a sampled span, its trace and span ids
-    (:class:`otel_training.log_bridge.LoggingHandler`, ``docs/logs.md``)::
+    (:class:`otel_training.logs.bridge.LoggingHandler`, ``docs/logs.md``)::
 
         logging.getLogger("train").addHandler(otel_training.logging_handler())
 
@@ -442,7 +444,7 @@ def _telemetry() -> Telemetry:
         return _current
 
 
-proxy.bind(
+_providers.bind(
     lambda: _telemetry().tracer_provider,
     lambda: _telemetry().meter_provider,
     lambda: _telemetry().logger_provider,

@@ -2,7 +2,7 @@
 
 Read from the variables torchrun, SLURM and Kubernetes set (see :class:`RankIdentity`), by
 :mod:`otel_training.config` (the only reader of the environment) through an
-:class:`otel_training._env.EnvReader`.
+:class:`otel_training.config._env.EnvReader`.
 
 **The attempt** (``dl.run.attempt``, :func:`read_attempt`) numbers the incarnations of one job:
 a torchrun restart of the workers, a SLURM requeue, an NVRx restart cycle.
@@ -46,8 +46,8 @@ import time
 from dataclasses import dataclass
 
 from otel_training import clock
-from otel_training import environment_variables as ev
-from otel_training._env import EnvReader
+from otel_training.config import variables as ev
+from otel_training.config._env import EnvReader
 
 __all__ = ["RankIdentity", "attempt_run_id", "process_tag", "read_attempt", "read_identity"]
 

@@ -2,11 +2,12 @@
 
 With the collector down, the OTLP exporters log a ``Transient error ... retrying`` warning
 for every retry and a ``Failed to export`` error for every batch given up: 16 lines in a
-minute of a demo, interleaved with its progress. The exporters of :mod:`otel_training.exporters`
-that wrap an OTLP exporter install :class:`_OutageFilter` on the SDK's loggers and report
-each export's result here: the first of those lines in an outage becomes one warning of ours
-(:class:`otel_training._log_once.LogOnce`), the others are dropped, and the outage ends when
-every signal whose export failed has exported again; the next failure is said again.
+minute of a demo, interleaved with its progress. The exporters of
+:mod:`otel_training.export.exporters` that wrap an OTLP exporter install :class:`_OutageFilter` on
+the SDK's loggers and report each export's result here: the first of those lines in an outage
+becomes one warning of ours (:class:`otel_training._log_once.LogOnce`), the others are dropped, and
+the outage ends when every signal whose export failed has exported again; the next failure is said
+again.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ _RETRYING = re.compile(r", retrying in [0-9.]+ ?s")
 #: Characters of the SDK's line kept in ours.
 _DETAIL_CHARACTERS = 300
 
-_said = LogOnce(logging.getLogger("otel_training.exporters"), level=logging.WARNING)
+_said = LogOnce(logging.getLogger("otel_training.export.exporters"), level=logging.WARNING)
 _failing: set[str] = set()
 _lock = threading.Lock()
 
@@ -52,7 +53,7 @@ class _OutageFilter(logging.Filter):
                 detail = str(record.msg)
             if len(detail) > _DETAIL_CHARACTERS:
                 detail = detail[:_DETAIL_CHARACTERS] + "..."
-            logging.getLogger("otel_training.exporters").warning(
+            logging.getLogger("otel_training.export.exporters").warning(
                 "otel-training: OTLP export failed (%s); telemetry is dropped while the endpoint "
                 "does not take it. Said once until an export succeeds again.",
                 detail,
