@@ -5,18 +5,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# The tests' helpers are importable from every test module: tests/ (support.py, report_files.py,
+# Test modules sit in folders that mirror src/otel_training/; the helpers they share are
+# importable from every one of them: tests/ (support.py, report_files.py,
 # nvtx_injection) and tests/integration/ (otlp_receiver.py, framework_checks.py, ...).
 sys.path.insert(0, str(Path(__file__).resolve().parent / "integration"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import nvtx_injection  # noqa: E402
 from hypothesis import settings
-from support import UNDER_MUTATION, InMemoryMeter, new_in_memory_meter
+from support import UNDER_MUTATION, InMemoryMeter, child_env, new_in_memory_meter
 
 from otel_training import testing
 
@@ -59,6 +62,33 @@ def recorder_library(tmp_path_factory) -> Path:
     from nvtx_injection import build
 
     return build(tmp_path_factory.mktemp("nvtx"))
+
+
+@pytest.fixture
+def record(recorder_library, tmp_path):
+    """Runs Python code in a child with the NVTX recorder attached; returns the records
+    (tests/trace/test_processors_nvtx.py and the phases' tests)."""
+
+    def run(code: str, **env: str) -> list[dict]:
+        output = tmp_path / "nvtx.jsonl"
+        variables = {
+            **nvtx_injection.environment(recorder_library, output),
+            "OTEL_METRICS_EXPORTER": "none",
+            "OTEL_TRACES_EXPORTER": "none",
+            **env,
+        }
+        result = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=child_env(variables),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        return nvtx_injection.read(output)
+
+    return run
 
 
 _CHECKOUT = Path(__file__).resolve().parent.parent

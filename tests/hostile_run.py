@@ -1,5 +1,5 @@
 """Run files whose every string is hostile, and the same run with plain strings, for the
-report's and the trace's tests (tests/test_report_hostile.py, and in Chromium
+report's and the trace's tests (tests/report/test_report_hostile.py, and in Chromium
 tests/integration/test_report_browser.py).
 
 Every string a file can carry (run and job ids, service and host names, span names, attribute

@@ -47,7 +47,7 @@ def healthy(out: Path) -> Path:
 
 def hung(out: Path) -> Path:
     """Two ranks, 30 steps; then rank 0 waits in the collective while rank 1 computes, for
-    1,000 s (tests/test_report_health.py's ``hung_job``, written to files)."""
+    1,000 s (tests/report/test_report_health.py's ``hung_job``, written to files)."""
     t0 = time.time() - AGO_S
     ranks = [SimRank(t0, rank=r) for r in (0, 1)]
     for sim in ranks:
@@ -66,7 +66,7 @@ def hung(out: Path) -> Path:
 
 def straggling(out: Path) -> Path:
     """Two ranks of 400 steps, exported every 20; rank 1 computes 50 % longer and waits as much
-    less (tests/test_report_health_figures.py's ``straggling_job``, written to files)."""
+    less (tests/report/test_report_health_figures.py's ``straggling_job``, written to files)."""
     t0 = time.time() - 50.0
     for rank in (0, 1):
         sim = SimRank(t0, rank=rank)
@@ -86,8 +86,8 @@ def straggling(out: Path) -> Path:
 
 def killed_then_restarted(out: Path) -> Path:
     """Job of a world of 3 whose rank 2 left no files (an estimate); attempt 0 killed inside a
-    step (tests/test_report_cli.py's ``_killed_job``), attempt 1 started after its last export
-    and complete (its exports wait until its sim's clock has passed: 4.5 s)."""
+    step (tests/report/test_report_cli.py's ``_killed_job``), attempt 1 started after its last
+    export and complete (its exports wait until its sim's clock has passed: 4.5 s)."""
     for attempt in (0, 1):
         t0 = time.time() - (6.0 if attempt == 0 else 0.0)
         for rank in (0, 1):

@@ -17,14 +17,14 @@ DEMO = [
     "--tensor-metrics", "grad_norm:3,param_norm:3,activation_rms:3,router:3",
 ]  # fmt: skip
 
-# The CLI itself runs in the child; the test's CommitSnapshots (tests/test_tensor_demo.py)
+# The CLI itself runs in the child; CommitSnapshots (tests/tensor_demo_values.py)
 # records the tensors of each commit point so that the child can also write the values torch
 # gives on them.
 DRIVER = r"""
 import json, sys
 sys.path.insert(0, "tests")
 import pytest
-from test_tensor_demo import CommitSnapshots, expected_values
+from tensor_demo_values import CommitSnapshots, expected_values
 snapshots = CommitSnapshots(pytest.MonkeyPatch())
 from otel_training.cli import main
 status = main(sys.argv[2:])

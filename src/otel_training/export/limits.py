@@ -100,7 +100,7 @@ MAX_SEQUENCE_LENGTH: Final = 1_024
 MAX_VALUE_DEPTH: Final = 8
 
 # Worst-case OTLP/JSON bytes of the structure around the strings, measured on the output of
-# the OTLP-JSON file exporter (tests/test_limits.py checks them against real output):
+# the OTLP-JSON file exporter (tests/export/test_limits.py checks them against real output):
 #: one attribute beyond its key and value: ``{"key":...,"value":{"stringValue":...}},``.
 _ENTRY_COST = 40
 #: one item of a sequence beyond its value: ``{"stringValue":...},``.

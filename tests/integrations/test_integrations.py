@@ -11,7 +11,7 @@ from support import child_env, import_or_unavailable, metrics_of
 
 from otel_training.integrations import _recorder
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 FRAMEWORKS = ("lightning", "pytorch_lightning", "transformers", "accelerate")
 
 

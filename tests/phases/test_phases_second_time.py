@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 from doc_rules import documents
-from test_processors_nvtx import record  # noqa: F401 - the fixture
 
 import otel_training as ot
 from otel_training import testing

@@ -8,7 +8,6 @@ import threading
 
 import pytest
 from opentelemetry.trace import StatusCode
-from test_processors_nvtx import record  # noqa: F401 - the fixture
 
 import otel_training as ot
 from otel_training import testing

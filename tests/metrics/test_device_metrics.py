@@ -569,7 +569,7 @@ def test_configure_reads_gpus_through_libnvidia_ml_so_1(tmp_path):
         LD_LIBRARY_PATH=str(driver.parent),
         OTEL_PYTHON_TRAINING_OUTPUT_DIR=str(tmp_path),
     )
-    tests = str(Path(__file__).resolve().parent)
+    tests = str(Path(__file__).resolve().parents[1])
     result = subprocess.run(
         [sys.executable, "-c", code, tests], capture_output=True, text=True, env=env, timeout=120
     )

@@ -26,7 +26,7 @@ from otel_training.health.ledger import PHASES
 
 pytestmark = pytest.mark.slow  # promtool runs in a child process per test
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "collector-config" / "rules" / "training.yaml"
 INTERVAL_S = 15
 LABELS = {"job": "train", "dl_run_id": "run-1"}

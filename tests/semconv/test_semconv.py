@@ -19,7 +19,7 @@ import yaml
 from doc_rules import documents
 from support import metrics_of, program_or_unavailable
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "generate_semconv.py"
 GENERATED_DIR = ROOT / "src" / "otel_training" / "semconv"
 

@@ -7,14 +7,12 @@ so each case runs in a child process that has it in its environment.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import textwrap
 
 import nvtx_injection
 import pytest
 from opentelemetry.trace import INVALID_SPAN
-from support import child_env, not_here
+from support import not_here
 
 import otel_training
 import otel_training.testing
@@ -34,32 +32,6 @@ provider = TracerProvider()
 provider.add_span_processor(processor)
 tracer = provider.get_tracer("test")
 """
-
-
-@pytest.fixture
-def record(recorder_library, tmp_path):
-    """Runs Python code in a child with the recorder attached; returns the records."""
-
-    def run(code: str, **env: str) -> list[dict]:
-        output = tmp_path / "nvtx.jsonl"
-        variables = {
-            **nvtx_injection.environment(recorder_library, output),
-            "OTEL_METRICS_EXPORTER": "none",
-            "OTEL_TRACES_EXPORTER": "none",
-            **env,
-        }
-        result = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(code)],
-            env=child_env(variables),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert result.returncode == 0, result.stdout + result.stderr
-        return nvtx_injection.read(output)
-
-    return run
 
 
 def test_nested_spans_on_one_thread_are_balanced_named_and_categorised(record):

@@ -456,7 +456,7 @@ def test_the_same_with_an_nvtx_tool_attached(recorder_library, tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+        sys.path[:0] = {[str(Path(__file__).resolve().parents[i]) for i in (0, 1)]!r}
         from otel_training.trace.processors import NvtxSpanProcessor
         assert NvtxSpanProcessor().active, "the recorder is not attached"
         import test_phases_same_behaviour as same

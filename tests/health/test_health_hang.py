@@ -254,7 +254,7 @@ def test_the_health_variables_are_documented():
 
     from otel_training.config import variables as environment_variables
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     health = (root / "docs" / "health.md").read_text()
     readme = (root / "docs" / "configuration.md").read_text()
     names = [n for n in environment_variables.__all__ if "_HANG_" in n or "_STRAGGLER_" in n]
@@ -468,6 +468,6 @@ def test_rule_six_the_ranks_whose_stacks_are_not_at_a_collective():
     from pathlib import Path
 
     rules = (
-        Path(__file__).resolve().parents[1] / "collector-config/rules/training.yaml"
+        Path(__file__).resolve().parents[2] / "collector-config/rules/training.yaml"
     ).read_text()
     assert "outside_collective" not in rules and "behind_in_step" in rules
