@@ -44,7 +44,7 @@ def test_startup_and_warmup_get_thirty_minutes():
 
 @documents(
     "health.md",
-    "The ranks' watchdogs and `otel-training health` read the same variables (`config.py`)",
+    "The ranks' watchdogs and `otel-training health` read the same variables (`config/`)",
 )
 @documents("health.md", "`OTEL_PYTHON_TRAINING_HANG_STARTUP_S` (1800)")
 @documents("health.md", "`OTEL_PYTHON_TRAINING_HANG_PHASE_BUDGET_S` (600)")
