@@ -271,3 +271,26 @@ def test_the_checks_see_imports_in_functions_and_type_checking_blocks(tmp_path):
 def test_the_most_specific_entry_decides(module, layer):
     """A module's own entry wins over its package's; a package is in its ``pkg.*`` layer."""
     assert LAYERS[layer_of(module)][0] == layer
+
+
+#: The most modules the package's root may hold (issue 28: the rest is grouped by concern).
+MAX_ROOT_MODULES = 10
+
+
+def test_the_root_holds_few_modules():
+    root = sorted(path.name for path in (SRC / PACKAGE).glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
+
+
+def test_every_folder_says_what_it_may_import():
+    """Each package's docstring says its concern and its layer, pointing at :data:`LAYERS`."""
+    modules = _modules()
+    quiet = [
+        name
+        for name, (path, is_package) in modules.items()
+        if is_package
+        and name != PACKAGE
+        and "tests/test_import_layers.py"
+        not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    ]
+    assert quiet == []

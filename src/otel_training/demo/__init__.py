@@ -2,6 +2,9 @@
 
 Needs the ``torch`` extra (``pip install 'otel-training[torch]'``); importing this package
 imports torch.
+
+This package is in the tools layer, the top (``tests/test_import_layers.py``): it may import
+anything of otel-training and nothing imports it but the command line.
 """
 
 from otel_training.demo.train import DemoConfig, TrainResult, train

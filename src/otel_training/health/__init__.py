@@ -17,4 +17,10 @@ Prometheus rules of ``collector-config/rules/training.yaml``), each defined in o
 - :mod:`~otel_training.health.evidence`: what the files hold per process, and the attempts.
 
 Definitions: ``docs/health.md``.
+
+The definitions (``ledger``, ``record``, ``hang``, ``straggler``, ``goodput``, ``evidence``,
+``incidents``, ``risk``) are the health-definitions layer (``tests/test_import_layers.py``): they
+import only the leaves (the clock, warn-once, semantic conventions), so that the report judges a
+run with the very definitions its ranks used. ``metrics`` and ``watchdog`` run inside a pipeline
+and are in the SDK layer.
 """

@@ -11,6 +11,10 @@ Importing this package imports neither framework; importing one of its modules i
 module's framework when it is installed, and building its callback without the framework raises
 ``ModuleNotFoundError`` naming the extra to install. What they record, and what they cannot
 know: ``docs/integrations.md``.
+
+This package is in the instrumentation layer (``tests/test_import_layers.py``): it may import
+the API (``otel_training.configuration``, ``spans``, ``phases``) and everything below it; never
+the report or the tools.
 """
 
 __all__: list[str] = []

@@ -9,6 +9,11 @@
 - :mod:`~otel_training.phases._exceptions`: an exception as the phases record it on a span;
 - :mod:`~otel_training.phases._deferred`: spans whose attributes wait for device values, ended
   on a background thread.
+
+This package is in the API layer (``tests/test_import_layers.py``): it may import the SDK
+layer (``pipeline``, ``metrics``, ``trace``, ``logs``, ``export``), the settings, the health
+definitions and the leaves; never the instrumentation (``tensor``, ``integrations``), the report
+or the tools.
 """
 
 from otel_training.phases._phase import (

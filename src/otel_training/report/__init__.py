@@ -9,6 +9,10 @@ Usage::
     report.write_chrome_trace(job, "trace.json")   # Perfetto UI, chrome://tracing
 
 Importing this package imports neither plotly nor jinja2; :func:`write_report` does.
+
+This package is in the report layer (``tests/test_import_layers.py``): it reads files with the
+health definitions, the settings and the SDK's names below it, and is imported only by the
+tools (the command line, ``testing``).
 """
 
 from otel_training.report.chrome_trace import build_chrome_trace, write_chrome_trace

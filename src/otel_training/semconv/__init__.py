@@ -3,6 +3,9 @@
 
 Generated from the registry in ``semconv/`` (OpenTelemetry semantic conventions, weaver
 definition/2 syntax) by ``scripts/generate_semconv.py``. Every name exists once, there.
+
+This package is a leaf (``tests/test_import_layers.py``): it imports nothing of otel-training,
+and every layer may import it.
 """
 
 from otel_training.semconv.attributes import (

@@ -10,6 +10,10 @@ Needs PyTorch (the ``torch`` extra). See ``docs/tensor-metrics.md``::
     observer.begin_step(step)   # before the step's first forward pass
     ...                         # forward/backward of every micro-batch
     observer.commit()           # before clipping and optimizer.step()
+
+This package is in the instrumentation layer (``tests/test_import_layers.py``): it may import
+the API (``otel_training.configuration``, ``spans``, ``phases``) and everything below it; never
+the report or the tools.
 """
 
 from otel_training.tensor.definitions import (

@@ -10,6 +10,10 @@ by ``configure()``.
 
 All run synchronously on the thread that starts or ends a span, never raise there, and flush
 or close at the TracerProvider's shutdown.
+
+This package is in the SDK layer (``tests/test_import_layers.py``): it may import the settings,
+the health definitions, the leaves and the SDK layer's other packages; never the API
+(``configuration``, ``spans``, ``phases``) or anything above it.
 """
 
 from __future__ import annotations
