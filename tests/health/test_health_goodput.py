@@ -477,7 +477,7 @@ def test_a_rank_waiting_for_a_peers_save_is_no_hang_in_the_account():
     """Killed while rank 1 saves within its budget and rank 0 (the reference) has waited 100 s
     in communication, past its 60 s floor: the job was not hung, so no hang bucket; the same
     account without the job's verdict would have called it one."""
-    from otel_training.report.health import judge_attempt
+    from otel_training.report.health_incidents import judge_attempt
 
     policy = hang.HangPolicy(floor_s=60.0)
     sims = []

@@ -14,6 +14,7 @@ from otel_training.health import ledger as L
 from otel_training.health.evidence import Job
 from otel_training.health.hang import HangPolicy, HangVerdict
 from otel_training.report import health as report_health
+from otel_training.report import health_incidents
 from otel_training.report.health import assess, format_text
 
 T0 = 1_800_000_000.0
@@ -490,15 +491,17 @@ def test_recovery_is_the_first_later_attempt_that_completed_a_step():
 
 
 def counting(monkeypatch) -> list[float]:
-    """The moments report.health.judge_attempt is asked to judge, from now on."""
+    """The moments judge_attempt is asked to judge, from now on, by the assessment and by the
+    incidents (each module calls it by its own name)."""
     moments: list[float] = []
-    judge = report_health.judge_attempt
+    judge = health_incidents.judge_attempt
 
     def counted(attempt, at_s, policy):
         moments.append(at_s)
         return judge(attempt, at_s, policy)
 
-    monkeypatch.setattr(report_health, "judge_attempt", counted)
+    for module in (report_health, health_incidents):
+        monkeypatch.setattr(module, "judge_attempt", counted)
     return moments
 
 

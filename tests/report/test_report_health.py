@@ -250,7 +250,7 @@ def test_the_report_excuses_a_rank_waiting_for_a_save_within_its_budget():
     rank 1 waits in communication (H 60 s): no rank stalled. At 601 s: both, rank 0 the
     culprit."""
     from otel_training.health.hang import HangPolicy
-    from otel_training.report.health import judge_attempt
+    from otel_training.report.health_incidents import judge_attempt
 
     attempt, at, _ = save_while_peer_waits(300.0)
     assert judge_attempt(attempt, at, HangPolicy()).stalled_ranks == ()
@@ -264,7 +264,7 @@ def test_the_report_counts_the_wait_from_the_end_of_the_peers_save():
     (the last export with it open, plus the pause time gained after); 50 s after it, rank 1
     (352.5 s without progress) is not stalled; 61 s after it, both are."""
     from otel_training.health.hang import HangPolicy
-    from otel_training.report.health import judge_attempt, pause_end_s
+    from otel_training.report.health_incidents import judge_attempt, pause_end_s
 
     attempt, at, began = save_while_peer_waits(302.5, after_s=50.0)
     assert pause_end_s(attempt.processes[0], at) == pytest.approx(began + 302.5)

@@ -248,8 +248,8 @@ def account(
             export intervals plus a second).
         hung_at: Whether an attempt's ranks were hung at a moment (Unix seconds): the job's
             hang verdict over all of its ranks, waiting peers excused
-            (:func:`otel_training.report.health.judge_attempt`), so that the ``hang`` bucket
-            and the verdict agree. ``None``: the reference rank's progress age against its H
+            (:func:`otel_training.report.health_incidents.judge_attempt`), so that the ``hang``
+            bucket and the verdict agree. ``None``: the reference rank's progress age against its H
             alone.
     """
     policy = policy or _hang.HangPolicy()

@@ -17,12 +17,12 @@ from otel_training.health import goodput as _goodput
 from otel_training.health import straggler as _straggler
 from otel_training.health.ledger import PHASES
 from otel_training.health.risk import progress_at_risk_s
-from otel_training.report.health import UNRECOVERED_TEXT, JobHealth
+from otel_training.report.job_health import JobHealth
 from otel_training.report.plot import Plot
 from otel_training.report.series import round_significant
 from otel_training.report.style import BUCKET_COLORS, PALETTE, PHASE_COLORS, layout
 from otel_training.report.verdict import goodput_text
-from otel_training.report.wording import cut, ranks_phrase
+from otel_training.report.wording import UNRECOVERED_TEXT, cut, ranks_phrase
 
 __all__ = ["health_plots", "health_tables"]
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["cut", "duration", "plural", "rank_list", "ranks_phrase", "steps_phrase"]
+__all__ = [
+    "UNRECOVERED_TEXT",
+    "cut",
+    "duration",
+    "plural",
+    "rank_list",
+    "ranks_phrase",
+    "steps_phrase",
+]
 
 
 def plural(n: int, word: str, words: str | None = None) -> str:
@@ -75,3 +83,12 @@ def steps_phrase(first: int | None, last: int | None) -> str:
     if first == last:
         return f"1 step ({last:,})"
     return f"{plural(last - first + 1, 'step')} ({first:,}–{last:,})"
+
+
+#: What an incident without a recovery says (:data:`otel_training.health.incidents.UNRECOVERED`).
+UNRECOVERED_TEXT = {
+    "running": "still hung now",
+    "not_restarted": "the job was not restarted after it",
+    "no_step_after": "no later attempt completed a step",
+    "still_flagged": "still flagged in the last window of its attempt",
+}
