@@ -287,7 +287,7 @@ def test_unwritable_output_dir_falls_back_without_crashing(monkeypatch, tmp_path
 
 
 def test_rejected_endpoint_is_not_used_behind_our_back(monkeypatch):
-    """An endpoint config.py rejected is not re-read by the SDK's exporter."""
+    """An endpoint the settings (config/) rejected is not re-read by the SDK's exporter."""
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://elsewhere")
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")

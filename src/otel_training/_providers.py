@@ -45,7 +45,7 @@ __all__ = [
     "ProxyTracerProvider",
 ]
 
-# The current pipeline's providers, given by setup.py (which imports this module).
+# The current pipeline's providers, given by configuration.py (which imports this module).
 _current_tracer_provider: Callable[[], trace_api.TracerProvider]
 _current_meter_provider: Callable[[], metrics_api.MeterProvider]
 _current_logger_provider: Callable[[], logs_api.LoggerProvider] = logs_api.NoOpLoggerProvider
@@ -56,7 +56,7 @@ def bind(
     meter_provider: Callable[[], metrics_api.MeterProvider],
     logger_provider: Callable[[], logs_api.LoggerProvider] | None = None,
 ) -> None:
-    """Tells the proxies where the current pipeline's providers are (called by setup.py)."""
+    """Tells the proxies where the current pipeline's providers are (called by configuration.py)."""
     global _current_tracer_provider, _current_meter_provider, _current_logger_provider
     _current_tracer_provider = tracer_provider
     _current_meter_provider = meter_provider

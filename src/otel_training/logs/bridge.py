@@ -100,7 +100,7 @@ _PRIMITIVES = (str, bool, int, float, bytes)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
 # The current pipeline's logger provider, or None when nothing is configured or it is shut
-# down (given by setup.py).
+# down (given by configuration.py).
 _current_provider: Callable[[], logs_api.LoggerProvider | None] = lambda: None  # noqa: E731
 
 _emitting = threading.local()
@@ -108,7 +108,7 @@ _said = LogOnce(_logger, exc_info=True)
 
 
 def bind(current_provider: Callable[[], logs_api.LoggerProvider | None]) -> None:
-    """Tells the handlers where the current pipeline's logger provider is (setup.py)."""
+    """Tells the handlers where the current pipeline's logger provider is (configuration.py)."""
     global _current_provider
     _current_provider = current_provider
 

@@ -4,7 +4,8 @@ the span processors, the logger provider, and where they write.
 :func:`build` is what ``otel_training.configure()`` runs; it does not touch any global. Every
 exporter is wrapped in an :mod:`otel_training.export.exporters` guard; the embedded default's files
 are opened in this run's directory (:mod:`otel_training.export.files`); OTLP exporters get every
-setting explicitly, so that the SDK never re-reads the environment behind ``config.py``'s back.
+setting explicitly, so that the SDK never re-reads the environment behind the settings' back
+(``config/``).
 
 - :mod:`~otel_training.pipeline.building`: :func:`build` and what it makes, :class:`Pipeline`;
 - :mod:`~otel_training.pipeline.resource`: the Resource the three signals share;
@@ -18,7 +19,7 @@ setting explicitly, so that the SDK never re-reads the environment behind ``conf
 This package is in the SDK layer (``tests/test_import_layers.py``): it may import the settings
 (:mod:`otel_training.config`), the health definitions, the leaves and the SDK layer's other
 modules (exporters, files, network, processors, heartbeat, views...), never the API
-(``setup``, ``spans``, ``phases``) or anything above it. Its modules import each other
+(``configuration``, ``spans``, ``phases``) or anything above it. Its modules import each other
 downwards only: ``building`` the rest, the signals ``otlp``, ``outputs`` and ``scope``.
 """
 

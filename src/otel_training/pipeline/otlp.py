@@ -1,7 +1,7 @@
 """The OTLP exporters' arguments, the same for every signal and both protocols: each setting
 given explicitly (endpoint, headers, timeout, compression, and the proxy and TLS of
 :mod:`otel_training.pipeline.network`), so that the SDK never re-reads the environment behind
-``config.py``'s back; and the destination a message names.
+the settings' back (``config/``); and the destination a message names.
 
 Which exporter class, and what wraps it, is each signal's own module's.
 """
@@ -57,7 +57,7 @@ def _otlp_kwargs(otlp: config.OtlpSettings, signal_name: str) -> dict:
 
         compression = Compression(otlp.compression)
     # Explicit values throughout: given None, the SDK's exporters would read the raw
-    # environment again and undo what config.py rejected.
+    # environment again and undo what the settings (config/) rejected.
     return {
         "endpoint": otlp.endpoint or _default_endpoint(otlp, signal_name),
         "headers": dict(otlp.headers) or (_NO_HEADERS if otlp.protocol == "grpc" else None),
@@ -80,7 +80,7 @@ _NO_HEADERS = _NoHeaders()
 def _pin_http_headers(exporter: Any, otlp: config.OtlpSettings) -> None:
     """The OTLP/HTTP exporter always merges ``OTEL_EXPORTER_OTLP_*HEADERS`` from
     ``os.environ`` into its headers; keep only its own protocol headers and ours, so that
-    ``configure(environ=...)`` governs them and an entry config.py refused stays refused."""
+    ``configure(environ=...)`` governs them and an entry the settings refused stays refused."""
     client = getattr(exporter, "_client", None)
     headers = getattr(client, "_headers", None)
     if not isinstance(headers, dict):
@@ -96,7 +96,7 @@ def _pin_http_headers(exporter: Any, otlp: config.OtlpSettings) -> None:
 
 class _SdkHeaderWarningFilter(logging.Filter):
     """Drops the SDK's own warning about a malformed header entry: it shows the entry, which
-    may hold a secret, and repeats the warning config.py gave already."""
+    may hold a secret, and repeats the warning the settings gave already."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith("Header format invalid")
