@@ -10,9 +10,10 @@ every mutant that was not killed, with its diff; ``docs/testing.md`` says why ea
 
 Usage::
 
-    python scripts/mutation.py                       # every module, from scratch
-    python scripts/mutation.py device_metrics files  # some modules (by file stem or path)
-    python scripts/mutation.py --keep clock          # keep earlier results, retest changes only
+    python scripts/mutation.py                      # every module, from scratch
+    python scripts/mutation.py ledger export/files  # some modules (by name or path: choose())
+    python scripts/mutation.py limits               # the modules of a package
+    python scripts/mutation.py --keep clock         # keep earlier results, retest changes only
 
 Options: ``--max-children N`` (default: the CPU count), ``--fail-under PERCENT`` (exit 1 when
 fewer of the mutants of the modules run were killed), ``--keep``.
@@ -75,9 +76,38 @@ def _settings() -> tuple[dict, dict, dict]:
 
 
 def _stem(module: str) -> str:
-    """``src/otel_training/health/ledger.py`` -> ``health.ledger``."""
+    """``src/otel_training/health/ledger.py`` -> ``health.ledger``; a package's
+    ``__init__.py`` -> the package (``export/limits/__init__.py`` -> ``export.limits``)."""
     relative = Path(module).relative_to("src/otel_training").with_suffix("")
-    return ".".join(relative.parts)
+    parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
+    return ".".join(parts)
+
+
+def choose(table: list[str], names: list[str]) -> list[str]:
+    """The modules of ``table`` that ``names`` select, in the table's order. A name is a module
+    or a package, dotted or as a path, whole or by its last parts: ``ledger``, ``health.ledger``,
+    ``src/otel_training/health/ledger.py``; ``limits/spans.py`` or ``limits.spans`` (not the
+    root's ``spans.py``); ``limits``: every module of ``export/limits/`` in the table. A name
+    that fits more than one module or package is refused with them listed (``metrics``:
+    ``metrics/``, ``health/metrics.py``, ``export/limits/metrics.py``): ValueError, as for a
+    name that fits none."""
+    chosen: set[str] = set()
+    for name in names:
+        key = name.removesuffix(".py").replace("/", ".").removeprefix("src.")
+        key = key.removeprefix("otel_training.")
+        targets: dict[str, list[str]] = {}
+        for module in table:
+            parts = Path(module).relative_to("src/otel_training").with_suffix("").parts
+            for end in range(len(parts), 0, -1):  # the file, then each package above it
+                target = ".".join(parts[:end])
+                if target == key or target.endswith("." + key):
+                    targets.setdefault(target, []).append(module)
+        if not targets:
+            raise ValueError(f"not in [tool.otel_training.mutation]: {name}")
+        if len(targets) > 1:
+            raise ValueError(f"{name} fits {', '.join(sorted(targets))}: name one of them")
+        chosen.update(*targets.values())
+    return [module for module in table if module in chosen]
 
 
 def _toml(table: str, values: dict) -> str:
@@ -201,7 +231,9 @@ def report(outcomes: list[Outcome], total_s: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("modules", nargs="*", help="file stems or paths (default: all)")
+    parser.add_argument(
+        "modules", nargs="*", help="modules or packages, by name or path (default: all)"
+    )
     parser.add_argument("--max-children", type=int, default=None)
     parser.add_argument("--fail-under", type=float, default=0.0)
     parser.add_argument("--keep", action="store_true", help="reuse earlier results")
@@ -210,11 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     table = settings[2]
     chosen = list(table)
     if options.modules:
-        wanted = set(options.modules)
-        chosen = [m for m in table if {m, _stem(m), Path(m).stem} & wanted]
-        unknown = wanted - {name for m in chosen for name in (m, _stem(m), Path(m).stem)}
-        if unknown:
-            parser.error(f"not in [tool.otel_training.mutation]: {', '.join(sorted(unknown))}")
+        try:
+            chosen = choose(chosen, options.modules)
+        except ValueError as error:
+            parser.error(str(error))
     started = time.monotonic()
     outcomes = []
     for module in chosen:
