@@ -357,6 +357,27 @@ class LedgerPhase(Phase):
 
     __slots__ = ()
 
+    def __enter__(self) -> Phase:
+        # Phase._start for a phase with nothing more to do than the ledger's transition (a
+        # micro-batch, a layer: no step duration, no outer phase, nothing it watches).
+        if self._extra:
+            return self._start()
+        if self._stage:
+            return self
+        self._stage = _OPEN
+        if self._kind >= 0:
+            self._ledger_token = LEDGER.enter(self._kind)
+        return self
+
+    def __exit__(self, exc_type=None, exc=None, traceback=None) -> bool:
+        # Phase.__exit__ for what __enter__ above opened.
+        if exc is not None or self._stage != _OPEN or self._extra:
+            return Phase.__exit__(self, exc_type, exc, traceback)
+        self._stage = _ENDED
+        if self._kind >= 0:
+            LEDGER.exit(self._ledger_token, self._kind, self._progress, self._failed)
+        return False
+
 
 class _NoOpPhase(Phase):
     """The phase of a disabled group that has nothing to count: its lifecycle has nothing to
