@@ -5,8 +5,10 @@ Runs mutmut 3 once per module of ``[tool.otel_training.mutation]`` in ``pyprojec
 in its own directory ``mutants/{module}/`` (git ignores ``mutants/``), with mutmut's settings
 of ``[tool.mutmut]`` and, as its test selection, only the tests listed for that module:
 mutmut's stats run then gives each mutant the tests among them that reach its function, and a
-mutant runs only those, stopping at the first failure. Prints the kill rate per module and
-every mutant that was not killed, with its diff; ``docs/testing.md`` says why each is accepted.
+mutant runs only those, stopping at the first failure. The modules of one package that list
+the same tests share one run, in ``mutants/{package}/`` (:func:`runs`). Prints the kill rate
+per module and every mutant that was not killed, with its diff; ``docs/testing.md`` says why
+each is accepted.
 
 Usage::
 
@@ -53,12 +55,15 @@ _MUTANT = re.compile(r"^(?P<module>.+)\.(?P<function>x[^.]+)__mutmut_(?P<number>
 
 @dataclass
 class Outcome:
-    """The mutants of one module by status, and how long its run took."""
+    """The mutants of one module by status, and how long its run took (with the other modules
+    of that run: ``shared``)."""
 
     module: str
+    directory: Path
     statuses: dict[str, str] = field(default_factory=dict)
     wall_s: float = 0.0
     failed: str | None = None
+    shared: bool = False
 
     @property
     def killed(self) -> int:
@@ -110,6 +115,26 @@ def choose(table: list[str], names: list[str]) -> list[str]:
     return [module for module in table if module in chosen]
 
 
+def runs(modules: list[str], table: dict[str, list[str]]) -> list[list[str]]:
+    """``modules`` as mutmut runs: the modules of one package that list the same tests share
+    one (one stats run and one clean run of those tests instead of one each: about a minute
+    each for ``export/limits/``'s modules and ``tests/export/test_limits.py``), in order of
+    their first module; any other module runs alone."""
+    grouped: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for module in modules:
+        grouped.setdefault((str(Path(module).parent), tuple(table[module])), []).append(module)
+    return list(grouped.values())
+
+
+def _run_directory(modules: list[str]) -> Path:
+    """``mutants/{module}/`` for a module alone, ``mutants/{package}/`` for a shared run
+    (``mutants/otel_training/`` for the root's modules)."""
+    if len(modules) == 1:
+        return MUTANTS / _stem(modules[0])
+    package = Path(modules[0]).parent.relative_to("src/otel_training").parts
+    return MUTANTS / (".".join(package) or "otel_training")
+
+
 def _toml(table: str, values: dict) -> str:
     """A TOML table of strings, numbers, booleans and lists of them (JSON spells them alike)."""
     lines = [f"[{table}]"]
@@ -117,16 +142,18 @@ def _toml(table: str, values: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _prepare(directory: Path, module: str, tests: list[str], pytest_options: dict, mutmut: dict):
-    """A project root for one module's run: links to the sources and tests, and a
-    pyproject.toml whose mutmut section mutates ``module`` and selects ``tests``."""
+def _prepare(
+    directory: Path, modules: list[str], tests: list[str], pytest_options: dict, mutmut: dict
+):
+    """A project root for one run: links to the sources and tests, and a pyproject.toml whose
+    mutmut section mutates ``modules`` and selects ``tests``."""
     directory.mkdir(parents=True, exist_ok=True)
     linked = ["src", "tests", *(Path(p).parts[0] for p in mutmut.get("also_copy", []))]
     for name in dict.fromkeys(linked):
         link = directory / name
         if not link.is_symlink():
             link.symlink_to(os.path.relpath(ROOT / name, directory))
-    settings = {**mutmut, "only_mutate": [module], "pytest_add_cli_args_test_selection": tests}
+    settings = {**mutmut, "only_mutate": modules, "pytest_add_cli_args_test_selection": tests}
     text = _toml("tool.pytest.ini_options", pytest_options) + "\n" + _toml("tool.mutmut", settings)
     (directory / "pyproject.toml").write_text(text)
 
@@ -140,42 +167,52 @@ def _mutmut(directory: Path, *args: str, log=None) -> subprocess.CompletedProces
     return subprocess.run(command, cwd=directory, env=env, capture_output=True, text=True)
 
 
-def run_module(module: str, tests: list[str], options: argparse.Namespace, settings) -> Outcome:
-    """Runs mutmut on ``module`` with ``tests`` and reads back every mutant's status."""
+def run_modules(
+    modules: list[str], tests: list[str], options: argparse.Namespace, settings
+) -> list[Outcome]:
+    """Runs mutmut once on ``modules`` with ``tests`` and reads back every mutant's status,
+    by module."""
     pytest_options, mutmut, _ = settings
-    outcome = Outcome(module)
-    directory = MUTANTS / _stem(module)
+    directory = _run_directory(modules)
+    outcomes = [Outcome(module, directory, shared=len(modules) > 1) for module in modules]
     if not options.keep and directory.exists():
         shutil.rmtree(directory)
     missing = [test for test in tests if not (ROOT / test).exists()]
     if missing:
-        outcome.failed = f"tests not found: {', '.join(missing)}"
-        return outcome
-    _prepare(directory, module, tests, pytest_options, mutmut)
+        for outcome in outcomes:
+            outcome.failed = f"tests not found: {', '.join(missing)}"
+        return outcomes
+    _prepare(directory, modules, tests, pytest_options, mutmut)
     started = time.monotonic()
     args = ["run"] + ([f"--max-children={options.max_children}"] if options.max_children else [])
     with open(directory / "mutmut.log", "w") as log:
         run = _mutmut(directory, *args, log=log)
-    outcome.wall_s = time.monotonic() - started
+    for outcome in outcomes:
+        outcome.wall_s = time.monotonic() - started
+        if run.returncode != 0:
+            outcome.failed = f"mutmut run exited {run.returncode}: see {directory / 'mutmut.log'}"
     if run.returncode != 0:
-        outcome.failed = f"mutmut run exited {run.returncode}: see {directory / 'mutmut.log'}"
-        return outcome
+        return outcomes
+    # A mutant's key begins with its module's dotted name (otel_training.export.limits.spans).
+    by_name = {f"otel_training.{_stem(o.module)}": o for o in outcomes}
     listed = _mutmut(directory, "results", "--all", "true")
     for line in listed.stdout.splitlines():
         match = _RESULT_LINE.match(line)
         if match:
-            outcome.statuses[match["key"]] = match["status"]
-    return outcome
+            mutant = _MUTANT.match(match["key"])
+            outcome = by_name.get(mutant["module"]) if mutant else None
+            (outcome or outcomes[0]).statuses[match["key"]] = match["status"]
+    return outcomes
 
 
-def _diff(module: str, key: str) -> list[str]:
+def _diff(outcome: Outcome, key: str) -> list[str]:
     """The changed lines of mutant ``key`` (what ``mutmut show`` prints), without headers."""
     from mutmut.mutation.diff_apply import get_diff_for_mutant
 
     here = os.getcwd()
-    os.chdir(MUTANTS / _stem(module))
+    os.chdir(outcome.directory)
     try:
-        shown = get_diff_for_mutant(key, path=module).splitlines()
+        shown = get_diff_for_mutant(key, path=outcome.module).splitlines()
     except Exception as error:  # a mutant mutmut cannot show: say so, keep listing
         shown = [f"+ (no diff: {error})"]
     finally:
@@ -197,34 +234,46 @@ def _readable(key: str) -> str:
     return f"{function} #{match['number']}"
 
 
+def _row(name: str, mutants: int, killed: int, wall: str) -> str:
+    rate = 100.0 * killed / mutants if mutants else 100.0
+    return f"{name:<44} {mutants:>7} {killed:>7} {mutants - killed:>5} {rate:>6.1f}% {wall:>7}"
+
+
 def report(outcomes: list[Outcome], total_s: float) -> float:
-    """Prints the kill rate per module and the mutants not killed; returns the overall rate
-    in percent."""
+    """Prints the kill rate per module (a shared run's wall time once, on a line of its own
+    below its modules) and the mutants not killed; returns the overall rate in percent."""
     print()
     print(f"{'module':<44} {'mutants':>7} {'killed':>7} {'not':>5} {'rate':>7} {'wall':>7}")
     killed = mutants = 0
-    for outcome in outcomes:
+    for index, outcome in enumerate(outcomes):
         name = outcome.module.removeprefix("src/")
         if outcome.failed:
             print(f"{name:<44} FAILED: {outcome.failed}")
-            continue
-        count = len(outcome.statuses)
-        rate = 100.0 * outcome.killed / count if count else 100.0
-        killed, mutants = killed + outcome.killed, mutants + count
-        print(
-            f"{name:<44} {count:>7} {outcome.killed:>7} {count - outcome.killed:>5} "
-            f"{rate:>6.1f}% {outcome.wall_s:>6.0f}s"
-        )
+        else:
+            count = len(outcome.statuses)
+            killed, mutants = killed + outcome.killed, mutants + count
+            wall = "-" if outcome.shared else f"{outcome.wall_s:.0f}s"
+            print(_row(name, count, outcome.killed, wall))
+        following = outcomes[index + 1] if index + 1 < len(outcomes) else None
+        if outcome.shared and (following is None or following.directory != outcome.directory):
+            run = [o for o in outcomes if o.directory == outcome.directory and not o.failed]
+            print(
+                _row(
+                    f"  one run: {outcome.directory.name}",
+                    sum(len(o.statuses) for o in run),
+                    sum(o.killed for o in run),
+                    f"{outcome.wall_s:.0f}s",
+                )
+            )
     overall = 100.0 * killed / mutants if mutants else 100.0
-    not_killed = mutants - killed
-    print(f"{'all':<44} {mutants:>7} {killed:>7} {not_killed:>5} {overall:>6.1f}% {total_s:>6.0f}s")
+    print(_row("all", mutants, killed, f"{total_s:.0f}s"))
     for outcome in outcomes:
         if outcome.failed or not outcome.not_killed:
             continue
         print(f"\nnot killed in {outcome.module.removeprefix('src/')}:")
         for key in outcome.not_killed:
             print(f"  {_readable(key)} ({outcome.statuses[key]}): {key}")
-            for line in _diff(outcome.module, key):
+            for line in _diff(outcome, key):
                 print(f"      {line}")
     return overall
 
@@ -248,9 +297,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
     started = time.monotonic()
     outcomes = []
-    for module in chosen:
-        print(f"mutating {module} with {', '.join(table[module])} ...", flush=True)
-        outcomes.append(run_module(module, table[module], options, settings))
+    for modules in runs(chosen, table):
+        tests = table[modules[0]]
+        print(f"mutating {', '.join(modules)} with {', '.join(tests)} ...", flush=True)
+        outcomes += run_modules(modules, tests, options, settings)
     overall = report(outcomes, time.monotonic() - started)
     if any(outcome.failed for outcome in outcomes):
         return 2

@@ -626,6 +626,17 @@ def test_each_part_of_a_span_is_bounded_and_nothing_else_changes(change):
     assert bounded_span(bounded) is bounded  # nothing left to do
 
 
+def test_an_odd_string_in_a_sequence_value_is_bounded():
+    """A sequence attribute value is bounded item by item, in a span and in attributes alone:
+    its odd string escaped, the other items and attributes kept."""
+    attributes = {"a": ("x", ODD), "n": 1}
+    assert dict(bounded_span(_clean_span(attributes=attributes)).attributes) == {
+        "a": ("x", FIXED),
+        "n": 1,
+    }
+    assert limits.bounded_attributes(attributes) == {"a": ("x", FIXED), "n": 1}
+
+
 def _clean_log(limits_=None, **changes):
     fields = {
         "body": "loss went up",
