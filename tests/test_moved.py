@@ -14,7 +14,7 @@ import pytest
 from support import child_env
 
 import otel_training
-from otel_training._moved import MOVED, MovedModuleFinder
+from otel_training._moved import MOVED
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -120,10 +120,17 @@ def test_a_former_path_imported_first_in_a_fresh_process():
     assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
 
 
-def test_the_finder_answers_for_former_paths_only():
-    finder = MovedModuleFinder()
-    assert finder.find_spec("otel_training.configuration") is None
-    assert finder.find_spec("otel_training.spans") is None
-    assert finder.find_spec("json") is None
-    assert finder.find_spec("otel_training.setup").name == "otel_training.setup"
-    assert [type(f) for f in sys.meta_path].count(MovedModuleFinder) == 1
+def test_importing_the_package_installs_no_import_hook():
+    """A guest: sys.meta_path and sys.path_hooks are the same before and after the import (the
+    former paths are entries of sys.modules, not a finder)."""
+    code = (
+        "import sys\n"
+        "hooks = (list(sys.meta_path), list(sys.path_hooks))\n"
+        "import otel_training, otel_training.log_format\n"
+        "assert (list(sys.meta_path), list(sys.path_hooks)) == hooks\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60
+    )
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr

@@ -3,24 +3,20 @@
 
 The root was grouped by concern (docs/architecture.md). Logging configurations name
 ``otel_training.log_format.KeyValueFormatter``, programs import ``otel_training.instruments`` as
-Megatron-LM's module, and both keep working: importing a former path imports the module where it
-lives now and binds the same module object under the former name (``sys.modules``), so a name
-patched through one path is patched for both. Nothing here is imported unless a former path is.
-
-:class:`MovedModuleFinder` is installed on ``sys.meta_path`` when ``otel_training`` is imported;
-it answers only for the names of :data:`MOVED` and never raises for any other.
+Megatron-LM's module, and both keep working: when ``otel_training`` is imported,
+:func:`install` enters each module of :data:`MOVED` in ``sys.modules`` under its former name
+too (the same module object, so a name patched through one path is patched for both) and as an
+attribute of its former parent. No import hook is installed (a guest leaves ``sys.meta_path``
+alone): the modules are those that importing ``otel_training`` loads anyway, and two small ones.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
 import sys
-from types import ModuleType
 from typing import Final
 
-__all__ = ["MOVED", "MovedModuleFinder", "install"]
+__all__ = ["MOVED", "install"]
 
 #: Former module path -> where the module lives now.
 MOVED: Final = {
@@ -60,34 +56,17 @@ MOVED: Final = {
 }
 
 
-class _Alias(importlib.abc.Loader):
-    """Loads a former path as the module it names now (the same object)."""
-
-    def __init__(self, target: str) -> None:
-        self._target = target
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        return importlib.import_module(self._target)
-
-    def exec_module(self, module: ModuleType) -> None:
-        """The module ran when it was imported under its own name: nothing more to run."""
-
-
-class MovedModuleFinder(importlib.abc.MetaPathFinder):
-    """Finds the former module paths of :data:`MOVED`; ``None`` (not ours) for any other."""
-
-    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 (the ABC's signature)
-        new = MOVED.get(fullname)
-        if new is None:
-            return None
-        is_package = new == "otel_training.trace.processors"
-        return importlib.machinery.ModuleSpec(fullname, _Alias(new), is_package=is_package)
-
-
 def install() -> None:
-    """Puts one :class:`MovedModuleFinder` first on ``sys.meta_path`` (a second call: nothing).
-    Never raises."""
-    if not any(isinstance(finder, MovedModuleFinder) for finder in sys.meta_path):
-        # First: a former package's submodule (otel_training.processors.jsonlog) must not be
-        # found again by the path finder, in the package's folder, as a second module object.
-        sys.meta_path.insert(0, MovedModuleFinder())
+    """Enters every module of :data:`MOVED` under its former name, in ``sys.modules`` and as an
+    attribute of its former parent (``otel_training.setup``); run once, at the end of the
+    package's import, when the modules are loaded. Never raises: a module that cannot be imported
+    keeps no former name."""
+    for former, new in MOVED.items():
+        try:
+            module = importlib.import_module(new)
+        except Exception:
+            continue
+        sys.modules.setdefault(former, module)
+        parent, _, leaf = former.rpartition(".")
+        if parent in sys.modules and not hasattr(sys.modules[parent], leaf):
+            setattr(sys.modules[parent], leaf, module)
