@@ -5,9 +5,11 @@ escapes) at the SDK's largest counts; and the exporters' own guards (int64, spli
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
 import logging
+import threading
 import time
 
 import pytest
@@ -645,9 +647,11 @@ def test_the_grpc_exporters_retry_codes_lose_resource_exhausted():
 # -- PeriodicMetricReader: a collection that times out ------------------------------------------
 
 
-def _slow_reader(slow_calls: int, sleep_s: float):
+def _slow_reader(slow_calls: int = 0, sleep_s: float = 0.0, sleeps: tuple[float, ...] = ()):
     """A PeriodicMetricReader (interval 60 s) on a provider with a counter at 3, an observable
-    gauge whose first ``slow_calls`` callbacks take ``sleep_s`` seconds, and a fast one."""
+    gauge whose first ``slow_calls`` callbacks take ``sleep_s`` seconds (or whose callbacks
+    take ``sleeps`` seconds, one after the other), and a fast one."""
+    sleeps = sleeps or (sleep_s,) * slow_calls
     from opentelemetry.metrics import Observation
 
     from otel_training.testing import RecordingMetricExporter
@@ -660,8 +664,8 @@ def _slow_reader(slow_calls: int, sleep_s: float):
 
     def slow(options):
         calls.append(1)
-        if len(calls) <= slow_calls:
-            time.sleep(sleep_s)
+        if len(calls) <= len(sleeps):
+            time.sleep(sleeps[len(calls) - 1])
         yield Observation(1.0)
 
     meter.create_observable_gauge("slow", callbacks=[slow])
@@ -671,7 +675,7 @@ def _slow_reader(slow_calls: int, sleep_s: float):
     return provider, reader, exporter
 
 
-@documents("limits.md", "is tried once more within the bound")
+@documents("limits.md", "is tried once more within what")
 def test_a_final_collection_that_times_out_is_tried_again_within_the_bound(caplog):
     """The first try of the final collection has half the shutdown's timeout; a callback
     slower than that fails it, the second try exports the values, and nothing is logged."""
@@ -682,7 +686,7 @@ def test_a_final_collection_that_times_out_is_tried_again_within_the_bound(caplo
     assert not caplog.records
 
 
-@documents("limits.md", "one that fails twice is said")
+@documents("limits.md", "one that does")
 def test_a_final_collection_that_times_out_twice_is_said_without_a_traceback(caplog):
     """Both tries time out: one warning says what was not exported; no exception, no SDK
     traceback. (A callback cannot be interrupted: the second try ends after the shutdown's
@@ -693,7 +697,53 @@ def test_a_final_collection_that_times_out_twice_is_said_without_a_traceback(cap
         reader._daemon_thread.join(10)
     assert exporter.exports == []
     (record,) = caplog.records
-    assert "timed out twice" in record.getMessage() and not record.exc_info
+    assert "did not finish within the shutdown's timeout" in record.getMessage()
+    assert not record.exc_info
+
+
+@documents("limits.md", "within what is left of the bound")
+def test_the_second_try_of_a_final_collection_has_only_what_is_left_of_the_bound(caplog):
+    """Shutdown's bound 1 s: the first try has 0.5 s and its callback takes 0.6 s; the second
+    has the 0.4 s left, not more, so its 0.6 s callback fails it too and it is said. The
+    shutdown returns at its bound, the second try still running on the reader's thread."""
+    provider, reader, exporter = _slow_reader(sleeps=(0.6, 0.6))
+    with caplog.at_level(logging.WARNING):
+        provider.shutdown(timeout_millis=1000)
+        still_running = reader._daemon_thread.is_alive()
+        reader._daemon_thread.join(10)
+    assert still_running  # the shutdown did not wait past its bound
+    assert exporter.exports == []
+    (record,) = caplog.records
+    assert "did not finish within the shutdown's timeout" in record.getMessage()
+
+
+def test_a_final_collection_whose_first_try_spends_the_whole_bound_is_said(caplog):
+    """The first try's callback outlasts the whole bound: no time is left for a second one,
+    and the loss is said all the same."""
+    provider, reader, exporter = _slow_reader(sleeps=(0.6,))
+    with caplog.at_level(logging.WARNING):
+        provider.shutdown(timeout_millis=400)
+        reader._daemon_thread.join(10)
+    assert exporter.exports == []
+    (record,) = caplog.records
+    assert "did not finish within the shutdown's timeout" in record.getMessage()
+
+
+def test_the_reader_takes_the_sdk_readers_arguments():
+    """Its arguments are the SDK reader's: an export interval of 50 ms exports without a
+    shutdown or a flush."""
+    from otel_training.testing import RecordingMetricExporter
+
+    exporter = RecordingMetricExporter()
+    reader = exporters.PeriodicMetricReader(exporter, export_interval_millis=50)
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    provider.get_meter("test").create_counter("steps").add(3)
+    deadline = time.monotonic() + 10
+    while not exporter.exports and time.monotonic() < deadline:
+        time.sleep(0.01)
+    exported = [e["steps"][0].value for e in exporter.exports[:1]]
+    provider.shutdown(timeout_millis=1000)
+    assert exported == [3]
 
 
 def test_a_periodic_collection_that_times_out_is_said_once_and_loses_nothing(caplog):
@@ -709,3 +759,106 @@ def test_a_periodic_collection_that_times_out_is_said_once_and_loses_nothing(cap
     reader.collect(timeout_millis=10_000)
     assert [e["steps"][0].value for e in exporter.exports] == [3]
     provider.shutdown(timeout_millis=1000)
+
+
+# -- OTLP outages: one line each, over every signal -----------------------------------------
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP endpoint on loopback that takes every request while ``up`` and refuses
+    each with 400 (which the SDK's exporters do not retry) while not."""
+
+    up = True
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200 if _Collector.up else 400)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def collector():
+    """The base URL of a :class:`_Collector`, up; the outage state of the process cleared
+    before and after (it is the process's, as the SDK's loggers are)."""
+    from otel_training.export import _outage
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _outage._failing.clear()
+    _outage._said.clear()
+    _Collector.up = True
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        _outage._failing.clear()
+        _outage._said.clear()
+
+
+@documents("collector.md", "one warning line per outage")
+def test_an_otlp_outage_is_one_line_until_every_failing_signal_exported_again(collector, caplog):
+    """Real OTLP/HTTP exporters of spans and metrics to an endpoint that goes down and up:
+    the SDK's own error line of each refused batch is not shown; the first failure of an
+    outage is one warning of ours; the outage lasts until every signal that failed has
+    exported again (spans back alone do not end it), and the next failure is said again."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    spans = SafeSpanExporter(OTLPSpanExporter(endpoint=f"{collector}/v1/traces", timeout=5))
+    metrics = SafeMetricExporter(OTLPMetricExporter(endpoint=f"{collector}/v1/metrics", timeout=5))
+    batch, data = _spans(2, 10), _tree([[[2]]])
+    ok, failed = SpanExportResult.SUCCESS, SpanExportResult.FAILURE
+
+    def said() -> list[str]:
+        lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        caplog.clear()
+        return lines
+
+    with caplog.at_level(logging.INFO):
+        assert spans.export(batch) is ok and said() == []
+        _Collector.up = False
+        assert spans.export(batch) is failed
+        (line,) = said()
+        assert line.startswith("otel-training: OTLP export failed (Failed to export")
+        assert metrics.export(data) is MetricExportResult.FAILURE and said() == []
+        assert spans.export(batch) is failed and said() == []
+        _Collector.up = True
+        assert spans.export(batch) is ok and said() == []
+        _Collector.up = False  # metrics never came back: the same outage
+        assert spans.export(batch) is failed and said() == []
+        _Collector.up = True
+        assert spans.export(batch) is ok and said() == []
+        assert metrics.export(data) is MetricExportResult.SUCCESS and said() == []
+        _Collector.up = False  # a new outage: said again, whichever signal fails first
+        assert metrics.export(data) is MetricExportResult.FAILURE
+        (line,) = said()
+        assert line.startswith("otel-training: OTLP export failed (Failed to export")
+    spans.shutdown()
+    metrics.shutdown()
+
+
+def test_an_exporter_that_is_not_otlp_takes_no_part_in_an_outage(collector, caplog):
+    """A failing exporter of another kind neither starts nor prolongs an OTLP outage: the
+    OTLP spans' next failure after they came back is said again."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    spans = SafeSpanExporter(OTLPSpanExporter(endpoint=f"{collector}/v1/traces", timeout=5))
+    other = SafeSpanExporter(RefusingSpanExporter(most=0))
+    batch = _spans(1, 10)
+    with caplog.at_level(logging.WARNING):
+        _Collector.up = False
+        assert spans.export(batch) is SpanExportResult.FAILURE
+        _Collector.up = True
+        assert other.export(batch) is SpanExportResult.FAILURE  # not OTLP: no outage of its own
+        assert spans.export(batch) is SpanExportResult.SUCCESS
+        _Collector.up = False
+        assert spans.export(batch) is SpanExportResult.FAILURE
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and all("OTLP export failed" in line for line in lines)
+    spans.shutdown()

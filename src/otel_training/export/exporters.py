@@ -497,10 +497,10 @@ class PeriodicMetricReader(PeriodicExportingMetricReader):
     with the next one (the synchronous instruments' values stay in the SDK's storage). The
     final collection, at ``shutdown(timeout_millis)``, is bounded by that timeout, not by the
     export interval: the first try has half of it, and a try that times out is tried once more
-    with the rest; when that one times out too, a warning says that the values recorded since
-    the last export were not exported. Arguments are ``PeriodicExportingMetricReader``'s.
-    Collections run on the reader's thread (``force_flush`` on the caller's); never raises
-    ``MetricsTimeoutError``.
+    with what is left of it; when that one times out too, or no time is left for it, a warning
+    says that the values recorded since the last export were not exported. Arguments are
+    ``PeriodicExportingMetricReader``'s. Collections run on the reader's thread
+    (``force_flush`` on the caller's); never raises ``MetricsTimeoutError``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -535,6 +535,7 @@ class PeriodicMetricReader(PeriodicExportingMetricReader):
             except MetricsTimeoutError:
                 continue
         _logger.warning(
-            "otel-training: the final metric collection timed out twice (an observable callback "
-            "was slow); the values recorded since the last export were not exported."
+            "otel-training: the final metric collection did not finish within the shutdown's "
+            "timeout (an observable callback was slow); the values recorded since the last "
+            "export were not exported."
         )
