@@ -26,8 +26,9 @@ atomic ``next()`` of a counter: no lock on the training thread): its share of a 
 or the budget for its own step trace. An iteration that would not fit its step trace whole
 starts the rank's next step trace; a span with no room in its parent's trace starts in this
 rank's current step trace (of the open segment, or segment 0, when the parent is in the run
-trace) under its root, linked to its real parent. So no trace exceeds the budget, every trace
-has one root, and no span names a parent in another trace.
+trace) under its root, linked to its real parent. So no trace exceeds the budget (but for a
+budget of 1: a step trace then holds its root and one span), every trace has one root, and no
+span names a parent in another trace.
 
 Sampling is decided once per family (the run, a segment): every trace of a family has the
 family's low 64 trace-id bits and its shared parents carry the family's ``sampled`` flag, so
@@ -380,10 +381,11 @@ class TraceSegments:
             with self._lock:
                 while True:
                     part = family.part
-                    if part is None or part.used >= part.allowance:
+                    new = part is None or part.used >= part.allowance
+                    if new:
                         part = self._new_part(family, now_ns)
                     taken = part.take()
-                    if taken <= part.allowance:
+                    if taken <= part.allowance or new:  # at a budget of 1, after its root
                         break
         if part.root is not None:
             return part.context, [Link(parent)]
