@@ -33,11 +33,11 @@ def bounded_metrics_data(
     data: Any, limits: Limits = DEFAULT_LIMITS, saturated: list[str] | None = None
 ) -> Any:
     """A ``MetricsData`` after rules 1, 2 and 4: resources and scopes bounded
-    (:func:`bounded_resource`, :func:`bounded_scope`), metric names and units as names,
-    descriptions as values, point and exemplar attributes bounded, and integer points beyond
-    int64 saturated at its ends (the name of each such metric is appended to ``saturated``).
-    The same object when nothing needed a change. Runs on the reader's thread; never raises
-    (data that cannot even be read is returned as it is)."""
+    (:func:`bounded_resource`, :func:`bounded_scope`), metric names, units and descriptions
+    as names (cut at 1,024 characters), point and exemplar attributes bounded, and integer
+    points beyond int64 saturated at its ends (the name of each such metric is appended to
+    ``saturated``). The same object when nothing needed a change. Runs on the reader's thread;
+    never raises (data that cannot even be read is returned as it is)."""
     try:
         if not _metrics_need_work(data, limits):
             return data
