@@ -2052,6 +2052,46 @@ def test_a_scope_or_resource_is_checked_once_per_object_and_limit(needs_work):
     assert _CountedScope.reads > reads[0]
 
 
+_ITEMS = st.one_of(
+    st.text(max_size=6),
+    st.sampled_from([ODD, "\u2028", "x" * 40]),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.floats(allow_nan=False),
+    st.booleans(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["a", "b", ODD]),
+        st.one_of(
+            _ITEMS,
+            st.tuples(_ITEMS, _ITEMS),
+            st.lists(_ITEMS, max_size=3).map(tuple),
+            st.lists(_ITEMS, max_size=3),
+            st.tuples(st.tuples(_ITEMS)),
+        ),
+        max_size=3,
+    )
+)
+@example({"t": tuple(range(limits.MAX_SEQUENCE_LENGTH))})
+@example({"t": tuple(range(limits.MAX_SEQUENCE_LENGTH + 1))})
+def test_attributes_come_back_as_they_are_exactly_when_every_key_and_value_is_its_own_bound(
+    attributes,
+):
+    """The same object comes back exactly when nothing would change: every key is its own
+    bounded name and every value its own :func:`bounded_value`, of the same type (a tuple of
+    clean items is kept, nested or not; a list becomes a tuple)."""
+    unchanged = all(
+        limits.safe_text(key, limits.MAX_NAME_LENGTH) == key
+        and type(bounded_value(value, 30)) is type(value)
+        and bounded_value(value, 30) == value
+        for key, value in attributes.items()
+    )
+    assert (limits.bounded_attributes(attributes, 30) is attributes) is unchanged
+
+
 def test_attributes_at_the_ends_of_int64_need_nothing():
     """Integers at the ends of int64 and text beyond ASCII that encodes need no change: the
     same attributes are given back."""

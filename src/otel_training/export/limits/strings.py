@@ -235,9 +235,31 @@ def _needs_work(attributes: Mapping[str, Any] | None, limit: int | None) -> bool
         elif kind is int:
             if not _INT64_MIN <= value <= _INT64_MAX:
                 return True
+        elif kind is tuple:  # the SDK keeps a sequence as a tuple: clean when its items are
+            if len(value) > MAX_SEQUENCE_LENGTH or not _clean_items(value, limit):
+                return True
         elif kind is not float and kind is not bool:
             return True
     return False
+
+
+def _clean_items(items: tuple, limit: int | None) -> bool:
+    """Whether every item of an attribute's tuple is a value :func:`bounded_value` keeps as it
+    is: a clean string, an int within int64, a float, a bool, or a tuple of such items."""
+    for item in items:
+        kind = type(item)
+        if kind is str:
+            if not _is_clean(item, limit):
+                return False
+        elif kind is int:
+            if not _INT64_MIN <= item <= _INT64_MAX:
+                return False
+        elif kind is tuple:
+            if len(item) > MAX_SEQUENCE_LENGTH or not _clean_items(item, limit):
+                return False
+        elif kind is not float and kind is not bool:
+            return False
+    return True
 
 
 def bounded_attributes(
