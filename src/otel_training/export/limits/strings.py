@@ -12,7 +12,7 @@ here raises.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -222,30 +222,20 @@ def _needs_work(attributes: Mapping[str, Any] | None, limit: int | None) -> bool
     if not attributes:
         return False
     clean_keys = _CLEAN_KEYS
-    for key, value in plain(attributes).items():
+    attributes = plain(attributes)
+    for key in attributes:
         if key not in clean_keys:
             if type(key) is not str or not _is_clean(key, MAX_NAME_LENGTH):
                 return True
             if len(clean_keys) < _MAX_CLEAN_KEYS:
                 clean_keys.add(key)
-        kind = type(value)
-        if kind is str:
-            if not _is_clean(value, limit):
-                return True
-        elif kind is int:
-            if not _INT64_MIN <= value <= _INT64_MAX:
-                return True
-        elif kind is tuple:  # the SDK keeps a sequence as a tuple: clean when its items are
-            if len(value) > MAX_SEQUENCE_LENGTH or not _clean_items(value, limit):
-                return True
-        elif kind is not float and kind is not bool:
-            return True
-    return False
+    return not _clean_items(attributes.values(), limit)
 
 
-def _clean_items(items: tuple, limit: int | None) -> bool:
-    """Whether every item of an attribute's tuple is a value :func:`bounded_value` keeps as it
-    is: a clean string, an int within int64, a float, a bool, or a tuple of such items."""
+def _clean_items(items: Iterable[Any], limit: int | None) -> bool:
+    """Whether every one of ``items`` is a value that :func:`bounded_value` keeps as it is: a
+    clean string, an int within int64, a float, a bool, or a tuple of at most
+    :data:`MAX_SEQUENCE_LENGTH` such items (the SDK keeps a sequence as a tuple)."""
     for item in items:
         kind = type(item)
         if kind is str:
