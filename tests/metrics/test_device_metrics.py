@@ -627,7 +627,7 @@ def test_without_nvidia_ml_py_the_devices_are_absent_with_one_info_line(monkeypa
         assert NvmlDevices(devices=[0]).read() == []
     assert [r.getMessage() for r in caplog.records] == [
         "device metrics (hw.gpu.*): nvidia-ml-py is not installed "
-        "(pip install 'otel-training[nvml]'); none are exported."
+        "(pip install nvidia-ml-py: otel-training's extra nvml); none are exported."
     ]
 
 

@@ -1,9 +1,9 @@
 """Callbacks that record a framework's training run with otel-training, one line each.
 
 - :class:`otel_training.integrations.lightning.OtelTrainingCallback` for PyTorch Lightning
-  (``lightning.pytorch`` or ``pytorch_lightning``): ``pip install 'otel-training[lightning]'``;
+  (``lightning.pytorch`` or ``pytorch_lightning``): the extra ``lightning``;
 - :class:`otel_training.integrations.transformers.OtelTrainingCallback` for the Hugging Face
-  ``Trainer``: ``pip install 'otel-training[transformers]'``;
+  ``Trainer``: the extra ``transformers``;
 - :func:`otel_training.integrations.ddp.register_comm_hook` for PyTorch's
   ``DistributedDataParallel``: the wait at the end of backward recorded as ``communication``.
 

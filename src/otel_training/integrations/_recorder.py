@@ -58,10 +58,15 @@ def guarded(method: Callable) -> Callable:
     return wrapper
 
 
-def missing_framework(package: str, extra: str, error: BaseException | None) -> None:
-    """Raises the ``ModuleNotFoundError`` of a callback whose framework is not installed."""
+def missing_framework(
+    package: str, extra: str, error: BaseException | None, requirements: str | None = None
+) -> None:
+    """Raises the ``ModuleNotFoundError`` of a callback whose framework is not installed,
+    saying what to install from an index (``requirements``, default ``package``) and which
+    extra of otel-training brings it (the package itself is on no index)."""
     raise ModuleNotFoundError(
-        f"this callback needs {package}: pip install 'otel-training[{extra}]'",
+        f"this callback needs {package}: pip install {requirements or package} "
+        f"(otel-training's extra {extra})",
         name=package,
     ) from error
 

@@ -1,6 +1,6 @@
 """PyTorch Lightning: ``Trainer(callbacks=[OtelTrainingCallback()])``.
 
-Needs ``lightning`` (``pip install 'otel-training[lightning]'``); with only the older
+Needs ``lightning`` (otel-training's extra ``lightning``); with only the older
 ``pytorch_lightning`` package installed, the callback is a ``pytorch_lightning.Callback``
 instead. What it records and what it cannot know: ``docs/integrations.md``.
 """

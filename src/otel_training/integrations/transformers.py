@@ -1,6 +1,6 @@
 """The Hugging Face ``Trainer``: ``Trainer(..., callbacks=[OtelTrainingCallback()])``.
 
-Needs ``transformers`` (``pip install 'otel-training[transformers]'``). What it records and
+Needs ``transformers`` (otel-training's extra ``transformers``). What it records and
 what it cannot know: ``docs/integrations.md``.
 """
 
@@ -110,7 +110,9 @@ class OtelTrainingCallback(_Base):
         flops_per_token: float | None = None,
     ) -> None:
         if TrainerCallback is None:
-            missing_framework("transformers", "transformers", _IMPORT_ERROR)
+            missing_framework(
+                "transformers", "transformers", _IMPORT_ERROR, "transformers accelerate"
+            )
         validate_options(tensor_metrics, tokens_per_sample, tokens_per_batch, flops_per_token)
         self._run = RunRecorder(
             meter_provider=meter_provider,

@@ -88,6 +88,9 @@ __all__ = [
     "observe_devices",
 ]
 
+#: Why there are no device metrics when pynvml cannot be imported.
+_NO_NVML = "nvidia-ml-py is not installed (pip install nvidia-ml-py: otel-training's extra nvml)"
+
 _logger = logging.getLogger(__name__)
 # A failed read is said at most once a minute (the reader's thread reads at every collection);
 # that the devices are absent, once per process and cause, at INFO.
@@ -195,7 +198,7 @@ class NvmlDevices:
         try:
             nvml = importlib.import_module("pynvml")
         except ImportError:
-            self._absent("nvidia-ml-py is not installed (pip install 'otel-training[nvml]')")
+            self._absent(_NO_NVML)
             return
         try:
             nvml.nvmlInit()
@@ -492,7 +495,7 @@ def observe_devices(meter: Meter, identity: RankIdentity | None = None) -> Devic
     """
     try:
         if importlib.util.find_spec("pynvml") is None:
-            _say_absent("nvidia-ml-py is not installed (pip install 'otel-training[nvml]')")
+            _say_absent(_NO_NVML)
             return None
         return DeviceMetrics(meter, NvmlDevices(identity=identity))
     except Exception:

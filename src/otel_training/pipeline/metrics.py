@@ -152,8 +152,9 @@ def _prometheus_reader(settings: config.Settings) -> tuple[MetricReader | None, 
         from prometheus_client import start_http_server
     except ImportError:
         _logger.warning(
-            "OTEL_METRICS_EXPORTER=prometheus needs opentelemetry-exporter-prometheus: "
-            "pip install 'otel-training[prometheus]'. Metrics are not exported there."
+            "OTEL_METRICS_EXPORTER=prometheus needs opentelemetry-exporter-prometheus (pip "
+            "install opentelemetry-exporter-prometheus: otel-training's extra prometheus). "
+            "Metrics are not exported there."
         )
         return None, "nowhere"
     host = settings.prometheus_host
