@@ -177,6 +177,9 @@ def test_inject_flag_is_hidden_from_help(capsys):
     out = capsys.readouterr().out
     assert "--grad-accum" in out and "--moe" in out
     assert "--inject-nonfinite-at" not in out
+    # each default once, in words where it is None: never "(default: None)"
+    assert "(default: None)" not in out and "(default: 400)" in " ".join(out.split())
+    assert " ".join(out.split()).count("(default: a temporary one, removed at exit)") == 1
 
 
 def test_cli_demo_writes_telemetry(tmp_path, capsys):

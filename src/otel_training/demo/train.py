@@ -131,7 +131,7 @@ class DemoConfig:
         ),
     )
     max_data_bytes: int | None = field(
-        default=None, metadata=_opt("read at most about this many bytes of sources")
+        default=None, metadata=_opt("read at most about this many bytes of sources (default: all)")
     )
     tensor_metrics: str | None = field(
         default=None,
@@ -266,13 +266,22 @@ class TrainResult:
 _FLAG_TYPES: dict[str, type] = {"int": int, "float": float, "str": str}
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's default in its help, except ``None``: that flag's help says what it means."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """Command-line parser of the demo; defaults come from `DemoConfig`."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Train a small GPT-style model on the Python standard library's sources and "
         "emit the Megatron-LM training metrics through OpenTelemetry.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     for f in fields(DemoConfig):
         flag = "--" + f.name.replace("_", "-")
