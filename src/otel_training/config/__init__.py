@@ -84,6 +84,7 @@ from otel_training.config.defaults import (  # noqa: F401 - re-exported
 from otel_training.config.identity import RankIdentity
 from otel_training.config.parser import (  # noqa: F401 - re-exported
     cuda_visible_devices,
+    environ_with,
     load,
     load_identity,
     load_omp_num_threads,
@@ -117,6 +118,7 @@ __all__ = [
     "OtlpSettings",
     "RankIdentity",
     "Settings",
+    "environ_with",
     "load",
     "load_identity",
     "load_omp_num_threads",

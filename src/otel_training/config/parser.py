@@ -79,6 +79,13 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
     return _Parser(os.environ if environ is None else environ).settings()
 
 
+def environ_with(overrides: Mapping[str, str]) -> dict[str, str]:
+    """A copy of the process's environment with ``overrides`` set over it (the environment
+    itself is left as it is): what a caller that knows better than the environment, such as a
+    framework that set up its ranks, hands to ``configure(environ=...)``. Never raises."""
+    return {**os.environ, **overrides}
+
+
 def load_identity(environ: Mapping[str, str] | None = None) -> RankIdentity:
     """Parses only the rank identity (see :class:`RankIdentity`). Never raises."""
     return read_identity(EnvReader(os.environ if environ is None else environ))

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -570,6 +569,4 @@ def _pipeline_for(identity: FrameworkIdentity) -> configuration.Telemetry:
                 identity.world_size,
             )
         return current
-    environ = dict(os.environ)
-    environ.update(identity.environ())
-    return configuration.configure(environ=environ)
+    return configuration.configure(environ=config.environ_with(identity.environ()))
