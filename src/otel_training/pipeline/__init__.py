@@ -13,14 +13,18 @@ setting explicitly, so that the SDK never re-reads the environment behind the se
   :mod:`~otel_training.pipeline.logs`: one module of factories per signal (readers or
   exporters, batch processors, the signal's provider);
 - :mod:`~otel_training.pipeline.otlp`: the OTLP exporters' arguments, alike for every signal;
+- :mod:`~otel_training.pipeline.network`: how they reach their endpoint (proxies, TLS);
 - :mod:`~otel_training.pipeline.outputs`: the embedded default's files and where they open;
+- :mod:`~otel_training.pipeline.lifecycle`: process life (atexit, SIGTERM, fork);
+- :mod:`~otel_training.pipeline.ids`: trace and span ids distinct across ranks and children;
 - :mod:`~otel_training.pipeline.scope`: :data:`INSTRUMENTATION_NAME`, the scope of it all.
 
 This package is in the SDK layer (``tests/test_import_layers.py``): it may import the settings
 (:mod:`otel_training.config`), the health definitions, the leaves and the SDK layer's other
-modules (exporters, files, network, processors, heartbeat, views...), never the API
-(``configuration``, ``spans``, ``phases``) or anything above it. Its modules import each other
-downwards only: ``building`` the rest, the signals ``otlp``, ``outputs`` and ``scope``.
+packages (:mod:`otel_training.export`, :mod:`otel_training.trace`,
+:mod:`otel_training.metrics`, :mod:`otel_training.logs`), never the API (``configuration``,
+``spans``, ``phases``) or anything above it. Its modules import each other downwards only:
+``building`` the rest, the signals ``otlp``, ``outputs`` and ``scope``.
 """
 
 from otel_training.pipeline.building import Pipeline, build

@@ -7,9 +7,14 @@ by ``configure()``.
   if it is still open when the writer runs; one file per rank.
 - :class:`CheckpointMetricsSpanProcessor`: the duration of each checkpoint save and load span
   on the histogram ``megatron.checkpoint.duration``, for backends that store no spans.
+- :mod:`~otel_training.trace.processors.exception_logs`: the exceptions recorded on spans,
+  also as ERROR log records (a span processor that emits logs).
+- :mod:`~otel_training.trace.processors.batch`: the SDK's batch processors, of spans and of
+  log records alike, counting what a full queue drops.
 
-All run synchronously on the thread that starts or ends a span, never raise there, and flush
-or close at the TracerProvider's shutdown.
+Each runs on the thread that starts or ends a span (the batch processors and the JSON lines
+only queue there: their own thread exports or writes), never raises there, and flushes or
+closes at its provider's shutdown.
 
 This package is in the SDK layer (``tests/test_import_layers.py``): it may import the settings,
 the health definitions, the leaves and the SDK layer's other packages; never the API
