@@ -128,6 +128,19 @@ def ended(*processes: Process) -> list[str]:
     return [a.ended for a in goodput.account(attempts(processes)).attempts]
 
 
+@documents("health.md", "also when the run itself raised after its last completed step")
+def test_a_run_that_raised_after_its_last_step_failed():
+    """The run's span ended ERROR after the last completed step (an exception or a Ctrl-C
+    between steps): failed; ended ERROR before steps that completed after it (a second run in
+    the same process): completed."""
+    process = run_attempt(T0, 0, load=None, last=30).end()
+    last_step_end = max(s.end_s for s in process.spans if s.phase == L.ITERATION)
+    process.run_raised_s = last_step_end + 0.01
+    assert ended(process) == ["failed"]
+    process.run_raised_s = last_step_end - 5 * STEP
+    assert ended(process) == ["completed"]
+
+
 @documents("health.md", "`completed` (the last attempt, when every process shut down cleanly")
 @documents("health.md", "`failed` (a phase raised and no step completed after it")
 @documents("health.md", "`killed` (no shutdown ran")

@@ -174,6 +174,55 @@ def test_the_command_on_a_real_run(tmp_path):
     assert text.returncode == 0 and "goodput" in text.stdout
 
 
+@pytest.mark.slow
+@documents("health.md", "also when the run itself raised after its last completed step")
+@pytest.mark.parametrize(
+    ("after", "ended"),
+    [
+        ("raise KeyboardInterrupt", "failed"),  # Ctrl-C between steps, handled by the program
+        ("raise SystemExit(0)", "completed"),  # a clean stop is no failure
+        ("raise KeyboardInterrupt", "completed"),  # ... but a second run completed steps after
+    ],
+    ids=["ctrl-c-between-steps", "sys-exit-0", "second-run-after-it"],
+)
+def test_a_run_that_raised_between_steps_failed(tmp_path, after, ended, request):
+    """A real process whose training_run() is left by an exception after its last step, outside
+    any step (the demo's Ctrl-C), which the program catches before it shuts down: failed, not
+    completed; a SystemExit(0) there is completed; a second run of the process that completes
+    steps after it, completed."""
+    second = "second-run" in request.node.name
+    script = (
+        "import otel_training as ot\n"
+        "t = ot.configure()\n"
+        "try:\n"
+        "    with ot.training_run():\n"
+        "        for i in range(1, 6):\n"
+        "            with ot.training_iteration(iteration=i):\n"
+        "                pass\n"
+        f"        {after}\n"
+        "except BaseException:\n"
+        "    pass\n"
+        + (
+            "with ot.training_run():\n"
+            "    for i in range(6, 9):\n"
+            "        with ot.training_iteration(iteration=i):\n"
+            "            pass\n"
+            if second
+            else ""
+        )
+        + "t.shutdown()\n"
+    )
+    env = {"OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+    found = subprocess.run(
+        [sys.executable, "-m", "otel_training.cli", "health", "--json", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    (attempt,) = json.loads(found.stdout)["attempts"]
+    assert attempt["ended"] == ended
+    assert attempt["last_iteration"] == (8 if second else 5)
+
+
 @documents("health.md", "`otel-training health` judges the last attempt at *now* while it runs")
 @documents("health.md", "A hung job's waiting ranks keep")
 def test_a_running_attempt_is_judged_now_as_far_as_its_files_show_and_an_ended_one_at_its_end():

@@ -139,6 +139,10 @@ class Process:
         directories: The run directories its lines are in.
         record: Its progress record (the ledger at its last transition), or ``None``
             (an older version, no run directory, or a record that could not be created).
+        run_raised_s: When its training run (the span ``megatron.train``) last ended by
+            raising (status ERROR, not truncated), Unix seconds: an exception, a
+            ``KeyboardInterrupt``, left the run, between steps as well as inside one; ``None``
+            when none did or no run span was exported.
     """
 
     rank: int
@@ -157,6 +161,7 @@ class Process:
     signal: str | None = None
     directories: set[Path] = field(default_factory=set)
     record: ProgressRecord | None = None
+    run_raised_s: float | None = None
 
     @property
     def pipeline_rank(self) -> int | None:

@@ -54,6 +54,7 @@ from otel_training.report.notes import followed, other_jobs_note, run_notes
 from otel_training.report.run import TRUNCATED_ATTRIBUTE, FileStats, Job, RankTelemetry, Run, Span
 from otel_training.report.rundir import RunFile, job_directories, run_files
 from otel_training.semconv.attributes import MEGATRON_ITERATION
+from otel_training.semconv.spans import MEGATRON_TRAIN
 
 __all__ = [
     "PARALLEL_BYTES",
@@ -262,6 +263,15 @@ def _evidence(directory: Path, parts: list[Part], files: list[FileStats]) -> dic
                 description = span.status_description
                 if isinstance(description, str) and description.startswith(_TRUNCATED_PREFIX):
                     process.signal = description[len(_TRUNCATED_PREFIX) :]
+            if (
+                span.name == MEGATRON_TRAIN
+                and span.end_ns is not None
+                and span.status == "ERROR"
+                and not truncated
+            ):  # the run raised: when, for health.timeline.raised()
+                end_s = span.end_ns / 1e9
+                if process.run_raised_s is None or end_s > process.run_raised_s:
+                    process.run_raised_s = end_s
             phase = _ledger.PHASE_OF_SPAN.get(span.name, _ledger.NO_PHASE)
             if phase not in KEPT_PHASES:
                 continue
