@@ -284,10 +284,14 @@ def test_configure_span_groups_overrides_the_environment_and_rejects_unknown_nam
         setup.configure(environ={}, span_groups="default,steps", set_global=False)
 
 
-def test_disabled_sdk_makes_every_phase_the_no_op():
-    """With OTEL_SDK_DISABLED=true every phase is the shared no-op."""
+def test_disabled_sdk_exports_no_phase_and_feeds_the_ledger_alike():
+    """With OTEL_SDK_DISABLED=true no phase exports: a phase the health ledger does not count
+    is the shared no-op; the run and the ledger's phases still feed it (docs/spans.md, "Same
+    call, same behaviour"), without a span."""
     setup.configure(environ={"OTEL_SDK_DISABLED": "true"}, set_global=False)
-    assert otel_training.training_run() is spans.NOOP_PHASE
+    assert otel_training.phase("my.phase") is spans.NOOP_PHASE
+    for phase in (otel_training.training_run(), otel_training.training_iteration(iteration=1)):
+        assert isinstance(phase, LedgerPhase) and phase.span is INVALID_SPAN
     assert spans.enabled_groups() == frozenset()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import pytest
 from support import LedgerClock
@@ -106,6 +107,28 @@ def test_pauses_and_the_wait_are_copied_as_they_open_and_close(recorded):
     ledger.collective_wait()
     found = read()
     assert (found.open_phase, found.time_s) == (L.COMMUNICATION, pytest.approx(clock.unix()))
+
+
+def test_an_error_that_leaves_a_phase_or_the_run_reaches_the_record(recorded, tmp_path):
+    """Ledger.raised() on the ledger's thread notes when (Unix seconds), the latest one kept;
+    on another thread it is ignored; a record of a version without the slot (zeros there)
+    says none."""
+    ledger, clock, read = recorded
+    spend(ledger, clock, L.ITERATION, 1.0, iteration=1)
+    assert read().raised_s is None
+    clock.t += 0.5
+    ledger.raised()
+    assert read().raised_s == pytest.approx(clock.unix())
+    clock.t += 0.5
+    elsewhere = threading.Thread(target=ledger.raised)
+    elsewhere.start()
+    elsewhere.join()
+    assert read().raised_s == pytest.approx(clock.unix() - 0.5)
+    older = tmp_path / "ledger-rank0-older.bin"
+    data = bytearray(read().path.read_bytes())
+    data[64 + 8 * R.RAISED_UNIX : 64 + 8 * (R.RAISED_UNIX + 1)] = bytes(8)
+    older.write_bytes(bytes(data))
+    assert R.read(older).raised_s is None and R.read(older).iteration == 1
 
 
 def test_progress_saves_loads_and_logged_steps_reach_the_record(recorded):

@@ -176,51 +176,62 @@ def test_the_command_on_a_real_run(tmp_path):
 
 @pytest.mark.slow
 @documents("health.md", "also when the run itself raised after its last completed step")
+@documents("health.md", "so that `failed` is told with the span groups `none` too")
+@pytest.mark.parametrize("groups", ["default", "none"])
 @pytest.mark.parametrize(
-    ("after", "ended"),
+    ("case", "ended"),
     [
-        ("raise KeyboardInterrupt", "failed"),  # Ctrl-C between steps, handled by the program
-        ("raise SystemExit(0)", "completed"),  # a clean stop is no failure
-        ("raise KeyboardInterrupt", "completed"),  # ... but a second run completed steps after
+        ("ctrl-c-between-steps", "failed"),  # handled by the program, as the demo does
+        ("error-in-a-step", "failed"),  # not handled: the program ends with a traceback
+        ("sys-exit-0", "completed"),  # a clean stop is no failure
+        ("second-run-after-ctrl-c", "completed"),  # steps completed after it
     ],
-    ids=["ctrl-c-between-steps", "sys-exit-0", "second-run-after-it"],
 )
-def test_a_run_that_raised_between_steps_failed(tmp_path, after, ended, request):
-    """A real process whose training_run() is left by an exception after its last step, outside
-    any step (the demo's Ctrl-C), which the program catches before it shuts down: failed, not
-    completed; a SystemExit(0) there is completed; a second run of the process that completes
-    steps after it, completed."""
-    second = "second-run" in request.node.name
+def test_a_run_left_by_an_error_after_its_last_step_failed(tmp_path, groups, case, ended):
+    """Real processes, with the default span groups and with none: training_run() left by a
+    KeyboardInterrupt after step 5, outside any step, which the program catches before it
+    shuts down, failed (not completed); an exception in step 6 that ends the program, failed;
+    a SystemExit(0) there, completed; a second run of the process that completes steps after
+    the interrupt, completed."""
+    after = {
+        "ctrl-c-between-steps": "raise KeyboardInterrupt",
+        "second-run-after-ctrl-c": "raise KeyboardInterrupt",
+        "sys-exit-0": "raise SystemExit(0)",
+        "error-in-a-step": "pass",
+    }[case]
     script = (
         "import otel_training as ot\n"
         "t = ot.configure()\n"
         "try:\n"
         "    with ot.training_run():\n"
-        "        for i in range(1, 6):\n"
+        "        for i in range(1, 6 if %r != 'error-in-a-step' else 7):\n"
+        "            with ot.training_iteration(iteration=i):\n"
+        "                if i == 6:\n"
+        "                    raise ValueError('loss is NaN')\n"
+        f"        {after}\n"
+        "except (KeyboardInterrupt, SystemExit):\n"
+        "    pass\n"
+        "if %r == 'second-run-after-ctrl-c':\n"
+        "    with ot.training_run():\n"
+        "        for i in range(6, 9):\n"
         "            with ot.training_iteration(iteration=i):\n"
         "                pass\n"
-        f"        {after}\n"
-        "except BaseException:\n"
-        "    pass\n"
-        + (
-            "with ot.training_run():\n"
-            "    for i in range(6, 9):\n"
-            "        with ot.training_iteration(iteration=i):\n"
-            "            pass\n"
-            if second
-            else ""
-        )
-        + "t.shutdown()\n"
-    )
+        "t.shutdown()\n"
+    ) % (case, case)
     env = {"OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+    if groups == "none":
+        env["OTEL_PYTHON_TRAINING_SPAN_GROUPS"] = "none"
+    run = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == (1 if case == "error-in-a-step" else 0), run.stderr
     found = subprocess.run(
         [sys.executable, "-m", "otel_training.cli", "health", "--json", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     (attempt,) = json.loads(found.stdout)["attempts"]
     assert attempt["ended"] == ended
-    assert attempt["last_iteration"] == (8 if second else 5)
+    assert attempt["last_iteration"] == (8 if case.startswith("second") else 5)
 
 
 @documents("health.md", "`otel-training health` judges the last attempt at *now* while it runs")

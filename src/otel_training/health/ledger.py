@@ -84,6 +84,7 @@ __all__ = [
     "LEDGER",
     "NO_PHASE",
     "PHASES",
+    "RUN_PHASE",
     "PHASE_OF_SPAN",
     "Ledger",
     "LedgerReading",
@@ -110,8 +111,11 @@ ITERATION: Final = len(PHASES)
 #: An asynchronous checkpoint save (``strategy="async"``): ``checkpoint_save`` for its time;
 #: when it closes, its background write has only begun (:meth:`Ledger.checkpoint_save_completed`).
 ASYNC_SAVE: Final = len(PHASES) + 1
-#: A span that is no phase of the ledger (the run, a custom phase): no transition.
+#: A span that is no phase of the ledger (a custom phase): no transition.
 NO_PHASE: Final = -1
+#: The run (``training_run()``): no transition either, but an error that leaves it is noted
+#: (:meth:`Ledger.raised`), as one that leaves a phase of the ledger is.
+RUN_PHASE: Final = -2
 
 #: The ledger phase of each span name that is one (the rest are :data:`NO_PHASE`).
 PHASE_OF_SPAN: Final[Mapping[str, int]] = {
@@ -743,6 +747,17 @@ class Ledger:
         sees a rank that sits in one long phase alive, and copies the hot state into the record
         (a phase open since the last copy is in the record from then on). Never raises."""
         self._hot[_record.ALIVE_UNIX] = self._unix()
+        self._sync()
+
+    def raised(self) -> None:
+        """Notes in the record that a phase of the ledger, or the run, is being left by an
+        error now (an exception other than ``SystemExit(0)`` and ``GeneratorExit``): the
+        process failed unless a step completes after it. Called as the exception passes each
+        phase (:meth:`otel_training.phases.Phase.error`); on the ledger's thread only, else
+        ignored. A few stores and a copy into the record; never raises."""
+        if _get_ident() != self._thread:
+            return
+        self._hot[_record.RAISED_UNIX] = self._unix()
         self._sync()
 
     def shut_down(self) -> None:

@@ -75,8 +75,9 @@ LONGEST_LOAD: Final = 23  #: seconds of the longest completed checkpoint load (0
 LONGEST_EVALUATE: Final = 24  #: seconds of the longest completed evaluation (0: none yet)
 PAUSE_END: Final = 25  #: perf seconds the last pause (save, load, evaluation, warm-up) ended
 ALIVE_UNIX: Final = 26  #: Unix seconds the process's hang watchdog last ran (its heartbeat)
+RAISED_UNIX: Final = 27  #: Unix seconds a phase of the ledger, or the run, last raised an error
 #: Slots in all (those past 21 read 0 in a record of an older version: none).
-SLOTS: Final = 27
+SLOTS: Final = 28
 
 #: The slot of the longest completed occurrence of each long phase, by the ledger's phase code
 #: (``checkpoint_load`` 1, ``checkpoint_save`` 7, ``evaluate`` 8).
@@ -152,6 +153,10 @@ class ProgressRecord:
             ended, Unix seconds, or ``None`` (none ended; an older version).
         alive_s: When its hang watchdog last ran, Unix seconds, or ``None`` (no watchdog,
             an older version): evidence of life while no transition happens.
+        raised_s: When a phase of the ledger or the run last raised an error (an exception
+            other than ``SystemExit(0)`` and ``GeneratorExit``, ``KeyboardInterrupt`` included),
+            Unix seconds, or ``None`` (none did; an older version): what health's ``failed``
+            reads when no step completed after it, with or without spans.
     """
 
     path: Path
@@ -171,6 +176,7 @@ class ProgressRecord:
     longest_s: dict[int, float] = field(default_factory=dict)
     pause_end_s: float | None = None
     alive_s: float | None = None
+    raised_s: float | None = None
 
     @property
     def last_evidence_s(self) -> float:
@@ -235,4 +241,5 @@ def read(path: str | os.PathLike) -> ProgressRecord | None:
         longest_s=longest,
         pause_end_s=None if pause_end is None else pause_end + offset,
         alive_s=_positive(slots[ALIVE_UNIX]),
+        raised_s=_positive(slots[RAISED_UNIX]),  # 0.0 in a record of a version without it
     )

@@ -304,15 +304,21 @@ def first_step_end_s(process: Process) -> float | None:
 
 
 def raised(process: Process) -> bool:
-    """A phase of ``process`` raised (a span ended with status ERROR, not truncated) and no
-    step completed after it began, or its training run raised and no step completed after
-    that (an exception between steps, a ``KeyboardInterrupt``): what the process did last
-    failed."""
+    """What ``process`` did last failed: a phase raised (a span ended with status ERROR, not
+    truncated) and no step completed after it began; or its training run raised and no step
+    completed after that (an exception between steps, a ``KeyboardInterrupt``); or, from its
+    progress record (with or without spans), a phase of the ledger or the run raised an error
+    after its last completed step."""
     done = [s.end_s for s in process.spans if _completes_step(s) and s.end_s is not None]
     last_done = max(done, default=None)
     run_raised = process.run_raised_s
     if run_raised is not None and (last_done is None or run_raised > last_done):
         return True
+    record = process.record
+    if record is not None and record.raised_s is not None:
+        progress = record.progress_s
+        if progress is None or record.raised_s > progress:
+            return True
     return any(s.failed and (last_done is None or s.start_s > last_done) for s in process.spans)
 
 

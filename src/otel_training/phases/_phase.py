@@ -51,6 +51,7 @@ from otel_training.health.ledger import (
     LEDGER,
     NO_PHASE,
     PHASE_OF_SPAN,
+    RUN_PHASE,
 )
 from otel_training.metrics import device_reads, instruments
 from otel_training.phases import _state
@@ -227,8 +228,11 @@ class Phase:
         if self._stage > _OPEN:
             return
         self._failed = True
-        if self._exports and is_error(exception):
-            self._record_error(exception)
+        if is_error(exception):
+            if self._exports:
+                self._record_error(exception)
+            if self._kind >= 0 or self._kind == RUN_PHASE:  # the record's "raised"
+                LEDGER.raised()
         outer = self._outer
         if outer is not None:
             outer.error(exception)
@@ -728,6 +732,7 @@ def make(
     if asynchronous and kind == CHECKPOINT_SAVE:
         kind = ASYNC_SAVE
     if role is not None:  # the run, whatever its group: every configuration numbers runs alike
+        kind = RUN_PHASE  # an error that leaves it is noted in the ledger, spans or not
         run_begins()  # its trace segments are its own
         reset_first_iteration()  # its first iteration is a first iteration again
     state = bound_state.get()
@@ -763,7 +768,7 @@ def make(
         target = state.range_targets.get(name) or state.range_target(name, group)
         if target is not None:
             return NvtxPhase(kind, iteration, record_step_duration, state, outer, target)
-    if kind < 0 and outer is None and not record_step_duration and state.follows_pipeline:
+    if kind == NO_PHASE and outer is None and not record_step_duration and state.follows_pipeline:
         return NOOP_PHASE
     return LedgerPhase(kind, iteration, record_step_duration, state, outer)
 
