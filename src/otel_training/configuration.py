@@ -146,6 +146,8 @@ class Telemetry:
         # then whatever is still open is truncated; on a signal everything open is truncated.
         if reason is not None and self.open_spans is not None:
             self.open_spans.truncate(reason)
+        if reason is not None:  # the progress record says it too (spans or not)
+            ledger.LEDGER.signalled(reason)
         for hook in list(self.before_shutdown):
             try:
                 hook()

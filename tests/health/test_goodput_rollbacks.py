@@ -141,6 +141,31 @@ def test_a_run_that_raised_after_its_last_step_failed():
     assert ended(process) == ["completed"]
 
 
+@documents("health.md", "an evaluation or a save whose error the program caught")
+@pytest.mark.parametrize("step_spans", [True, False], ids=["step-spans", "default-groups"])
+def test_an_error_caught_before_more_steps_is_no_failure(step_spans):
+    """An evaluation span ended ERROR at step 25 (the program caught it), steps 26-30 after
+    it: completed, with the iteration spans and without them (the ledger's exports know the
+    steps); the same evaluation after the last step: failed."""
+    r = run_attempt(T0, 0, load=None, last=25, step_spans=step_spans)
+    start = r.now
+    r.advance(0.1)
+    r.process.spans.append(PhaseSpan("megatron.evaluate", L.EVALUATE, start, r.now, 25,
+                                     failed=True))  # fmt: skip
+    while r.iteration < 30:
+        r.step()
+        r.advance(GAP)
+    r.sample()  # the final export, at shutdown
+    assert ended(r.end()) == ["completed"]
+    late = run_attempt(T0, 0, load=None, last=30, step_spans=step_spans)
+    start = late.now
+    late.advance(0.1)
+    late.process.spans.append(PhaseSpan("megatron.evaluate", L.EVALUATE, start, late.now, 30,
+                                        failed=True))  # fmt: skip
+    late.sample()
+    assert ended(late.end()) == ["failed"]
+
+
 @documents("health.md", "`completed` (the last attempt, when every process shut down cleanly")
 @documents("health.md", "`failed` (a phase raised and no step completed after it")
 @documents("health.md", "`killed` (no shutdown ran")

@@ -384,7 +384,7 @@ def test_a_running_attempt_is_judged_at_now_as_far_as_its_files_show():
 
 
 @documents("health.md", "How an attempt ended (`ended`)")
-@documents("health.md", "`sigterm` (spans truncated on that signal)")
+@documents("health.md", "`sigterm` (spans truncated on that signal, or the progress record")
 def test_each_way_an_attempt_ends():
     """sigterm: spans truncated on the signal; failed: its last iteration raised; exited: an
     attempt before the last that shut down; completed: the last one that did."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import threading
 
 import pytest
@@ -129,6 +130,21 @@ def test_an_error_that_leaves_a_phase_or_the_run_reaches_the_record(recorded, tm
     data[64 + 8 * R.RAISED_UNIX : 64 + 8 * (R.RAISED_UNIX + 1)] = bytes(8)
     older.write_bytes(bytes(data))
     assert R.read(older).raised_s is None and R.read(older).iteration == 1
+
+
+def test_the_signal_telemetry_flushed_on_reaches_the_record(recorded):
+    """Ledger.signalled("SIGTERM") notes signal 15, read back by its name; a name that is no
+    signal notes nothing; a record without it says none."""
+    ledger, clock, read = recorded
+    spend(ledger, clock, L.ITERATION, 1.0, iteration=1)
+    assert read().signal is None
+    ledger.signalled("NOT_A_SIGNAL")
+    assert read().signal is None
+    ledger.signalled("SIGTERM")
+    assert read().signal == "SIGTERM"
+    assert read().path.read_bytes()[64 + 8 * R.SIGNAL : 64 + 8 * (R.SIGNAL + 1)] == (
+        struct.pack("<d", 15.0)
+    )
 
 
 def test_progress_saves_loads_and_logged_steps_reach_the_record(recorded):

@@ -4,6 +4,7 @@ while the job runs, the terminal summary, the command's exit status."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -177,6 +178,8 @@ def test_the_command_on_a_real_run(tmp_path):
 @pytest.mark.slow
 @documents("health.md", "also when the run itself raised after its last completed step")
 @documents("health.md", "so that `failed` is told with the span groups `none` too")
+@documents("health.md", "or the progress record's note that telemetry flushed on it")
+@documents("health.md", "an evaluation or a save whose error the program caught")
 @pytest.mark.parametrize("groups", ["default", "none"])
 @pytest.mark.parametrize(
     ("case", "ended"),
@@ -185,21 +188,27 @@ def test_the_command_on_a_real_run(tmp_path):
         ("error-in-a-step", "failed"),  # not handled: the program ends with a traceback
         ("sys-exit-0", "completed"),  # a clean stop is no failure
         ("second-run-after-ctrl-c", "completed"),  # steps completed after it
+        ("sigterm-in-a-step", "sigterm"),  # flushed on the signal: no truncated span says it
+        ("error-caught-in-an-evaluation", "completed"),  # steps completed after it
     ],
 )
-def test_a_run_left_by_an_error_after_its_last_step_failed(tmp_path, groups, case, ended):
+def test_how_a_run_ends_by_an_error_or_a_signal_with_and_without_spans(
+    tmp_path, groups, case, ended
+):
     """Real processes, with the default span groups and with none: training_run() left by a
     KeyboardInterrupt after step 5, outside any step, which the program catches before it
     shuts down, failed (not completed); an exception in step 6 that ends the program, failed;
     a SystemExit(0) there, completed; a second run of the process that completes steps after
-    the interrupt, completed."""
+    the interrupt, completed; SIGTERM in step 3 (the process flushes and ends on it), sigterm
+    with every span group off too; an evaluation whose error the program catches in step 3,
+    completed (the per-step spans off: the ledger knows the steps after it)."""
     after = {
         "ctrl-c-between-steps": "raise KeyboardInterrupt",
         "second-run-after-ctrl-c": "raise KeyboardInterrupt",
         "sys-exit-0": "raise SystemExit(0)",
-        "error-in-a-step": "pass",
-    }[case]
+    }.get(case, "pass")
     script = (
+        "import os, signal, time\n"
         "import otel_training as ot\n"
         "t = ot.configure()\n"
         "try:\n"
@@ -208,6 +217,15 @@ def test_a_run_left_by_an_error_after_its_last_step_failed(tmp_path, groups, cas
         "            with ot.training_iteration(iteration=i):\n"
         "                if i == 6:\n"
         "                    raise ValueError('loss is NaN')\n"
+        "                if i == 3 and %r == 'sigterm-in-a-step':\n"
+        "                    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "                    time.sleep(30)\n"
+        "            if i == 3 and %r == 'error-caught-in-an-evaluation':\n"
+        "                try:\n"
+        "                    with ot.evaluation(iteration=i):\n"
+        "                        raise ValueError('bad batch')\n"
+        "                except ValueError:\n"
+        "                    pass\n"
         f"        {after}\n"
         "except (KeyboardInterrupt, SystemExit):\n"
         "    pass\n"
@@ -217,21 +235,23 @@ def test_a_run_left_by_an_error_after_its_last_step_failed(tmp_path, groups, cas
         "            with ot.training_iteration(iteration=i):\n"
         "                pass\n"
         "t.shutdown()\n"
-    ) % (case, case)
+    ) % (case, case, case, case)
     env = {"OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     if groups == "none":
         env["OTEL_PYTHON_TRAINING_SPAN_GROUPS"] = "none"
     run = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
-    assert run.returncode == (1 if case == "error-in-a-step" else 0), run.stderr
+    status = {"error-in-a-step": 1, "sigterm-in-a-step": -signal.SIGTERM}.get(case, 0)
+    assert run.returncode == status, run.stderr
     found = subprocess.run(
         [sys.executable, "-m", "otel_training.cli", "health", "--json", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     (attempt,) = json.loads(found.stdout)["attempts"]
     assert attempt["ended"] == ended
-    assert attempt["last_iteration"] == (8 if case.startswith("second") else 5)
+    last = {"second-run-after-ctrl-c": 8, "sigterm-in-a-step": 2}.get(case, 5)
+    assert attempt["last_iteration"] == last
 
 
 @documents("health.md", "`otel-training health` judges the last attempt at *now* while it runs")

@@ -312,6 +312,8 @@ def absorb_record(process: Process, record: ProgressRecord) -> None:
     its ledger at the record's last transition when that is later than its last export, and
     evidence of life until then (``docs/health.md``, "The progress record")."""
     process.record = record
+    if process.signal is None and record.signal is not None:  # no truncated span said it
+        process.signal = record.signal
     sample = Sample(
         time_s=record.time_s,
         phase_s=record.phase_s,

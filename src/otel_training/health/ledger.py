@@ -41,6 +41,7 @@ import collections
 import logging
 import math
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -759,6 +760,15 @@ class Ledger:
             return
         self._hot[_record.RAISED_UNIX] = self._unix()
         self._sync()
+
+    def signalled(self, name: str) -> None:
+        """Notes in the record that telemetry flushes and shuts down on the signal ``name``
+        (``"SIGTERM"``), as truncated spans say it: with every span group off, the record
+        alone tells a terminated process from one that exited. Any thread; never raises."""
+        number = getattr(signal.Signals, name, None) if isinstance(name, str) else None
+        if number is not None:
+            self._hot[_record.SIGNAL] = float(number)
+            self._sync()
 
     def shut_down(self) -> None:
         """Notes in the record that telemetry shut down now (a clean exit, an exception that

@@ -30,6 +30,7 @@ import json
 import math
 import mmap
 import os
+import signal
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,8 +77,9 @@ LONGEST_EVALUATE: Final = 24  #: seconds of the longest completed evaluation (0:
 PAUSE_END: Final = 25  #: perf seconds the last pause (save, load, evaluation, warm-up) ended
 ALIVE_UNIX: Final = 26  #: Unix seconds the process's hang watchdog last ran (its heartbeat)
 RAISED_UNIX: Final = 27  #: Unix seconds a phase of the ledger, or the run, last raised an error
+SIGNAL: Final = 28  #: the number of the signal telemetry flushed on (SIGTERM), NaN: none
 #: Slots in all (those past 21 read 0 in a record of an older version: none).
-SLOTS: Final = 28
+SLOTS: Final = 29
 
 #: The slot of the longest completed occurrence of each long phase, by the ledger's phase code
 #: (``checkpoint_load`` 1, ``checkpoint_save`` 7, ``evaluate`` 8).
@@ -157,6 +159,9 @@ class ProgressRecord:
             other than ``SystemExit(0)`` and ``GeneratorExit``, ``KeyboardInterrupt`` included),
             Unix seconds, or ``None`` (none did; an older version): what health's ``failed``
             reads when no step completed after it, with or without spans.
+        signal: The name of the signal telemetry flushed and shut down on (``SIGTERM``), or
+            ``None`` (a clean exit, a kill, an older version): what truncated spans say,
+            known with every span group off too.
     """
 
     path: Path
@@ -177,6 +182,7 @@ class ProgressRecord:
     pause_end_s: float | None = None
     alive_s: float | None = None
     raised_s: float | None = None
+    signal: str | None = None
 
     @property
     def last_evidence_s(self) -> float:
@@ -187,6 +193,17 @@ class ProgressRecord:
 
 def _positive(x: float) -> float | None:
     return x if math.isfinite(x) and x > 0 else None
+
+
+def _signal_name(x: float) -> str | None:
+    """The name of signal number ``x`` (``SIGTERM``), ``None`` for none (NaN, 0) or a number
+    that is no signal here."""
+    if not (math.isfinite(x) and x > 0 and x == int(x)):
+        return None
+    try:
+        return signal.Signals(int(x)).name
+    except ValueError:
+        return None
 
 
 def _value(x: float) -> float | None:
@@ -242,4 +259,5 @@ def read(path: str | os.PathLike) -> ProgressRecord | None:
         pause_end_s=None if pause_end is None else pause_end + offset,
         alive_s=_positive(slots[ALIVE_UNIX]),
         raised_s=_positive(slots[RAISED_UNIX]),  # 0.0 in a record of a version without it
+        signal=_signal_name(slots[SIGNAL]),
     )

@@ -309,17 +309,22 @@ def raised(process: Process) -> bool:
     completed after that (an exception between steps, a ``KeyboardInterrupt``); or, from its
     progress record (with or without spans), a phase of the ledger or the run raised an error
     after its last completed step."""
-    done = [s.end_s for s in process.spans if _completes_step(s) and s.end_s is not None]
-    last_done = max(done, default=None)
-    run_raised = process.run_raised_s
-    if run_raised is not None and (last_done is None or run_raised > last_done):
-        return True
+    last_done = last_step_end_s(process)
     record = process.record
-    if record is not None and record.raised_s is not None:
-        progress = record.progress_s
-        if progress is None or record.raised_s > progress:
+    for when in (process.run_raised_s, None if record is None else record.raised_s):
+        if when is not None and (last_done is None or when > last_done):
             return True
     return any(s.failed and (last_done is None or s.start_s > last_done) for s in process.spans)
+
+
+def last_step_end_s(process: Process) -> float | None:
+    """When ``process`` last completed a step (Unix seconds), from every source that knows:
+    its iteration spans, and the ledger's exports and progress record (which know with the
+    per-step spans off); ``None`` when it completed none (a load's restored step counts as
+    progress from the load on)."""
+    done = [s.end_s for s in process.spans if _completes_step(s) and s.end_s is not None]
+    done += [s.progress_s for s in process.samples if s.progress_s is not None]
+    return max(done, default=None)
 
 
 def completion_s(process: Process, iteration: int) -> float | None:
