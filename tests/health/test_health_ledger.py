@@ -280,6 +280,32 @@ def test_phases_of_another_thread_are_ignored():
     assert ledger.read().phase_time_s["checkpoint_save"] == 0.0
 
 
+@documents("health.md", "the thread that begins the first iteration, which takes the ledger over")
+def test_the_thread_of_the_first_iteration_takes_the_ledger_over():
+    """A loader thread opens data_loading 1 s before the training thread's first iteration and
+    never closes it while the steps run: its 1 s is counted, then the training thread's steps
+    are the ledger's (5 steps, warm-up and forward/backward); the loader's exit and a
+    second thread's iteration later change nothing."""
+    ledger, fake = make_ledger()
+    tokens = []
+    loader = threading.Thread(target=lambda: tokens.append(ledger.enter(DATA_LOADING)))
+    loader.start()
+    loader.join()
+    fake.advance(1.0)
+    for step in range(1, 6):
+        spend(ledger, fake, ITERATION, 0.5, iteration=step)
+    reading = ledger.read()
+    assert (reading.iteration, reading.open_phase) == (5, "other")
+    assert reading.phase_time_s["data_loading"] == pytest.approx(1.0)
+    assert reading.phase_time_s["warmup"] == pytest.approx(0.5)
+    assert reading.phase_time_s["forward_backward"] == pytest.approx(2.0)
+    late = threading.Thread(target=lambda: (ledger.exit(tokens[0], DATA_LOADING),
+                                            tokens.append(ledger.enter(ITERATION))))  # fmt: skip
+    late.start()
+    late.join()
+    assert tokens[1] == -1 and ledger.read().open_phase == "other"
+
+
 def test_phase_times_sum_to_the_time_since_creation_on_the_real_clock():
     """The invariant, on the real clocks: the sum over phases is now - creation (to 1 ms)."""
     from otel_training import clock

@@ -190,6 +190,7 @@ def test_the_command_on_a_real_run(tmp_path):
         ("second-run-after-ctrl-c", "completed"),  # steps completed after it
         ("sigterm-in-a-step", "sigterm"),  # flushed on the signal: no truncated span says it
         ("error-caught-in-an-evaluation", "completed"),  # steps completed after it
+        ("a-loader-thread-first", "completed"),  # its phase opened before the first step
     ],
 )
 def test_how_a_run_ends_by_an_error_or_a_signal_with_and_without_spans(
@@ -201,7 +202,9 @@ def test_how_a_run_ends_by_an_error_or_a_signal_with_and_without_spans(
     a SystemExit(0) there, completed; a second run of the process that completes steps after
     the interrupt, completed; SIGTERM in step 3 (the process flushes and ends on it), sigterm
     with every span group off too; an evaluation whose error the program catches in step 3,
-    completed (the per-step spans off: the ledger knows the steps after it)."""
+    completed (the per-step spans off: the ledger knows the steps after it); a data loader's
+    thread that opens a phase before the first step and holds it open while the steps run,
+    completed, the training thread's 5 steps counted."""
     after = {
         "ctrl-c-between-steps": "raise KeyboardInterrupt",
         "second-run-after-ctrl-c": "raise KeyboardInterrupt",
@@ -210,7 +213,17 @@ def test_how_a_run_ends_by_an_error_or_a_signal_with_and_without_spans(
     script = (
         "import os, signal, time\n"
         "import otel_training as ot\n"
+        "import threading\n"
         "t = ot.configure()\n"
+        "opened, done = threading.Event(), threading.Event()\n"
+        "def load():\n"
+        "    with ot.data_loading():\n"
+        "        opened.set()\n"
+        "        done.wait(60)\n"
+        "if %r == 'a-loader-thread-first':\n"
+        "    loader = threading.Thread(target=load)\n"
+        "    loader.start()\n"
+        "    opened.wait(60)\n"
         "try:\n"
         "    with ot.training_run():\n"
         "        for i in range(1, 6 if %r != 'error-in-a-step' else 7):\n"
@@ -234,8 +247,9 @@ def test_how_a_run_ends_by_an_error_or_a_signal_with_and_without_spans(
         "        for i in range(6, 9):\n"
         "            with ot.training_iteration(iteration=i):\n"
         "                pass\n"
+        "done.set()\n"
         "t.shutdown()\n"
-    ) % (case, case, case, case)
+    ) % (case, case, case, case, case)
     env = {"OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     if groups == "none":
         env["OTEL_PYTHON_TRAINING_SPAN_GROUPS"] = "none"

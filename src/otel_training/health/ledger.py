@@ -29,7 +29,10 @@ when the caller knows it (:meth:`Ledger.training_logged`). Exported beside those
 places each value at its step in the report.
 
 **Threads.** The ledger follows the thread that enters its first phase (the training thread);
-phases of other threads (an asynchronous checkpoint's finalisation) are ignored by it.
+phases of other threads (an asynchronous checkpoint's finalisation) are ignored by it. Until the
+first iteration begins, the thread that begins it takes the ledger over (a data loader's thread
+that opened a phase before the training thread's first one held it): what the other thread had
+open closes there, its time counted up to then.
 Transitions out of order (a handle of :class:`otel_training.SpanRecorder` stopped before one
 started after it) close everything opened after the phase that ends. Nothing here raises.
 """
@@ -369,7 +372,9 @@ class Ledger:
             return len(stack)
         if _get_ident() != self._thread:
             if self._thread is not None:
-                return -1
+                if self._begun or phase != ITERATION:
+                    return -1
+                self._taken_over()  # the first iteration begins on another thread
             self._thread = _get_ident()
         now = self._perf()
         if not self._plain[phase]:
@@ -493,6 +498,23 @@ class Ledger:
             elif phase == CHECKPOINT_LOAD:
                 self._checkpoint_loaded(iteration)
         self._sync(now)
+
+    def _taken_over(self) -> None:
+        """The first iteration begins on a thread other than the ledger's: whatever that
+        thread has open closes now (its time counted up to now), and nothing of it is kept
+        (its later exits are another thread's: ignored)."""
+        now = self._perf()
+        hot, stack, starts = self._hot, self._stack, self._starts
+        spent = now - hot[_SINCE]
+        hot[_SINCE] = now
+        hot[hot[_OPEN]] += spent
+        del stack[1:]
+        del starts[1:]
+        hot[_OPEN] = stack[0]
+        hot[_OPEN_START] = starts[0]
+        self._save_at = _NO_SAVE
+        self._save_failed = False
+        self._async = False
 
     def _waited(self) -> None:
         """A phase that changed nothing closed after :meth:`collective_wait`: as any transition
