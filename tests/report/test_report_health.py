@@ -268,6 +268,58 @@ def test_how_a_run_ends_by_an_error_or_a_signal_with_and_without_spans(
     assert attempt["last_iteration"] == last
 
 
+@pytest.mark.slow
+@documents("health.md", "a save says it reached that step")
+@pytest.mark.parametrize("groups", ["default", "none"])
+def test_a_restart_loses_the_steps_after_the_checkpoint_it_resumed_from(tmp_path, groups):
+    """Attempt 0 saves step 10 and fails in step 20; attempt 1 resumes from step 10: steps
+    11-19 are lost, with the per-step spans and with every span group off (where the first
+    export shows step 19 only: the save of step 10 says the attempt reached it), 9 steps of
+    10 ms at least."""
+    script = (
+        "import os, time\n"
+        "import otel_training as ot\n"
+        "attempt = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+        "t = ot.configure()\n"
+        "try:\n"
+        "    with ot.training_run():\n"
+        "        start = 1\n"
+        "        if attempt == 1:\n"
+        "            with ot.checkpoint_load(iteration=10):\n"
+        "                start = 11\n"
+        "        for i in range(start, 31):\n"
+        "            with ot.training_iteration(iteration=i):\n"
+        "                time.sleep(0.01)\n"
+        "                if attempt == 0 and i == 20:\n"
+        "                    raise ValueError('loss is NaN')\n"
+        "            if i == 10 and attempt == 0:\n"
+        "                with ot.checkpoint_save(iteration=10):\n"
+        "                    pass\n"
+        "except ValueError:\n"
+        "    pass\n"
+        "t.shutdown()\n"
+    )
+    env = {
+        "OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path),
+        "OTEL_PYTHON_TRAINING_RUN_ID": "restarted",
+        "PATH": "/usr/bin:/bin",
+    }
+    if groups == "none":
+        env["OTEL_PYTHON_TRAINING_SPAN_GROUPS"] = "none"
+    for attempt in (0, 1):
+        env["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
+        subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+    found = subprocess.run(
+        [sys.executable, "-m", "otel_training.cli", "health", "--json", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    document = json.loads(found.stdout)
+    first, second = document["attempts"]
+    assert (first["ended"], first["lost_iterations"]) == ("failed", [11, 19])
+    assert (second["ended"], second["resumed_from"]) == ("completed", 10)
+    assert 0.09 <= document["badput_s"]["lost_progress"] < 1.0
+
+
 @documents("health.md", "`otel-training health` judges the last attempt at *now* while it runs")
 @documents("health.md", "A hung job's waiting ranks keep")
 def test_a_running_attempt_is_judged_now_as_far_as_its_files_show_and_an_ended_one_at_its_end():

@@ -358,7 +358,7 @@ def _attempt(
         cut_at, cut_vec = own_end, end_vec
     # the steps after the lowest step a later attempt restored are lost (restore_points)
     boundary = None
-    first = first_iteration(reference)
+    first = _first_step(reference)
     if not last:
         if restored is None:
             notes.append(
@@ -505,6 +505,25 @@ def judged_at(attempt: Attempt, now_s: float | None, live: bool) -> float:
         if process.record is not None:
             seen = max(seen, process.record.last_evidence_s)
     return min(now_s, seen)
+
+
+def _first_step(process: Process) -> int | None:
+    """The first step ``process`` completed, for the steps a later attempt lost: the lowest
+    its files show (:func:`first_iteration`), or lower, a step it saved after its load (it had
+    reached it): with the per-step spans off, its exports may begin long after its first step
+    and show only later ones."""
+    first = first_iteration(process)
+    if first is None:
+        return None
+    loaded = loaded_iteration(process)
+    saved = [s.saved_iteration for s in process.samples if s.saved_iteration is not None]
+    saved += [
+        s.iteration
+        for s in process.spans
+        if s.phase == SAVE and s.iteration is not None and not s.failed
+    ]
+    saved = [i for i in saved if loaded is None or i > loaded]
+    return min([first, *saved])
 
 
 def _ending(attempt: Attempt, reference: Process | None, hung: bool, last: bool, live: bool) -> str:
