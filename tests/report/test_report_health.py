@@ -180,6 +180,9 @@ def test_the_command_on_a_real_run(tmp_path):
 @documents("health.md", "so that `failed` is told with the span groups `none` too")
 @documents("health.md", "or the progress record's note that telemetry flushed on it")
 @documents("health.md", "an evaluation or a save whose error the program caught")
+@documents("health.md", "What the ending cannot know: the process's exit status.")
+@documents("health.md", "A program that ends with")
+@documents("health.md", "A failed save after the last step makes the attempt `failed`")
 @pytest.mark.parametrize("groups", ["default", "none"])
 @pytest.mark.parametrize(
     ("case", "ended"),
@@ -191,6 +194,8 @@ def test_the_command_on_a_real_run(tmp_path):
         ("sigterm-in-a-step", "sigterm"),  # flushed on the signal: no truncated span says it
         ("error-caught-in-an-evaluation", "completed"),  # steps completed after it
         ("a-loader-thread-first", "completed"),  # its phase opened before the first step
+        ("sys-exit-1-after-the-run", "completed"),  # the exit status is not seen
+        ("a-save-that-fails-after-the-last-step", "failed"),  # caught, then a clean exit
     ],
 )
 def test_how_a_run_ends_by_an_error_or_a_signal_with_and_without_spans(
@@ -240,6 +245,12 @@ def test_how_a_run_ends_by_an_error_or_a_signal_with_and_without_spans(
         "                except ValueError:\n"
         "                    pass\n"
         f"        {after}\n"
+        "    if %r == 'a-save-that-fails-after-the-last-step':\n"
+        "        try:\n"
+        "            with ot.checkpoint_save(iteration=5):\n"
+        "                raise OSError('disk full')\n"
+        "        except OSError:\n"
+        "            pass\n"
         "except (KeyboardInterrupt, SystemExit):\n"
         "    pass\n"
         "if %r == 'second-run-after-ctrl-c':\n"
@@ -249,14 +260,20 @@ def test_how_a_run_ends_by_an_error_or_a_signal_with_and_without_spans(
         "                pass\n"
         "done.set()\n"
         "t.shutdown()\n"
-    ) % (case, case, case, case, case)
+        "if %r == 'sys-exit-1-after-the-run':\n"
+        "    raise SystemExit(1)\n"
+    ) % (case, case, case, case, case, case, case)
     env = {"OTEL_PYTHON_TRAINING_OUTPUT_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     if groups == "none":
         env["OTEL_PYTHON_TRAINING_SPAN_GROUPS"] = "none"
     run = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
-    status = {"error-in-a-step": 1, "sigterm-in-a-step": -signal.SIGTERM}.get(case, 0)
+    status = {
+        "error-in-a-step": 1,
+        "sigterm-in-a-step": -signal.SIGTERM,
+        "sys-exit-1-after-the-run": 1,
+    }.get(case, 0)
     assert run.returncode == status, run.stderr
     found = subprocess.run(
         [sys.executable, "-m", "otel_training.cli", "health", "--json", str(tmp_path)],
