@@ -503,22 +503,17 @@ class Ledger:
         """The first iteration begins on a thread other than the ledger's: whatever that
         thread has open closes now (its time counted up to now), and nothing of it is kept
         (its later exits are another thread's: ignored)."""
-        now = self._perf()
-        hot, stack, starts = self._hot, self._stack, self._starts
-        spent = now - hot[_SINCE]
-        hot[_SINCE] = now
-        hot[hot[_OPEN]] += spent
-        del stack[1:]
-        del starts[1:]
-        hot[_OPEN] = stack[0]
-        hot[_OPEN_START] = starts[0]
+        del self._stack[1:]
+        del self._starts[1:]
+        self._waited()  # the time up to now to what was open; the base is open now
         self._save_at = _NO_SAVE
         self._save_failed = False
         self._async = False
 
     def _waited(self) -> None:
         """A phase that changed nothing closed after :meth:`collective_wait`: as any transition
-        on the ledger's thread, it ends the wait."""
+        on the ledger's thread, it ends the wait. (Also: the time up to now goes to the phase
+        open then, and the innermost phase of the stack is open from now.)"""
         now = self._perf()
         hot = self._hot
         spent = now - hot[_SINCE]
