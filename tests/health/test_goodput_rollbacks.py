@@ -322,3 +322,30 @@ def test_an_attempt_that_a_later_one_followed_is_never_in_progress(tmp_path):
     earlier, later = load_job(same).runs
     assert not any("in progress" in n for n in earlier.notes)
     assert any("later attempt" in n for n in earlier.notes)
+
+
+def test_the_first_step_of_a_lost_range_is_any_ranks_save_after_the_load():
+    """Two ranks of an attempt whose exports show step 19 only (the per-step spans off): rank
+    0 alone saved step 10 (DDP), rank 1 is the reference. Steps from 10 on were reached; the
+    reference's own lowest step is 19; a save at or below the load (step 5) says nothing; a
+    failed save span says nothing either."""
+    from otel_training.health.evidence import Attempt, Sample
+
+    def rank(number: int, saved: int | None) -> Process:
+        process = Process(rank=number, attempt=0, created_s=T0)
+        process.samples.append(Sample(T0 + 1.0, loaded_iteration=5))
+        process.samples.append(Sample(T0 + 9.0, iteration=19, progress_s=T0 + 8.9,
+                                      saved_iteration=saved, loaded_iteration=5))  # fmt: skip
+        return process
+
+    reference, saver = rank(1, None), rank(0, 10)
+    attempt = Attempt(0, True, [saver, reference])
+    assert goodput._first_step(reference, attempt) == 10
+    assert goodput._first_step(reference, Attempt(0, True, [reference])) == 19
+    assert goodput._first_step(reference, Attempt(0, True, [rank(0, 5), reference])) == 19
+    failed = rank(0, None)
+    failed.spans.append(PhaseSpan("megatron.checkpoint.save", L.CHECKPOINT_SAVE, T0 + 2.0,
+                                  T0 + 2.5, 12, failed=True))  # fmt: skip
+    assert goodput._first_step(reference, Attempt(0, True, [failed, reference])) == 19
+    failed.spans[0].failed = False
+    assert goodput._first_step(reference, Attempt(0, True, [failed, reference])) == 12

@@ -358,7 +358,7 @@ def _attempt(
         cut_at, cut_vec = own_end, end_vec
     # the steps after the lowest step a later attempt restored are lost (restore_points)
     boundary = None
-    first = _first_step(reference)
+    first = _first_step(reference, attempt)
     if not last:
         if restored is None:
             notes.append(
@@ -507,22 +507,23 @@ def judged_at(attempt: Attempt, now_s: float | None, live: bool) -> float:
     return min(now_s, seen)
 
 
-def _first_step(process: Process) -> int | None:
-    """The first step ``process`` completed, for the steps a later attempt lost: the lowest
-    its files show (:func:`first_iteration`), or lower, a step it saved after its load (it had
-    reached it): with the per-step spans off, its exports may begin long after its first step
+def _first_step(process: Process, attempt: Attempt) -> int | None:
+    """The first step ``process`` (the reference rank of ``attempt``) completed, for the steps
+    a later attempt lost: the lowest its files show (:func:`first_iteration`), or lower, a step
+    that a rank of the attempt saved after the load (the ranks step together; under DDP rank 0
+    alone saves): with the per-step spans off, exports may begin long after the first step
     and show only later ones."""
     first = first_iteration(process)
     if first is None:
         return None
     loaded = loaded_iteration(process)
-    saved = [s.saved_iteration for s in process.samples if s.saved_iteration is not None]
-    saved += [
-        s.iteration
-        for s in process.spans
-        if s.phase == SAVE and s.iteration is not None and not s.failed
+    saved = [
+        i
+        for rank in attempt.processes
+        for i in [s.saved_iteration for s in rank.samples]
+        + [s.iteration for s in rank.spans if s.phase == SAVE and not s.failed]
+        if i is not None and (loaded is None or i > loaded)
     ]
-    saved = [i for i in saved if loaded is None or i > loaded]
     return min([first, *saved])
 
 
